@@ -1,0 +1,211 @@
+//! One ONNX Runtime session: load a model file, describe its IO, run a request.
+
+use std::path::Path;
+
+use bytes::Bytes;
+use ort::memory::Allocator;
+use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::value::{DynTensor, DynValue, Tensor, TensorElementType, ValueType};
+use tessera_protocol::DataType;
+
+use crate::model_spec::{IoInfo, ModelIo, ModelSpec};
+use crate::tensor::{InputTensor, OutputTensor, bytes_elements, push_bytes_element};
+
+/// A loaded ONNX model; one per instance thread, since running needs `&mut`.
+pub struct OnnxSession {
+    session: Session,
+}
+
+/// Time spent in each phase of one run, for statistics.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RunTimings {
+    /// Building ORT input tensors.
+    pub input_ns: u64,
+    /// `Session::run`.
+    pub infer_ns: u64,
+    /// Copying outputs out.
+    pub output_ns: u64,
+}
+
+/// Maps an ORT element type to a KServe datatype.
+fn datatype_of(ty: TensorElementType) -> Option<DataType> {
+    Some(match ty {
+        TensorElementType::Bool => DataType::Bool,
+        TensorElementType::Uint8 => DataType::Uint8,
+        TensorElementType::Uint16 => DataType::Uint16,
+        TensorElementType::Uint32 => DataType::Uint32,
+        TensorElementType::Uint64 => DataType::Uint64,
+        TensorElementType::Int8 => DataType::Int8,
+        TensorElementType::Int16 => DataType::Int16,
+        TensorElementType::Int32 => DataType::Int32,
+        TensorElementType::Int64 => DataType::Int64,
+        TensorElementType::Float16 => DataType::Fp16,
+        TensorElementType::Bfloat16 => DataType::Bf16,
+        TensorElementType::Float32 => DataType::Fp32,
+        TensorElementType::Float64 => DataType::Fp64,
+        TensorElementType::String => DataType::Bytes,
+        _ => return None,
+    })
+}
+
+/// Maps a KServe datatype to the ORT element type.
+fn element_type_of(dt: DataType) -> TensorElementType {
+    match dt {
+        DataType::Bool => TensorElementType::Bool,
+        DataType::Uint8 => TensorElementType::Uint8,
+        DataType::Uint16 => TensorElementType::Uint16,
+        DataType::Uint32 => TensorElementType::Uint32,
+        DataType::Uint64 => TensorElementType::Uint64,
+        DataType::Int8 => TensorElementType::Int8,
+        DataType::Int16 => TensorElementType::Int16,
+        DataType::Int32 => TensorElementType::Int32,
+        DataType::Int64 => TensorElementType::Int64,
+        DataType::Fp16 => TensorElementType::Float16,
+        DataType::Bf16 => TensorElementType::Bfloat16,
+        DataType::Fp32 => TensorElementType::Float32,
+        DataType::Fp64 => TensorElementType::Float64,
+        DataType::Bytes => TensorElementType::String,
+    }
+}
+
+fn io_info(name: &str, ty: &ValueType) -> IoInfo {
+    let (datatype, shape) = match ty {
+        ValueType::Tensor { ty, shape, .. } => (datatype_of(*ty), shape.iter().copied().collect()),
+        _ => (None, Vec::new()),
+    };
+    IoInfo { name: name.to_string(), datatype, shape }
+}
+
+impl OnnxSession {
+    /// Loads `path` with `intra_threads` intra-op threads.
+    pub fn load(path: &Path, intra_threads: usize) -> Result<Self, String> {
+        let env = super::runtime::environment()?;
+        let fail = |e: String| format!("failed to load ONNX model {}: {e}", path.display());
+        let session = Session::builder(env)
+            .map_err(|e| fail(e.to_string()))?
+            .with_optimization_level(GraphOptimizationLevel::Level3)
+            .map_err(|e| fail(e.to_string()))?
+            .with_intra_threads(intra_threads)
+            .map_err(|e| fail(e.to_string()))?
+            .with_inter_threads(1)
+            .map_err(|e| fail(e.to_string()))?
+            .commit_from_file(path)
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(Self { session })
+    }
+
+    /// The graph's inputs and outputs.
+    pub fn io(&self) -> ModelIo {
+        ModelIo {
+            inputs: self.session.inputs().iter().map(|o| io_info(o.name(), o.dtype())).collect(),
+            outputs: self.session.outputs().iter().map(|o| io_info(o.name(), o.dtype())).collect(),
+        }
+    }
+
+    /// Runs one batch: `inputs` in model order, each a list of parts concatenated along dim 0;
+    /// returns the `wanted` outputs (indices into the spec's outputs) in that order.
+    pub fn run(
+        &mut self,
+        spec: &ModelSpec,
+        inputs: &[Vec<&InputTensor>],
+        batch_size: usize,
+        wanted: &[usize],
+    ) -> Result<(Vec<OutputTensor>, RunTimings), String> {
+        let mut timings = RunTimings::default();
+        let start = std::time::Instant::now();
+        let mut values: Vec<(String, DynValue)> = Vec::with_capacity(inputs.len());
+        for (parts, tensor_spec) in inputs.iter().zip(&spec.inputs) {
+            if parts.is_empty() {
+                continue;
+            }
+            let value = build_input(parts, tensor_spec.datatype, spec.max_batch_size > 0, batch_size)?;
+            values.push((tensor_spec.name.clone(), value));
+        }
+        let after_input = std::time::Instant::now();
+        timings.input_ns = nanos(after_input - start);
+        let outputs = self.session.run(values).map_err(|e| format!("onnx runtime failed: {e}"))?;
+        let after_infer = std::time::Instant::now();
+        timings.infer_ns = nanos(after_infer - after_input);
+        let mut result = Vec::with_capacity(wanted.len());
+        for out_spec in wanted.iter().filter_map(|i| spec.outputs.get(*i)) {
+            let value =
+                outputs.get(&out_spec.name).ok_or_else(|| format!("model produced no output '{}'", out_spec.name))?;
+            result.push(extract_output(&out_spec.name, out_spec.datatype, value)?);
+        }
+        timings.output_ns = nanos(after_infer.elapsed());
+        Ok((result, timings))
+    }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Builds one ORT tensor from request parts with a single copy (gathering along dim 0).
+fn build_input(parts: &[&InputTensor], datatype: DataType, batching: bool, batch: usize) -> Result<DynValue, String> {
+    let first = parts[0];
+    let mut shape = first.shape.clone();
+    if batching && parts.len() > 1 {
+        shape[0] = batch as i64;
+    }
+    if datatype == DataType::Bytes {
+        return build_string_input(parts, shape);
+    }
+    let mut tensor = DynTensor::new(&Allocator::default(), element_type_of(datatype), shape)
+        .map_err(|e| format!("failed to allocate input tensor '{}': {e}", first.name))?;
+    let total: usize = parts.iter().map(|p| p.data.len()).sum();
+    // SAFETY: the tensor was allocated for exactly this shape and type, whose byte size the request
+    // check proved equals the summed part lengths; we write within `total` bytes.
+    let dst = unsafe { std::slice::from_raw_parts_mut(tensor.data_ptr_mut().cast::<u8>(), total) };
+    let mut offset = 0;
+    for part in parts {
+        dst[offset..offset + part.data.len()].copy_from_slice(&part.data);
+        offset += part.data.len();
+    }
+    Ok(tensor.into())
+}
+
+fn build_string_input(parts: &[&InputTensor], shape: Vec<i64>) -> Result<DynValue, String> {
+    let mut elements: Vec<String> = Vec::new();
+    for part in parts {
+        for (i, element) in bytes_elements(&part.data).enumerate() {
+            let element = element.map_err(|e| format!("input '{}': {e}", part.name))?;
+            if std::str::from_utf8(element).is_err() {
+                return Err(format!(
+                    "BYTES element {i} of input '{}' is not valid UTF-8 (ONNX string tensors hold text)",
+                    part.name
+                ));
+            }
+            elements.push(String::from_utf8_lossy(element).into_owned());
+        }
+    }
+    let tensor = Tensor::from_string_array((shape, elements.as_slice()))
+        .map_err(|e| format!("failed to build string tensor: {e}"))?;
+    Ok(tensor.into())
+}
+
+fn extract_output(name: &str, datatype: DataType, value: &DynValue) -> Result<OutputTensor, String> {
+    let shape: Vec<i64> = value.shape().iter().copied().collect();
+    let data = if datatype == DataType::Bytes {
+        let (_, strings) = value.try_extract_strings().map_err(|e| format!("output '{name}': {e}"))?;
+        let mut out = Vec::with_capacity(strings.iter().map(|s| s.len() + 4).sum());
+        for s in &strings {
+            push_bytes_element(&mut out, s.as_bytes()).map_err(|e| e.message)?;
+        }
+        Bytes::from(out)
+    } else {
+        let count = tessera_protocol::element_count(&shape).map_err(|e| e.to_string())?;
+        let size = datatype.element_size().unwrap_or(1) * count;
+        let ptr = value
+            .view()
+            .downcast::<ort::value::DynTensorValueType>()
+            .map_err(|e| format!("output '{name}' is not a tensor: {e}"))?
+            .data_ptr()
+            .cast::<u8>();
+        // SAFETY: ORT owns `size` bytes of tensor data of this type and shape behind `ptr` while
+        // `value` lives; we copy them out before it is dropped.
+        Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, size) })
+    };
+    Ok(OutputTensor { name: name.to_string(), datatype, shape, data })
+}

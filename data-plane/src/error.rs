@@ -1,0 +1,128 @@
+//! The data plane's one error type and its single mapping to HTTP status and gRPC code.
+
+use axum::http::StatusCode;
+
+/// What kind of failure an [`Error`] is; decides the HTTP status and gRPC code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The request is malformed or does not match the model (400 / INVALID_ARGUMENT).
+    InvalidArg,
+    /// The model, version or route does not exist (404 / NOT_FOUND).
+    NotFound,
+    /// The model is not ready, the queue is full or the server is shutting down (503 / UNAVAILABLE).
+    Unavailable,
+    /// The request asks for something this server does not do (501 / UNIMPLEMENTED).
+    Unsupported,
+    /// The request body exceeds the configured limit (413 / RESOURCE_EXHAUSTED).
+    TooLarge,
+    /// The client went away before the request ran (400 / CANCELLED).
+    Cancelled,
+    /// Something failed inside the server; the message stays vague (500 / INTERNAL).
+    Internal,
+}
+
+/// A data-plane error: a kind plus a message meant for the client.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    /// Decides the status code.
+    pub kind: ErrorKind,
+    /// Human-readable message returned to the client.
+    pub message: String,
+}
+
+/// Result alias for the data plane.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Creates an error of the given kind.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+
+    /// A 400 / INVALID_ARGUMENT error.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArg, message)
+    }
+
+    /// A 404 / NOT_FOUND error.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::NotFound, message)
+    }
+
+    /// A 503 / UNAVAILABLE error.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+
+    /// A 501 / UNIMPLEMENTED error.
+    pub fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unsupported, message)
+    }
+
+    /// A 500 / INTERNAL error.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Internal, message)
+    }
+
+    /// The HTTP status and gRPC code for this error, decided in one place.
+    pub fn codes(&self) -> (StatusCode, tonic::Code) {
+        codes_for(self.kind)
+    }
+}
+
+/// Maps an error kind to its HTTP status and gRPC code (Triton's mapping).
+pub fn codes_for(kind: ErrorKind) -> (StatusCode, tonic::Code) {
+    match kind {
+        ErrorKind::InvalidArg => (StatusCode::BAD_REQUEST, tonic::Code::InvalidArgument),
+        ErrorKind::NotFound => (StatusCode::NOT_FOUND, tonic::Code::NotFound),
+        ErrorKind::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, tonic::Code::Unavailable),
+        ErrorKind::Unsupported => (StatusCode::NOT_IMPLEMENTED, tonic::Code::Unimplemented),
+        ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, tonic::Code::ResourceExhausted),
+        ErrorKind::Cancelled => (StatusCode::BAD_REQUEST, tonic::Code::Cancelled),
+        ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, tonic::Code::Internal),
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(err: Error) -> Self {
+        tonic::Status::new(err.codes().1, err.message)
+    }
+}
+
+impl axum::response::IntoResponse for Error {
+    fn into_response(self) -> axum::response::Response {
+        let status = self.codes().0;
+        let body = serde_json::json!({ "error": self.message });
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_maps_to_matching_http_and_grpc_codes() {
+        let cases = [
+            (ErrorKind::InvalidArg, 400, tonic::Code::InvalidArgument),
+            (ErrorKind::NotFound, 404, tonic::Code::NotFound),
+            (ErrorKind::Unavailable, 503, tonic::Code::Unavailable),
+            (ErrorKind::Unsupported, 501, tonic::Code::Unimplemented),
+            (ErrorKind::TooLarge, 413, tonic::Code::ResourceExhausted),
+            (ErrorKind::Internal, 500, tonic::Code::Internal),
+        ];
+        for (kind, http, grpc) in cases {
+            let (status, code) = codes_for(kind);
+            assert_eq!(status.as_u16(), http, "{kind:?}");
+            assert_eq!(code, grpc, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn grpc_status_carries_the_message() {
+        let status: tonic::Status = Error::not_found("Request for unknown model: 'x' is not found").into();
+        assert_eq!(status.code(), tonic::Code::NotFound);
+        assert!(status.message().contains("'x'"));
+    }
+}

@@ -1,0 +1,304 @@
+//! The KServe v2 gRPC endpoint: `inference.GRPCInferenceService` and `grpc.health.v1.Health`.
+
+mod convert;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::stream::{FuturesOrdered, StreamExt};
+use tessera_protocol::health::health_check_response::ServingStatus;
+use tessera_protocol::health::health_server::{Health, HealthServer};
+use tessera_protocol::health::{HealthCheckRequest, HealthCheckResponse};
+use tessera_protocol::inference::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
+use tessera_protocol::inference::model_metadata_response::TensorMetadata;
+use tessera_protocol::inference::model_repository_parameter::ParameterChoice as RepoParam;
+use tessera_protocol::inference::repository_index_response::ModelIndex;
+use tessera_protocol::inference::*;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::error::Error;
+use crate::server::ServerState;
+
+type GrpcResult<T> = Result<Response<T>, Status>;
+
+/// Serves gRPC on `listener` until `shutdown`.
+pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: CancellationToken) {
+    let limit = state.max_input_size;
+    let inference = GrpcInferenceServiceServer::new(InferenceService { state: state.clone() })
+        .max_decoding_message_size(limit)
+        .max_encoding_message_size(i32::MAX as usize);
+    let health = HealthServer::new(HealthService { state });
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(inference)
+        .add_service(health)
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "grpc server failed");
+    }
+}
+
+/// Parses a gRPC version string ("" means the policy's latest).
+fn version(model: &str, v: &str) -> Result<Option<i64>, Status> {
+    crate::manager::parse_version(model, Some(v)).map_err(Status::from)
+}
+
+struct InferenceService {
+    state: Arc<ServerState>,
+}
+
+impl InferenceService {
+    async fn infer(state: &ServerState, req: ModelInferRequest) -> Result<ModelInferResponse, Error> {
+        let (name, v) = (req.model_name.clone(), req.model_version.clone());
+        let v = crate::manager::parse_version(&name, Some(&v))?;
+        let loaded = state.manager.get(&name, v)?;
+        let request = convert::infer_request(req)?;
+        Ok(convert::infer_response(loaded.infer(request).await?))
+    }
+}
+
+fn unimplemented<T>(what: &str) -> GrpcResult<T> {
+    Err(Status::unimplemented(format!("{what} is not supported by this server")))
+}
+
+type StreamOut = Pin<Box<dyn futures::Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for InferenceService {
+    async fn server_live(&self, _: Request<ServerLiveRequest>) -> GrpcResult<ServerLiveResponse> {
+        Ok(Response::new(ServerLiveResponse { live: self.state.is_live() }))
+    }
+
+    async fn server_ready(&self, _: Request<ServerReadyRequest>) -> GrpcResult<ServerReadyResponse> {
+        Ok(Response::new(ServerReadyResponse { ready: self.state.is_ready() }))
+    }
+
+    async fn model_ready(&self, req: Request<ModelReadyRequest>) -> GrpcResult<ModelReadyResponse> {
+        let req = req.into_inner();
+        let v = version(&req.name, &req.version)?;
+        match self.state.manager.get(&req.name, v) {
+            Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
+            Err(e) if e.kind == crate::error::ErrorKind::NotFound => Err(e.into()),
+            Err(_) => Ok(Response::new(ModelReadyResponse { ready: false })),
+        }
+    }
+
+    async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> GrpcResult<ServerMetadataResponse> {
+        Ok(Response::new(ServerMetadataResponse {
+            name: self.state.name.to_string(),
+            version: self.state.version.to_string(),
+            extensions: crate::server::EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(&self, req: Request<ModelMetadataRequest>) -> GrpcResult<ModelMetadataResponse> {
+        let req = req.into_inner();
+        let v = version(&req.name, &req.version)?;
+        let loaded = self.state.manager.get(&req.name, v).map_err(Status::from)?;
+        let versions = match v {
+            Some(v) => vec![v.to_string()],
+            None => self.state.manager.ready_versions(&req.name)?.iter().map(|m| m.version.to_string()).collect(),
+        };
+        let spec = &loaded.spec;
+        let tensors = |list: &[crate::model_spec::TensorSpec]| {
+            list.iter()
+                .map(|t| TensorMetadata {
+                    name: t.name.clone(),
+                    datatype: t.datatype.as_wire().to_string(),
+                    shape: spec.full_shape(&t.dims),
+                })
+                .collect()
+        };
+        Ok(Response::new(ModelMetadataResponse {
+            name: spec.name.clone(),
+            versions,
+            platform: spec.platform().to_string(),
+            inputs: tensors(&spec.inputs),
+            outputs: tensors(&spec.outputs),
+        }))
+    }
+
+    async fn model_infer(&self, req: Request<ModelInferRequest>) -> GrpcResult<ModelInferResponse> {
+        Ok(Response::new(Self::infer(&self.state, req.into_inner()).await?))
+    }
+
+    type ModelStreamInferStream = StreamOut;
+
+    /// Non-decoupled streaming: requests run concurrently, responses leave in request order,
+    /// errors travel in-band in `error_message` and the stream stays open (Triton's default).
+    async fn model_stream_infer(
+        &self,
+        req: Request<Streaming<ModelInferRequest>>,
+    ) -> GrpcResult<Self::ModelStreamInferStream> {
+        let mut incoming = req.into_inner();
+        let state = self.state.clone();
+        let output = async_stream_ordered(move |tx| async move {
+            let mut pending = FuturesOrdered::new();
+            let mut open = true;
+            loop {
+                tokio::select! {
+                    msg = incoming.next(), if open => match msg {
+                        Some(Ok(request)) => {
+                            let state = state.clone();
+                            pending.push_back(async move { Self::infer(&state, request).await });
+                        }
+                        Some(Err(status)) => {
+                            tracing::debug!(error = %status, "stream closed by client error");
+                            open = false;
+                        }
+                        None => open = false,
+                    },
+                    Some(result) = pending.next(), if !pending.is_empty() => {
+                        let message = match result {
+                            Ok(r) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(r) },
+                            Err(e) => ModelStreamInferResponse { error_message: e.message, infer_response: None },
+                        };
+                        if tx.send(Ok(message)).await.is_err() {
+                            break;
+                        }
+                    }
+                    else => break,
+                }
+            }
+        });
+        Ok(Response::new(output))
+    }
+
+    async fn model_config(&self, req: Request<ModelConfigRequest>) -> GrpcResult<ModelConfigResponse> {
+        let req = req.into_inner();
+        let v = version(&req.name, &req.version)?;
+        let loaded = self.state.manager.get(&req.name, v)?;
+        Ok(Response::new(ModelConfigResponse { config: Some(loaded.spec.config.clone()) }))
+    }
+
+    async fn model_statistics(&self, req: Request<ModelStatisticsRequest>) -> GrpcResult<ModelStatisticsResponse> {
+        let req = req.into_inner();
+        let model_stats = if req.name.is_empty() {
+            self.state.statistics(None, None)?
+        } else {
+            let v = version(&req.name, &req.version)?;
+            self.state.statistics(Some(&req.name), v)?
+        };
+        Ok(Response::new(ModelStatisticsResponse { model_stats }))
+    }
+
+    async fn repository_index(&self, req: Request<RepositoryIndexRequest>) -> GrpcResult<RepositoryIndexResponse> {
+        let models = self
+            .state
+            .manager
+            .index(req.into_inner().ready)
+            .into_iter()
+            .map(|r| ModelIndex {
+                name: r.name,
+                version: r.version.map(|v| v.to_string()).unwrap_or_default(),
+                state: r.state.map(|s| s.as_str().to_string()).unwrap_or_default(),
+                reason: r.reason,
+            })
+            .collect();
+        Ok(Response::new(RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        req: Request<RepositoryModelLoadRequest>,
+    ) -> GrpcResult<RepositoryModelLoadResponse> {
+        let req = req.into_inner();
+        let pairs = req.parameters.iter().map(|(k, p)| {
+            let text = match &p.parameter_choice {
+                Some(RepoParam::StringParam(s)) => Some(s.clone()),
+                Some(RepoParam::BytesParam(b)) => String::from_utf8(b.clone()).ok(),
+                _ => None,
+            };
+            (k.as_str(), text)
+        });
+        let config = crate::server::load_config_override(pairs)?;
+        self.state.manager.load(&req.model_name, config).await?;
+        Ok(Response::new(RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        req: Request<RepositoryModelUnloadRequest>,
+    ) -> GrpcResult<RepositoryModelUnloadResponse> {
+        self.state.manager.unload(&req.into_inner().model_name).await?;
+        Ok(Response::new(RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        _: Request<SystemSharedMemoryStatusRequest>,
+    ) -> GrpcResult<SystemSharedMemoryStatusResponse> {
+        unimplemented("system shared memory")
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        _: Request<SystemSharedMemoryRegisterRequest>,
+    ) -> GrpcResult<SystemSharedMemoryRegisterResponse> {
+        unimplemented("system shared memory")
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        _: Request<SystemSharedMemoryUnregisterRequest>,
+    ) -> GrpcResult<SystemSharedMemoryUnregisterResponse> {
+        unimplemented("system shared memory")
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        _: Request<CudaSharedMemoryStatusRequest>,
+    ) -> GrpcResult<CudaSharedMemoryStatusResponse> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        _: Request<CudaSharedMemoryRegisterRequest>,
+    ) -> GrpcResult<CudaSharedMemoryRegisterResponse> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<CudaSharedMemoryUnregisterRequest>,
+    ) -> GrpcResult<CudaSharedMemoryUnregisterResponse> {
+        unimplemented("CUDA shared memory")
+    }
+
+    async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> GrpcResult<TraceSettingResponse> {
+        unimplemented("trace settings")
+    }
+
+    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> GrpcResult<LogSettingsResponse> {
+        unimplemented("log settings")
+    }
+}
+
+/// Runs `producer` on a task and exposes what it sends as the response stream.
+fn async_stream_ordered<F, Fut>(producer: F) -> StreamOut
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<ModelStreamInferResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    // Capacity bounds how far the server runs ahead of a slow reader.
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(producer(tx));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+}
+
+struct HealthService {
+    state: Arc<ServerState>,
+}
+
+#[tonic::async_trait]
+impl Health for HealthService {
+    async fn check(&self, _: Request<HealthCheckRequest>) -> GrpcResult<HealthCheckResponse> {
+        let status = if self.state.is_ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
+        Ok(Response::new(HealthCheckResponse { status: status as i32 }))
+    }
+}

@@ -1,0 +1,185 @@
+//! KServe v2 REST handlers: thin wrappers that parse, call the model manager, and encode.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::codec;
+use crate::error::{Error, ErrorKind, Result};
+use crate::manager::parse_version;
+use crate::server::ServerState;
+
+type AppState = State<Arc<ServerState>>;
+
+/// `GET /v2/health/live`.
+pub async fn handle_health_live(State(s): AppState) -> StatusCode {
+    if s.is_live() { StatusCode::OK } else { StatusCode::BAD_REQUEST }
+}
+
+/// `GET /v2/health/ready`.
+pub async fn handle_health_ready(State(s): AppState) -> StatusCode {
+    if s.is_ready() { StatusCode::OK } else { StatusCode::BAD_REQUEST }
+}
+
+/// `GET /v2`.
+pub async fn handle_server_metadata(State(s): AppState) -> Json<Value> {
+    Json(json!({ "name": s.name, "version": s.version, "extensions": crate::server::EXTENSIONS }))
+}
+
+/// Model path segments: name and optional version.
+pub type ModelPath = (String, Option<String>);
+
+/// `GET /v2/models/{m}[/versions/{v}]`.
+pub async fn handle_model_metadata(s: &ServerState, (model, version): ModelPath) -> Result<Json<Value>> {
+    let v = parse_version(&model, version.as_deref())?;
+    Ok(Json(s.model_metadata(&model, v)?))
+}
+
+/// `GET /v2/models/{m}[/versions/{v}]/ready`.
+pub async fn handle_model_ready(s: &ServerState, (model, version): ModelPath) -> Response {
+    let ready = parse_version(&model, version.as_deref()).and_then(|v| s.manager.get(&model, v));
+    match ready {
+        Ok(_) => StatusCode::OK.into_response(),
+        Err(e) if e.kind == ErrorKind::NotFound => e.into_response(),
+        Err(e) => (StatusCode::BAD_REQUEST, Json(json!({ "error": e.message }))).into_response(),
+    }
+}
+
+/// `GET /v2/models/{m}[/versions/{v}]/config`.
+pub async fn handle_model_config(s: &ServerState, (model, version): ModelPath) -> Result<Json<Value>> {
+    let v = parse_version(&model, version.as_deref())?;
+    let loaded = s.manager.get(&model, v)?;
+    Ok(Json(tessera_protocol::model_config::to_json_value(&loaded.spec.config)))
+}
+
+/// `GET /v2/models[/{m}[/versions/{v}]]/stats`.
+pub async fn handle_model_stats(s: &ServerState, path: Option<ModelPath>) -> Result<Json<Value>> {
+    let stats = match path {
+        None => s.statistics(None, None)?,
+        Some((model, version)) => {
+            let v = parse_version(&model, version.as_deref())?;
+            s.statistics(Some(&model), v)?
+        }
+    };
+    Ok(Json(crate::stats::to_json(&stats)))
+}
+
+/// `POST /v2/models/{m}[/versions/{v}]/infer`.
+pub async fn handle_infer(
+    s: &ServerState,
+    (model, version): ModelPath,
+    headers: &HeaderMap,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Response> {
+    let body = body.map_err(|e| body_error(e, s.max_input_size))?;
+    let v = parse_version(&model, version.as_deref())?;
+    let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
+    let (json, tail) = codec::split_body(&body, header_length)?;
+    let request = codec::decode_request(&json, &tail)?;
+    let (params, requested) = (request.parameters.clone(), request.outputs.clone());
+    let loaded = s.manager.get(&model, v)?;
+    let response = loaded.infer(request).await?;
+    let binary = codec::binary_flags(&params, &requested, &response);
+    let encoded = codec::encode_response(&response, &binary)?;
+    let mut resp = Response::new(Body::from(encoded.body));
+    let headers = resp.headers_mut();
+    match encoded.header_length {
+        Some(len) => {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            headers.insert(codec::HEADER_LENGTH, HeaderValue::from(len));
+        }
+        None => {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+    Ok(resp)
+}
+
+/// Maps a body-reading failure: over the limit is 413, anything else 400.
+pub fn body_error(rejection: BytesRejection, limit: usize) -> Error {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        Error::new(
+            ErrorKind::TooLarge,
+            format!("request body exceeds the limit of {limit} bytes (--http-max-input-size)"),
+        )
+    } else {
+        Error::invalid(format!("failed to read the request body: {rejection}"))
+    }
+}
+
+/// Parses an optional JSON body (empty means `{}`).
+fn optional_json(body: &Bytes) -> Result<Value> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))
+}
+
+/// `POST /v2/repository/index`.
+pub async fn handle_repository_index(
+    State(s): AppState,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>> {
+    let body = body.map_err(|e| body_error(e, s.max_input_size))?;
+    let ready_only = optional_json(&body)?.get("ready").and_then(Value::as_bool).unwrap_or(false);
+    let rows: Vec<Value> = s
+        .manager
+        .index(ready_only)
+        .into_iter()
+        .map(|r| {
+            let mut row = json!({ "name": r.name });
+            if let Some(v) = r.version {
+                row["version"] = json!(v.to_string());
+            }
+            if let Some(state) = r.state {
+                row["state"] = json!(state.as_str());
+                row["reason"] = json!(r.reason);
+            }
+            row
+        })
+        .collect();
+    Ok(Json(Value::Array(rows)))
+}
+
+/// `POST /v2/repository/models/{m}/load`.
+pub async fn handle_repository_load(
+    State(s): AppState,
+    Path(model): Path<String>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<StatusCode> {
+    let body = body.map_err(|e| body_error(e, s.max_input_size))?;
+    let params = optional_json(&body)?.get("parameters").cloned().unwrap_or(json!({}));
+    let pairs = params.as_object().into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str().map(str::to_string)));
+    let config = crate::server::load_config_override(pairs)?;
+    s.manager.load(&model, config).await?;
+    Ok(StatusCode::OK)
+}
+
+/// `POST /v2/repository/models/{m}/unload`.
+pub async fn handle_repository_unload(
+    State(s): AppState,
+    Path(model): Path<String>,
+    body: std::result::Result<Bytes, BytesRejection>,
+) -> Result<StatusCode> {
+    let body = body.map_err(|e| body_error(e, s.max_input_size))?;
+    optional_json(&body)?;
+    s.manager.unload(&model).await?;
+    Ok(StatusCode::OK)
+}
+
+/// Unknown routes.
+pub async fn handle_not_found() -> Response {
+    (StatusCode::NOT_FOUND, Json(json!({ "error": "Not Found" }))).into_response()
+}
+
+/// Known routes with the wrong method.
+pub async fn handle_method_not_allowed() -> Response {
+    (StatusCode::METHOD_NOT_ALLOWED, Json(json!({ "error": "Method Not Allowed" }))).into_response()
+}

@@ -1,0 +1,89 @@
+//! The KServe v2 HTTP/REST endpoint (axum), with Triton's routes, errors and extensions.
+
+mod codec;
+mod handlers;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::HeaderMap;
+use axum::routing::{get, post};
+use bytes::Bytes;
+use handlers::*;
+
+use crate::server::ServerState;
+
+type S = State<Arc<ServerState>>;
+type Body = std::result::Result<Bytes, axum::extract::rejection::BytesRejection>;
+
+/// Builds the router for the inference HTTP endpoint.
+pub fn router(state: Arc<ServerState>) -> Router {
+    let limit = state.max_input_size;
+    Router::new()
+        .route("/v2/health/live", get(handle_health_live))
+        .route("/v2/health/ready", get(handle_health_ready))
+        .route("/v2", get(handle_server_metadata))
+        .route("/v2/models/stats", get(|State(s): S| async move { handle_model_stats(&s, None).await }))
+        .route(
+            "/v2/models/{model}",
+            get(|State(s): S, Path(m): Path<String>| async move { handle_model_metadata(&s, (m, None)).await }),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}",
+            get(|State(s): S, Path((m, v)): Path<(String, String)>| async move {
+                handle_model_metadata(&s, (m, Some(v))).await
+            }),
+        )
+        .route(
+            "/v2/models/{model}/ready",
+            get(|State(s): S, Path(m): Path<String>| async move { handle_model_ready(&s, (m, None)).await }),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/ready",
+            get(|State(s): S, Path((m, v)): Path<(String, String)>| async move {
+                handle_model_ready(&s, (m, Some(v))).await
+            }),
+        )
+        .route(
+            "/v2/models/{model}/config",
+            get(|State(s): S, Path(m): Path<String>| async move { handle_model_config(&s, (m, None)).await }),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/config",
+            get(|State(s): S, Path((m, v)): Path<(String, String)>| async move {
+                handle_model_config(&s, (m, Some(v))).await
+            }),
+        )
+        .route(
+            "/v2/models/{model}/stats",
+            get(|State(s): S, Path(m): Path<String>| async move { handle_model_stats(&s, Some((m, None))).await }),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/stats",
+            get(|State(s): S, Path((m, v)): Path<(String, String)>| async move {
+                handle_model_stats(&s, Some((m, Some(v)))).await
+            }),
+        )
+        .route(
+            "/v2/models/{model}/infer",
+            post(|State(s): S, Path(m): Path<String>, h: HeaderMap, b: Body| async move {
+                handle_infer(&s, (m, None), &h, b).await
+            }),
+        )
+        .route(
+            "/v2/models/{model}/versions/{version}/infer",
+            post(|State(s): S, Path((m, v)): Path<(String, String)>, h: HeaderMap, b: Body| async move {
+                handle_infer(&s, (m, Some(v)), &h, b).await
+            }),
+        )
+        .route("/v2/repository/index", post(handle_repository_index))
+        .route("/v2/repository/models/{model}/load", post(handle_repository_load))
+        .route("/v2/repository/models/{model}/unload", post(handle_repository_unload))
+        .fallback(handle_not_found)
+        .method_not_allowed_fallback(handle_method_not_allowed)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(tower_http::decompression::RequestDecompressionLayer::new())
+        .layer(tower_http::compression::CompressionLayer::new())
+        .with_state(state)
+}

@@ -1,0 +1,19 @@
+//! Tessera's data plane: the model repository, ONNX Runtime backend, and the KServe v2 HTTP and
+//! gRPC inference servers behind `tessera serve`.
+
+pub mod backend;
+pub mod bench;
+pub mod error;
+pub mod grpc;
+pub mod http;
+pub mod infer;
+pub mod manager;
+pub mod metrics;
+pub mod model;
+pub mod model_spec;
+pub mod repository;
+pub mod server;
+pub mod stats;
+pub mod tensor;
+
+pub use server::{BoundAddrs, ServeConfig, run};

@@ -1,0 +1,341 @@
+//! The model manager: which model versions are loaded, their states, and model control
+//! (none / poll / explicit) over the repository.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+use tessera_protocol::inference::ModelConfig;
+
+use crate::error::{Error, Result};
+use crate::model::LoadedModel;
+use crate::repository::{Repository, select_versions};
+
+/// How models get loaded and unloaded (Triton's `--model-control-mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ControlMode {
+    /// Load everything at start; no changes afterwards.
+    #[default]
+    None,
+    /// Load everything at start and follow repository changes.
+    Poll,
+    /// Load what `--load-model` names; the load/unload API changes the set.
+    Explicit,
+}
+
+/// A model version's lifecycle state as the repository index reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelState {
+    /// Serving.
+    Ready,
+    /// Failed to load or unloaded; the reason says which.
+    Unavailable,
+}
+
+impl ModelState {
+    /// The string Triton uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelState::Ready => "READY",
+            ModelState::Unavailable => "UNAVAILABLE",
+        }
+    }
+}
+
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexEntry {
+    /// Model name.
+    pub name: String,
+    /// Version, when one is known.
+    pub version: Option<i64>,
+    /// State, `None` for models never loaded.
+    pub state: Option<ModelState>,
+    /// Why a model is unavailable.
+    pub reason: String,
+}
+
+/// A version that was tried: loaded, or failed with a reason.
+#[derive(Debug, Clone)]
+enum VersionSlot {
+    Ready(Arc<LoadedModel>),
+    Failed(String),
+}
+
+/// What the manager knows of one model.
+#[derive(Debug, Clone, Default)]
+struct ModelEntry {
+    versions: BTreeMap<i64, VersionSlot>,
+    /// Set when the model as a whole is unavailable (bad config, no versions, unloaded).
+    reason: Option<String>,
+    /// Repository fingerprint at load time, for polling.
+    fingerprint: Vec<(std::path::PathBuf, Option<std::time::SystemTime>, u64)>,
+}
+
+impl ModelEntry {
+    fn unavailable(reason: String) -> Self {
+        Self { reason: Some(reason), ..Default::default() }
+    }
+
+    fn latest_ready(&self) -> Option<&Arc<LoadedModel>> {
+        self.versions.values().rev().find_map(|s| match s {
+            VersionSlot::Ready(m) => Some(m),
+            VersionSlot::Failed(_) => None,
+        })
+    }
+}
+
+/// Owns the loaded models. Cheap to share behind an `Arc`.
+pub struct ModelManager {
+    repository: Repository,
+    mode: ControlMode,
+    cores: usize,
+    /// Readers are request handlers; writers swap whole entries after a load finished.
+    models: RwLock<BTreeMap<String, ModelEntry>>,
+    /// Serialises loads and unloads so two changes to one model never interleave.
+    control: tokio::sync::Mutex<()>,
+}
+
+impl ModelManager {
+    /// Creates a manager over `repository`; nothing is loaded yet.
+    pub fn new(repository: Repository, mode: ControlMode) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        Self { repository, mode, cores, models: RwLock::new(BTreeMap::new()), control: tokio::sync::Mutex::new(()) }
+    }
+
+    /// The model control mode.
+    pub fn mode(&self) -> ControlMode {
+        self.mode
+    }
+
+    /// Loads the models to serve at start: all of them, or in explicit mode those named
+    /// (`*` = all). Returns the names that failed.
+    pub async fn load_startup(&self, names: &[String]) -> Vec<String> {
+        let all = self.mode != ControlMode::Explicit || names.iter().any(|n| n == "*");
+        let wanted: Vec<String> = if all { self.repository.model_names() } else { names.to_vec() };
+        let mut failed = Vec::new();
+        for name in wanted {
+            if let Err(e) = self.load_inner(&name, None).await {
+                tracing::warn!(model = %name, error = %e.message, "model failed to load");
+                failed.push(name);
+            }
+        }
+        failed
+    }
+
+    /// Looks up a servable version: the given one, or the latest ready one.
+    pub fn get(&self, name: &str, version: Option<i64>) -> Result<Arc<LoadedModel>> {
+        let models = self.models.read();
+        let entry = models
+            .get(name)
+            .ok_or_else(|| Error::not_found(format!("Request for unknown model: '{name}' is not found")))?;
+        match version {
+            None => entry.latest_ready().cloned().ok_or_else(|| {
+                let reason = entry.reason.clone().unwrap_or_else(|| "no version is ready".into());
+                Error::unavailable(format!("model '{name}' is not ready: {reason}"))
+            }),
+            Some(v) => match entry.versions.get(&v) {
+                Some(VersionSlot::Ready(m)) => Ok(m.clone()),
+                Some(VersionSlot::Failed(reason)) => {
+                    Err(Error::unavailable(format!("model '{name}' version {v} is not ready: {reason}")))
+                }
+                None => Err(Error::not_found(format!("Request for unknown model: '{name}' version {v} is not found"))),
+            },
+        }
+    }
+
+    /// Ready versions of a model, ascending; errors as [`Self::get`] does when there are none.
+    pub fn ready_versions(&self, name: &str) -> Result<Vec<Arc<LoadedModel>>> {
+        let latest = self.get(name, None)?;
+        let models = self.models.read();
+        let ready: Vec<Arc<LoadedModel>> = models
+            .get(name)
+            .map(|e| {
+                e.versions
+                    .values()
+                    .filter_map(|s| match s {
+                        VersionSlot::Ready(m) => Some(m.clone()),
+                        VersionSlot::Failed(_) => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(if ready.is_empty() { vec![latest] } else { ready })
+    }
+
+    /// Every ready model version, for statistics.
+    pub fn all_ready(&self) -> Vec<Arc<LoadedModel>> {
+        let models = self.models.read();
+        models
+            .values()
+            .flat_map(|e| e.versions.values())
+            .filter_map(|s| match s {
+                VersionSlot::Ready(m) => Some(m.clone()),
+                VersionSlot::Failed(_) => None,
+            })
+            .collect()
+    }
+
+    /// True when every model that was asked for is serving (strict readiness).
+    pub fn every_model_ready(&self) -> bool {
+        let models = self.models.read();
+        models.values().all(|e| {
+            e.reason.as_deref() == Some(UNLOADED)
+                || (e.reason.is_none() && e.versions.values().all(|s| matches!(s, VersionSlot::Ready(_))))
+        })
+    }
+
+    /// The repository index: every model on disk, with the state of each tried version.
+    pub fn index(&self, ready_only: bool) -> Vec<IndexEntry> {
+        let models = self.models.read();
+        let names: BTreeSet<String> = self.repository.model_names().into_iter().chain(models.keys().cloned()).collect();
+        let mut rows = Vec::new();
+        for name in names {
+            let Some(entry) = models.get(&name) else {
+                rows.push(IndexEntry { name, version: None, state: None, reason: String::new() });
+                continue;
+            };
+            if entry.versions.is_empty() {
+                let reason = entry.reason.clone().unwrap_or_default();
+                rows.push(IndexEntry { name, version: None, state: Some(ModelState::Unavailable), reason });
+                continue;
+            }
+            for (v, slot) in &entry.versions {
+                let (state, reason) = match slot {
+                    VersionSlot::Ready(_) => (ModelState::Ready, String::new()),
+                    VersionSlot::Failed(r) => (ModelState::Unavailable, r.clone()),
+                };
+                rows.push(IndexEntry { name: name.clone(), version: Some(*v), state: Some(state), reason });
+            }
+        }
+        if ready_only {
+            rows.retain(|r| r.state == Some(ModelState::Ready));
+        }
+        rows
+    }
+
+    /// The load API: (re)loads a model, optionally with a config given by the client.
+    pub async fn load(&self, name: &str, config: Option<ModelConfig>) -> Result<()> {
+        self.require_explicit()?;
+        self.load_inner(name, config).await
+    }
+
+    /// The unload API: stops serving every version of a model.
+    pub async fn unload(&self, name: &str) -> Result<()> {
+        self.require_explicit()?;
+        let _guard = self.control.lock().await;
+        let mut models = self.models.write();
+        if !models.contains_key(name) && !self.repository.contains(name) {
+            return Err(Error::not_found(format!("failed to unload '{name}', no version is available")));
+        }
+        models.insert(name.to_string(), ModelEntry::unavailable(UNLOADED.into()));
+        tracing::info!(model = name, "model unloaded");
+        Ok(())
+    }
+
+    fn require_explicit(&self) -> Result<()> {
+        if self.mode == ControlMode::Explicit {
+            return Ok(());
+        }
+        Err(Error::unavailable(
+            "explicit model load / unload is not allowed unless the server runs with --model-control-mode=explicit",
+        ))
+    }
+
+    /// Loads every selected version of `name` off the async runtime, then swaps the entry in:
+    /// the old versions keep serving until the new ones are ready.
+    async fn load_inner(&self, name: &str, config: Option<ModelConfig>) -> Result<()> {
+        if !self.repository.contains(name) {
+            return Err(Error::not_found(format!("failed to load '{name}', failed to poll from model repository")));
+        }
+        let _guard = self.control.lock().await;
+        let (repo, owned, cores) = (self.repository.clone(), name.to_string(), self.cores);
+        let entry = tokio::task::spawn_blocking(move || load_entry(&repo, &owned, config, cores))
+            .await
+            .map_err(|e| Error::internal(format!("model load task failed: {e}")))?;
+        let failure = entry_failure(&entry);
+        self.models.write().insert(name.to_string(), entry);
+        match failure {
+            Some(reason) => Err(Error::invalid(format!("failed to load '{name}': {reason}"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Poll mode: loads new or changed models and drops deleted ones.
+    pub async fn poll_once(&self) {
+        let on_disk = self.repository.model_names();
+        let known: Vec<(String, bool)> = {
+            let models = self.models.read();
+            on_disk
+                .iter()
+                .map(|n| (n.clone(), models.get(n).is_some_and(|e| e.fingerprint == self.repository.fingerprint(n))))
+                .collect()
+        };
+        for (name, unchanged) in known {
+            if !unchanged {
+                tracing::info!(model = %name, "repository changed; reloading model");
+                if let Err(e) = self.load_inner(&name, None).await {
+                    tracing::warn!(model = %name, error = %e.message, "model failed to load");
+                }
+            }
+        }
+        let _guard = self.control.lock().await;
+        self.models.write().retain(|name, _| {
+            let keep = on_disk.contains(name);
+            if !keep {
+                tracing::info!(model = %name, "model removed from the repository; unloading");
+            }
+            keep
+        });
+    }
+}
+
+/// Parses a `/versions/{v}` segment; Triton only matches numeric versions.
+pub fn parse_version(model: &str, version: Option<&str>) -> Result<Option<i64>> {
+    match version {
+        None | Some("") => Ok(None),
+        Some(v) => v.parse::<i64>().ok().filter(|v| *v >= 0).map(Some).ok_or_else(|| {
+            Error::not_found(format!("Request for unknown model: '{model}' version '{v}' is not a valid version"))
+        }),
+    }
+}
+
+/// Reason recorded for models unloaded through the API.
+const UNLOADED: &str = "unloaded";
+
+fn entry_failure(entry: &ModelEntry) -> Option<String> {
+    if let Some(reason) = &entry.reason {
+        return Some(reason.clone());
+    }
+    entry.versions.iter().find_map(|(v, s)| match s {
+        VersionSlot::Failed(r) => Some(format!("version {v}: {r}")),
+        VersionSlot::Ready(_) => None,
+    })
+}
+
+/// Loads one model's selected versions. Blocking: runs ONNX Runtime session creation.
+fn load_entry(repo: &Repository, name: &str, config: Option<ModelConfig>, cores: usize) -> ModelEntry {
+    let fingerprint = repo.fingerprint(name);
+    let config = match config.map_or_else(|| repo.read_config(name), Ok) {
+        Ok(c) => c,
+        Err(reason) => return ModelEntry { fingerprint, ..ModelEntry::unavailable(reason) },
+    };
+    let versions = select_versions(&config, &repo.versions_on_disk(name));
+    if versions.is_empty() {
+        let reason = "no version is available on disk for the version policy".to_string();
+        return ModelEntry { fingerprint, ..ModelEntry::unavailable(reason) };
+    }
+    let mut entry = ModelEntry { fingerprint, ..Default::default() };
+    for v in versions {
+        let file = repo.model_file(name, v, &config);
+        let slot = match LoadedModel::load(name, v, &file, config.clone(), cores) {
+            Ok(m) => VersionSlot::Ready(Arc::new(m)),
+            Err(reason) => {
+                tracing::warn!(model = name, version = v, %reason, "model version failed to load");
+                VersionSlot::Failed(reason)
+            }
+        };
+        entry.versions.insert(v, slot);
+    }
+    entry
+}

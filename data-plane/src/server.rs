@@ -1,0 +1,236 @@
+//! `tessera serve`: binds the HTTP, gRPC and metrics listeners, loads the repository, and runs
+//! until shutdown.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+use tessera_protocol::inference::{ModelConfig, ModelStatistics};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::manager::{ControlMode, ModelManager};
+use crate::repository::Repository;
+
+/// Extensions this server implements, as listed in server metadata.
+pub const EXTENSIONS: &[&str] =
+    &["binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics"];
+
+/// Default `--http-max-input-size`, Triton's 64 MiB.
+pub const DEFAULT_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
+
+/// Everything `serve` needs; built from the CLI.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Model repository directory.
+    pub model_repository: PathBuf,
+    /// HTTP listen address; `None` disables HTTP.
+    pub http_addr: Option<SocketAddr>,
+    /// gRPC listen address; `None` disables gRPC.
+    pub grpc_addr: Option<SocketAddr>,
+    /// Metrics listen address; `None` disables metrics.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Model control mode.
+    pub control_mode: ControlMode,
+    /// Models to load at start in explicit mode (`*` = all).
+    pub load_models: Vec<String>,
+    /// Poll interval in poll mode.
+    pub poll_interval: Duration,
+    /// Ready only when every model is ready.
+    pub strict_readiness: bool,
+    /// Exit when a model fails to load at start.
+    pub exit_on_error: bool,
+    /// Largest accepted request body (HTTP) or message (gRPC).
+    pub max_input_size: usize,
+}
+
+/// Shared state of one server: the model manager plus server-level flags.
+pub struct ServerState {
+    /// Loaded models.
+    pub manager: Arc<ModelManager>,
+    /// Server name in metadata.
+    pub name: &'static str,
+    /// Server version in metadata.
+    pub version: &'static str,
+    /// Largest accepted request.
+    pub max_input_size: usize,
+    strict_readiness: bool,
+    /// False while shutting down.
+    live: AtomicBool,
+    /// True once start-up loading finished.
+    started: AtomicBool,
+}
+
+impl ServerState {
+    /// Creates state over a manager.
+    pub fn new(manager: Arc<ModelManager>, strict_readiness: bool, max_input_size: usize) -> Self {
+        Self {
+            manager,
+            name: "tessera",
+            version: env!("CARGO_PKG_VERSION"),
+            max_input_size,
+            strict_readiness,
+            live: AtomicBool::new(true),
+            started: AtomicBool::new(false),
+        }
+    }
+
+    /// Server liveness.
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Server readiness: live, start-up done, and (strict) every model ready.
+    pub fn is_ready(&self) -> bool {
+        self.is_live()
+            && self.started.load(Ordering::Relaxed)
+            && (!self.strict_readiness || self.manager.every_model_ready())
+    }
+
+    /// Model metadata JSON (shared shape with gRPC).
+    pub fn model_metadata(&self, model: &str, version: Option<i64>) -> Result<Value> {
+        let loaded = self.manager.get(model, version)?;
+        let versions: Vec<String> = match version {
+            Some(v) => vec![v.to_string()],
+            None => self.manager.ready_versions(model)?.iter().map(|m| m.version.to_string()).collect(),
+        };
+        let spec = &loaded.spec;
+        let tensors = |list: &[crate::model_spec::TensorSpec]| -> Vec<Value> {
+            list.iter()
+                .map(|t| json!({ "name": t.name, "datatype": t.datatype.as_wire(), "shape": spec.full_shape(&t.dims) }))
+                .collect()
+        };
+        Ok(json!({
+            "name": spec.name,
+            "versions": versions,
+            "platform": spec.platform(),
+            "inputs": tensors(&spec.inputs),
+            "outputs": tensors(&spec.outputs),
+        }))
+    }
+
+    /// Statistics for all models, one model, or one version.
+    pub fn statistics(&self, model: Option<&str>, version: Option<i64>) -> Result<Vec<ModelStatistics>> {
+        let models = match (model, version) {
+            (None, _) => self.manager.all_ready(),
+            (Some(m), Some(v)) => vec![self.manager.get(m, Some(v))?],
+            (Some(m), None) => self.manager.ready_versions(m)?,
+        };
+        Ok(models.iter().map(|m| m.stats.snapshot(&m.spec.name, &m.version.to_string())).collect())
+    }
+}
+
+/// Reads the load API's parameters: `config` (a JSON model config) is honoured; `file:` overrides
+/// are refused, since writing client files into the repository is how CVE-2023-31036 happened.
+pub fn load_config_override<'a>(
+    params: impl IntoIterator<Item = (&'a str, Option<String>)>,
+) -> Result<Option<ModelConfig>> {
+    let mut config = None;
+    for (key, text) in params {
+        if key.starts_with("file:") {
+            return Err(Error::unsupported(format!("load parameter '{key}': file overrides are not supported")));
+        }
+        if key == "config" {
+            let text = text.ok_or_else(|| Error::invalid("load parameter 'config' must be a JSON string"))?;
+            let parsed = tessera_protocol::model_config::from_json(&text)
+                .map_err(|e| Error::invalid(format!("load parameter 'config' is not a valid model config: {e}")))?;
+            config = Some(parsed);
+        }
+    }
+    Ok(config)
+}
+
+/// Addresses the server actually bound (port 0 resolved).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BoundAddrs {
+    /// HTTP.
+    pub http: Option<SocketAddr>,
+    /// gRPC.
+    pub grpc: Option<SocketAddr>,
+    /// Metrics.
+    pub metrics: Option<SocketAddr>,
+}
+
+async fn bind(addr: Option<SocketAddr>, protocol: &'static str) -> anyhow::Result<Option<TcpListener>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = TcpListener::bind(addr).await.with_context(|| format!("bind the {protocol} listener on {addr}"))?;
+    let local = listener.local_addr().context("read the bound address")?;
+    tracing::info!(protocol, addr = %local, "listening");
+    Ok(Some(listener))
+}
+
+/// Runs `serve` until `shutdown` is cancelled; `on_bound` hears the bound addresses.
+pub async fn run(
+    config: ServeConfig,
+    shutdown: CancellationToken,
+    on_bound: impl FnOnce(BoundAddrs),
+) -> anyhow::Result<()> {
+    crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    let repository = Repository::open(&config.model_repository).map_err(anyhow::Error::msg)?;
+    let manager = Arc::new(ModelManager::new(repository, config.control_mode));
+    let state = Arc::new(ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size));
+
+    let http = bind(config.http_addr, "http").await?;
+    let grpc = bind(config.grpc_addr, "grpc").await?;
+    let metrics = bind(config.metrics_addr, "metrics").await?;
+    let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+    on_bound(BoundAddrs { http: local(&http), grpc: local(&grpc), metrics: local(&metrics) });
+
+    let tasks = tokio_util::task::TaskTracker::new();
+    if let Some(listener) = http {
+        let (router, token) = (crate::http::router(state.clone()), shutdown.clone());
+        tasks.spawn(async move {
+            let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "http server failed");
+            }
+        });
+    }
+    if let Some(listener) = grpc {
+        tasks.spawn(crate::grpc::serve(listener, state.clone(), shutdown.clone()));
+    }
+    if let Some(listener) = metrics {
+        let (router, token) = (crate::metrics::router(state.clone()), shutdown.clone());
+        tasks.spawn(async move {
+            let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        });
+    }
+
+    let failed = manager.load_startup(&config.load_models).await;
+    if !failed.is_empty() && config.exit_on_error {
+        shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+        anyhow::bail!("models failed to load at start (--exit-on-error): {}", failed.join(", "));
+    }
+    state.started.store(true, Ordering::Relaxed);
+    tracing::info!(ready = state.is_ready(), failed = failed.len(), "server started");
+
+    if config.control_mode == ControlMode::Poll {
+        let (manager, token, interval) = (manager.clone(), shutdown.clone(), config.poll_interval);
+        tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = token.cancelled() => break,
+                    () = tokio::time::sleep(interval) => manager.poll_once().await,
+                }
+            }
+        });
+    }
+    shutdown.cancelled().await;
+    state.live.store(false, Ordering::Relaxed);
+    tracing::info!("shutting down: draining in-flight requests");
+    tasks.close();
+    if tokio::time::timeout(Duration::from_secs(30), tasks.wait()).await.is_err() {
+        tracing::warn!("in-flight requests did not finish within 30 s; exiting anyway");
+    }
+    Ok(())
+}

@@ -1,0 +1,185 @@
+//! Per model-version statistics in the shape of Triton's statistics extension.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tessera_protocol::inference::{InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration};
+
+/// A count and a total duration, updated without locks.
+#[derive(Debug, Default)]
+pub struct Duration {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl Duration {
+    /// Records one event that took `ns`.
+    pub fn record(&self, ns: u64) {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    /// Snapshot as the protobuf message.
+    pub fn snapshot(&self) -> StatisticDuration {
+        StatisticDuration { count: self.count.load(Ordering::Relaxed), ns: self.ns.load(Ordering::Relaxed) }
+    }
+}
+
+/// Per-batch-size compute durations.
+#[derive(Debug, Default, Clone, Copy)]
+struct BatchEntry {
+    count: u64,
+    input_ns: u64,
+    infer_ns: u64,
+    output_ns: u64,
+}
+
+/// Statistics of one model version; shared by its handlers and instance threads.
+#[derive(Debug, Default)]
+pub struct ModelStats {
+    /// Successful requests, request arrival to response.
+    pub success: Duration,
+    /// Failed requests.
+    pub fail: Duration,
+    /// Time requests waited for an instance.
+    pub queue: Duration,
+    /// Preparing inputs, per request.
+    pub compute_input: Duration,
+    /// Running the model, per request.
+    pub compute_infer: Duration,
+    /// Extracting outputs, per request.
+    pub compute_output: Duration,
+    inference_count: AtomicU64,
+    execution_count: AtomicU64,
+    last_inference_ms: AtomicU64,
+    batches: Mutex<BTreeMap<u64, BatchEntry>>,
+}
+
+/// The timings of one backend execution.
+#[derive(Debug, Clone, Copy)]
+pub struct Execution {
+    /// Items in the batch.
+    pub batch_size: u64,
+    /// Input preparation.
+    pub input_ns: u64,
+    /// Model run.
+    pub infer_ns: u64,
+    /// Output extraction.
+    pub output_ns: u64,
+}
+
+impl ModelStats {
+    /// Records one backend execution of `exec.batch_size` items.
+    pub fn record_execution(&self, exec: Execution) {
+        self.inference_count.fetch_add(exec.batch_size, Ordering::Relaxed);
+        self.execution_count.fetch_add(1, Ordering::Relaxed);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        self.last_inference_ms.store(now_ms, Ordering::Relaxed);
+        let mut batches = self.batches.lock();
+        let entry = batches.entry(exec.batch_size).or_default();
+        entry.count += 1;
+        entry.input_ns += exec.input_ns;
+        entry.infer_ns += exec.infer_ns;
+        entry.output_ns += exec.output_ns;
+    }
+
+    /// Snapshot for the statistics endpoints.
+    pub fn snapshot(&self, name: &str, version: &str) -> ModelStatistics {
+        let batch_stats = self
+            .batches
+            .lock()
+            .iter()
+            .map(|(size, e)| InferBatchStatistics {
+                batch_size: *size,
+                compute_input: Some(StatisticDuration { count: e.count, ns: e.input_ns }),
+                compute_infer: Some(StatisticDuration { count: e.count, ns: e.infer_ns }),
+                compute_output: Some(StatisticDuration { count: e.count, ns: e.output_ns }),
+            })
+            .collect();
+        ModelStatistics {
+            name: name.to_string(),
+            version: version.to_string(),
+            last_inference: self.last_inference_ms.load(Ordering::Relaxed),
+            inference_count: self.inference_count.load(Ordering::Relaxed),
+            execution_count: self.execution_count.load(Ordering::Relaxed),
+            inference_stats: Some(InferStatistics {
+                success: Some(self.success.snapshot()),
+                fail: Some(self.fail.snapshot()),
+                queue: Some(self.queue.snapshot()),
+                compute_input: Some(self.compute_input.snapshot()),
+                compute_infer: Some(self.compute_infer.snapshot()),
+                compute_output: Some(self.compute_output.snapshot()),
+                cache_hit: Some(StatisticDuration::default()),
+                cache_miss: Some(StatisticDuration::default()),
+            }),
+            batch_stats,
+            memory_usage: Vec::new(),
+            response_stats: Default::default(),
+        }
+    }
+}
+
+/// Renders statistics as Triton's HTTP JSON (`{"model_stats": [...]}`), 64-bit counters as numbers.
+pub fn to_json(stats: &[ModelStatistics]) -> serde_json::Value {
+    let duration = |d: &Option<StatisticDuration>| {
+        let d = d.unwrap_or_default();
+        serde_json::json!({ "count": d.count, "ns": d.ns })
+    };
+    let models: Vec<serde_json::Value> = stats
+        .iter()
+        .map(|s| {
+            let i = s.inference_stats.clone().unwrap_or_default();
+            serde_json::json!({
+                "name": s.name,
+                "version": s.version,
+                "last_inference": s.last_inference,
+                "inference_count": s.inference_count,
+                "execution_count": s.execution_count,
+                "inference_stats": {
+                    "success": duration(&i.success),
+                    "fail": duration(&i.fail),
+                    "queue": duration(&i.queue),
+                    "compute_input": duration(&i.compute_input),
+                    "compute_infer": duration(&i.compute_infer),
+                    "compute_output": duration(&i.compute_output),
+                    "cache_hit": duration(&i.cache_hit),
+                    "cache_miss": duration(&i.cache_miss),
+                },
+                "response_stats": {},
+                "batch_stats": s.batch_stats.iter().map(|b| serde_json::json!({
+                    "batch_size": b.batch_size,
+                    "compute_input": duration(&b.compute_input),
+                    "compute_infer": duration(&b.compute_infer),
+                    "compute_output": duration(&b.compute_output),
+                })).collect::<Vec<_>>(),
+                "memory_usage": [],
+            })
+        })
+        .collect();
+    serde_json::json!({ "model_stats": models })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executions_accumulate_per_batch_size() {
+        let stats = ModelStats::default();
+        stats.record_execution(Execution { batch_size: 2, input_ns: 10, infer_ns: 100, output_ns: 5 });
+        stats.record_execution(Execution { batch_size: 2, input_ns: 10, infer_ns: 100, output_ns: 5 });
+        stats.record_execution(Execution { batch_size: 1, input_ns: 1, infer_ns: 1, output_ns: 1 });
+        stats.success.record(500);
+        let snap = stats.snapshot("m", "1");
+        assert_eq!(snap.inference_count, 5);
+        assert_eq!(snap.execution_count, 3);
+        assert_eq!(snap.batch_stats.len(), 2);
+        assert_eq!(snap.batch_stats[1].compute_infer, Some(StatisticDuration { count: 2, ns: 200 }));
+        let json = to_json(&[snap]);
+        assert_eq!(json["model_stats"][0]["inference_stats"]["success"]["count"], 1);
+        assert_eq!(json["model_stats"][0]["batch_stats"][0]["batch_size"], 1);
+    }
+}

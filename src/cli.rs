@@ -1,0 +1,187 @@
+//! Command-line interface: one subcommand per role, flags named as tritonserver names them.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+use tessera_data_plane::manager::ControlMode;
+use tessera_data_plane::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
+use tokio_util::sync::CancellationToken;
+
+/// Tessera: a Triton-compatible, multi-tenant inference service.
+#[derive(Debug, Parser)]
+#[command(name = "tessera", version, about)]
+pub struct Cli {
+    /// Log line format.
+    #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output formats.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Roles and tools.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Standalone Triton-compatible server over a model repository (KServe v2 HTTP + gRPC).
+    Serve(ServeArgs),
+    /// Measurement tools.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// `tessera serve` flags (tritonserver's names where they exist).
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Model repository directory (Triton layout).
+    #[arg(long, alias = "model-store", env = "TESSERA_MODEL_REPOSITORY")]
+    pub model_repository: PathBuf,
+    /// HTTP port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+    /// gRPC port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Metrics port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_METRICS_PORT", default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// Address the HTTP endpoint binds.
+    #[arg(long, env = "TESSERA_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+    /// Address the gRPC endpoint binds.
+    #[arg(long, env = "TESSERA_GRPC_ADDRESS", default_value = "0.0.0.0")]
+    pub grpc_address: IpAddr,
+    /// Address the metrics endpoint binds.
+    #[arg(long, env = "TESSERA_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_address: IpAddr,
+    /// Serve HTTP.
+    #[arg(long, env = "TESSERA_ALLOW_HTTP", default_value_t = true, action = ArgAction::Set)]
+    pub allow_http: bool,
+    /// Serve gRPC.
+    #[arg(long, env = "TESSERA_ALLOW_GRPC", default_value_t = true, action = ArgAction::Set)]
+    pub allow_grpc: bool,
+    /// Serve Prometheus metrics.
+    #[arg(long, env = "TESSERA_ALLOW_METRICS", default_value_t = true, action = ArgAction::Set)]
+    pub allow_metrics: bool,
+    /// How models are loaded: all at start (none), following the repository (poll), or by API (explicit).
+    #[arg(long, env = "TESSERA_MODEL_CONTROL_MODE", value_enum, default_value_t = Mode::None)]
+    pub model_control_mode: Mode,
+    /// Model to load at start in explicit mode; repeat it, or `*` for all.
+    #[arg(long = "load-model", env = "TESSERA_LOAD_MODEL", value_delimiter = ',')]
+    pub load_model: Vec<String>,
+    /// Seconds between repository scans in poll mode.
+    #[arg(long, env = "TESSERA_REPOSITORY_POLL_SECS", default_value_t = 15)]
+    pub repository_poll_secs: u64,
+    /// Report ready only when every model is ready.
+    #[arg(long, env = "TESSERA_STRICT_READINESS", default_value_t = true, action = ArgAction::Set)]
+    pub strict_readiness: bool,
+    /// Exit when a model fails to load at start (off: the model is UNAVAILABLE, the rest serve).
+    #[arg(long, env = "TESSERA_EXIT_ON_ERROR", default_value_t = false, action = ArgAction::Set)]
+    pub exit_on_error: bool,
+    /// Largest request body (HTTP) or message (gRPC) accepted, in bytes.
+    #[arg(long, env = "TESSERA_HTTP_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_SIZE)]
+    pub http_max_input_size: usize,
+}
+
+/// Model control modes.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Mode {
+    /// Load everything at start.
+    None,
+    /// Follow repository changes.
+    Poll,
+    /// Load and unload through the API.
+    Explicit,
+}
+
+/// Measurement tools.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Raw ONNX Runtime throughput in-process (the baseline a server is compared with).
+    Ort(tessera_data_plane::bench::OrtBenchArgs),
+}
+
+impl ServeArgs {
+    fn into_config(self) -> ServeConfig {
+        let addr = |allow: bool, ip: IpAddr, port: u16| allow.then(|| SocketAddr::new(ip, port));
+        ServeConfig {
+            model_repository: self.model_repository,
+            http_addr: addr(self.allow_http, self.http_address, self.http_port),
+            grpc_addr: addr(self.allow_grpc, self.grpc_address, self.grpc_port),
+            metrics_addr: addr(self.allow_metrics, self.metrics_address, self.metrics_port),
+            control_mode: match self.model_control_mode {
+                Mode::None => ControlMode::None,
+                Mode::Poll => ControlMode::Poll,
+                Mode::Explicit => ControlMode::Explicit,
+            },
+            load_models: self.load_model,
+            poll_interval: Duration::from_secs(self.repository_poll_secs.max(1)),
+            strict_readiness: self.strict_readiness,
+            exit_on_error: self.exit_on_error,
+            max_input_size: self.http_max_input_size,
+        }
+    }
+}
+
+/// Sets up `tracing` output, filtered by `RUST_LOG` (default `info`).
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ort=warn"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// Runs the chosen subcommand.
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Serve(args) => {
+            let config = args.into_config();
+            tracing::info!(?config, "starting tessera serve");
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            tessera_data_plane::run(config, shutdown, |_| {}).await
+        }
+        Command::Bench(BenchCommand::Ort(args)) => {
+            tokio::task::spawn_blocking(move || tessera_data_plane::bench::run_ort(&args)).await?
+        }
+    }
+}
+
+/// Cancels `token` on SIGINT or SIGTERM.
+async fn cancel_on_signal(token: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        () = term => {},
+    }
+    tracing::info!("shutdown signal received");
+    token.cancel();
+}

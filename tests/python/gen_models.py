@@ -1,0 +1,591 @@
+#!/usr/bin/env python3
+"""Build the Triton-style model repository used by the Python end-to-end tests.
+
+Usage:
+    python gen_models.py OUTDIR [--only NAME ...] [--verify] [--list]
+
+Every model is an ONNX graph made with the ``onnx`` helper API (no downloads);
+random weights come from fixed numpy seeds, so two runs write byte-identical
+files. The layout is a Triton model repository::
+
+    OUTDIR/<model>/config.pbtxt        (absent for add_sub_auto)
+    OUTDIR/<model>/<version>/model.onnx
+
+``--only`` writes a subset (the benchmark uses ``--only mlp add_sub``).
+``--verify`` loads every written model in onnxruntime (CPU), runs it on
+known data and checks the outputs, and parses every config.pbtxt with the
+real ``inference.ModelConfig`` proto from tritonclient; the deliberately
+broken models must fail in the way they are meant to.
+
+All fourteen Triton datatypes run through a plain ONNX ``Identity`` node in
+onnxruntime 1.31.1 CPU (checked by ``--verify``), so no Cast pairs are
+needed. BF16 has no numpy dtype; onnxruntime's Python API only reaches it
+through ``OrtValue`` with an explicit ONNX element type, which ``--verify``
+uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# ir_version 8 / opset 17 are old enough for any onnxruntime >= 1.14 and new
+# enough for bfloat16 Identity (opset >= 13).
+IR_VERSION = 8
+OPSET = 17
+
+# Triton datatype name -> (ONNX element type, config.pbtxt data_type).
+DTYPES: Dict[str, tuple] = {
+    "BOOL": (TensorProto.BOOL, "TYPE_BOOL"),
+    "UINT8": (TensorProto.UINT8, "TYPE_UINT8"),
+    "UINT16": (TensorProto.UINT16, "TYPE_UINT16"),
+    "UINT32": (TensorProto.UINT32, "TYPE_UINT32"),
+    "UINT64": (TensorProto.UINT64, "TYPE_UINT64"),
+    "INT8": (TensorProto.INT8, "TYPE_INT8"),
+    "INT16": (TensorProto.INT16, "TYPE_INT16"),
+    "INT32": (TensorProto.INT32, "TYPE_INT32"),
+    "INT64": (TensorProto.INT64, "TYPE_INT64"),
+    "FP16": (TensorProto.FLOAT16, "TYPE_FP16"),
+    "BF16": (TensorProto.BFLOAT16, "TYPE_BF16"),
+    "FP32": (TensorProto.FLOAT, "TYPE_FP32"),
+    "FP64": (TensorProto.DOUBLE, "TYPE_FP64"),
+    "BYTES": (TensorProto.STRING, "TYPE_STRING"),
+}
+
+MLP_IN, MLP_HIDDEN, MLP_OUT = 256, 1024, 10
+MLP_SEED = 20240611
+MULTI_VERSIONS = (1, 2, 3)
+CUSTOM_FILENAME = "net.onnx"
+CUSTOM_SCALE = 2.0  # custom_filename computes OUTPUT0 = INPUT0 * 2
+
+GARBAGE_ONNX = (b"this is not an ONNX model\x00\xff\xfe\x01" * 16) + bytes(range(256))
+
+
+# --------------------------------------------------------------------------
+# ONNX graph builders
+# --------------------------------------------------------------------------
+
+
+def _model(nodes, inputs, outputs, initializers=(), name="g") -> onnx.ModelProto:
+    graph = helper.make_graph(list(nodes), name, list(inputs), list(outputs), initializer=list(initializers))
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", OPSET)],
+        ir_version=IR_VERSION,
+        producer_name="tessera-gen-models",
+    )
+    onnx.checker.check_model(model)
+    return model
+
+
+def onnx_add_sub() -> onnx.ModelProto:
+    shape = ["batch", 16]
+    return _model(
+        [
+            helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+            helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"]),
+        ],
+        [
+            helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, shape),
+            helper.make_tensor_value_info("INPUT1", TensorProto.FLOAT, shape),
+        ],
+        [
+            helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, shape),
+            helper.make_tensor_value_info("OUTPUT1", TensorProto.FLOAT, shape),
+        ],
+        name="add_sub",
+    )
+
+
+def onnx_identity(dtype: str) -> onnx.ModelProto:
+    elem = DTYPES[dtype][0]
+    return _model(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        [helper.make_tensor_value_info("INPUT0", elem, ["batch", "n"])],
+        [helper.make_tensor_value_info("OUTPUT0", elem, ["batch", "n"])],
+        name=f"identity_{dtype.lower()}",
+    )
+
+
+def mlp_weights() -> List[np.ndarray]:
+    """W1, B1, W2, B2, W3, B3 from a fixed seed (small scale keeps values tame)."""
+    rng = np.random.default_rng(MLP_SEED)
+    dims = [(MLP_IN, MLP_HIDDEN), (MLP_HIDDEN, MLP_HIDDEN), (MLP_HIDDEN, MLP_OUT)]
+    out = []
+    for fan_in, fan_out in dims:
+        w = (rng.standard_normal((fan_in, fan_out)) * (1.0 / np.sqrt(fan_in))).astype(np.float32)
+        b = (rng.standard_normal((fan_out,)) * 0.01).astype(np.float32)
+        out += [w, b]
+    return out
+
+
+def onnx_mlp() -> onnx.ModelProto:
+    w1, b1, w2, b2, w3, b3 = mlp_weights()
+    inits = [
+        numpy_helper.from_array(w1, "W1"),
+        numpy_helper.from_array(b1, "B1"),
+        numpy_helper.from_array(w2, "W2"),
+        numpy_helper.from_array(b2, "B2"),
+        numpy_helper.from_array(w3, "W3"),
+        numpy_helper.from_array(b3, "B3"),
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["INPUT0", "W1", "B1"], ["h1"]),
+        helper.make_node("Relu", ["h1"], ["a1"]),
+        helper.make_node("Gemm", ["a1", "W2", "B2"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["a2"]),
+        helper.make_node("Gemm", ["a2", "W3", "B3"], ["OUTPUT0"]),
+    ]
+    return _model(
+        nodes,
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", MLP_IN])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", MLP_OUT])],
+        inits,
+        name="mlp",
+    )
+
+
+def onnx_add_const(value: float, width: int = 4) -> onnx.ModelProto:
+    c = numpy_helper.from_array(np.full((width,), value, dtype=np.float32), "C")
+    return _model(
+        [helper.make_node("Add", ["INPUT0", "C"], ["OUTPUT0"])],
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])],
+        [c],
+        name="add_const",
+    )
+
+
+def onnx_scale(value: float, width: int = 4) -> onnx.ModelProto:
+    c = numpy_helper.from_array(np.full((width,), value, dtype=np.float32), "C")
+    return _model(
+        [helper.make_node("Mul", ["INPUT0", "C"], ["OUTPUT0"])],
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", width])],
+        [c],
+        name="scale",
+    )
+
+
+# --------------------------------------------------------------------------
+# config.pbtxt text
+# --------------------------------------------------------------------------
+
+
+def _tensor(name: str, data_type: str, dims: List[int]) -> str:
+    return f'  {{\n    name: "{name}"\n    data_type: {data_type}\n    dims: [ {", ".join(str(d) for d in dims)} ]\n  }}'
+
+
+def config_text(
+    name: str,
+    max_batch_size: int,
+    inputs: List[tuple],
+    outputs: List[tuple],
+    extra: str = "",
+) -> str:
+    lines = [
+        f'name: "{name}"',
+        'backend: "onnxruntime"',
+        f"max_batch_size: {max_batch_size}",
+        "input [\n" + ",\n".join(_tensor(*t) for t in inputs) + "\n]",
+        "output [\n" + ",\n".join(_tensor(*t) for t in outputs) + "\n]",
+    ]
+    if extra:
+        lines.append(extra.strip())
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------
+# model writers: each writes OUTDIR/<name>/...
+# --------------------------------------------------------------------------
+
+
+def _write(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, onnx.ModelProto):
+        data = data.SerializeToString()
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    path.write_bytes(data)
+
+
+def write_add_sub(root: Path) -> None:
+    d = root / "add_sub"
+    _write(
+        d / "config.pbtxt",
+        config_text(
+            "add_sub",
+            8,
+            [("INPUT0", "TYPE_FP32", [16]), ("INPUT1", "TYPE_FP32", [16])],
+            [("OUTPUT0", "TYPE_FP32", [16]), ("OUTPUT1", "TYPE_FP32", [16])],
+        ),
+    )
+    _write(d / "1" / "model.onnx", onnx_add_sub())
+
+
+def write_add_sub_auto(root: Path) -> None:
+    # No config.pbtxt on purpose: the server must auto-complete it from the
+    # ONNX model (dynamic first dim => max_batch_size > 0, dims [16]).
+    _write(root / "add_sub_auto" / "1" / "model.onnx", onnx_add_sub())
+
+
+def _identity_writer(dtype: str) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        name = f"identity_{dtype}"
+        cfg_type = DTYPES[dtype][1]
+        d = root / name
+        _write(
+            d / "config.pbtxt",
+            config_text(name, 8, [("INPUT0", cfg_type, [-1])], [("OUTPUT0", cfg_type, [-1])]),
+        )
+        _write(d / "1" / "model.onnx", onnx_identity(dtype))
+
+    return write
+
+
+def write_mlp(root: Path) -> None:
+    d = root / "mlp"
+    _write(
+        d / "config.pbtxt",
+        config_text("mlp", 32, [("INPUT0", "TYPE_FP32", [MLP_IN])], [("OUTPUT0", "TYPE_FP32", [MLP_OUT])]),
+    )
+    _write(d / "1" / "model.onnx", onnx_mlp())
+
+
+def _multi_writer(name: str, policy: str) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        d = root / name
+        _write(
+            d / "config.pbtxt",
+            config_text(name, 8, [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])], policy),
+        )
+        for v in MULTI_VERSIONS:
+            _write(d / str(v) / "model.onnx", onnx_add_const(float(v)))
+
+    return write
+
+
+def write_custom_filename(root: Path) -> None:
+    d = root / "custom_filename"
+    _write(
+        d / "config.pbtxt",
+        config_text(
+            "custom_filename",
+            8,
+            [("INPUT0", "TYPE_FP32", [4])],
+            [("OUTPUT0", "TYPE_FP32", [4])],
+            f'default_model_filename: "{CUSTOM_FILENAME}"',
+        ),
+    )
+    _write(d / "1" / CUSTOM_FILENAME, onnx_scale(CUSTOM_SCALE))
+
+
+LOAD_UNLOAD_ADD = 10.0  # load_unload computes OUTPUT0 = INPUT0 + 10
+
+
+def write_load_unload(root: Path) -> None:
+    # A model of its own for the load/unload tests, so unloading it cannot
+    # disturb tests that use the other models.
+    d = root / "load_unload"
+    _write(
+        d / "config.pbtxt",
+        config_text("load_unload", 8, [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])]),
+    )
+    _write(d / "1" / "model.onnx", onnx_add_const(LOAD_UNLOAD_ADD))
+
+
+BAD_CONFIG_TEXT = """name: "bad_config"
+backend: "onnxruntime"
+max_batch_size: 8
+input [
+  {
+    name: "INPUT0"
+    data_type: TYPE_FP32
+    dims: [ 4 ]
+  }
+output [ this is { not valid protobuf text
+"""
+
+
+def write_bad_config(root: Path) -> None:
+    d = root / "bad_config"
+    _write(d / "config.pbtxt", BAD_CONFIG_TEXT)
+    _write(d / "1" / "model.onnx", onnx_add_const(1.0))
+
+
+def write_bad_onnx(root: Path) -> None:
+    d = root / "bad_onnx"
+    _write(
+        d / "config.pbtxt",
+        config_text("bad_onnx", 8, [("INPUT0", "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])]),
+    )
+    _write(d / "1" / "model.onnx", GARBAGE_ONNX)
+
+
+WRONG_IO_INPUT = "INPUT_DOES_NOT_EXIST"
+
+
+def write_wrong_io(root: Path) -> None:
+    d = root / "wrong_io"
+    _write(
+        d / "config.pbtxt",
+        config_text(
+            "wrong_io", 8, [(WRONG_IO_INPUT, "TYPE_FP32", [4])], [("OUTPUT0", "TYPE_FP32", [4])]
+        ),
+    )
+    _write(d / "1" / "model.onnx", onnx_add_const(1.0))
+
+
+IDENTITY_MODELS = [f"identity_{t}" for t in DTYPES]
+
+WRITERS: Dict[str, Callable[[Path], None]] = {
+    "add_sub": write_add_sub,
+    "add_sub_auto": write_add_sub_auto,
+    **{f"identity_{t}": _identity_writer(t) for t in DTYPES},
+    "mlp": write_mlp,
+    "multi_version": _multi_writer("multi_version", "version_policy: { all: {} }"),
+    "multi_latest": _multi_writer("multi_latest", ""),
+    "custom_filename": write_custom_filename,
+    "load_unload": write_load_unload,
+    "bad_config": write_bad_config,
+    "bad_onnx": write_bad_onnx,
+    "wrong_io": write_wrong_io,
+}
+
+BROKEN_MODELS = ("bad_config", "bad_onnx", "wrong_io")
+GOOD_MODELS = tuple(n for n in WRITERS if n not in BROKEN_MODELS)
+
+
+def generate(outdir, only=None) -> List[str]:
+    """Write the repository (or the ``only`` subset) under ``outdir``; returns names written."""
+    root = Path(outdir)
+    names = list(only) if only else list(WRITERS)
+    unknown = [n for n in names if n not in WRITERS]
+    if unknown:
+        raise SystemExit(f"unknown model(s): {', '.join(unknown)}; known: {', '.join(WRITERS)}")
+    root.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        target = root / name
+        if target.exists():
+            shutil.rmtree(target)
+        WRITERS[name](root)
+    return names
+
+
+# --------------------------------------------------------------------------
+# --verify: run every written model in onnxruntime and check its outputs
+# --------------------------------------------------------------------------
+
+
+def sample_for(dtype: str, shape=(2, 5)) -> np.ndarray:
+    """Deterministic sample data that exercises the edges of each datatype."""
+    n = int(np.prod(shape))
+    if dtype == "BOOL":
+        return (np.arange(n) % 3 == 0).reshape(shape)
+    if dtype == "BYTES":
+        pool = ["", "a", "héllo wörld", "漢字", "x" * 40, "\u00e9\u00e8", "tab\tnl\n", "0", "", "end"]
+        return np.array([pool[i % len(pool)].encode("utf-8") for i in range(n)], dtype=object).reshape(shape)
+    if dtype in ("FP16", "FP32", "FP64"):
+        np_t = {"FP16": np.float16, "FP32": np.float32, "FP64": np.float64}[dtype]
+        vals = np.linspace(-3.5, 3.5, n).astype(np_t)
+        vals.flat[0] = np.finfo(np_t).max
+        vals.flat[-1] = np.finfo(np_t).tiny
+        return vals.reshape(shape)
+    if dtype == "BF16":
+        import ml_dtypes  # shipped with tritonclient
+
+        return np.linspace(-3.5, 3.5, n).astype(ml_dtypes.bfloat16).reshape(shape)
+    np_t = np.dtype(dtype.lower())
+    info = np.iinfo(np_t)
+    vals = np.arange(n, dtype=np.int64) - n // 2
+    vals = np.clip(vals, info.min, info.max).astype(np_t)
+    vals.flat[0] = info.min
+    vals.flat[-1] = info.max
+    return vals.reshape(shape)
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def run_bf16_identity(path: Path, x_bf16: np.ndarray) -> np.ndarray:
+    """Run an identity_BF16 model; numpy has no bfloat16 so go through OrtValue."""
+    import onnxruntime as ort
+
+    import ml_dtypes
+
+    x = np.ascontiguousarray(x_bf16.view(np.uint16))
+    out = np.zeros_like(x)
+    sess = _session(path)
+    io = sess.io_binding()
+    io.bind_ortvalue_input(
+        "INPUT0", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(x, onnx_element_type=TensorProto.BFLOAT16)
+    )
+    io.bind_ortvalue_output(
+        "OUTPUT0", ort.OrtValue.ortvalue_from_numpy_with_onnx_type(out, onnx_element_type=TensorProto.BFLOAT16)
+    )
+    sess.run_with_iobinding(io)
+    return out.view(ml_dtypes.bfloat16)
+
+
+def mlp_reference(x: np.ndarray) -> np.ndarray:
+    """Plain numpy forward pass of the mlp (float64 accumulate)."""
+    w1, b1, w2, b2, w3, b3 = (a.astype(np.float64) for a in mlp_weights())
+    h = np.maximum(x.astype(np.float64) @ w1 + b1, 0)
+    h = np.maximum(h @ w2 + b2, 0)
+    return h @ w3 + b3
+
+
+def parse_config(path: Path):
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    cfg = model_config_pb2.ModelConfig()
+    text_format.Parse(path.read_text(), cfg)
+    return cfg
+
+
+def _check(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(what)
+
+
+def verify_model(root: Path, name: str) -> str:
+    d = root / name
+    if name == "bad_config":
+        try:
+            parse_config(d / "config.pbtxt")
+        except Exception as e:  # text_format.ParseError
+            _check(_session(d / "1" / "model.onnx") is not None, "bad_config model.onnx must load")
+            return f"config fails to parse as intended ({type(e).__name__})"
+        raise AssertionError("bad_config/config.pbtxt unexpectedly parses")
+    if name == "bad_onnx":
+        parse_config(d / "config.pbtxt")
+        try:
+            _session(d / "1" / "model.onnx")
+        except Exception as e:
+            return f"model.onnx fails to load as intended ({type(e).__name__})"
+        raise AssertionError("bad_onnx/1/model.onnx unexpectedly loads")
+    if name == "wrong_io":
+        cfg = parse_config(d / "config.pbtxt")
+        sess = _session(d / "1" / "model.onnx")
+        declared = {i.name for i in cfg.input}
+        actual = {i.name for i in sess.get_inputs()}
+        _check(not declared <= actual, "wrong_io config inputs must not match the model")
+        return f"config declares {sorted(declared)}, model has {sorted(actual)}"
+
+    if name != "add_sub_auto":
+        cfg = parse_config(d / "config.pbtxt")
+        _check(cfg.name == name, f"{name}: config name {cfg.name!r}")
+        _check(cfg.backend == "onnxruntime", f"{name}: backend")
+    else:
+        _check(not (d / "config.pbtxt").exists(), "add_sub_auto must have no config.pbtxt")
+
+    if name in ("add_sub", "add_sub_auto"):
+        sess = _session(d / "1" / "model.onnx")
+        _check([i.shape for i in sess.get_inputs()] == [["batch", 16]] * 2, f"{name}: input shapes")
+        a = np.arange(48, dtype=np.float32).reshape(3, 16)
+        b = np.full((3, 16), 0.5, dtype=np.float32)
+        o0, o1 = sess.run(["OUTPUT0", "OUTPUT1"], {"INPUT0": a, "INPUT1": b})
+        _check(np.array_equal(o0, a + b) and np.array_equal(o1, a - b), f"{name}: wrong outputs")
+        return "OUTPUT0=a+b, OUTPUT1=a-b ok (batch 3)"
+
+    if name.startswith("identity_"):
+        dtype = name[len("identity_"):]
+        cfg = parse_config(d / "config.pbtxt")
+        _check(cfg.max_batch_size == 8 and list(cfg.input[0].dims) == [-1], f"{name}: config dims")
+        x = sample_for(dtype)
+        if dtype == "BF16":
+            y = run_bf16_identity(d / "1" / "model.onnx", x)
+            _check(np.array_equal(y.view(np.uint16), x.view(np.uint16)), f"{name}: roundtrip")
+        else:
+            feed = x
+            if dtype == "BYTES":  # onnxruntime wants str objects for tensor(string)
+                feed = np.array([v.decode("utf-8") for v in x.flat], dtype=object).reshape(x.shape)
+            (y,) = _session(d / "1" / "model.onnx").run(None, {"INPUT0": feed})
+            _check(np.array_equal(y, feed) and y.shape == x.shape, f"{name}: roundtrip")
+        return f"Identity roundtrip ok for {dtype} shape {list(x.shape)}"
+
+    if name == "mlp":
+        path = d / "1" / "model.onnx"
+        size = path.stat().st_size
+        _check(5_000_000 < size < 5_600_000, f"mlp size {size}")
+        x = np.random.default_rng(7).standard_normal((5, MLP_IN)).astype(np.float32)
+        (y,) = _session(path).run(None, {"INPUT0": x})
+        ref = mlp_reference(x)
+        _check(y.shape == (5, MLP_OUT), "mlp output shape")
+        _check(np.allclose(y, ref, rtol=1e-4, atol=1e-4), "mlp differs from numpy reference")
+        _check(float(np.abs(y).max()) > 1e-3, "mlp output is degenerate")
+        return f"size {size} B, matches numpy forward pass (max |y| {float(np.abs(y).max()):.3f})"
+
+    if name in ("multi_version", "multi_latest"):
+        cfg = parse_config(d / "config.pbtxt")
+        want_all = name == "multi_version"
+        _check(cfg.version_policy.HasField("all") == want_all, f"{name}: version policy")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        for v in MULTI_VERSIONS:
+            (y,) = _session(d / str(v) / "model.onnx").run(None, {"INPUT0": x})
+            _check(np.array_equal(y, x + v), f"{name} v{v}: expected +{v}")
+        return f"versions {list(MULTI_VERSIONS)} add their number; policy {'all' if want_all else 'default'}"
+
+    if name == "custom_filename":
+        cfg = parse_config(d / "config.pbtxt")
+        _check(cfg.default_model_filename == CUSTOM_FILENAME, "custom_filename: default_model_filename")
+        _check(not (d / "1" / "model.onnx").exists(), "custom_filename must not have model.onnx")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        (y,) = _session(d / "1" / CUSTOM_FILENAME).run(None, {"INPUT0": x})
+        _check(np.array_equal(y, x * CUSTOM_SCALE), "custom_filename: expected x*2")
+        return f"1/{CUSTOM_FILENAME} computes x*{CUSTOM_SCALE:g}"
+
+    if name == "load_unload":
+        parse_config(d / "config.pbtxt")
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        (y,) = _session(d / "1" / "model.onnx").run(None, {"INPUT0": x})
+        _check(np.array_equal(y, x + LOAD_UNLOAD_ADD), "load_unload: expected x+10")
+        return f"computes x+{LOAD_UNLOAD_ADD:g}"
+
+    raise AssertionError(f"no verifier for {name}")
+
+
+def verify(root: Path, names: List[str]) -> bool:
+    ok = True
+    for name in names:
+        try:
+            print(f"verify {name:16s} ok: {verify_model(root, name)}")
+        except Exception as e:  # report all failures, then exit non-zero
+            ok = False
+            print(f"verify {name:16s} FAILED: {e}", file=sys.stderr)
+    return ok
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("outdir", help="model repository directory to (re)write")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="generate only these models")
+    p.add_argument("--verify", action="store_true", help="run every written model in onnxruntime and check it")
+    p.add_argument("--list", action="store_true", help="print the known model names and exit")
+    args = p.parse_args(argv)
+    if args.list:
+        print("\n".join(WRITERS))
+        return 0
+    names = generate(args.outdir, args.only)
+    print(f"wrote {len(names)} model(s) to {os.path.abspath(args.outdir)}: {' '.join(names)}")
+    if args.verify and not verify(Path(args.outdir), names):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
