@@ -147,7 +147,11 @@ fn check_input(input: &InputTensor, spec: &TensorSpec, model: &ModelSpec) -> Res
         )));
     }
     let count = checked_element_count(name, &input.shape)?;
-    let (batch, item_shape) = if model.max_batch_size > 0 {
+    let batching = model.max_batch_size > 0;
+    if input.shape.len() != spec.dims.len() + usize::from(batching) {
+        return Err(shape_error(input, spec, model));
+    }
+    let (batch, item_shape) = if batching {
         let Some((first, rest)) = input.shape.split_first() else {
             return Err(shape_error(input, spec, model));
         };

@@ -143,8 +143,7 @@ fn run_instance(
             }
             Err(message) => {
                 tracing::warn!(model = %spec.name, error = %message, "inference failed");
-                let kind = if message.starts_with("BYTES") { ErrorKind::InvalidArg } else { ErrorKind::Internal };
-                Err(Error::new(kind, message))
+                Err(Error::new(ErrorKind::Internal, message))
             }
         };
         // The receiver may be gone if the client disconnected mid-run; nothing to do then.

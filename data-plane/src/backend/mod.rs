@@ -2,3 +2,4 @@
 
 pub mod onnx;
 pub mod runtime;
+mod strings;

@@ -6,11 +6,11 @@ use bytes::Bytes;
 use ort::memory::Allocator;
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
-use ort::value::{DynTensor, DynValue, Tensor, TensorElementType, ValueType};
+use ort::value::{DynTensor, DynValue, TensorElementType, ValueType};
 use tessera_protocol::DataType;
 
 use crate::model_spec::{IoInfo, ModelIo, ModelSpec};
-use crate::tensor::{InputTensor, OutputTensor, bytes_elements, push_bytes_element};
+use crate::tensor::{InputTensor, OutputTensor};
 
 /// A loaded ONNX model; one per instance thread, since running needs `&mut`.
 pub struct OnnxSession {
@@ -150,7 +150,7 @@ fn build_input(parts: &[&InputTensor], datatype: DataType, batching: bool, batch
         shape[0] = batch as i64;
     }
     if datatype == DataType::Bytes {
-        return build_string_input(parts, shape);
+        return super::strings::build(parts, shape);
     }
     let mut tensor = DynTensor::new(&Allocator::default(), element_type_of(datatype), shape)
         .map_err(|e| format!("failed to allocate input tensor '{}': {e}", first.name))?;
@@ -166,34 +166,11 @@ fn build_input(parts: &[&InputTensor], datatype: DataType, batching: bool, batch
     Ok(tensor.into())
 }
 
-fn build_string_input(parts: &[&InputTensor], shape: Vec<i64>) -> Result<DynValue, String> {
-    let mut elements: Vec<String> = Vec::new();
-    for part in parts {
-        for (i, element) in bytes_elements(&part.data).enumerate() {
-            let element = element.map_err(|e| format!("input '{}': {e}", part.name))?;
-            if std::str::from_utf8(element).is_err() {
-                return Err(format!(
-                    "BYTES element {i} of input '{}' is not valid UTF-8 (ONNX string tensors hold text)",
-                    part.name
-                ));
-            }
-            elements.push(String::from_utf8_lossy(element).into_owned());
-        }
-    }
-    let tensor = Tensor::from_string_array((shape, elements.as_slice()))
-        .map_err(|e| format!("failed to build string tensor: {e}"))?;
-    Ok(tensor.into())
-}
-
 fn extract_output(name: &str, datatype: DataType, value: &DynValue) -> Result<OutputTensor, String> {
     let shape: Vec<i64> = value.shape().iter().copied().collect();
     let data = if datatype == DataType::Bytes {
-        let (_, strings) = value.try_extract_strings().map_err(|e| format!("output '{name}': {e}"))?;
-        let mut out = Vec::with_capacity(strings.iter().map(|s| s.len() + 4).sum());
-        for s in &strings {
-            push_bytes_element(&mut out, s.as_bytes()).map_err(|e| e.message)?;
-        }
-        Bytes::from(out)
+        let count = tessera_protocol::element_count(&shape).map_err(|e| e.to_string())?;
+        Bytes::from(super::strings::extract(value, count).map_err(|e| format!("output '{name}': {e}"))?)
     } else {
         let count = tessera_protocol::element_count(&shape).map_err(|e| e.to_string())?;
         let size = datatype.element_size().unwrap_or(1) * count;

@@ -80,11 +80,9 @@ impl GrpcInferenceService for InferenceService {
     async fn model_ready(&self, req: Request<ModelReadyRequest>) -> GrpcResult<ModelReadyResponse> {
         let req = req.into_inner();
         let v = version(&req.name, &req.version)?;
-        match self.state.manager.get(&req.name, v) {
-            Ok(_) => Ok(Response::new(ModelReadyResponse { ready: true })),
-            Err(e) if e.kind == crate::error::ErrorKind::NotFound => Err(e.into()),
-            Err(_) => Ok(Response::new(ModelReadyResponse { ready: false })),
-        }
+        // Like Triton, an unknown model or version is simply not ready.
+        let ready = self.state.manager.get(&req.name, v).is_ok();
+        Ok(Response::new(ModelReadyResponse { ready }))
     }
 
     async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> GrpcResult<ServerMetadataResponse> {

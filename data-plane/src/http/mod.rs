@@ -84,6 +84,5 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .method_not_allowed_fallback(handle_method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
-        .layer(tower_http::compression::CompressionLayer::new())
         .with_state(state)
 }
