@@ -131,7 +131,7 @@ pub fn to_json(stats: &[ModelStatistics]) -> serde_json::Value {
     let models: Vec<serde_json::Value> = stats
         .iter()
         .map(|s| {
-            let i = s.inference_stats.clone().unwrap_or_default();
+            let i = s.inference_stats.unwrap_or_default();
             serde_json::json!({
                 "name": s.name,
                 "version": s.version,

@@ -11,7 +11,9 @@ Contract with the server (see ``server_command``)::
 The server reports each bound listener with one log line on stderr matching
 ``LISTEN_RE`` (protocol http, grpc or metrics, and the address it got). The
 fixture waits up to ``STARTUP_TIMEOUT_S`` for all three and for
-``GET /v2/health/live`` to answer 200. stdout and stderr are drained by
+``GET /v2/health/live`` to answer 200, then (same deadline, not fatal) for
+``/v2/health/ready``, since the startup loads may finish after the listeners
+are up. stdout and stderr are drained by
 threads into ``server.log`` for the whole run (both are scanned, in case the
 listener lines land on stdout). Teardown sends SIGTERM, then SIGKILL after
 ``SHUTDOWN_GRACE_S``.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import http.client
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -177,7 +180,7 @@ class TesseraServer:
         env.setdefault("NO_COLOR", "1")  # keep the listener lines free of ANSI colour codes
         env.setdefault("RUST_BACKTRACE", "1")
         self._log_file = open(self.log_path, "w", encoding="utf-8", errors="replace")
-        self._log_file.write("$ " + " ".join(self.cmd) + "\n")
+        self._log_file.write("$ " + shlex.join(self.cmd) + "\n")
         self._log_file.flush()
         self.proc = subprocess.Popen(
             self.cmd,
@@ -192,9 +195,14 @@ class TesseraServer:
             t = threading.Thread(target=self._drain, args=(stream, tag), name=f"tessera-{self.name}-{tag}", daemon=True)
             t.start()
             self._threads.append(t)
+        deadline = time.monotonic() + timeout_s
         try:
             self._wait_listeners(timeout_s)
-            self._wait_live(timeout_s)
+            self._wait_health("live", deadline, required=True)
+            # Listeners come up before the startup loads finish; ready (with
+            # --strict-readiness false) says the initial loads are done. Not
+            # fatal here: the readiness tests report it if it never comes.
+            self._wait_health("ready", deadline, required=False)
         except BaseException:
             self.stop()
             raise
@@ -227,18 +235,19 @@ class TesseraServer:
                 self._seen.wait(min(left, 0.5))
             missing = [p for p in PROTOCOLS if p not in self.addrs]
         if missing:
+            if self.proc.poll() is not None:
+                self._fail(f"exited before reporting listener(s) {missing} (regex {LISTEN_RE.pattern!r})")
             self._fail(f"did not report listener(s) {missing} within {timeout_s:.0f}s (regex {LISTEN_RE.pattern!r})")
 
-    def _wait_live(self, timeout_s: float) -> None:
+    def _wait_health(self, what: str, deadline: float, required: bool) -> None:
         host, port = self.http_url.rsplit(":", 1)
-        deadline = time.monotonic() + timeout_s
         last = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                self._fail("exited before /v2/health/live answered")
+                self._fail(f"exited before /v2/health/{what} answered 200")
             try:
                 conn = http.client.HTTPConnection(host, int(port), timeout=2)
-                conn.request("GET", "/v2/health/live")
+                conn.request("GET", f"/v2/health/{what}")
                 status = conn.getresponse().status
                 conn.close()
                 if status == 200:
@@ -246,14 +255,18 @@ class TesseraServer:
                 last = f"HTTP {status}"
             except OSError as e:
                 last = repr(e)
-            time.sleep(0.1)
-        self._fail(f"GET /v2/health/live did not answer 200 within {timeout_s:.0f}s (last: {last})")
+            time.sleep(0.05)
+        why = f"GET /v2/health/{what} did not answer 200 in time (last: {last})"
+        if required:
+            self._fail(why)
+        with self._lock:
+            self._tail.append(f"[conftest] warning: {why}")
 
     def _fail(self, why: str):
         rc = self.proc.poll() if self.proc else None
         state = f"exit code {rc}" if rc is not None else "still running"
         raise ServerStartError(
-            f"tessera server '{self.name}' {why} [{state}]\ncommand: {' '.join(self.cmd)}\nlog: {self.log_path}\n"
+            f"tessera server '{self.name}' {why} [{state}]\ncommand: {shlex.join(self.cmd)}\nlog: {self.log_path}\n"
             f"--- last log lines ---\n{self.log_tail()}"
         )
 
@@ -302,6 +315,16 @@ class TesseraServer:
         self.stop()
 
 
+def _start_or_fail(srv: TesseraServer) -> None:
+    error = None
+    try:
+        srv.start()
+    except ServerStartError as e:
+        error = str(e)
+    if error:  # outside the except block: no chained traceback noise
+        pytest.fail(error, pytrace=False)
+
+
 # --------------------------------------------------------------------------
 # fixtures
 # --------------------------------------------------------------------------
@@ -335,10 +358,7 @@ def model_repo(work_dir) -> Path:
 def server(tessera_bin, model_repo, work_dir) -> TesseraServer:
     cmd = server_command(tessera_bin, model_repo)
     srv = TesseraServer(cmd, work_dir / "server.log", name="main")
-    try:
-        srv.start()
-    except ServerStartError as e:
-        pytest.fail(str(e), pytrace=False)
+    _start_or_fail(srv)
     yield srv
     rc = srv.stop()
     # A crash at shutdown is a bug too, but it must not hide the test results.
@@ -454,10 +474,7 @@ def launch_server(tessera_bin, model_repo, work_dir):
         cmd = server_command(tessera_bin, repo, control_mode=control_mode, load_models=load_models, extra_args=extra_args)
         srv = TesseraServer(cmd, d / "server.log", name=name)
         started.append(srv)
-        try:
-            srv.start()
-        except ServerStartError as e:
-            pytest.fail(str(e), pytrace=False)
+        _start_or_fail(srv)
         return srv
 
     yield launch

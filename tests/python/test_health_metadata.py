@@ -1,7 +1,6 @@
 """Health, server metadata and model metadata/readiness over HTTP and gRPC."""
 
 import pytest
-import tritonclient.grpc as grpcclient  # noqa: F401  (import check)
 from tritonclient.utils import InferenceServerException
 
 import tessera_helpers as th

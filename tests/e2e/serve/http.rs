@@ -1,0 +1,253 @@
+//! The KServe v2 REST endpoint through reqwest.
+
+use serde_json::{Value, json};
+
+use super::{TestServer, f32_bytes, f32_values};
+
+fn client() -> reqwest::Client {
+    reqwest::Client::new()
+}
+
+fn add_sub_json(a: &[f32], b: &[f32]) -> Value {
+    json!({
+        "id": "req-1",
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": a},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": b},
+        ]
+    })
+}
+
+async fn post(server: &TestServer, path: &str, body: Value) -> (u16, Value) {
+    let resp = client().post(format!("{}{path}", server.http)).json(&body).send().await.expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn health_metadata_and_config_answer_like_triton() {
+    let s = TestServer::start(&[]);
+    let live = client().get(format!("{}/v2/health/live", s.http)).send().await.expect("live");
+    assert_eq!(live.status(), 200);
+    assert!(live.bytes().await.expect("body").is_empty(), "health bodies are empty");
+    let meta: Value = client().get(format!("{}/v2", s.http)).send().await.expect("meta").json().await.expect("json");
+    let extensions = meta["extensions"].as_array().expect("extensions");
+    assert!(extensions.contains(&json!("binary_tensor_data")) && extensions.contains(&json!("statistics")));
+    let model: Value =
+        client().get(format!("{}/v2/models/add_sub", s.http)).send().await.expect("model").json().await.expect("json");
+    assert_eq!(model["inputs"][0], json!({"name": "INPUT0", "datatype": "FP32", "shape": [-1, 16]}));
+    assert_eq!(model["versions"], json!(["1"]));
+    let auto: Value = client()
+        .get(format!("{}/v2/models/add_sub_auto/config", s.http))
+        .send()
+        .await
+        .expect("config")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(auto["max_batch_size"], 4, "auto-complete picks Triton's default batch size: {auto}");
+    assert_eq!(auto["input"][1]["dims"], json!([16]));
+    assert_eq!(auto["input"][1]["data_type"], "TYPE_FP32");
+    let all: Value = client()
+        .get(format!("{}/v2/models/identity_fp32", s.http))
+        .send()
+        .await
+        .expect("versions")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(all["versions"], json!(["3", "5"]));
+    let ready = client().get(format!("{}/v2/models/identity_fp32/versions/4/ready", s.http)).send().await.expect("r");
+    assert_ne!(ready.status(), 200);
+}
+
+#[tokio::test]
+async fn json_infer_computes_and_echoes_the_id() {
+    let s = TestServer::start(&[]);
+    let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let b = vec![1.0f32; 16];
+    let (status, body) = post(&s, "/v2/models/add_sub/infer", add_sub_json(&a, &b)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["id"], "req-1");
+    assert_eq!(body["model_version"], "1");
+    let sum: Vec<f64> = body["outputs"][0]["data"].as_array().expect("data").iter().filter_map(Value::as_f64).collect();
+    assert_eq!(sum, (0..16).map(|i| i as f64 + 1.0).collect::<Vec<_>>());
+    assert_eq!(body["outputs"][1]["shape"], json!([1, 16]));
+}
+
+#[tokio::test]
+async fn binary_tensors_travel_both_ways() {
+    let s = TestServer::start(&[]);
+    let a: Vec<f32> = (0..32).map(|i| i as f32 * 0.5).collect();
+    let b: Vec<f32> = (0..32).map(|i| i as f32).collect();
+    let header = json!({
+        "inputs": [
+            {"name": "INPUT0", "shape": [2, 16], "datatype": "FP32", "parameters": {"binary_data_size": 128}},
+            {"name": "INPUT1", "shape": [2, 16], "datatype": "FP32", "parameters": {"binary_data_size": 128}},
+        ],
+        "outputs": [{"name": "OUTPUT1", "parameters": {"binary_data": true}}]
+    })
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    body.extend(f32_bytes(&a));
+    body.extend(f32_bytes(&b));
+    let resp = client()
+        .post(format!("{}/v2/models/add_sub/infer", s.http))
+        .header("Inference-Header-Content-Length", header.len())
+        .body(body)
+        .send()
+        .await
+        .expect("infer");
+    assert_eq!(resp.status(), 200);
+    let json_len: usize =
+        resp.headers()["inference-header-content-length"].to_str().expect("ascii").parse().expect("n");
+    let bytes = resp.bytes().await.expect("body");
+    let head: Value = serde_json::from_slice(&bytes[..json_len]).expect("json header");
+    assert_eq!(head["outputs"].as_array().map(Vec::len), Some(1), "only the requested output: {head}");
+    assert_eq!(head["outputs"][0]["parameters"]["binary_data_size"], 128);
+    let diff = f32_values(&bytes[json_len..]);
+    assert_eq!(diff, a.iter().zip(&b).map(|(x, y)| x - y).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn bytes_survive_nul_and_non_utf8_values() {
+    let s = TestServer::start(&[]);
+    let elements: [&[u8]; 3] = [b"a\0b", b"\xff\xfe", b""];
+    let mut tail = Vec::new();
+    for e in elements {
+        tail.extend((e.len() as u32).to_le_bytes());
+        tail.extend(e);
+    }
+    let header = json!({
+        "inputs": [{"name": "INPUT0", "shape": [1, 3], "datatype": "BYTES", "parameters": {"binary_data_size": tail.len()}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": true}}]
+    })
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    body.extend(&tail);
+    let resp = client()
+        .post(format!("{}/v2/models/identity_bytes/infer", s.http))
+        .header("Inference-Header-Content-Length", header.len())
+        .body(body)
+        .send()
+        .await
+        .expect("infer");
+    assert_eq!(resp.status(), 200);
+    let json_len: usize =
+        resp.headers()["inference-header-content-length"].to_str().expect("ascii").parse().expect("n");
+    let bytes = resp.bytes().await.expect("body");
+    assert_eq!(&bytes[json_len..], &tail[..]);
+}
+
+#[tokio::test]
+async fn bad_requests_get_triton_status_codes_and_messages() {
+    let s = TestServer::start(&["--http-max-input-size", "4096"]);
+    let a = vec![0.0f32; 16];
+    let wrong_shape = json!({"inputs": [
+        {"name": "INPUT0", "shape": [1, 15], "datatype": "FP32", "data": vec![0.0f32; 15]},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": a},
+    ]});
+    let wrong_type = json!({"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": vec![0; 16]},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": a},
+    ]});
+    let missing = json!({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": a}]});
+    let count = json!({"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": vec![0.0f32; 15]},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": a},
+    ]});
+    let overflow = json!({"inputs": [
+        {"name": "INPUT0", "shape": [4294967296i64, 4294967296i64], "datatype": "FP32", "data": []},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": a},
+    ]});
+    let mut unknown_output = add_sub_json(&a, &a);
+    unknown_output["outputs"] = json!([{"name": "NOPE"}]);
+    let cases = [
+        ("/v2/models/add_sub/infer", wrong_shape, 400, "shape"),
+        ("/v2/models/add_sub/infer", wrong_type, 400, "expects 'FP32'"),
+        ("/v2/models/add_sub/infer", missing, 400, "'INPUT1'"),
+        ("/v2/models/add_sub/infer", count, 400, "needs 16"),
+        ("/v2/models/add_sub/infer", overflow, 400, "INPUT0"),
+        ("/v2/models/add_sub/infer", unknown_output, 400, "'NOPE'"),
+        ("/v2/models/nope/infer", add_sub_json(&a, &a), 404, "'nope'"),
+        ("/v2/models/add_sub/versions/9/infer", add_sub_json(&a, &a), 404, "version 9"),
+        ("/v2/models/bad_config/infer", add_sub_json(&a, &a), 503, "not ready"),
+        (
+            "/v2/models/add_sub/infer",
+            json!({"inputs": [{"name": "INPUT0", "shape": [1, 1024], "datatype": "FP32", "data": vec![0.0f32; 1024]}]}),
+            413,
+            "limit",
+        ),
+    ];
+    for (path, body, status, needle) in cases {
+        let (got, json) = post(&s, path, body).await;
+        assert_eq!(got, status, "{path}: {json}");
+        let message = json["error"].as_str().unwrap_or_else(|| panic!("error body for {path}: {json}"));
+        assert!(message.contains(needle), "{path}: '{message}' lacks '{needle}'");
+    }
+    let malformed = client().post(format!("{}/v2/models/add_sub/infer", s.http)).body("{oops").send().await.expect("r");
+    assert_eq!(malformed.status(), 400);
+    let header = json!({"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}}]})
+        .to_string();
+    let short = client()
+        .post(format!("{}/v2/models/add_sub/infer", s.http))
+        .header("Inference-Header-Content-Length", header.len())
+        .body([header.as_bytes(), &[0u8; 10]].concat())
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(short.status(), 400);
+    let method = client().delete(format!("{}/v2/models/add_sub/infer", s.http)).send().await.expect("r");
+    assert_eq!(method.status(), 405);
+}
+
+#[tokio::test]
+async fn repository_index_shows_broken_models_with_reasons_and_stats_count_requests() {
+    let s = TestServer::start(&[]);
+    let (status, index) = post(&s, "/v2/repository/index", json!({})).await;
+    assert_eq!(status, 200);
+    let rows = index.as_array().expect("array");
+    let row = |name: &str| rows.iter().find(|r| r["name"] == name).cloned().unwrap_or(Value::Null);
+    assert_eq!(row("add_sub")["state"], "READY");
+    assert_eq!(row("bad_config")["state"], "UNAVAILABLE");
+    assert!(row("bad_file")["reason"].as_str().is_some_and(|r| !r.is_empty()));
+    let a = vec![1.0f32; 16];
+    for _ in 0..3 {
+        assert_eq!(post(&s, "/v2/models/add_sub/infer", add_sub_json(&a, &a)).await.0, 200);
+    }
+    let stats: Value =
+        client().get(format!("{}/v2/models/add_sub/stats", s.http)).send().await.expect("s").json().await.expect("j");
+    let m = &stats["model_stats"][0];
+    assert_eq!(m["inference_count"], 3);
+    assert_eq!(m["execution_count"], 3);
+    assert_eq!(m["inference_stats"]["success"]["count"], 3);
+    assert_eq!(m["batch_stats"][0]["batch_size"], 1);
+    let metrics = client().get(format!("{}/metrics", s.metrics)).send().await.expect("m").text().await.expect("t");
+    assert!(metrics.contains("nv_inference_request_success{model=\"add_sub\",version=\"1\"} 3"), "{metrics}");
+}
+
+#[tokio::test]
+async fn explicit_mode_loads_and_unloads_and_other_modes_refuse() {
+    let s = TestServer::start(&["--model-control-mode", "explicit", "--load-model", "add_sub"]);
+    let ready = |m: &str| client().get(format!("{}/v2/models/{m}/ready", s.http)).send();
+    assert_eq!(ready("add_sub").await.expect("r").status(), 200);
+    assert_ne!(ready("add_sub_auto").await.expect("r").status(), 200);
+    assert_eq!(post(&s, "/v2/repository/models/add_sub_auto/load", json!({})).await.0, 200);
+    assert_eq!(ready("add_sub_auto").await.expect("r").status(), 200);
+    assert_eq!(post(&s, "/v2/repository/models/add_sub/unload", json!({})).await.0, 200);
+    assert_ne!(ready("add_sub").await.expect("r").status(), 200);
+    let a = vec![1.0f32; 16];
+    assert_eq!(post(&s, "/v2/models/add_sub/infer", add_sub_json(&a, &a)).await.0, 503);
+    let config = json!({"parameters": {"config": "{\"max_batch_size\": 2}"}});
+    assert_eq!(post(&s, "/v2/repository/models/add_sub/load", config).await.0, 200);
+    let cfg: Value =
+        client().get(format!("{}/v2/models/add_sub/config", s.http)).send().await.expect("c").json().await.expect("j");
+    assert_eq!(cfg["max_batch_size"], 2);
+    let (status, _) =
+        post(&s, "/v2/repository/models/add_sub/load", json!({"parameters": {"file:1/model.onnx": "AAAA"}})).await;
+    assert_eq!(status, 501, "file overrides are refused");
+
+    let none = TestServer::start(&[]);
+    let (status, body) = post(&none, "/v2/repository/models/add_sub/unload", json!({})).await;
+    assert_eq!(status, 503, "{body}");
+}

@@ -1,0 +1,130 @@
+//! `tessera serve` end to end: the real binary on port 0, reqwest over HTTP and the generated
+//! tonic client over gRPC.
+
+mod grpc;
+mod http;
+mod onnx;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A running `tessera serve` over its own temporary repository.
+pub struct TestServer {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub http: String,
+    /// `http://127.0.0.1:PORT` for tonic.
+    pub grpc: String,
+    /// `http://127.0.0.1:PORT`.
+    pub metrics: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Writes the standard test repository: add_sub (with config), add_sub_auto (no config),
+/// identity_bytes, a model with a broken config and one with a broken file.
+pub fn write_repository(root: &Path) {
+    let write = |rel: &str, bytes: &[u8]| {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().expect("has a parent")).expect("mkdir");
+        std::fs::write(path, bytes).expect("write");
+    };
+    write("add_sub/1/model.onnx", &onnx::add_sub());
+    write(
+        "add_sub/config.pbtxt",
+        br#"name: "add_sub"
+backend: "onnxruntime"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+"#,
+    );
+    write("add_sub_auto/1/model.onnx", &onnx::add_sub());
+    write("identity_bytes/1/model.onnx", &onnx::identity(onnx::STRING));
+    write("identity_fp32/3/model.onnx", &onnx::identity(onnx::FLOAT));
+    write("identity_fp32/config.pbtxt", b"max_batch_size: 4\nversion_policy: { all: {} }\n");
+    write("identity_fp32/5/model.onnx", &onnx::identity(onnx::FLOAT));
+    write("bad_config/1/model.onnx", &onnx::add_sub());
+    write("bad_config/config.pbtxt", b"max_batch_size: [ oops");
+    write("bad_file/1/model.onnx", b"this is not an onnx model");
+}
+
+impl TestServer {
+    /// Starts the server over the standard repository with extra flags.
+    pub fn start(extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let repo = dir.path().join("models");
+        write_repository(&repo);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(["serve", "--model-repository"])
+            .arg(&repo)
+            .args(["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"])
+            .args(["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--strict-readiness", "false"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start tessera");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let (mut http, mut grpc, mut metrics) = (None, None, None);
+        let mut log = Vec::new();
+        loop {
+            let line = match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) => line,
+                Err(_) => panic!("server did not start; log:\n{}", log.join("\n")),
+            };
+            if line.contains("listening") {
+                let addr = line.split("addr=").nth(1).and_then(|s| s.split_whitespace().next()).map(str::to_string);
+                let url = addr.map(|a| format!("http://{a}"));
+                if line.contains("protocol=\"http\"") {
+                    http = url;
+                } else if line.contains("protocol=\"grpc\"") {
+                    grpc = url;
+                } else if line.contains("protocol=\"metrics\"") {
+                    metrics = url;
+                }
+            }
+            let started = line.contains("server started");
+            log.push(line);
+            if started {
+                break;
+            }
+        }
+        // Keep draining so the server never blocks on a full pipe.
+        std::thread::spawn(move || while rx.recv().is_ok() {});
+        let take =
+            |u: Option<String>, what: &str| u.unwrap_or_else(|| panic!("no {what} address; log:\n{}", log.join("\n")));
+        Self { http: take(http, "http"), grpc: take(grpc, "grpc"), metrics: take(metrics, "metrics"), child, _dir: dir }
+    }
+}
+
+/// Little-endian bytes of f32 values.
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// f32 values from little-endian bytes.
+pub fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
