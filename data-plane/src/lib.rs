@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod model;
 pub mod model_spec;
 pub mod repository;
+pub mod scheduler;
 pub mod server;
 pub mod stats;
 pub mod tensor;

@@ -1,5 +1,6 @@
-//! The Prometheus endpoint: Triton's `nv_inference_*` counters per model version, rendered from
-//! the same statistics the statistics extension serves, so the two never disagree.
+//! The Prometheus endpoint: Triton's `nv_inference_*` families per model version (with Triton's
+//! `model`/`version` labels), CPU metrics, and latency and batch-size histograms beyond Triton.
+//! Counters come from the same statistics the statistics extension serves, so both agree.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
@@ -9,21 +10,61 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
+use parking_lot::Mutex;
 use tessera_protocol::inference::{ModelStatistics, StatisticDuration};
 
 use crate::server::ServerState;
+use crate::stats::{FailReason, Histogram, ModelStats};
+
+/// State of the metrics listener: the server plus the previous CPU sample.
+struct MetricsState {
+    server: Arc<ServerState>,
+    /// Previous `/proc/stat` totals; each scrape reports utilisation since the last one.
+    cpu: Mutex<Option<CpuSample>>,
+}
 
 /// Builds the router for the metrics listener.
-pub fn router(state: Arc<ServerState>) -> Router {
+pub fn router(server: Arc<ServerState>) -> Router {
+    let state = Arc::new(MetricsState { server, cpu: Mutex::new(None) });
     Router::new().route("/metrics", get(handle_metrics)).with_state(state)
 }
 
-async fn handle_metrics(State(state): State<Arc<ServerState>>) -> impl IntoResponse {
-    let stats = state.statistics(None, None).unwrap_or_default();
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render(&stats))
+async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResponse {
+    let loaded = state.server.manager.all_ready();
+    let models: Vec<ModelMetrics<'_>> = loaded
+        .iter()
+        .map(|m| ModelMetrics {
+            snapshot: m.stats.snapshot(&m.spec.name, &m.version.to_string()),
+            stats: &m.stats,
+            pending: m.pending(),
+        })
+        .collect();
+    let mut text = render(&models);
+    let cpu = {
+        let mut previous = state.cpu.lock();
+        let now = CpuSample::read();
+        let utilization = match (previous.as_ref(), now.as_ref()) {
+            (Some(a), Some(b)) => b.utilization_since(a),
+            _ => None,
+        };
+        *previous = now;
+        utilization
+    };
+    render_system(&mut text, cpu, MemInfo::read());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
-/// One counter family: name, help, and how to read it from a snapshot.
+/// One model version's numbers for a scrape.
+pub struct ModelMetrics<'a> {
+    /// Counters as the statistics extension reports them.
+    pub snapshot: ModelStatistics,
+    /// Live statistics (failure reasons, histograms).
+    pub stats: &'a ModelStats,
+    /// Requests waiting in the queue.
+    pub pending: usize,
+}
+
+/// One counter family read from a statistics snapshot.
 struct Family {
     name: &'static str,
     help: &'static str,
@@ -38,12 +79,7 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "nv_inference_request_success",
         help: "Number of successful inference requests, all batch sizes",
-        value: |s| dur(s.inference_stats.as_ref().and_then(|i| i.success)).count,
-    },
-    Family {
-        name: "nv_inference_request_failure",
-        help: "Number of failed inference requests, all batch sizes",
-        value: |s| dur(s.inference_stats.as_ref().and_then(|i| i.fail)).count,
+        value: |s| dur(s.inference_stats.and_then(|i| i.success)).count,
     },
     Family {
         name: "nv_inference_count",
@@ -58,52 +94,155 @@ const FAMILIES: &[Family] = &[
     Family {
         name: "nv_inference_request_duration_us",
         help: "Cumulative inference request duration in microseconds (includes cached requests)",
-        value: |s| dur(s.inference_stats.as_ref().and_then(|i| i.success)).ns / 1000,
+        value: |s| dur(s.inference_stats.and_then(|i| i.success)).ns / 1000,
     },
     Family {
         name: "nv_inference_queue_duration_us",
         help: "Cumulative inference queuing duration in microseconds (includes cached requests)",
-        value: |s| dur(s.inference_stats.as_ref().and_then(|i| i.queue)).ns / 1000,
+        value: |s| dur(s.inference_stats.and_then(|i| i.queue)).ns / 1000,
     },
     Family {
         name: "nv_inference_compute_input_duration_us",
         help: "Cumulative compute input duration in microseconds (does not include cached requests)",
-        value: |s| dur(s.inference_stats.as_ref().and_then(|i| i.compute_input)).ns / 1000,
+        value: |s| dur(s.inference_stats.and_then(|i| i.compute_input)).ns / 1000,
     },
     Family {
         name: "nv_inference_compute_infer_duration_us",
         help: "Cumulative compute inference duration in microseconds (does not include cached requests)",
-        value: |s| dur(s.inference_stats.as_ref().and_then(|i| i.compute_infer)).ns / 1000,
+        value: |s| dur(s.inference_stats.and_then(|i| i.compute_infer)).ns / 1000,
     },
     Family {
         name: "nv_inference_compute_output_duration_us",
         help: "Cumulative inference compute output duration in microseconds (does not include cached requests)",
-        value: |s| dur(s.inference_stats.as_ref().and_then(|i| i.compute_output)).ns / 1000,
+        value: |s| dur(s.inference_stats.and_then(|i| i.compute_output)).ns / 1000,
     },
 ];
 
-/// Renders Prometheus text exposition for the given snapshots.
-pub fn render(stats: &[ModelStatistics]) -> String {
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn labels(s: &ModelStatistics) -> String {
+    format!("model=\"{}\",version=\"{}\"", escape(&s.name), escape(&s.version))
+}
+
+/// Renders the per-model families for the given model versions.
+pub fn render(models: &[ModelMetrics<'_>]) -> String {
     let mut out = String::new();
     for family in FAMILIES {
-        let _ = writeln!(out, "# HELP {} {}", family.name, family.help);
-        let _ = writeln!(out, "# TYPE {} counter", family.name);
-        for s in stats {
+        header(&mut out, family.name, family.help, "counter");
+        for m in models {
+            let _ = writeln!(out, "{}{{{}}} {}", family.name, labels(&m.snapshot), (family.value)(&m.snapshot));
+        }
+    }
+    header(&mut out, "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter");
+    for m in models {
+        for reason in FailReason::ALL {
+            let n = m.stats.failures(reason);
             let _ = writeln!(
                 out,
-                "{}{{model=\"{}\",version=\"{}\"}} {}",
-                family.name,
-                escape(&s.name),
-                escape(&s.version),
-                (family.value)(s)
+                "nv_inference_request_failure{{{},reason=\"{}\"}} {n}",
+                labels(&m.snapshot),
+                reason.as_str()
             );
+        }
+    }
+    header(
+        &mut out,
+        "nv_inference_pending_request_count",
+        "Instantaneous number of pending requests awaiting execution per-model.",
+        "gauge",
+    );
+    for m in models {
+        let _ = writeln!(out, "nv_inference_pending_request_count{{{}}} {}", labels(&m.snapshot), m.pending);
+    }
+    let histograms: [(&str, &str, fn(&ModelStats) -> &Histogram); 2] = [
+        ("tessera_inference_request_duration_us", "Successful request latency in microseconds", |s| &s.latency_us),
+        ("tessera_inference_batch_size", "Items per model execution (the batch the scheduler formed)", |s| {
+            &s.batch_sizes
+        }),
+    ];
+    for (name, help, pick) in histograms {
+        header(&mut out, name, help, "histogram");
+        for m in models {
+            let (buckets, sum) = pick(m.stats).snapshot();
+            let l = labels(&m.snapshot);
+            let mut count = 0;
+            for (bound, cumulative) in buckets {
+                let le = bound.map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+                let _ = writeln!(out, "{name}_bucket{{{l},le=\"{le}\"}} {cumulative}");
+                count = cumulative;
+            }
+            let _ = writeln!(out, "{name}_sum{{{l}}} {sum}");
+            let _ = writeln!(out, "{name}_count{{{l}}} {count}");
         }
     }
     out
 }
 
+fn render_system(out: &mut String, cpu: Option<f64>, mem: Option<MemInfo>) {
+    if let Some(cpu) = cpu {
+        header(out, "nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", "gauge");
+        let _ = writeln!(out, "nv_cpu_utilization {cpu:.4}");
+    }
+    if let Some(mem) = mem {
+        header(out, "nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", "gauge");
+        let _ = writeln!(out, "nv_cpu_memory_total_bytes {}", mem.total);
+        header(out, "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", "gauge");
+        let _ = writeln!(out, "nv_cpu_memory_used_bytes {}", mem.total.saturating_sub(mem.available));
+    }
+}
+
 fn escape(label: &str) -> String {
     label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// Aggregate CPU jiffies from `/proc/stat`.
+#[derive(Debug, Clone, Copy)]
+struct CpuSample {
+    busy: u64,
+    total: u64,
+}
+
+impl CpuSample {
+    fn read() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let line = text.lines().find(|l| l.starts_with("cpu "))?;
+        let values: Vec<u64> = line.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+        let total: u64 = values.iter().take(8).sum();
+        let idle = values.get(3)? + values.get(4).copied().unwrap_or(0);
+        Some(Self { busy: total.saturating_sub(idle), total })
+    }
+
+    fn utilization_since(&self, before: &CpuSample) -> Option<f64> {
+        let total = self.total.checked_sub(before.total).filter(|t| *t > 0)?;
+        Some(self.busy.saturating_sub(before.busy) as f64 / total as f64)
+    }
+}
+
+/// Memory totals from `/proc/meminfo`.
+#[derive(Debug, Clone, Copy)]
+struct MemInfo {
+    total: u64,
+    available: u64,
+}
+
+impl MemInfo {
+    fn read() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/meminfo").ok()?)
+    }
+
+    fn parse(text: &str) -> Option<Self> {
+        let field = |name: &str| -> Option<u64> {
+            let line = text.lines().find(|l| l.starts_with(name))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|kb| kb * 1024)
+        };
+        Some(Self { total: field("MemTotal:")?, available: field("MemAvailable:")? })
+    }
 }
 
 #[cfg(test)]
@@ -112,14 +251,39 @@ mod tests {
     use crate::stats::{Execution, ModelStats};
 
     #[test]
-    fn counters_render_with_model_and_version_labels() {
+    fn families_render_with_model_and_version_labels() {
         let stats = ModelStats::default();
         stats.success.record(2_000);
+        stats.latency_us.observe(2);
         stats.record_execution(Execution { batch_size: 3, input_ns: 0, infer_ns: 0, output_ns: 0 });
-        let text = render(&[stats.snapshot("add_sub", "1")]);
-        assert!(text.contains("nv_inference_request_success{model=\"add_sub\",version=\"1\"} 1"), "{text}");
-        assert!(text.contains("nv_inference_count{model=\"add_sub\",version=\"1\"} 3"), "{text}");
-        assert!(text.contains("nv_inference_request_duration_us{model=\"add_sub\",version=\"1\"} 2"), "{text}");
-        assert!(text.contains("# TYPE nv_inference_exec_count counter"));
+        stats.record_failure_reason(FailReason::Rejected);
+        let models = [ModelMetrics { snapshot: stats.snapshot("add_sub", "1"), stats: &stats, pending: 5 }];
+        let text = render(&models);
+        let l = "model=\"add_sub\",version=\"1\"";
+        for line in [
+            format!("nv_inference_request_success{{{l}}} 1"),
+            format!("nv_inference_count{{{l}}} 3"),
+            format!("nv_inference_request_duration_us{{{l}}} 2"),
+            format!("nv_inference_request_failure{{{l},reason=\"REJECTED\"}} 1"),
+            format!("nv_inference_pending_request_count{{{l}}} 5"),
+            format!("tessera_inference_batch_size_bucket{{{l},le=\"2\"}} 0"),
+            format!("tessera_inference_batch_size_bucket{{{l},le=\"4\"}} 1"),
+            format!("tessera_inference_batch_size_count{{{l}}} 1"),
+            format!("tessera_inference_request_duration_us_bucket{{{l},le=\"+Inf\"}} 1"),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn cpu_and_memory_parse_from_proc_files() {
+        let a = CpuSample::parse("cpu  100 0 100 800 0 0 0 0 0 0\ncpu0 1 2 3").expect("cpu line");
+        let b = CpuSample::parse("cpu  150 0 150 900 0 0 0 0 0 0").expect("cpu line");
+        assert_eq!(b.utilization_since(&a), Some(0.5));
+        let mem = MemInfo::parse("MemTotal:  1000 kB\nMemFree: 10 kB\nMemAvailable:   250 kB\n").expect("meminfo");
+        assert_eq!((mem.total, mem.available), (1_024_000, 256_000));
+        let mut out = String::new();
+        render_system(&mut out, Some(0.25), Some(mem));
+        assert!(out.contains("nv_cpu_utilization 0.2500") && out.contains("nv_cpu_memory_used_bytes 768000"));
     }
 }

@@ -2,7 +2,10 @@
 //! [`ModelSpec`] the rest of the engine trusts.
 
 use tessera_protocol::DataType;
-use tessera_protocol::inference::{self, ModelConfig, ModelInput, ModelOutput, model_instance_group::Kind};
+use tessera_protocol::inference::model_config::SchedulingChoice;
+use tessera_protocol::inference::{
+    self, ModelConfig, ModelDynamicBatching, ModelInput, ModelOutput, model_instance_group::Kind,
+};
 
 /// Triton's default `max_batch_size` for auto-completed models that can batch.
 pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
@@ -142,6 +145,10 @@ fn autocomplete(config: &mut ModelConfig, io: &ModelIo) {
     }
     if config.output.is_empty() {
         config.output = io.outputs.iter().map(|o| model_output(o, strip)).collect();
+    }
+    // Like Triton's backends: a model that batches and names no scheduler batches dynamically.
+    if config.max_batch_size > 1 && config.scheduling_choice.is_none() {
+        config.scheduling_choice = Some(SchedulingChoice::DynamicBatching(ModelDynamicBatching::default()));
     }
     for input in &mut config.input {
         if let Some(info) = io.inputs.iter().find(|i| i.name == input.name) {
@@ -315,6 +322,7 @@ mod tests {
         assert_eq!(spec.inputs[0].dims, vec![16]);
         assert_eq!(spec.config.name, "add_sub");
         assert_eq!(spec.config.backend, "onnxruntime");
+        assert!(matches!(spec.config.scheduling_choice, Some(SchedulingChoice::DynamicBatching(_))));
         assert_eq!(spec.full_shape(&spec.inputs[0].dims), vec![-1, 16]);
     }
 

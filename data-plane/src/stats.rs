@@ -26,6 +26,79 @@ impl Duration {
     }
 }
 
+/// Why a request failed, as Triton's `nv_inference_request_failure` `reason` label says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailReason {
+    /// Refused by the queue: full or timed out.
+    Rejected,
+    /// The client went away before it ran.
+    Canceled,
+    /// The backend failed to run it.
+    Backend,
+    /// Anything else (invalid request, ...).
+    Other,
+}
+
+impl FailReason {
+    /// Every reason, in label order.
+    pub const ALL: [FailReason; 4] =
+        [FailReason::Rejected, FailReason::Canceled, FailReason::Backend, FailReason::Other];
+
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailReason::Rejected => "REJECTED",
+            FailReason::Canceled => "CANCELED",
+            FailReason::Backend => "BACKEND",
+            FailReason::Other => "OTHER",
+        }
+    }
+}
+
+/// Upper bounds (µs) of the request latency histogram.
+pub const LATENCY_BUCKETS_US: [u64; 14] =
+    [50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 1_000_000, 5_000_000];
+/// Upper bounds of the executed batch size histogram.
+pub const BATCH_BUCKETS: [u64; 9] = [1, 2, 4, 8, 16, 32, 64, 128, 256];
+
+/// A cumulative histogram with fixed buckets, updated without locks.
+#[derive(Debug)]
+pub struct Histogram {
+    bounds: &'static [u64],
+    /// One count per bound, plus one for +Inf.
+    counts: Vec<AtomicU64>,
+    sum: AtomicU64,
+}
+
+impl Histogram {
+    /// An empty histogram over `bounds`.
+    pub fn new(bounds: &'static [u64]) -> Self {
+        Self { bounds, counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(), sum: AtomicU64::new(0) }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, value: u64) {
+        let i = self.bounds.iter().position(|b| value <= *b).unwrap_or(self.bounds.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// `(upper bound or None for +Inf, cumulative count)` per bucket, and the sum.
+    pub fn snapshot(&self) -> (Vec<(Option<u64>, u64)>, u64) {
+        let mut cumulative = 0;
+        let buckets = self
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                cumulative += c.load(Ordering::Relaxed);
+                (self.bounds.get(i).copied(), cumulative)
+            })
+            .collect();
+        (buckets, self.sum.load(Ordering::Relaxed))
+    }
+}
+
 /// Per-batch-size compute durations.
 #[derive(Debug, Default, Clone, Copy)]
 struct BatchEntry {
@@ -36,7 +109,7 @@ struct BatchEntry {
 }
 
 /// Statistics of one model version; shared by its handlers and instance threads.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ModelStats {
     /// Successful requests, request arrival to response.
     pub success: Duration,
@@ -54,6 +127,31 @@ pub struct ModelStats {
     execution_count: AtomicU64,
     last_inference_ms: AtomicU64,
     batches: Mutex<BTreeMap<u64, BatchEntry>>,
+    failures: [AtomicU64; 4],
+    /// Successful request durations (µs).
+    pub latency_us: Histogram,
+    /// Items per execution.
+    pub batch_sizes: Histogram,
+}
+
+impl Default for ModelStats {
+    fn default() -> Self {
+        Self {
+            success: Duration::default(),
+            fail: Duration::default(),
+            queue: Duration::default(),
+            compute_input: Duration::default(),
+            compute_infer: Duration::default(),
+            compute_output: Duration::default(),
+            inference_count: AtomicU64::new(0),
+            execution_count: AtomicU64::new(0),
+            last_inference_ms: AtomicU64::new(0),
+            batches: Mutex::new(BTreeMap::new()),
+            failures: Default::default(),
+            latency_us: Histogram::new(&LATENCY_BUCKETS_US),
+            batch_sizes: Histogram::new(&BATCH_BUCKETS),
+        }
+    }
 }
 
 /// The timings of one backend execution.
@@ -70,10 +168,21 @@ pub struct Execution {
 }
 
 impl ModelStats {
+    /// Counts a failed request by reason.
+    pub fn record_failure_reason(&self, reason: FailReason) {
+        self.failures[reason as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Failed requests with this reason.
+    pub fn failures(&self, reason: FailReason) -> u64 {
+        self.failures[reason as usize].load(Ordering::Relaxed)
+    }
+
     /// Records one backend execution of `exec.batch_size` items.
     pub fn record_execution(&self, exec: Execution) {
         self.inference_count.fetch_add(exec.batch_size, Ordering::Relaxed);
         self.execution_count.fetch_add(1, Ordering::Relaxed);
+        self.batch_sizes.observe(exec.batch_size);
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));

@@ -127,6 +127,59 @@ pub fn check_data_size(tensor: &str, datatype: DataType, count: usize, data: &[u
     Ok(())
 }
 
+/// Byte offsets of each row (first-dimension slice) of a batched output, `rows + 1` entries.
+pub fn row_offsets(tensor: &OutputTensor, rows: usize) -> Result<Vec<usize>> {
+    let first = tensor.shape.first().copied().unwrap_or(-1);
+    if rows == 0 || first != rows as i64 {
+        return Err(Error::internal(format!(
+            "output '{}' has shape {} but the batch has {rows} rows",
+            tensor.name,
+            fmt_shape(&tensor.shape)
+        )));
+    }
+    let data = &tensor.data[..];
+    if let Some(size) = tensor.datatype.element_size() {
+        let row_bytes = data.len() / rows;
+        if row_bytes * rows != data.len() || row_bytes % size != 0 {
+            return Err(Error::internal(format!("output '{}' does not split into {rows} rows", tensor.name)));
+        }
+        return Ok((0..=rows).map(|r| r * row_bytes).collect());
+    }
+    let count = checked_element_count(&tensor.name, &tensor.shape)?;
+    let per_row = count / rows;
+    let mut offsets = Vec::with_capacity(rows + 1);
+    offsets.push(0);
+    let mut consumed = 0usize;
+    for (i, element) in bytes_elements(data).enumerate() {
+        let element = element.map_err(Error::internal)?;
+        consumed += 4 + element.len();
+        if (i + 1) % per_row.max(1) == 0 {
+            offsets.push(consumed);
+        }
+    }
+    if per_row == 0 {
+        offsets = vec![0; rows + 1];
+    }
+    if offsets.len() != rows + 1 {
+        return Err(Error::internal(format!("output '{}' does not split into {rows} rows", tensor.name)));
+    }
+    Ok(offsets)
+}
+
+/// Rows `start..start + rows` of a batched output, sharing its buffer (no copy).
+pub fn slice_rows(tensor: &OutputTensor, offsets: &[usize], start: usize, rows: usize) -> OutputTensor {
+    let mut shape = tensor.shape.clone();
+    if let Some(first) = shape.first_mut() {
+        *first = rows as i64;
+    }
+    OutputTensor {
+        name: tensor.name.clone(),
+        datatype: tensor.datatype,
+        shape,
+        data: tensor.data.slice(offsets[start]..offsets[start + rows]),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +216,29 @@ mod tests {
         let data = serialize(&[b"a", b"b"]);
         check_data_size("s", DataType::Bytes, 2, &data).expect("two elements");
         assert!(check_data_size("s", DataType::Bytes, 3, &data).is_err());
+    }
+
+    #[test]
+    fn batched_outputs_split_into_rows_without_copying() {
+        let fixed = OutputTensor {
+            name: "y".into(),
+            datatype: DataType::Int16,
+            shape: vec![3, 2],
+            data: Bytes::from(vec![1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6, 0]),
+        };
+        let offsets = row_offsets(&fixed, 3).expect("splits");
+        let part = slice_rows(&fixed, &offsets, 1, 2);
+        assert_eq!(part.shape, vec![2, 2]);
+        assert_eq!(part.data.as_ref(), &[3, 0, 4, 0, 5, 0, 6, 0]);
+        assert!(row_offsets(&fixed, 2).is_err(), "shape says 3 rows");
+        let strings = OutputTensor {
+            name: "s".into(),
+            datatype: DataType::Bytes,
+            shape: vec![2, 1],
+            data: Bytes::from(serialize(&[b"ab", b"c"])),
+        };
+        let offsets = row_offsets(&strings, 2).expect("splits");
+        assert_eq!(slice_rows(&strings, &offsets, 1, 1).data.as_ref(), &serialize(&[b"c"])[..]);
     }
 
     #[test]

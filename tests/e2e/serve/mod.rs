@@ -1,6 +1,7 @@
 //! `tessera serve` end to end: the real binary on port 0, reqwest over HTTP and the generated
 //! tonic client over gRPC.
 
+mod batching;
 mod grpc;
 mod http;
 mod onnx;
@@ -67,9 +68,19 @@ output [
 impl TestServer {
     /// Starts the server over the standard repository with extra flags.
     pub fn start(extra: &[&str]) -> Self {
+        Self::start_with(&[], extra)
+    }
+
+    /// Starts the server with extra add_sub models, each `(name, config.pbtxt)`, and flags.
+    pub fn start_with(models: &[(&str, &str)], extra: &[&str]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let repo = dir.path().join("models");
         write_repository(&repo);
+        for (name, config) in models {
+            std::fs::create_dir_all(repo.join(name).join("1")).expect("mkdir");
+            std::fs::write(repo.join(name).join("1/model.onnx"), onnx::add_sub()).expect("write model");
+            std::fs::write(repo.join(name).join("config.pbtxt"), config).expect("write config");
+        }
         let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(["serve", "--model-repository"])
             .arg(&repo)

@@ -1,0 +1,234 @@
+//! Scheduling of one model version: requests queue in a [`queue::BatchQueue`]; one batcher task
+//! forms batches when an instance is free; instances run them on dedicated OS threads, each
+//! owning its ONNX Runtime session, and split the outputs back per request.
+
+pub mod policy;
+pub mod queue;
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::backend::onnx::OnnxSession;
+use crate::error::{Error, Result};
+use crate::infer::ValidInferRequest;
+use crate::model_spec::ModelSpec;
+use crate::stats::{Execution, FailReason, ModelStats};
+use crate::tensor::{InputTensor, OutputTensor, row_offsets, slice_rows};
+use policy::BatchingConfig;
+use queue::{BatchQueue, Dropped, Pending};
+
+/// State shared by handlers (push), the batcher task (pop) and metrics (length).
+struct Shared {
+    /// Handlers push under the lock; the batcher takes batches out.
+    queue: Mutex<BatchQueue>,
+    /// Handlers notify after a push; the batcher waits on it.
+    notify: Notify,
+    spec: Arc<ModelSpec>,
+    stats: Arc<ModelStats>,
+}
+
+/// A batch on its way to an instance, holding that instance's permit.
+struct Dispatch {
+    batch: Vec<Pending>,
+    /// Returned to the batcher when the run ends, so the next batch forms only then.
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Handle to a model version's scheduler; dropping it stops the batcher and the instances.
+pub struct Scheduler {
+    shared: Arc<Shared>,
+    _stop: DropGuard,
+}
+
+impl Scheduler {
+    /// Starts the batcher task and one thread per session. Needs a Tokio runtime.
+    pub fn start(
+        spec: Arc<ModelSpec>,
+        sessions: Vec<OnnxSession>,
+        stats: Arc<ModelStats>,
+        config: BatchingConfig,
+        label: &str,
+    ) -> Result<Self, String> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|e| format!("no async runtime: {e}"))?;
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(BatchQueue::new(config)),
+            notify: Notify::new(),
+            spec: spec.clone(),
+            stats: stats.clone(),
+        });
+        let permits = Arc::new(Semaphore::new(sessions.len()));
+        // Bounded by the permits: at most one batch per instance is ever in the channel.
+        let (batches, receiver) = crossbeam_channel::unbounded::<Dispatch>();
+        for (i, session) in sessions.into_iter().enumerate() {
+            let (spec, stats, receiver) = (spec.clone(), stats.clone(), receiver.clone());
+            std::thread::Builder::new()
+                .name(format!("{label}-{i}"))
+                .spawn(move || run_instance(session, &spec, &stats, &receiver))
+                .map_err(|e| format!("failed to start an instance thread: {e}"))?;
+        }
+        let stop = CancellationToken::new();
+        runtime.spawn(batcher_task(shared.clone(), permits, batches, stop.clone()));
+        Ok(Self { shared, _stop: stop.drop_guard() })
+    }
+
+    /// Queues a checked request and waits for its outputs.
+    pub async fn submit(&self, request: ValidInferRequest) -> Result<Vec<OutputTensor>> {
+        let (reply, outputs) = oneshot::channel();
+        let pending = Pending::new(request, Instant::now(), reply);
+        let pushed = self.shared.queue.lock().push(pending, &self.shared.spec.name);
+        if let Err((_, e)) = pushed {
+            self.shared.stats.record_failure_reason(FailReason::Rejected);
+            return Err(e);
+        }
+        self.shared.notify.notify_one();
+        outputs
+            .await
+            .map_err(|_| Error::unavailable(format!("model '{}' stopped before answering", self.shared.spec.name)))?
+    }
+
+    /// Requests waiting in the queue.
+    pub fn pending(&self) -> usize {
+        self.shared.queue.lock().len()
+    }
+}
+
+/// Forms a batch whenever an instance is free and the queue's policy says go.
+async fn batcher_task(
+    shared: Arc<Shared>,
+    permits: Arc<Semaphore>,
+    batches: crossbeam_channel::Sender<Dispatch>,
+    stop: CancellationToken,
+) {
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+            () = stop.cancelled() => return,
+        };
+        loop {
+            let step = shared.queue.lock().next_batch(Instant::now());
+            for dropped in step.dropped {
+                drop_request(&shared, dropped);
+            }
+            if !step.batch.is_empty() {
+                if batches.send(Dispatch { batch: step.batch, _permit: permit }).is_err() {
+                    return;
+                }
+                break;
+            }
+            let wake = async {
+                match step.wake_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shared.notify.notified() => {}
+                () = wake => {}
+                () = stop.cancelled() => return,
+            }
+        }
+    }
+}
+
+fn drop_request(shared: &Shared, dropped: Dropped) {
+    match dropped {
+        Dropped::TimedOut(p) => {
+            shared.stats.record_failure_reason(FailReason::Rejected);
+            // The client may be gone already; nothing to do then.
+            let _ = p.reply.send(Err(Error::unavailable("Request timeout expired")));
+        }
+        Dropped::Cancelled(_) => shared.stats.record_failure_reason(FailReason::Canceled),
+    }
+}
+
+/// An instance thread: runs dispatched batches until the scheduler stops.
+fn run_instance(
+    mut session: OnnxSession,
+    spec: &ModelSpec,
+    stats: &ModelStats,
+    batches: &crossbeam_channel::Receiver<Dispatch>,
+) {
+    while let Ok(dispatch) = batches.recv() {
+        let Dispatch { batch, _permit } = dispatch;
+        let start = Instant::now();
+        let result = execute(&mut session, spec, &batch);
+        drop(_permit);
+        match result {
+            Ok((per_request, timings)) => {
+                let items: usize = batch.iter().map(|p| p.request.batch_size).sum();
+                stats.record_execution(Execution {
+                    batch_size: items as u64,
+                    input_ns: timings.input_ns,
+                    infer_ns: timings.infer_ns,
+                    output_ns: timings.output_ns,
+                });
+                for (pending, outputs) in batch.into_iter().zip(per_request) {
+                    stats.queue.record(nanos(start - pending.enqueued));
+                    stats.compute_input.record(timings.input_ns);
+                    stats.compute_infer.record(timings.infer_ns);
+                    stats.compute_output.record(timings.output_ns);
+                    // A closed receiver means the client left mid-run; nothing to do then.
+                    let _ = pending.reply.send(outputs);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(model = %spec.name, error = %e.message, requests = batch.len(), "execution failed");
+                for pending in batch {
+                    stats.record_failure_reason(FailReason::Backend);
+                    let _ = pending.reply.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// Outputs per request, in each request's order.
+type PerRequest = Vec<Result<Vec<OutputTensor>>>;
+
+/// Runs one batch: gathers inputs along dim 0 (one copy, into the ORT tensor), runs, and splits
+/// outputs back per request by slicing the shared output buffers.
+fn execute(
+    session: &mut OnnxSession,
+    spec: &ModelSpec,
+    batch: &[Pending],
+) -> Result<(PerRequest, crate::backend::onnx::RunTimings)> {
+    let parts: Vec<Vec<&InputTensor>> =
+        (0..spec.inputs.len()).map(|i| batch.iter().filter_map(|p| p.request.inputs[i].as_ref()).collect()).collect();
+    let mut wanted: Vec<usize> = batch.iter().flat_map(|p| p.request.outputs.iter().copied()).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let rows: usize = batch.iter().map(|p| p.request.batch_size).sum();
+    let (outputs, timings) = session.run(spec, &parts, rows, &wanted).map_err(Error::internal)?;
+    if batch.len() == 1 {
+        let only = &batch[0].request.outputs;
+        let pick = only.iter().filter_map(|o| wanted.iter().position(|w| w == o).map(|i| outputs[i].clone())).collect();
+        return Ok((vec![Ok(pick)], timings));
+    }
+    let offsets: Vec<Vec<usize>> = outputs.iter().map(|o| row_offsets(o, rows)).collect::<Result<_>>()?;
+    let mut start = 0;
+    let mut per_request = Vec::with_capacity(batch.len());
+    for pending in batch {
+        let n = pending.request.batch_size;
+        let mine = pending
+            .request
+            .outputs
+            .iter()
+            .filter_map(|o| wanted.iter().position(|w| w == o))
+            .map(|i| slice_rows(&outputs[i], &offsets[i], start, n))
+            .collect();
+        per_request.push(Ok(mine));
+        start += n;
+    }
+    Ok((per_request, timings))
+}

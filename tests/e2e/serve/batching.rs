@@ -1,0 +1,112 @@
+//! Dynamic batching, queue policy and their statistics and metrics, end to end.
+
+use serde_json::{Value, json};
+
+use super::TestServer;
+
+const BATCHING: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 30000 }\n";
+const TINY_QUEUE: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 400000 default_queue_policy { max_queue_size: 2 } }\n";
+const SHORT_TIMEOUT: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 5000000 default_queue_policy { default_timeout_microseconds: 50000 } }\n";
+
+fn request(i: usize) -> Value {
+    let a: Vec<f32> = (0..16).map(|j| (i * 100 + j) as f32).collect();
+    json!({
+        "id": i.to_string(),
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": a},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": vec![1.0f32; 16]},
+        ]
+    })
+}
+
+async fn infer_many(server: &TestServer, model: &str, n: usize) -> Vec<(u16, Value)> {
+    let client = reqwest::Client::new();
+    let calls = (0..n).map(|i| {
+        let (client, url) = (client.clone(), format!("{}/v2/models/{model}/infer", server.http));
+        async move {
+            let resp = client.post(url).json(&request(i)).send().await.expect("request");
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    });
+    futures::future::join_all(calls).await
+}
+
+async fn stats(server: &TestServer, model: &str) -> Value {
+    let url = format!("{}/v2/models/{model}/stats", server.http);
+    let body: Value = reqwest::get(url).await.expect("stats").json().await.expect("json");
+    body["model_stats"][0].clone()
+}
+
+#[tokio::test]
+async fn concurrent_requests_are_batched_and_each_gets_its_own_rows() {
+    let s = TestServer::start_with(&[("batch_add", BATCHING)], &[]);
+    let results = infer_many(&s, "batch_add", 16).await;
+    for (i, (status, body)) in results.iter().enumerate() {
+        assert_eq!(*status, 200, "{body}");
+        assert_eq!(body["id"], i.to_string());
+        assert_eq!(body["outputs"][0]["shape"], json!([1, 16]));
+        let first = body["outputs"][0]["data"][0].as_f64().expect("number");
+        assert_eq!(first, (i * 100) as f64 + 1.0, "request {i} got its own row");
+    }
+    let m = stats(&s, "batch_add").await;
+    assert_eq!(m["inference_count"], 16);
+    let executions = m["execution_count"].as_u64().expect("count");
+    assert!(executions < 16, "requests were batched: {executions} executions for 16 requests");
+    assert_eq!(m["inference_stats"]["success"]["count"], 16);
+    assert_eq!(m["inference_stats"]["queue"]["count"], 16);
+    assert!(m["batch_stats"].as_array().is_some_and(|b| b.iter().any(|b| b["batch_size"].as_u64() > Some(1))));
+    let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
+    let labels = "model=\"batch_add\",version=\"1\"";
+    assert!(metrics.contains(&format!("nv_inference_request_success{{{labels}}} 16")), "{metrics}");
+    assert!(metrics.contains(&format!("nv_inference_count{{{labels}}} 16")));
+    assert!(metrics.contains(&format!("nv_inference_exec_count{{{labels}}} {executions}")));
+    assert!(metrics.contains(&format!("tessera_inference_batch_size_count{{{labels}}} {executions}")));
+}
+
+#[tokio::test]
+async fn a_full_queue_rejects_at_once_with_503() {
+    let s = TestServer::start_with(&[("tiny_queue", TINY_QUEUE)], &[]);
+    let results = infer_many(&s, "tiny_queue", 5).await;
+    let ok = results.iter().filter(|(s, _)| *s == 200).count();
+    let rejected: Vec<&Value> = results.iter().filter(|(s, _)| *s == 503).map(|(_, b)| b).collect();
+    assert_eq!(ok + rejected.len(), 5, "{results:?}");
+    assert!(rejected.len() >= 3, "a queue of 2 holds at most 2 of 5 simultaneous requests: {results:?}");
+    for body in rejected {
+        assert!(body["error"].as_str().is_some_and(|e| e.contains("Exceeds maximum queue size")), "{body}");
+    }
+    let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
+    let line = "nv_inference_request_failure{model=\"tiny_queue\",version=\"1\",reason=\"REJECTED\"}";
+    assert!(metrics.lines().any(|l| l.starts_with(line) && !l.ends_with(" 0")), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_request_that_waits_past_its_timeout_is_rejected_over_http_and_grpc() {
+    use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use tessera_protocol::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
+
+    let s = TestServer::start_with(&[("short_timeout", SHORT_TIMEOUT)], &[]);
+    let started = std::time::Instant::now();
+    let results = infer_many(&s, "short_timeout", 2).await;
+    for (status, body) in &results {
+        assert_eq!(*status, 503, "{body}");
+        assert!(body["error"].as_str().is_some_and(|e| e.contains("Request timeout expired")), "{body}");
+    }
+    assert!(started.elapsed() < std::time::Duration::from_secs(4), "rejected at the timeout, not the delay");
+    let mut client = GrpcInferenceServiceClient::connect(s.grpc.clone()).await.expect("connect");
+    let tensor = |n: &str| InferInputTensor {
+        name: n.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    let request = ModelInferRequest {
+        model_name: "short_timeout".into(),
+        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
+        raw_input_contents: vec![vec![0u8; 64].into(), vec![0u8; 64].into()],
+        ..Default::default()
+    };
+    let err = client.model_infer(request).await.expect_err("times out");
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    assert!(err.message().contains("Request timeout expired"));
+}
