@@ -157,7 +157,8 @@ pub fn render(models: &[ModelMetrics<'_>]) -> String {
     for m in models {
         let _ = writeln!(out, "nv_inference_pending_request_count{{{}}} {}", labels(&m.snapshot), m.pending);
     }
-    let histograms: [(&str, &str, fn(&ModelStats) -> &Histogram); 2] = [
+    type Pick = fn(&ModelStats) -> &Histogram;
+    let histograms: [(&str, &str, Pick); 2] = [
         ("tessera_inference_request_duration_us", "Successful request latency in microseconds", |s| &s.latency_us),
         ("tessera_inference_batch_size", "Items per model execution (the batch the scheduler formed)", |s| {
             &s.batch_sizes

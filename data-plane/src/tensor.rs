@@ -140,7 +140,7 @@ pub fn row_offsets(tensor: &OutputTensor, rows: usize) -> Result<Vec<usize>> {
     let data = &tensor.data[..];
     if let Some(size) = tensor.datatype.element_size() {
         let row_bytes = data.len() / rows;
-        if row_bytes * rows != data.len() || row_bytes % size != 0 {
+        if row_bytes * rows != data.len() || !row_bytes.is_multiple_of(size) {
             return Err(Error::internal(format!("output '{}' does not split into {rows} rows", tensor.name)));
         }
         return Ok((0..=rows).map(|r| r * row_bytes).collect());

@@ -80,7 +80,7 @@ impl Scheduler {
         let (reply, outputs) = oneshot::channel();
         let pending = Pending::new(request, Instant::now(), reply);
         let pushed = self.shared.queue.lock().push(pending, &self.shared.spec.name);
-        if let Err((_, e)) = pushed {
+        if let Err(e) = pushed {
             self.shared.stats.record_failure_reason(FailReason::Rejected);
             return Err(e);
         }

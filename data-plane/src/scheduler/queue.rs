@@ -101,16 +101,12 @@ impl BatchQueue {
     }
 
     /// Queues a request at the level its `priority` parameter names, applying the level's
-    /// policy; a full level refuses at once.
-    pub fn push(&mut self, mut pending: Pending, model: &str) -> std::result::Result<(), (Pending, Error)> {
-        let level = match self.level_of(&pending.request) {
-            Ok(level) => level,
-            Err(e) => return Err((pending, e)),
-        };
+    /// policy; a full level refuses at once (the request is dropped with the error).
+    pub fn push(&mut self, mut pending: Pending, model: &str) -> Result<()> {
+        let level = self.level_of(&pending.request)?;
         let policy = &self.config.policies[level];
         if self.levels[level].len() >= policy.max_queue_size {
-            let e = Error::unavailable(format!("Exceeds maximum queue size for model '{model}'"));
-            return Err((pending, e));
+            return Err(Error::unavailable(format!("Exceeds maximum queue size for model '{model}'")));
         }
         let requested = pending.request.parameters.get("timeout").and_then(ParamValue::as_u64).unwrap_or(0);
         pending.deadline = policy.timeout_for(requested).map(|t| pending.enqueued + t);
@@ -296,7 +292,7 @@ mod tests {
         fn push(&mut self, req: ValidInferRequest) -> std::result::Result<(), Error> {
             let (tx, rx) = oneshot::channel();
             self.receivers.push(rx);
-            self.queue.push(Pending::new(req, Instant::now(), tx), "m").map_err(|(_, e)| e)
+            self.queue.push(Pending::new(req, Instant::now(), tx), "m")
         }
 
         fn batch_sizes(&mut self) -> Vec<usize> {
