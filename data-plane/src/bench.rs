@@ -24,6 +24,9 @@ pub struct OrtBenchArgs {
     /// Intra-op threads of the session.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
+    /// Let idle ORT threads spin (the server's default is off).
+    #[arg(long)]
+    pub spinning: bool,
     /// Seconds to measure (after a short warm-up).
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
@@ -31,7 +34,7 @@ pub struct OrtBenchArgs {
 
 /// Runs the benchmark and prints one JSON line with throughput and latency percentiles.
 pub fn run_ort(args: &OrtBenchArgs) -> anyhow::Result<()> {
-    let mut session = OnnxSession::load(&args.model, args.threads).map_err(anyhow::Error::msg)?;
+    let mut session = OnnxSession::load(&args.model, args.threads, args.spinning).map_err(anyhow::Error::msg)?;
     let spec =
         complete_and_check(ModelConfig::default(), "bench", &session.io(), args.threads).map_err(anyhow::Error::msg)?;
     let inputs = synthetic_inputs(&spec, args.batch);

@@ -38,16 +38,16 @@ impl LoadedModel {
         if !file.is_file() {
             return Err(format!("model file {} does not exist", file.display()));
         }
-        let probe = OnnxSession::load(file, 1)?;
+        let probe = OnnxSession::load(file, 1, false)?;
         let spec = Arc::new(complete_and_check(config, name, &probe.io(), cores)?);
         let mut sessions = Vec::with_capacity(spec.instance_count);
-        if spec.intra_op_threads == 1 {
+        if spec.intra_op_threads == 1 && !spec.spinning {
             sessions.push(probe);
         } else {
             drop(probe);
         }
         while sessions.len() < spec.instance_count {
-            sessions.push(OnnxSession::load(file, spec.intra_op_threads)?);
+            sessions.push(OnnxSession::load(file, spec.intra_op_threads, spec.spinning)?);
         }
         let stats = Arc::new(ModelStats::default());
         let batching = BatchingConfig::from_config(&spec.config)?;

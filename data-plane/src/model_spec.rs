@@ -58,6 +58,8 @@ pub struct ModelSpec {
     pub instance_count: usize,
     /// Intra-op threads per instance.
     pub intra_op_threads: usize,
+    /// Whether ORT's idle threads spin (parameter `allow_spinning`, default off).
+    pub spinning: bool,
     /// The completed config, as served by the config endpoint.
     pub config: ModelConfig,
 }
@@ -99,6 +101,11 @@ pub fn complete_and_check(
     }
     let instance_count = instance_count(&config)?;
     let intra_op_threads = intra_op_threads(&config, instance_count, cpu_cores)?;
+    let spinning = match config.parameters.get("allow_spinning").map(|p| p.string_value.trim()) {
+        None | Some("false" | "0" | "") => false,
+        Some("true" | "1") => true,
+        Some(other) => return Err(format!("parameter allow_spinning must be true or false, got '{other}'")),
+    };
     Ok(ModelSpec {
         name: model_name.to_string(),
         max_batch_size: config.max_batch_size as u32,
@@ -106,6 +113,7 @@ pub fn complete_and_check(
         outputs,
         instance_count,
         intra_op_threads,
+        spinning,
         config,
     })
 }

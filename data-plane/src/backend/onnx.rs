@@ -78,8 +78,9 @@ fn io_info(name: &str, ty: &ValueType) -> IoInfo {
 }
 
 impl OnnxSession {
-    /// Loads `path` with `intra_threads` intra-op threads.
-    pub fn load(path: &Path, intra_threads: usize) -> Result<Self, String> {
+    /// Loads `path` with `intra_threads` intra-op threads; `spinning` lets idle ORT threads spin
+    /// (lower latency, but they burn cores the network threads need on small machines).
+    pub fn load(path: &Path, intra_threads: usize, spinning: bool) -> Result<Self, String> {
         let env = super::runtime::environment()?;
         let fail = |e: String| format!("failed to load ONNX model {}: {e}", path.display());
         let session = Session::builder(env)
@@ -89,6 +90,10 @@ impl OnnxSession {
             .with_intra_threads(intra_threads)
             .map_err(|e| fail(e.to_string()))?
             .with_inter_threads(1)
+            .map_err(|e| fail(e.to_string()))?
+            .with_intra_op_spinning(spinning)
+            .map_err(|e| fail(e.to_string()))?
+            .with_inter_op_spinning(spinning)
             .map_err(|e| fail(e.to_string()))?
             .commit_from_file(path)
             .map_err(|e| fail(e.to_string()))?;

@@ -41,6 +41,12 @@ struct Dispatch {
 /// Handle to a model version's scheduler; dropping it stops the batcher and the instances.
 pub struct Scheduler {
     shared: Arc<Shared>,
+    /// One permit per instance; held from dispatch until the run ends.
+    permits: Arc<Semaphore>,
+    /// To the instance threads (fast path); the batcher holds the other sender.
+    batches: crossbeam_channel::Sender<Dispatch>,
+    /// Whether a request may skip the queue when an instance is idle.
+    fast_path: bool,
     _stop: DropGuard,
 }
 
@@ -70,24 +76,49 @@ impl Scheduler {
                 .spawn(move || run_instance(session, &spec, &stats, &receiver))
                 .map_err(|e| format!("failed to start an instance thread: {e}"))?;
         }
+        let fast_path = config_allows_fast_path(&shared.queue.lock());
         let stop = CancellationToken::new();
-        runtime.spawn(batcher_task(shared.clone(), permits, batches, stop.clone()));
-        Ok(Self { shared, _stop: stop.drop_guard() })
+        runtime.spawn(batcher_task(shared.clone(), permits.clone(), batches.clone(), stop.clone()));
+        Ok(Self { shared, permits, batches, fast_path, _stop: stop.drop_guard() })
     }
 
     /// Queues a checked request and waits for its outputs.
     pub async fn submit(&self, request: ValidInferRequest) -> Result<Vec<OutputTensor>> {
         let (reply, outputs) = oneshot::channel();
         let pending = Pending::new(request, Instant::now(), reply);
+        let pending = match self.try_run_now(pending) {
+            Ok(()) => return Self::wait(outputs, &self.shared.spec.name).await,
+            Err(pending) => pending,
+        };
         let pushed = self.shared.queue.lock().push(pending, &self.shared.spec.name);
         if let Err(e) = pushed {
             self.shared.stats.record_failure_reason(FailReason::Rejected);
             return Err(e);
         }
         self.shared.notify.notify_one();
-        outputs
-            .await
-            .map_err(|_| Error::unavailable(format!("model '{}' stopped before answering", self.shared.spec.name)))?
+        Self::wait(outputs, &self.shared.spec.name).await
+    }
+
+    async fn wait(outputs: oneshot::Receiver<Result<Vec<OutputTensor>>>, model: &str) -> Result<Vec<OutputTensor>> {
+        outputs.await.map_err(|_| Error::unavailable(format!("model '{model}' stopped before answering")))?
+    }
+
+    /// The fast path: with nothing queued, a free instance and no reason to wait (no batching
+    /// delay, no priorities, no timeouts), hand the request straight to the instance, skipping
+    /// the batcher hop. The batcher would have dispatched it the same way, only later.
+    fn try_run_now(&self, pending: Pending) -> std::result::Result<(), Pending> {
+        if !self.fast_path || !pending.request.parameters.is_empty() {
+            return Err(pending);
+        }
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else { return Err(pending) };
+        if !self.shared.queue.lock().is_empty() {
+            return Err(pending);
+        }
+        match self.batches.send(Dispatch { batch: vec![pending], _permit: permit }) {
+            Ok(()) => Ok(()),
+            // Instances are gone (unloading): hand the request back to the queue path.
+            Err(crossbeam_channel::SendError(d)) => d.batch.into_iter().next().map_or(Ok(()), Err),
+        }
     }
 
     /// Requests waiting in the queue.
@@ -96,7 +127,8 @@ impl Scheduler {
     }
 }
 
-/// Forms a batch whenever an instance is free and the queue's policy says go.
+/// Forms batches: waits until something is queued, then for a free instance, then for the
+/// queue policy to say go, so a batch forms as late (and as full) as the policy allows.
 async fn batcher_task(
     shared: Arc<Shared>,
     permits: Arc<Semaphore>,
@@ -104,6 +136,12 @@ async fn batcher_task(
     stop: CancellationToken,
 ) {
     loop {
+        while shared.queue.lock().is_empty() {
+            tokio::select! {
+                () = shared.notify.notified() => {}
+                () = stop.cancelled() => return,
+            }
+        }
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p {
                 Ok(p) => p,
@@ -111,17 +149,22 @@ async fn batcher_task(
             },
             () = stop.cancelled() => return,
         };
-        loop {
+        let mut permit = Some(permit);
+        while let Some(held) = permit.take() {
             let step = shared.queue.lock().next_batch(Instant::now());
             for dropped in step.dropped {
                 drop_request(&shared, dropped);
             }
             if !step.batch.is_empty() {
-                if batches.send(Dispatch { batch: step.batch, _permit: permit }).is_err() {
+                if batches.send(Dispatch { batch: step.batch, _permit: held }).is_err() {
                     return;
                 }
                 break;
             }
+            if step.wake_at.is_none() {
+                break; // queue emptied (all cancelled or timed out): give the instance back
+            }
+            permit = Some(held);
             let wake = async {
                 match step.wake_at {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -135,6 +178,13 @@ async fn batcher_task(
             }
         }
     }
+}
+
+/// Skipping the queue is only invisible when the policy would send a lone request at once.
+fn config_allows_fast_path(queue: &BatchQueue) -> bool {
+    let c = queue.config();
+    let no_timeouts = c.policies.iter().all(|p| p.default_timeout.is_none());
+    c.max_queue_delay.is_zero() && c.priority_levels == 1 && no_timeouts && (c.preferred.is_empty() || !c.dynamic)
 }
 
 fn drop_request(shared: &Shared, dropped: Dropped) {
