@@ -86,9 +86,8 @@ impl Scheduler {
     pub async fn submit(&self, request: ValidInferRequest) -> Result<Vec<OutputTensor>> {
         let (reply, outputs) = oneshot::channel();
         let pending = Pending::new(request, Instant::now(), reply);
-        let pending = match self.try_run_now(pending) {
-            Ok(()) => return Self::wait(outputs, &self.shared.spec.name).await,
-            Err(pending) => pending,
+        let Some(pending) = self.try_run_now(pending) else {
+            return Self::wait(outputs, &self.shared.spec.name).await;
         };
         let pushed = self.shared.queue.lock().push(pending, &self.shared.spec.name);
         if let Err(e) = pushed {
@@ -106,18 +105,19 @@ impl Scheduler {
     /// The fast path: with nothing queued, a free instance and no reason to wait (no batching
     /// delay, no priorities, no timeouts), hand the request straight to the instance, skipping
     /// the batcher hop. The batcher would have dispatched it the same way, only later.
-    fn try_run_now(&self, pending: Pending) -> std::result::Result<(), Pending> {
+    /// Returns the request when it must take the queue path instead.
+    fn try_run_now(&self, pending: Pending) -> Option<Pending> {
         if !self.fast_path || !pending.request.parameters.is_empty() {
-            return Err(pending);
+            return Some(pending);
         }
-        let Ok(permit) = self.permits.clone().try_acquire_owned() else { return Err(pending) };
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else { return Some(pending) };
         if !self.shared.queue.lock().is_empty() {
-            return Err(pending);
+            return Some(pending);
         }
         match self.batches.send(Dispatch { batch: vec![pending], _permit: permit }) {
-            Ok(()) => Ok(()),
+            Ok(()) => None,
             // Instances are gone (unloading): hand the request back to the queue path.
-            Err(crossbeam_channel::SendError(d)) => d.batch.into_iter().next().map_or(Ok(()), Err),
+            Err(crossbeam_channel::SendError(d)) => d.batch.into_iter().next(),
         }
     }
 
