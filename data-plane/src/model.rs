@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use tokio::time::Instant;
 
 use crate::backend::onnx::OnnxSession;
 use crate::error::Result;
@@ -69,24 +69,19 @@ impl LoadedModel {
     /// Runs one request: check it, queue it for a free instance, await the outputs.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
         let arrived = Instant::now();
-        let result = self.infer_inner(request).await;
-        let ns = u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        match &result {
-            Ok(_) => {
-                self.stats.success.record(ns);
-                self.stats.latency_us.observe(ns / 1_000);
-            }
-            Err(_) => self.stats.fail.record(ns),
+        let result = self.infer_inner(request, arrived).await;
+        if result.is_err() {
+            self.stats.fail.record(u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX));
         }
         result
     }
 
-    async fn infer_inner(&self, request: InferRequest) -> Result<InferResponse> {
+    async fn infer_inner(&self, request: InferRequest, arrived: Instant) -> Result<InferResponse> {
         let valid = ValidInferRequest::new(request, &self.spec).inspect_err(|_| {
             self.stats.record_failure_reason(FailReason::Other);
         })?;
         let id = valid.id.clone();
-        let outputs = self.scheduler.submit(valid).await?;
+        let outputs = self.scheduler.submit(valid, arrived).await?;
         Ok(InferResponse { model_name: self.spec.name.clone(), model_version: self.version.to_string(), id, outputs })
     }
 

@@ -184,6 +184,11 @@ pub async fn run(
     let tasks = tokio_util::task::TaskTracker::new();
     if let Some(listener) = http {
         let (router, token) = (crate::http::router(state.clone()), shutdown.clone());
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+            }
+        });
         tasks.spawn(async move {
             let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
             if let Err(e) = serve.await {

@@ -129,13 +129,14 @@ impl OnnxSession {
         }
         let after_input = std::time::Instant::now();
         timings.input_ns = nanos(after_input - start);
-        let outputs = self.session.run(values).map_err(|e| format!("onnx runtime failed: {e}"))?;
+        let mut outputs = self.session.run(values).map_err(|e| format!("onnx runtime failed: {e}"))?;
         let after_infer = std::time::Instant::now();
         timings.infer_ns = nanos(after_infer - after_input);
         let mut result = Vec::with_capacity(wanted.len());
         for out_spec in wanted.iter().filter_map(|i| spec.outputs.get(*i)) {
-            let value =
-                outputs.get(&out_spec.name).ok_or_else(|| format!("model produced no output '{}'", out_spec.name))?;
+            let value = outputs
+                .remove(&out_spec.name)
+                .ok_or_else(|| format!("model produced no output '{}'", out_spec.name))?;
             result.push(extract_output(&out_spec.name, out_spec.datatype, value)?);
         }
         timings.output_ns = nanos(after_infer.elapsed());
@@ -171,23 +172,46 @@ fn build_input(parts: &[&InputTensor], datatype: DataType, batching: bool, batch
     Ok(tensor.into())
 }
 
-fn extract_output(name: &str, datatype: DataType, value: &DynValue) -> Result<OutputTensor, String> {
+/// ORT-owned output memory, kept alive by the value that owns it, viewed as bytes.
+struct OrtBuffer {
+    /// Owns the tensor memory `ptr` points into.
+    _value: DynValue,
+    ptr: *const u8,
+    len: usize,
+}
+
+// SAFETY: `DynValue` is Send + Sync (ort asserts it); `ptr` only points into memory that value
+// owns and that nothing mutates after the run, so sharing the view across threads is sound.
+unsafe impl Send for OrtBuffer {}
+// SAFETY: as above; the bytes are read-only.
+unsafe impl Sync for OrtBuffer {}
+
+impl AsRef<[u8]> for OrtBuffer {
+    fn as_ref(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: `ptr` addresses `len` initialised bytes of tensor data owned by `_value`, which
+        // lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+/// Takes an output out of ORT without copying it: the returned bytes keep the ORT value alive.
+fn extract_output(name: &str, datatype: DataType, value: DynValue) -> Result<OutputTensor, String> {
     let shape: Vec<i64> = value.shape().iter().copied().collect();
+    let count = tessera_protocol::element_count(&shape).map_err(|e| e.to_string())?;
     let data = if datatype == DataType::Bytes {
-        let count = tessera_protocol::element_count(&shape).map_err(|e| e.to_string())?;
-        Bytes::from(super::strings::extract(value, count).map_err(|e| format!("output '{name}': {e}"))?)
+        Bytes::from(super::strings::extract(&value, count).map_err(|e| format!("output '{name}': {e}"))?)
     } else {
-        let count = tessera_protocol::element_count(&shape).map_err(|e| e.to_string())?;
-        let size = datatype.element_size().unwrap_or(1) * count;
+        let len = datatype.element_size().unwrap_or(1) * count;
         let ptr = value
             .view()
             .downcast::<ort::value::DynTensorValueType>()
             .map_err(|e| format!("output '{name}' is not a tensor: {e}"))?
             .data_ptr()
             .cast::<u8>();
-        // SAFETY: ORT owns `size` bytes of tensor data of this type and shape behind `ptr` while
-        // `value` lives; we copy them out before it is dropped.
-        Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(ptr, size) })
+        Bytes::from_owner(OrtBuffer { _value: value, ptr, len })
     };
     Ok(OutputTensor { name: name.to_string(), datatype, shape, data })
 }

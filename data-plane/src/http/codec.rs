@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Deserialize, Serialize, Serializer};
@@ -300,8 +300,8 @@ pub fn binary_flags(request_params: &Parameters, requested: &[RequestedOutput], 
 
 /// An encoded response body and the JSON header length when a binary tail follows.
 pub struct EncodedResponse {
-    /// The body.
-    pub body: Bytes,
+    /// The body: the JSON header, then each binary output's buffer as it is.
+    pub body: Vec<Bytes>,
     /// `Some(json_len)` when the body has a binary tail.
     pub header_length: Option<usize>,
 }
@@ -309,19 +309,15 @@ pub struct EncodedResponse {
 /// Encodes a response: JSON header, then the binary outputs' bytes in output order.
 pub fn encode_response(response: &InferResponse, binary: &[bool]) -> Result<EncodedResponse> {
     let header = ResponseHeader { response, binary };
-    let mut json =
-        serde_json::to_vec(&header).map_err(|e| Error::internal(format!("failed to encode response: {e}")))?;
+    let json = serde_json::to_vec(&header).map_err(|e| Error::internal(format!("failed to encode response: {e}")))?;
     if !binary.iter().any(|b| *b) {
-        return Ok(EncodedResponse { body: Bytes::from(json), header_length: None });
+        return Ok(EncodedResponse { body: vec![Bytes::from(json)], header_length: None });
     }
     let header_length = json.len();
-    let tail: usize = response.outputs.iter().zip(binary).filter(|(_, b)| **b).map(|(o, _)| o.data.len()).sum();
-    json.reserve(tail);
-    let mut body = BytesMut::from(&json[..]);
-    for (out, _) in response.outputs.iter().zip(binary).filter(|(_, b)| **b) {
-        body.extend_from_slice(&out.data);
-    }
-    Ok(EncodedResponse { body: body.freeze(), header_length: Some(header_length) })
+    let mut body = Vec::with_capacity(response.outputs.len() + 1);
+    body.push(Bytes::from(json));
+    body.extend(response.outputs.iter().zip(binary).filter(|(_, b)| **b).map(|(o, _)| o.data.clone()));
+    Ok(EncodedResponse { body, header_length: Some(header_length) })
 }
 
 struct ResponseHeader<'a> {
@@ -502,11 +498,13 @@ mod tests {
         };
         let enc = encode_response(&response, &[false, true]).expect("encode");
         let len = enc.header_length.expect("binary tail");
-        let json: serde_json::Value = serde_json::from_slice(&enc.body[..len]).expect("json");
+        assert_eq!(enc.body.len(), 2, "header and one output buffer, not concatenated");
+        let body = enc.body.concat();
+        let json: serde_json::Value = serde_json::from_slice(&body[..len]).expect("json");
         assert_eq!(json["id"], "42");
         assert_eq!(json["outputs"][0]["data"], serde_json::json!([1, -1]));
         assert_eq!(json["outputs"][1]["parameters"]["binary_data_size"], 2);
-        assert_eq!(&enc.body[len..], &[9, 8]);
+        assert_eq!(&body[len..], &[9, 8]);
         let enc = encode_response(&response, &[false, false]).expect("json only");
         assert!(enc.header_length.is_none());
     }

@@ -88,7 +88,7 @@ pub async fn handle_infer(
     let response = loaded.infer(request).await?;
     let binary = codec::binary_flags(&params, &requested, &response);
     let encoded = codec::encode_response(&response, &binary)?;
-    let mut resp = Response::new(Body::from(encoded.body));
+    let mut resp = Response::new(Body::new(super::body::ChunkedBytes::new(encoded.body)));
     let headers = resp.headers_mut();
     match encoded.header_length {
         Some(len) => {

@@ -1,5 +1,6 @@
 //! The KServe v2 HTTP/REST endpoint (axum), with Triton's routes, errors and extensions.
 
+mod body;
 mod codec;
 mod handlers;
 

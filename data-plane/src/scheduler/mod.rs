@@ -82,10 +82,13 @@ impl Scheduler {
         Ok(Self { shared, permits, batches, fast_path, _stop: stop.drop_guard() })
     }
 
-    /// Queues a checked request and waits for its outputs.
-    pub async fn submit(&self, request: ValidInferRequest) -> Result<Vec<OutputTensor>> {
+    /// Queues a checked request that reached the model at `arrived` and waits for its outputs.
+    /// Success statistics are recorded by the instance when the response is ready (as Triton
+    /// times it), not when this task wakes to pick it up.
+    pub async fn submit(&self, request: ValidInferRequest, arrived: Instant) -> Result<Vec<OutputTensor>> {
         let (reply, outputs) = oneshot::channel();
-        let pending = Pending::new(request, Instant::now(), reply);
+        let mut pending = Pending::new(request, Instant::now(), reply);
+        pending.arrived = arrived;
         let Some(pending) = self.try_run_now(pending) else {
             return Self::wait(outputs, &self.shared.spec.name).await;
         };
@@ -224,6 +227,13 @@ fn run_instance(
                     stats.compute_input.record(timings.input_ns);
                     stats.compute_infer.record(timings.infer_ns);
                     stats.compute_output.record(timings.output_ns);
+                    if outputs.is_ok() {
+                        // Recorded before replying, so a client that reads statistics right
+                        // after its response sees its own request counted.
+                        let ns = nanos(pending.arrived.elapsed());
+                        stats.success.record(ns);
+                        stats.latency_us.observe(ns / 1_000);
+                    }
                     // A closed receiver means the client left mid-run; nothing to do then.
                     let _ = pending.reply.send(outputs);
                 }

@@ -25,6 +25,8 @@ pub struct Pending {
     pub request: ValidInferRequest,
     /// When it was queued.
     pub enqueued: Instant,
+    /// When the request reached the model (before checks); request duration starts here.
+    pub arrived: Instant,
     /// When it times out, if ever.
     pub deadline: Option<Instant>,
     /// Closed when the client has gone away.
@@ -38,7 +40,7 @@ impl Pending {
     pub fn new(request: ValidInferRequest, now: Instant, reply: Reply) -> Self {
         let key =
             request.inputs.iter().map(|i| i.as_ref().map(|t| t.shape.get(1..).unwrap_or_default().to_vec())).collect();
-        Self { request, enqueued: now, deadline: None, reply, key }
+        Self { request, enqueued: now, arrived: now, deadline: None, reply, key }
     }
 
     fn items(&self) -> usize {

@@ -1,0 +1,712 @@
+#!/usr/bin/env python3
+"""Tessera vs Triton vs raw ONNX Runtime, in one run on this machine.
+
+Run through scripts/bench.sh (it builds the release binary and sets up
+perf_analyzer, ONNX Runtime and Triton first); run directly only with every
+path given:
+
+    .venv/bin/python bench/compare.py --tessera BIN --perf-analyzer PA \
+        [--triton LAUNCHER] [--suite quick|full] [--no-triton] ...
+
+What it does, in order, never running two servers at once:
+  1. writes a model repository (tests/python/gen_models.py: add_sub, mlp) and
+     gives every model the same settings for both servers: one KIND_CPU
+     instance (--instances), `intra_op_thread_count` (--threads), and
+     dynamic batching on mlp (--max-queue-delay-us; --no-dynamic-batching);
+  2. raw ONNX Runtime in-process (`tessera bench ort`, same thread count);
+  3. `tessera serve`, then Triton, each: checks add_sub and mlp answers over
+     HTTP and gRPC against onnxruntime, then runs perf_analyzer for every
+     scenario x protocol (HTTP binary tensors, gRPC);
+  4. raw ONNX Runtime again at each batch size the servers' batchers formed
+     (so "x raw" compares a server with the engine doing the same batches);
+  5. prints one table (aligned text, then the same as markdown) on stdout.
+
+perf_analyzer measures in windows (time windows of --window-ms by default,
+or count windows) until 3 in a row agree within --stability percent; a run
+that does not settle in --max-trials windows is measured once more without
+the check and marked "(unstable)". (perf_analyzer's --request-count mode is
+not used: its throughput is quantised to whole seconds.) Server-side columns come from perf_analyzer's "Server:"
+section, which it derives from the statistics extension (deltas over the run):
+queue, compute (input + infer + output) and overhead (request time minus
+queue and compute). "batch" is inferences / executions: the batch size the
+server actually ran.
+
+Progress goes to stderr. Exits 1 if a response check or perf_analyzer fails
+(servers are stopped first), 2 if a server failed to start (the table is
+still printed without its rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+GEN_MODELS = ROOT / "tests" / "python" / "gen_models.py"
+MAX_BATCH = {"add_sub": 8, "mlp": 32}
+
+T0 = time.monotonic()
+
+
+def progress(msg: str) -> None:
+    print(f"[bench {time.monotonic() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    """A failure that stops the run (after the servers are stopped)."""
+
+
+class ServerStartError(Exception):
+    """A server that did not come up; its rows are left out."""
+
+
+# ---------------------------------------------------------------------------
+# scenarios and results
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    model: str
+    batch: int
+    concurrency: int
+    suites: tuple
+
+
+SCENARIOS = [
+    Scenario("add_sub c1", "add_sub", 1, 1, ("full",)),
+    Scenario("mlp c1", "mlp", 1, 1, ("quick", "full")),
+    Scenario("mlp c4", "mlp", 1, 4, ("quick", "full")),
+    Scenario("mlp c16", "mlp", 1, 16, ("full",)),
+    Scenario("mlp b8 c8", "mlp", 8, 8, ("full",)),
+]
+# Raw ONNX Runtime in-process: (model, batch) per suite.
+RAW = {"quick": [("mlp", 1)], "full": [("mlp", 1), ("mlp", 8), ("add_sub", 1)]}
+PROTOCOLS = ("http", "grpc")
+
+
+@dataclass
+class Row:
+    scenario: str
+    server: str  # "raw ORT", "tessera", "triton"
+    protocol: str  # "in-process", "http", "grpc"
+    model: str
+    batch: int  # per request (raw: per call)
+    concurrency: int = 0
+    infer_per_sec: float = 0.0
+    p50_us: Optional[float] = None
+    p99_us: Optional[float] = None
+    queue_us: Optional[float] = None
+    compute_us: Optional[float] = None
+    compute_infer_us: Optional[float] = None
+    overhead_us: Optional[float] = None
+    server_request_us: Optional[float] = None
+    inference_count: Optional[int] = None
+    execution_count: Optional[int] = None
+    note: str = ""
+    command: str = ""
+    extra: Dict[str, object] = field(default_factory=dict)
+
+    @property
+    def formed_batch(self) -> Optional[float]:
+        if self.inference_count and self.execution_count:
+            return self.inference_count / self.execution_count
+        return None
+
+
+# ---------------------------------------------------------------------------
+# model repository
+# ---------------------------------------------------------------------------
+
+
+def write_repository(repo: Path, args) -> None:
+    subprocess.run(
+        [sys.executable, str(GEN_MODELS), str(repo), "--only", "mlp", "add_sub"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    for model in ("add_sub", "mlp"):
+        cfg = repo / model / "config.pbtxt"
+        extra = [
+            f"instance_group [ {{ count: {args.instances}, kind: KIND_CPU }} ]",
+            f'parameters {{ key: "intra_op_thread_count" value {{ string_value: "{args.threads}" }} }}',
+        ]
+        if model == "mlp" and not args.no_dynamic_batching:
+            delay = f" max_queue_delay_microseconds: {args.max_queue_delay_us} " if args.max_queue_delay_us else " "
+            extra.append(f"dynamic_batching {{{delay}}}")
+        text = cfg.read_text()
+        cfg.write_text(text.rstrip("\n") + "\n" + "\n".join(extra) + "\n")
+
+
+# ---------------------------------------------------------------------------
+# servers
+# ---------------------------------------------------------------------------
+
+
+def free_ports(n: int) -> List[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+
+def log_tail(path: Path, n: int = 40) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line for line in lines[-n:])
+
+
+class Server:
+    """One server process in its own process group; stop() is idempotent."""
+
+    def __init__(self, name: str, cmd: List[str], log: Path, env=None):
+        self.name, self.cmd, self.log = name, cmd, log
+        self.env = env
+        self.proc: Optional[subprocess.Popen] = None
+        self.http = self.grpc = ""
+
+    def start(self) -> None:
+        progress(f"starting {self.name}: {shlex.join(self.cmd)}")
+        self._logf = open(self.log, "wb")
+        self.proc = subprocess.Popen(
+            self.cmd, stdout=self._logf, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
+
+    def exited(self) -> Optional[int]:
+        return self.proc.poll() if self.proc else None
+
+    def fail(self, why: str) -> "ServerStartError":
+        return ServerStartError(f"{self.name} did not start: {why}\n  command: {shlex.join(self.cmd)}\n"
+                                f"  last lines of {self.log}:\n{log_tail(self.log)}")
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            rc = self.exited()
+            if rc is not None:
+                raise self.fail(f"exited with status {rc}")
+            if self.http and http_ok(f"http://{self.http}/v2/health/ready"):
+                return
+            time.sleep(0.2)
+        raise self.fail(f"not ready after {timeout:.0f}s")
+
+    def stop(self) -> None:
+        if not self.proc or self.proc.poll() is not None:
+            return
+        progress(f"stopping {self.name} (pid {self.proc.pid})")
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            progress(f"{self.name} ignored SIGTERM for 20s; killing its process group")
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+        self._logf.close()
+
+
+class TesseraServer(Server):
+    LISTEN = re.compile(r'listening protocol="?(\w+)"? addr=([\d.]+:\d+)')
+
+    def __init__(self, binary: str, repo: Path, log: Path):
+        cmd = [binary, "serve", "--model-repository", str(repo),
+               "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+        super().__init__("tessera", cmd, log)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (self.http and self.grpc):
+            rc = self.exited()
+            if rc is not None:
+                raise self.fail(f"exited with status {rc}")
+            addrs = dict(self.LISTEN.findall(self.log.read_text(errors="replace")))
+            self.http, self.grpc = addrs.get("http", ""), addrs.get("grpc", "")
+            time.sleep(0.1)
+        if not (self.http and self.grpc):
+            raise self.fail(f"no 'listening' lines for http and grpc after {timeout:.0f}s")
+        super().wait_ready(max(1.0, deadline - time.monotonic()))
+
+
+class TritonServer(Server):
+    def __init__(self, launcher: str, repo: Path, log: Path):
+        hp, gp, mp = free_ports(3)
+        cmd = [launcher, "--model-repository", str(repo),
+               "--http-address", "127.0.0.1", "--http-port", str(hp),
+               "--grpc-address", "127.0.0.1", "--grpc-port", str(gp),
+               "--metrics-address", "127.0.0.1", "--metrics-port", str(mp),
+               "--exit-timeout-secs", "5", "--log-verbose", "0"]
+        super().__init__("triton", cmd, log)
+        self.http, self.grpc = f"127.0.0.1:{hp}", f"127.0.0.1:{gp}"
+
+
+# ---------------------------------------------------------------------------
+# response checks (before measuring): both protocols, both models
+# ---------------------------------------------------------------------------
+
+
+def check_responses(server: Server, repo: Path) -> None:
+    import numpy as np
+    import onnxruntime as ort
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    mlp = ort.InferenceSession(str(repo / "mlp" / "1" / "model.onnx"), opts, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((3, 16)).astype(np.float32)
+    b = rng.standard_normal((3, 16)).astype(np.float32)
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    want_mlp = mlp.run(["OUTPUT0"], {"INPUT0": x})[0]
+
+    for proto, mod, url in (("http", httpclient, server.http), ("grpc", grpcclient, server.grpc)):
+        client = mod.InferenceServerClient(url)
+        try:
+            def infer(model, named, outputs):
+                inputs = []
+                for name, arr in named:
+                    t = mod.InferInput(name, list(arr.shape), "FP32")
+                    t.set_data_from_numpy(arr)
+                    inputs.append(t)
+                res = client.infer(model, inputs, outputs=[mod.InferRequestedOutput(o) for o in outputs])
+                return [res.as_numpy(o) for o in outputs]
+
+            got0, got1 = infer("add_sub", [("INPUT0", a), ("INPUT1", b)], ["OUTPUT0", "OUTPUT1"])
+            if not (np.allclose(got0, a + b, atol=1e-6) and np.allclose(got1, a - b, atol=1e-6)):
+                raise BenchError(f"{server.name} {proto}: add_sub answered wrong values")
+            (got,) = infer("mlp", [("INPUT0", x)], ["OUTPUT0"])
+            if got is None or got.shape != want_mlp.shape or not np.allclose(got, want_mlp, rtol=1e-4, atol=1e-4):
+                raise BenchError(f"{server.name} {proto}: mlp answered {None if got is None else got.shape}, "
+                                 f"not onnxruntime's {want_mlp.shape} values")
+        except BenchError:
+            raise
+        except Exception as e:  # a client error is a failed check too
+            raise BenchError(f"{server.name} {proto}: response check failed: {e}") from e
+        finally:
+            client.close()
+    progress(f"{server.name}: add_sub and mlp answers match onnxruntime over HTTP and gRPC")
+
+
+# ---------------------------------------------------------------------------
+# perf_analyzer
+# ---------------------------------------------------------------------------
+
+SERVER_PARTS = {
+    "overhead": re.compile(r"overhead (\d+(?:\.\d+)?) usec"),
+    "queue": re.compile(r"queue (\d+(?:\.\d+)?) usec"),
+    "compute_input": re.compile(r"compute input (\d+(?:\.\d+)?) usec"),
+    "compute_infer": re.compile(r"compute infer (\d+(?:\.\d+)?) usec"),
+    "compute_output": re.compile(r"compute output (\d+(?:\.\d+)?) usec"),
+}
+
+
+def parse_server_section(out: str) -> Dict[str, float]:
+    """Numbers from perf_analyzer's printed 'Server:' section."""
+    idx = out.rfind("Server:")
+    if idx < 0:
+        return {}
+    sec = out[idx:]
+    got: Dict[str, float] = {}
+    m = re.search(r"Inference count: (\d+)", sec)
+    if m:
+        got["inference_count"] = int(m.group(1))
+    m = re.search(r"Execution count: (\d+)", sec)
+    if m:
+        got["execution_count"] = int(m.group(1))
+    m = re.search(r"Avg request latency: (\d+(?:\.\d+)?) usec \(([^)]*)\)", sec)
+    if m:
+        got["request_us"] = float(m.group(1))
+        for key, rx in SERVER_PARTS.items():
+            mm = rx.search(m.group(2))
+            if mm:
+                got[key] = float(mm.group(1))
+    return got
+
+
+UNSTABLE = "Failed to obtain stable measurement"
+
+
+def pa_command(args, url: str, proto: str, sc: Scenario, csv_path: Path, stability: int, trials: int) -> List[str]:
+    cmd = [args.perf_analyzer, "-m", sc.model, "-u", url, "-i", proto, "-b", str(sc.batch),
+           "--concurrency-range", str(sc.concurrency), "-f", str(csv_path),
+           "--warmup-request-count", str(max(100, 20 * sc.concurrency)),
+           "--stability-percentage", str(stability), "--max-trials", str(trials)]
+    if args.pa_mode == "time":
+        cmd += ["--measurement-mode", "time_windows", "--measurement-interval", str(args.window_ms)]
+    else:
+        cmd += ["--measurement-mode", "count_windows", "--measurement-request-count", str(args.window_requests)]
+    return cmd
+
+
+def measure(args, server: Server, proto: str, sc: Scenario, tmp: Path, label: str) -> Row:
+    """One perf_analyzer run; a run that never stabilises is retried once with the check relaxed."""
+    url = server.http if proto == "http" else server.grpc
+    csv_path = tmp / "pa.csv"
+    note = ""
+    for attempt, (stability, trials) in enumerate(((args.stability, args.max_trials), (1000, 4))):
+        if csv_path.exists():
+            csv_path.unlink()
+        cmd = pa_command(args, url, proto, sc, csv_path, stability, trials)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.pa_timeout)
+        except subprocess.TimeoutExpired as e:
+            raise BenchError(f"{label}: perf_analyzer ran past {args.pa_timeout}s\n  command: {shlex.join(cmd)}") from e
+        out = p.stdout + p.stderr
+        if p.returncode != 0 and UNSTABLE in out and attempt == 0 and "error" not in out.lower():
+            progress(f"    not stable within {stability}% in {trials} windows; measuring again without the stability check")
+            note = "(unstable)"
+            continue
+        break
+    if p.returncode != 0 or not csv_path.exists():
+        tail = "\n".join("    " + line for line in out.strip().splitlines()[-25:])
+        raise BenchError(f"{label}: perf_analyzer failed (exit {p.returncode}); a request failed or the "
+                         f"server answered wrongly\n  command: {shlex.join(cmd)}\n  output:\n{tail}")
+    rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
+    if not rows:
+        raise BenchError(f"{label}: perf_analyzer wrote no CSV rows\n  command: {shlex.join(cmd)}")
+    r = rows[0]
+
+    def num(key):
+        v = r.get(key)
+        return float(v) if v not in (None, "") else None
+
+    srv = parse_server_section(out)
+    ci = [num("Server Compute Input"), num("Server Compute Infer"), num("Server Compute Output")]
+    return Row(
+        scenario=sc.name, server=server.name, protocol=proto, model=sc.model, batch=sc.batch,
+        concurrency=sc.concurrency, infer_per_sec=num("Inferences/Second") or 0.0,
+        p50_us=num("p50 latency"), p99_us=num("p99 latency"),
+        queue_us=srv.get("queue", num("Server Queue")),
+        compute_us=sum(c for c in ci if c is not None) if any(c is not None for c in ci) else None,
+        compute_infer_us=srv.get("compute_infer", num("Server Compute Infer")),
+        overhead_us=srv.get("overhead"), server_request_us=srv.get("request_us"),
+        inference_count=srv.get("inference_count"), execution_count=srv.get("execution_count"),
+        note=note, command=shlex.join(cmd),
+    )
+
+
+# ---------------------------------------------------------------------------
+# raw ONNX Runtime
+# ---------------------------------------------------------------------------
+
+
+def raw_ort(args, repo: Path, model: str, batch: int, note: str = "") -> Row:
+    cmd = [args.tessera, "bench", "ort", "--model", str(repo / model / "1" / "model.onnx"),
+           "--batch", str(batch), "--threads", str(args.threads), "--seconds", str(args.raw_seconds)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.raw_seconds + 60)
+    line = next((ln for ln in reversed(p.stdout.splitlines()) if ln.strip().startswith("{")), None)
+    if p.returncode != 0 or line is None:
+        raise BenchError(f"raw ORT {model} b{batch}: `tessera bench ort` failed (exit {p.returncode})\n"
+                         f"  command: {shlex.join(cmd)}\n  output: {(p.stdout + p.stderr).strip()[-2000:]}")
+    d = json.loads(line)
+    return Row(scenario=f"{model} b{batch}", server="raw ORT", protocol="in-process", model=model, batch=batch,
+               infer_per_sec=float(d["inferences_per_sec"]), p50_us=d.get("p50_us"), p99_us=d.get("p99_us"),
+               note=note, command=shlex.join(cmd), extra={"threads": args.threads})
+
+
+# ---------------------------------------------------------------------------
+# the table
+# ---------------------------------------------------------------------------
+
+COLUMNS = ["Scenario", "Server", "Proto", "infer/s", "p50 µs", "p99 µs",
+           "queue µs", "compute µs", "overhead µs", "batch", "× Triton", "× raw ORT"]
+RIGHT = {"infer/s", "p50 µs", "p99 µs", "queue µs", "compute µs", "overhead µs", "batch", "× Triton", "× raw ORT"}
+
+
+def fmt_num(v, digits=0) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.{digits}f}"
+
+
+def raw_key(model: str, batch: float) -> tuple:
+    return (model, max(1, min(MAX_BATCH.get(model, 1), int(round(batch)))))
+
+
+def columns_for(rows: List[Row]) -> List[str]:
+    """The table's columns; "× Triton" only when Triton rows exist."""
+    if any(r.server == "triton" for r in rows):
+        return COLUMNS
+    return [c for c in COLUMNS if c != "× Triton"]
+
+
+def table_rows(rows: List[Row]) -> List[List[str]]:
+    raw = {(r.model, r.batch): r for r in rows if r.server == "raw ORT"}
+    triton = {(r.scenario, r.protocol): r for r in rows if r.server == "triton"}
+    out = []
+    for r in rows:
+        if r.server == "raw ORT":
+            out.append([f"{r.model} b{r.batch}" + (f" ({r.note})" if r.note else ""), f"raw ORT ({r.extra.get('threads')} thr)",
+                        "in-proc", fmt_num(r.infer_per_sec), fmt_num(r.p50_us), fmt_num(r.p99_us),
+                        "—", "—", "—", str(r.batch), "", ""])
+            continue
+        vs_triton = ""
+        t = triton.get((r.scenario, r.protocol))
+        if r.server == "tessera" and t and t.infer_per_sec:
+            vs_triton = f"{r.infer_per_sec / t.infer_per_sec:.2f}×"
+        formed = r.formed_batch or r.batch
+        ref = raw.get(raw_key(r.model, formed))
+        vs_raw = f"{r.infer_per_sec / ref.infer_per_sec:.2f}× (b{ref.batch})" if ref and ref.infer_per_sec else ""
+        out.append([r.scenario + (" " + r.note if r.note else ""), r.server, r.protocol, fmt_num(r.infer_per_sec),
+                    fmt_num(r.p50_us), fmt_num(r.p99_us), fmt_num(r.queue_us), fmt_num(r.compute_us),
+                    fmt_num(r.overhead_us), fmt_num(r.formed_batch, 1) if r.formed_batch else str(r.batch),
+                    vs_triton, vs_raw])
+    return out
+
+
+def select(cols: List[str], cells: List[List[str]]) -> List[List[str]]:
+    idx = [COLUMNS.index(c) for c in cols]
+    return [[c[i] for i in idx] for c in cells]
+
+
+def render_text(cols: List[str], cells: List[List[str]]) -> str:
+    cells = select(cols, cells)
+    widths = [max(len(cols[i]), *(len(c[i]) for c in cells)) if cells else len(cols[i]) for i in range(len(cols))]
+
+    def line(vals):
+        return "  ".join(v.rjust(w) if cols[i] in RIGHT else v.ljust(w)
+                         for i, (v, w) in enumerate(zip(vals, widths))).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(cols), sep] + [line(c) for c in cells])
+
+
+def render_markdown(cols: List[str], cells: List[List[str]]) -> str:
+    cells = select(cols, cells)
+    head = "| " + " | ".join(cols) + " |"
+    align = "|" + "|".join("---:" if c in RIGHT else ":---" for c in cols) + "|"
+    return "\n".join([head, align] + ["| " + " | ".join(c) + " |" for c in cells])
+
+
+def git_describe() -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except Exception:
+        return "unknown"
+
+
+# ---------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--suite", choices=("quick", "full"), default="full",
+                    help="quick: raw mlp b1 + tessera mlp c1/c4 over HTTP and gRPC; full: everything (default)")
+    ap.add_argument("--no-triton", action="store_true", help="leave Triton out of the full suite")
+    ap.add_argument("--tessera", required=True, help="tessera release binary")
+    ap.add_argument("--perf-analyzer", required=True, help="perf_analyzer (wrapper) path")
+    ap.add_argument("--triton", help="Triton launcher from scripts/setup-triton.sh (full suite)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="intra-op threads: raw ORT and every server model instance (default 1: the client needs the other core)")
+    ap.add_argument("--instances", type=int, default=1, help="KIND_CPU instances per model (default 1)")
+    ap.add_argument("--max-queue-delay-us", type=int, default=0, help="mlp dynamic_batching max_queue_delay_microseconds (default 0)")
+    ap.add_argument("--no-dynamic-batching", action="store_true", help="leave dynamic_batching out of mlp's config")
+    ap.add_argument("--protocols", default="http,grpc", help="comma-separated subset of http,grpc")
+    ap.add_argument("--raw-seconds", type=float, default=3.0, help="seconds per raw ONNX Runtime measurement")
+    ap.add_argument("--pa-mode", choices=("time", "count"), default="time",
+                    help="perf_analyzer windows: time_windows of --window-ms (default) or count_windows of --window-requests")
+    ap.add_argument("--window-ms", type=int, default=1000, help="--measurement-interval in time mode (default 1000)")
+    ap.add_argument("--window-requests", type=int, default=2000, help="--measurement-request-count in count mode")
+    ap.add_argument("--stability", type=int, default=20, help="--stability-percentage (default 20)")
+    ap.add_argument("--max-trials", type=int, default=6,
+                    help="--max-trials (default 6); a run that never stabilises is measured again without the check, marked (unstable)")
+    ap.add_argument("--pa-timeout", type=int, default=120, help="seconds before one perf_analyzer run is abandoned")
+    ap.add_argument("--workdir", help="keep the repository and logs here (default: a temporary folder)")
+    ap.add_argument("--json", help="also write every row (with its command) to this JSON file")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    use_triton = args.suite == "full" and not args.no_triton
+    if use_triton and not args.triton:
+        print("compare.py: --triton LAUNCHER is needed for the full suite (or pass --no-triton)", file=sys.stderr)
+        return 1
+    protocols = [p for p in args.protocols.split(",") if p]
+    if not protocols or any(p not in PROTOCOLS for p in protocols):
+        print(f"compare.py: --protocols must be a subset of {','.join(PROTOCOLS)}", file=sys.stderr)
+        return 1
+    scenarios = [s for s in SCENARIOS if args.suite in s.suites]
+    servers = ["tessera"] + (["triton"] if use_triton else [])
+
+    # SIGTERM (the wrapper's trap, or anyone) unwinds through the finally below.
+    def on_term(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGHUP, on_term)
+
+    tmp_ctx = None
+    if args.workdir:
+        tmp = Path(args.workdir)
+        tmp.mkdir(parents=True, exist_ok=True)
+    else:
+        tmp_ctx = tempfile.TemporaryDirectory(prefix="tessera-bench-")
+        tmp = Path(tmp_ctx.name)
+    repo = tmp / "repo"
+    rows: List[Row] = []
+    failures: List[str] = []
+    load_before = os.getloadavg()
+    running: Optional[Server] = None
+    total = len(RAW[args.suite]) + len(servers) * len(scenarios) * len(protocols)
+    step = 0
+    rc = 0
+    try:
+        progress(f"suite {args.suite}: {total} measurements; servers: {', '.join(servers)}; "
+                 f"threads {args.threads}, instances {args.instances}; work dir {tmp}")
+        if repo.exists():
+            import shutil
+            shutil.rmtree(repo)
+        write_repository(repo, args)
+
+        for model, batch in RAW[args.suite]:
+            step += 1
+            progress(f"({step}/{total}) raw ONNX Runtime {model} batch {batch}, {args.threads} thread(s)")
+            row = raw_ort(args, repo, model, batch)
+            rows.append(row)
+            progress(f"    {row.infer_per_sec:,.0f} infer/s, p50 {row.p50_us:,.0f} µs")
+
+        for name in servers:
+            server: Server
+            if name == "tessera":
+                server = TesseraServer(args.tessera, repo, tmp / "tessera.log")
+            else:
+                server = TritonServer(args.triton, repo, tmp / "triton.log")
+            running = server
+            try:
+                server.start()
+                server.wait_ready(120 if name == "triton" else 60)
+            except ServerStartError as e:
+                server.stop()
+                running = None
+                msg = str(e)
+                progress("ERROR: " + msg)
+                tail = [ln.strip() for ln in log_tail(server.log, 200).splitlines() if ln.strip()]
+                errs = [ln for ln in tail if re.match(r"^E\d{4}|error", ln, re.I)]
+                failures.append(msg.splitlines()[0] + (f"; log: {(errs or tail)[-1][:300]}" if tail else ""))
+                step += len(scenarios) * len(protocols)
+                rc = max(rc, 2)
+                continue
+            progress(f"{name} ready: http {server.http}, grpc {server.grpc}")
+            check_responses(server, repo)
+            for sc in scenarios:
+                for proto in protocols:
+                    step += 1
+                    label = f"{name} {proto} {sc.name}"
+                    progress(f"({step}/{total}) {label} (batch {sc.batch}, concurrency {sc.concurrency})")
+                    row = measure(args, server, proto, sc, tmp, label)
+                    if server.exited() is not None:
+                        raise BenchError(f"{name} exited during {label}\n{log_tail(server.log)}")
+                    rows.append(row)
+                    fb = f", batch formed {row.formed_batch:.1f}" if row.formed_batch else ""
+                    progress(f"    {row.infer_per_sec:,.0f} infer/s, p50 {fmt_num(row.p50_us)} µs, "
+                             f"p99 {fmt_num(row.p99_us)} µs, overhead {fmt_num(row.overhead_us)} µs{fb}")
+            server.stop()
+            running = None
+
+        # Raw ONNX Runtime at each batch size the batchers formed (when not measured yet).
+        have = {(r.model, r.batch) for r in rows if r.server == "raw ORT"}
+        for r in list(rows):
+            if r.server == "raw ORT" or not r.formed_batch:
+                continue
+            key = raw_key(r.model, r.formed_batch)
+            if key not in have:
+                have.add(key)
+                progress(f"raw ONNX Runtime {key[0]} batch {key[1]} (a batch size a server formed)")
+                rows.append(raw_ort(args, repo, key[0], key[1], note="formed"))
+    except BenchError as e:
+        progress("FAILED: " + str(e))
+        rc = 1
+    except KeyboardInterrupt:
+        progress("interrupted")
+        rc = 130
+    finally:
+        if running is not None:
+            running.stop()
+
+    if rc == 1 or rc == 130:
+        if tmp_ctx is None:
+            progress(f"logs kept in {tmp}")
+        return rc
+
+    # Order: raw rows first (by model, batch), then scenario x protocol with tessera before triton.
+    order = {s.name: i for i, s in enumerate(SCENARIOS)}
+    raw_rows = sorted((r for r in rows if r.server == "raw ORT"), key=lambda r: (r.model != "mlp", r.model, r.batch))
+    srv_rows = sorted((r for r in rows if r.server != "raw ORT"),
+                      key=lambda r: (order[r.scenario], PROTOCOLS.index(r.protocol), servers.index(r.server)))
+    rows = raw_rows + srv_rows
+    cells = table_rows(rows)
+    load_after = os.getloadavg()
+
+    header = [
+        f"Tessera benchmark, suite {args.suite}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, commit {git_describe()}",
+        f"machine: {os.cpu_count()} CPUs; load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
+        f"(client and server share the machine)",
+        f"settings: {args.threads} intra-op thread(s), {args.instances} KIND_CPU instance(s) per model; mlp "
+        + ("without dynamic batching" if args.no_dynamic_batching else
+           f"dynamic_batching (max_queue_delay_microseconds {args.max_queue_delay_us})")
+        + "; perf_analyzer "
+        + (f"time_windows {args.window_ms} ms" if args.pa_mode == "time" else f"count_windows {args.window_requests} requests")
+        + f", stable within {args.stability}% over 3 windows, HTTP binary tensors / gRPC, sync, random data",
+        "columns: queue/compute/overhead = server-side average per request from the statistics extension "
+        "(perf_analyzer's Server section); batch = inferences per execution; × raw ORT = throughput / "
+        "raw in-process ONNX Runtime at the batch size the server executed (bN)",
+    ]
+    for f in failures:
+        header.append(f"NOTE: {f}")
+    cols = columns_for(rows)
+    text = "\n".join(header) + "\n\n" + render_text(cols, cells)
+    md = "\n".join(f"> {h}" for h in header) + "\n\n" + render_markdown(cols, cells)
+    print(text)
+    print()
+    print(md)
+    sys.stdout.flush()
+    if args.json:
+        Path(args.json).write_text(json.dumps([r.__dict__ | {"formed_batch": r.formed_batch} for r in rows], indent=2))
+    if tmp_ctx is not None:
+        tmp_ctx.cleanup()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

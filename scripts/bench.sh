@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Tessera's benchmark: raw ONNX Runtime in-process, `tessera serve` and (full
+# suite) a real Triton 2.51, driven by perf_analyzer over HTTP and gRPC on the
+# same generated model repository, one server at a time. Prints one table on
+# stdout (aligned text, then the same as markdown); progress on stderr.
+#
+#   scripts/bench.sh [--suite quick|full] [--no-triton] [--no-build] [compare.py options]
+#
+#   --suite quick   raw mlp batch 1; tessera only: mlp concurrency 1 and 4
+#                   over HTTP and gRPC (about 30 s after set-up and build)
+#   --suite full    (default) raw mlp b1/b8 and add_sub b1; tessera and
+#                   Triton: add_sub c1, mlp c1/c4/c16, mlp -b 8 c8, over HTTP
+#                   and gRPC (about 3 minutes)
+#   --no-triton     full suite without Triton
+#   --no-build      use the existing release binary (no cargo build)
+#   --threads N     intra-op threads for raw ORT and every model instance (1)
+#   anything else goes to bench/compare.py (see `scripts/bench.sh --help`).
+#
+# Set-up it runs (each idempotent, quiet when cached): setup-ort.sh,
+# setup-python.sh, setup-perf-analyzer.sh, setup-triton.sh (full suite with
+# Triton), then `cargo build --release --bin tessera`.
+# Exit status: 0 ok; 1 a set-up step, a response check or perf_analyzer
+# failed; 2 a server did not start (the table is printed without its rows).
+set -euo pipefail
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+say() {
+  printf '[bench] %s\n' "$*" >&2
+}
+
+suite=full
+triton=1
+build=1
+pass=()
+while (($#)); do
+  case "$1" in
+    --suite) [[ $# -ge 2 ]] || die "--suite needs quick or full"; suite="$2"; pass+=("$1" "$2"); shift 2; continue ;;
+    --suite=*) suite="${1#--suite=}"; pass+=("$1") ;;
+    --no-triton) triton=0; pass+=("$1") ;;
+    --no-build) build=0 ;;
+    -h | --help)
+      sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+      exec "$TESSERA_ROOT/.venv/bin/python" "$TESSERA_ROOT/bench/compare.py" --help
+      ;;
+    *) pass+=("$1") ;;
+  esac
+  shift
+done
+[[ "$suite" == quick || "$suite" == full ]] || die "--suite must be quick or full, not '$suite'"
+[[ "$suite" == full ]] || triton=0
+
+ort_lib="$("$TESSERA_ROOT/scripts/setup-ort.sh" | tail -n1)"
+venv="$("$TESSERA_ROOT/scripts/setup-python.sh" | tail -n1)"
+pa="$("$TESSERA_ROOT/scripts/setup-perf-analyzer.sh" | tail -n1)"
+triton_args=()
+if ((triton)); then
+  triton_args=(--triton "$("$TESSERA_ROOT/scripts/setup-triton.sh" | tail -n1)")
+fi
+
+tessera="$CARGO_TARGET_DIR/release/tessera"
+if ((build)); then
+  start=$(now_s)
+  if ! (cd "$TESSERA_ROOT" && cargo build --release --quiet --bin tessera); then
+    die "cargo build --release --bin tessera failed (if someone is mid-edit, retry, or pass --no-build to use $tessera)"
+  fi
+  (($(now_s) - start < 3)) || say "release build done in $(( $(now_s) - start ))s"
+fi
+[[ -x "$tessera" ]] || die "no release binary at $tessera (run without --no-build)"
+
+export ORT_DYLIB_PATH="${ORT_DYLIB_PATH:-$ort_lib}"
+
+# compare.py stops the servers it started when it exits or gets SIGTERM; this
+# trap passes a signal sent to this script (Ctrl-C included) on to it as
+# SIGTERM (a background job of a script ignores SIGINT), waits for it, then
+# ends this script with the same signal.
+child=""
+# shellcheck disable=SC2317  # invoked by the traps below
+forward() {
+  local sig="$1"
+  if [[ -n "$child" ]] && kill -0 "$child" 2>/dev/null; then
+    kill -TERM "$child" 2>/dev/null || true
+    wait "$child" 2>/dev/null || true
+  fi
+  trap - "$sig"
+  kill -s "$sig" $$
+}
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+trap 'forward HUP' HUP
+
+"$venv/bin/python" "$TESSERA_ROOT/bench/compare.py" --tessera "$tessera" --perf-analyzer "$pa" \
+  ${triton_args[@]+"${triton_args[@]}"} ${pass[@]+"${pass[@]}"} &
+child=$!
+rc=0
+wait "$child" || rc=$?
+child=""
+exit "$rc"
