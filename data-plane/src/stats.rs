@@ -125,6 +125,8 @@ pub struct ModelStats {
     pub compute_output: Duration,
     inference_count: AtomicU64,
     execution_count: AtomicU64,
+    /// Summed compute time of all executions (decides inline runs).
+    execution_ns: AtomicU64,
     last_inference_ms: AtomicU64,
     batches: Mutex<BTreeMap<u64, BatchEntry>>,
     failures: [AtomicU64; 4],
@@ -145,6 +147,7 @@ impl Default for ModelStats {
             compute_output: Duration::default(),
             inference_count: AtomicU64::new(0),
             execution_count: AtomicU64::new(0),
+            execution_ns: AtomicU64::new(0),
             last_inference_ms: AtomicU64::new(0),
             batches: Mutex::new(BTreeMap::new()),
             failures: Default::default(),
@@ -178,10 +181,18 @@ impl ModelStats {
         self.failures[reason as usize].load(Ordering::Relaxed)
     }
 
+    /// Executions so far and their summed compute time (input + infer + output), in ns.
+    pub fn mean_execution(&self) -> (u64, u64) {
+        let count = self.execution_count.load(Ordering::Relaxed);
+        let ns = self.execution_ns.load(Ordering::Relaxed);
+        (count, ns)
+    }
+
     /// Records one backend execution of `exec.batch_size` items.
     pub fn record_execution(&self, exec: Execution) {
         self.inference_count.fetch_add(exec.batch_size, Ordering::Relaxed);
         self.execution_count.fetch_add(1, Ordering::Relaxed);
+        self.execution_ns.fetch_add(exec.input_ns + exec.infer_ns + exec.output_ns, Ordering::Relaxed);
         self.batch_sizes.observe(exec.batch_size);
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

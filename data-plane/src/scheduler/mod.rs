@@ -47,8 +47,18 @@ pub struct Scheduler {
     batches: crossbeam_channel::Sender<Dispatch>,
     /// Whether a request may skip the queue when an instance is idle.
     fast_path: bool,
+    /// The instances' sessions; instance thread `i` locks `sessions[i]` per batch, and the
+    /// inline path borrows an idle one.
+    sessions: Arc<Vec<Mutex<OnnxSession>>>,
     _stop: DropGuard,
 }
+
+/// A lone request may run on the calling task itself when the model's executions average less
+/// than this: blocking an async worker for it costs less than two thread hand-offs, and stays
+/// far under the half-millisecond an async task may block.
+const INLINE_LIMIT_NS: u64 = 150_000;
+/// Executions to observe before trusting the average.
+const INLINE_WARMUP: u64 = 8;
 
 impl Scheduler {
     /// Starts the batcher task and one thread per session. Needs a Tokio runtime.
@@ -67,19 +77,20 @@ impl Scheduler {
             stats: stats.clone(),
         });
         let permits = Arc::new(Semaphore::new(sessions.len()));
+        let sessions: Arc<Vec<Mutex<OnnxSession>>> = Arc::new(sessions.into_iter().map(Mutex::new).collect());
         // Bounded by the permits: at most one batch per instance is ever in the channel.
         let (batches, receiver) = crossbeam_channel::unbounded::<Dispatch>();
-        for (i, session) in sessions.into_iter().enumerate() {
-            let (spec, stats, receiver) = (spec.clone(), stats.clone(), receiver.clone());
+        for i in 0..sessions.len() {
+            let (spec, stats, receiver, sessions) = (spec.clone(), stats.clone(), receiver.clone(), sessions.clone());
             std::thread::Builder::new()
                 .name(format!("{label}-{i}"))
-                .spawn(move || run_instance(session, &spec, &stats, &receiver))
+                .spawn(move || run_instance(&sessions[i], &spec, &stats, &receiver))
                 .map_err(|e| format!("failed to start an instance thread: {e}"))?;
         }
         let fast_path = config_allows_fast_path(&shared.queue.lock());
         let stop = CancellationToken::new();
         runtime.spawn(batcher_task(shared.clone(), permits.clone(), batches.clone(), stop.clone()));
-        Ok(Self { shared, permits, batches, fast_path, _stop: stop.drop_guard() })
+        Ok(Self { shared, permits, batches, fast_path, sessions, _stop: stop.drop_guard() })
     }
 
     /// Queues a checked request that reached the model at `arrived` and waits for its outputs.
@@ -117,11 +128,25 @@ impl Scheduler {
         if !self.shared.queue.lock().is_empty() {
             return Some(pending);
         }
+        if self.runs_fast() {
+            // A free permit means some instance is idle; its session is unlocked or about to be.
+            if let Some(mut session) = self.sessions.iter().find_map(|s| s.try_lock()) {
+                run_batch(&mut session, &self.shared.spec, &self.shared.stats, vec![pending]);
+                drop(permit);
+                return None;
+            }
+        }
         match self.batches.send(Dispatch { batch: vec![pending], _permit: permit }) {
             Ok(()) => None,
             // Instances are gone (unloading): hand the request back to the queue path.
             Err(crossbeam_channel::SendError(d)) => d.batch.into_iter().next(),
         }
+    }
+
+    /// Whether this model's executions are short enough to run inline.
+    fn runs_fast(&self) -> bool {
+        let (count, ns) = self.shared.stats.mean_execution();
+        count >= INLINE_WARMUP && ns / count.max(1) < INLINE_LIMIT_NS
     }
 
     /// Requests waiting in the queue.
@@ -203,47 +228,50 @@ fn drop_request(shared: &Shared, dropped: Dropped) {
 
 /// An instance thread: runs dispatched batches until the scheduler stops.
 fn run_instance(
-    mut session: OnnxSession,
+    session: &Mutex<OnnxSession>,
     spec: &ModelSpec,
     stats: &ModelStats,
     batches: &crossbeam_channel::Receiver<Dispatch>,
 ) {
     while let Ok(dispatch) = batches.recv() {
         let Dispatch { batch, _permit } = dispatch;
-        let start = Instant::now();
-        let result = execute(&mut session, spec, &batch);
-        drop(_permit);
-        match result {
-            Ok((per_request, timings)) => {
-                let items: usize = batch.iter().map(|p| p.request.batch_size).sum();
-                stats.record_execution(Execution {
-                    batch_size: items as u64,
-                    input_ns: timings.input_ns,
-                    infer_ns: timings.infer_ns,
-                    output_ns: timings.output_ns,
-                });
-                for (pending, outputs) in batch.into_iter().zip(per_request) {
-                    stats.queue.record(nanos(start - pending.enqueued));
-                    stats.compute_input.record(timings.input_ns);
-                    stats.compute_infer.record(timings.infer_ns);
-                    stats.compute_output.record(timings.output_ns);
-                    if outputs.is_ok() {
-                        // Recorded before replying, so a client that reads statistics right
-                        // after its response sees its own request counted.
-                        let ns = nanos(pending.arrived.elapsed());
-                        stats.success.record(ns);
-                        stats.latency_us.observe(ns / 1_000);
-                    }
-                    // A closed receiver means the client left mid-run; nothing to do then.
-                    let _ = pending.reply.send(outputs);
+        run_batch(&mut session.lock(), spec, stats, batch);
+    }
+}
+
+/// Runs one batch on `session`, records its statistics and answers every request in it.
+fn run_batch(session: &mut OnnxSession, spec: &ModelSpec, stats: &ModelStats, batch: Vec<Pending>) {
+    let start = Instant::now();
+    match execute(session, spec, &batch) {
+        Ok((per_request, timings)) => {
+            let items: usize = batch.iter().map(|p| p.request.batch_size).sum();
+            stats.record_execution(Execution {
+                batch_size: items as u64,
+                input_ns: timings.input_ns,
+                infer_ns: timings.infer_ns,
+                output_ns: timings.output_ns,
+            });
+            for (pending, outputs) in batch.into_iter().zip(per_request) {
+                stats.queue.record(nanos(start - pending.enqueued));
+                stats.compute_input.record(timings.input_ns);
+                stats.compute_infer.record(timings.infer_ns);
+                stats.compute_output.record(timings.output_ns);
+                if outputs.is_ok() {
+                    // Recorded before replying, so a client that reads statistics right after
+                    // its response sees its own request counted.
+                    let ns = nanos(pending.arrived.elapsed());
+                    stats.success.record(ns);
+                    stats.latency_us.observe(ns / 1_000);
                 }
+                // A closed receiver means the client left mid-run; nothing to do then.
+                let _ = pending.reply.send(outputs);
             }
-            Err(e) => {
-                tracing::warn!(model = %spec.name, error = %e.message, requests = batch.len(), "execution failed");
-                for pending in batch {
-                    stats.record_failure_reason(FailReason::Backend);
-                    let _ = pending.reply.send(Err(e.clone()));
-                }
+        }
+        Err(e) => {
+            tracing::warn!(model = %spec.name, error = %e.message, requests = batch.len(), "execution failed");
+            for pending in batch {
+                stats.record_failure_reason(FailReason::Backend);
+                let _ = pending.reply.send(Err(e.clone()));
             }
         }
     }
