@@ -47,9 +47,9 @@ run_stage() {
 
 # ---------------------------------------------------------------------------
 # ensure_postgres: a throwaway PostgreSQL 15 cluster for tests that need one.
-# NOT CALLED YET: nothing needs Postgres so far. When a stage does, call it
-# before that stage; it exports DATABASE_URL (an existing DATABASE_URL is
-# kept as is) and stops the cluster when this script exits.
+# Called by pick_postgres when nothing answers on 127.0.0.1:5432; it exports
+# DATABASE_URL (an existing DATABASE_URL is kept as is) and stops the cluster
+# when this script exits.
 # ---------------------------------------------------------------------------
 ensure_postgres() {
   if [[ -n "${DATABASE_URL:-}" ]]; then
@@ -71,6 +71,20 @@ ensure_postgres() {
     || { cat "$dir/server.log" >&2; die "pg_ctl start failed"; }
   CLEANUPS+=("runuser -u postgres -- '$pgbin/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1; rm -rf '$dir'")
   export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+}
+
+# pick_postgres: the control-plane tests need an admin URL in DATABASE_URL (each
+# test creates and drops its own database there). Use the one given, else a
+# server already on 127.0.0.1:5432, else a throwaway cluster.
+pick_postgres() {
+  if [[ -n "${DATABASE_URL:-}" ]]; then
+    say "using DATABASE_URL from the environment"
+  elif (exec 3<>/dev/tcp/127.0.0.1/5432) 2>/dev/null; then
+    export DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres"
+    say "using the PostgreSQL on 127.0.0.1:5432"
+  else
+    ensure_postgres
+  fi
 }
 
 has_python_tests() {
@@ -99,8 +113,8 @@ main() {
   start=$(now_s)
   say "repo $TESSERA_ROOT, cache $TESSERA_CACHE, target $CARGO_TARGET_DIR"
 
-  # Postgres is not needed yet: nothing has to answer on 127.0.0.1:5432.
-  # ensure_postgres   # <- enable when a test needs a database
+  # The control plane's registry and end-to-end tests run on Postgres.
+  pick_postgres
 
   # --- set-up ---------------------------------------------------------------
   # ORT_DYLIB_PATH from the environment overrides the pinned library.
@@ -146,6 +160,16 @@ main() {
     export TESSERA_TEST_MODELS="$TESSERA_ROOT/tests/python/.models"
   fi
   run_stage "pytest" run_pytest "$@" || true
+
+  # --- Control plane, Python side: generated client, schemathesis, S3 (moto) ----
+  local cp_venv
+  if cp_venv="$("$TESSERA_ROOT/scripts/setup-python-cp.sh" | tail -n1)" && [[ -x "$cp_venv/bin/python" ]]; then
+    run_stage "pytest control plane" env TESSERA_BIN="$TESSERA_BIN" \
+      "$cp_venv/bin/python" -m pytest tests/python_cp -q -p no:cacheprovider || true
+  else
+    say "scripts/setup-python-cp.sh failed"
+    FAILED+=("setup python_cp")
+  fi
 
   # --- summary ----------------------------------------------------------------
   if ((${#FAILED[@]})); then

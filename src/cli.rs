@@ -38,6 +38,10 @@ pub enum Command {
     /// Measurement tools.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Control plane: tenant registry, auth, model versions, audit, quotas, REST API `/v1`.
+    ControlPlane(tessera_control_plane::ControlPlaneArgs),
+    /// Print the control plane's OpenAPI document (what `openapi/openapi.json` holds).
+    Openapi,
 }
 
 /// `tessera serve` flags (tritonserver's names where they exist).
@@ -109,6 +113,10 @@ pub enum Mode {
 pub enum BenchCommand {
     /// Raw ONNX Runtime throughput in-process (the baseline a server is compared with).
     Ort(tessera_data_plane::bench::OrtBenchArgs),
+    /// Load generator over KServe v2 HTTP with binary tensors (any Triton-compatible server).
+    Http(crate::loadgen::LoadArgs),
+    /// Load generator over Triton's gRPC service.
+    Grpc(crate::loadgen::LoadArgs),
 }
 
 impl ServeArgs {
@@ -157,6 +165,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(BenchCommand::Ort(args)) => {
             tokio::task::spawn_blocking(move || tessera_data_plane::bench::run_ort(&args)).await?
+        }
+        Command::Bench(BenchCommand::Http(args)) => crate::loadgen::run(crate::loadgen::Protocol::Http, args).await,
+        Command::Bench(BenchCommand::Grpc(args)) => crate::loadgen::run(crate::loadgen::Protocol::Grpc, args).await,
+        Command::ControlPlane(args) => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            tessera_control_plane::run(args.into_config(), shutdown).await
+        }
+        Command::Openapi => {
+            print!("{}", tessera_control_plane::openapi_json());
+            Ok(())
         }
     }
 }

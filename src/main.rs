@@ -1,6 +1,7 @@
 //! The `tessera` binary: parses the command line and starts a role.
 
 mod cli;
+mod loadgen;
 
 use clap::Parser;
 

@@ -2,6 +2,7 @@
 //! tonic client over gRPC.
 
 mod batching;
+mod bench;
 mod grpc;
 mod http;
 mod onnx;

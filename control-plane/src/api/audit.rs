@@ -1,0 +1,189 @@
+//! The audit trail: listing with filters and a cursor, and chain verification.
+
+use axum::Json;
+use axum::extract::State;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use super::{ApiQuery, AppState, Caller};
+use crate::app::TenantRef;
+use crate::error::{Error, Result};
+use crate::registry::{AuditEventRow, AuditFilter};
+use crate::types::Role;
+
+/// One audit event.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AuditEvent {
+    /// Id.
+    pub id: Uuid,
+    /// Position in the tenant's chain, from 1.
+    pub seq: i64,
+    /// Acting API key (absent for the system).
+    pub actor_key_id: Option<Uuid>,
+    /// What happened, e.g. `model.create`, `alias.set`.
+    pub action: String,
+    /// Kind of resource.
+    pub resource_type: String,
+    /// Which resource.
+    pub resource_id: String,
+    /// Summary of the state before.
+    #[schema(value_type = Option<Object>)]
+    pub before: Option<serde_json::Value>,
+    /// Summary of the state after.
+    #[schema(value_type = Option<Object>)]
+    pub after: Option<serde_json::Value>,
+    /// The request's `x-request-id`.
+    pub request_id: String,
+    /// Client address.
+    pub client_addr: Option<String>,
+    /// When.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Hash of the previous event in the chain.
+    pub prev_hash: String,
+    /// This event's hash.
+    pub hash: String,
+}
+
+impl From<AuditEventRow> for AuditEvent {
+    fn from(e: AuditEventRow) -> Self {
+        let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
+        AuditEvent {
+            id: e.id,
+            seq: e.seq,
+            actor_key_id: e.actor_key_id,
+            action: e.action,
+            resource_type: e.resource_type,
+            resource_id: e.resource_id,
+            before: json(e.before_state),
+            after: json(e.after_state),
+            request_id: e.request_id,
+            client_addr: e.client_addr,
+            created_at: e.created_at,
+            prev_hash: e.prev_hash,
+            hash: e.hash,
+        }
+    }
+}
+
+/// A page of events.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AuditPage {
+    /// Events, newest first.
+    pub events: Vec<AuditEvent>,
+    /// Pass as `cursor` for older events; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Which events.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AuditParams {
+    /// Tenant (default: the caller's; platform admins may name any).
+    pub tenant: Option<String>,
+    /// Only this action.
+    pub action: Option<String>,
+    /// Only this resource type.
+    pub resource_type: Option<String>,
+    /// Only this resource.
+    pub resource_id: Option<String>,
+    /// Only this acting key.
+    pub actor_key_id: Option<Uuid>,
+    /// Most events to return (1 to 500, default 100).
+    #[param(minimum = 1, maximum = 500)]
+    pub limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// Which tenant's chain.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct VerifyParams {
+    /// Tenant (default: the caller's; platform admins may name any).
+    pub tenant: Option<String>,
+}
+
+/// The first broken link of a chain.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ChainBreak {
+    /// Sequence number where the chain breaks.
+    pub seq: i64,
+    /// The event there, if it exists.
+    pub event_id: Option<Uuid>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// Result of checking a chain.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct AuditVerification {
+    /// The tenant whose chain was checked.
+    pub tenant: String,
+    /// True when every link holds.
+    pub ok: bool,
+    /// Events that checked out before the first break (all of them when intact).
+    pub events_checked: u64,
+    /// The first broken link.
+    pub first_break: Option<ChainBreak>,
+}
+
+async fn audit_tenant(app: &AppState, caller: &Caller, tenant: Option<&str>) -> Result<TenantRef> {
+    let tenant = tenant.unwrap_or(&caller.principal.tenant_name);
+    app.tenant_for(&caller.principal, tenant, Role::TenantAdmin, "read the audit trail").await
+}
+
+/// Lists a tenant's audit events, newest first (tenant admins).
+#[utoipa::path(get, path = "/v1/audit", operation_id = "list_audit_events", tag = "audit", params(AuditParams),
+    responses((status = 200, description = "A page of events.", body = AuditPage)))]
+pub async fn handle_audit_list(
+    State(app): State<AppState>,
+    caller: Caller,
+    ApiQuery(params): ApiQuery<AuditParams>,
+) -> Result<Json<AuditPage>> {
+    let t = audit_tenant(&app, &caller, params.tenant.as_deref()).await?;
+    let limit = match params.limit {
+        None => 100,
+        Some(n @ 1..=500) => n,
+        Some(_) => return Err(Error::invalid("limit", "limit must be between 1 and 500")),
+    };
+    let before_seq = match params.cursor.as_deref() {
+        None => None,
+        Some(c) => Some(c.parse::<i64>().map_err(|_| Error::invalid("cursor", "not a cursor from this list"))?),
+    };
+    let filter = AuditFilter {
+        action: params.action,
+        resource_type: params.resource_type,
+        resource_id: params.resource_id,
+        actor_key_id: params.actor_key_id,
+        before_seq,
+    };
+    let rows = app.registry.conn().await?.audit_events(t.id, &filter, limit + 1).await?;
+    let more = rows.len() as i64 > limit;
+    let events: Vec<AuditEvent> = rows.into_iter().take(limit as usize).map(AuditEvent::from).collect();
+    let next_cursor = if more { events.last().map(|e| e.seq.to_string()) } else { None };
+    Ok(Json(AuditPage { events, next_cursor }))
+}
+
+/// Checks a tenant's audit chain link by link and reports the first broken one (tenant
+/// admins).
+#[utoipa::path(get, path = "/v1/audit/verify", operation_id = "verify_audit_chain", tag = "audit", params(VerifyParams),
+    responses((status = 200, description = "The verdict (`ok` false names the first break).", body = AuditVerification)))]
+pub async fn handle_audit_verify(
+    State(app): State<AppState>,
+    caller: Caller,
+    ApiQuery(params): ApiQuery<VerifyParams>,
+) -> Result<Json<AuditVerification>> {
+    let t = audit_tenant(&app, &caller, params.tenant.as_deref()).await?;
+    let report = app.registry.verify_audit_chain(t.id).await?;
+    let first_break =
+        report.first_break.map(|b| ChainBreak { seq: b.seq, event_id: b.event_id, reason: b.reason.into() });
+    Ok(Json(AuditVerification {
+        tenant: t.name,
+        ok: first_break.is_none(),
+        events_checked: report.events_checked,
+        first_break,
+    }))
+}

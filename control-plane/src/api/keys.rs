@@ -1,0 +1,180 @@
+//! A tenant's API keys: shown once at creation, then only by prefix.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{ApiJson, AppState, Caller};
+use crate::auth::keys;
+use crate::error::{Error, Result};
+use crate::registry::{ApiKeyRow, NewApiKey, now};
+use crate::types::Role;
+
+/// An API key, without its secret.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ApiKey {
+    /// Id.
+    pub id: Uuid,
+    /// Public prefix: the start of the key, enough to recognise it.
+    pub prefix: String,
+    /// Label.
+    pub name: String,
+    /// Role.
+    pub role: Role,
+    /// Key that created it.
+    pub created_by: Option<Uuid>,
+    /// Created.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Stops working at.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub expires_at: Option<OffsetDateTime>,
+    /// Revoked at.
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub revoked_at: Option<OffsetDateTime>,
+    /// Last used (to the minute).
+    #[serde(with = "time::serde::rfc3339::option")]
+    pub last_used_at: Option<OffsetDateTime>,
+}
+
+impl From<ApiKeyRow> for ApiKey {
+    fn from(k: ApiKeyRow) -> Self {
+        ApiKey {
+            role: k.role(),
+            id: k.id,
+            prefix: k.prefix,
+            name: k.name,
+            created_by: k.created_by,
+            created_at: k.created_at,
+            expires_at: k.expires_at,
+            revoked_at: k.revoked_at,
+            last_used_at: k.last_used_at,
+        }
+    }
+}
+
+/// A new key.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateApiKey {
+    /// Label, 1 to 100 characters.
+    #[schema(min_length = 1, max_length = 100)]
+    pub name: String,
+    /// Role. `platform-admin` only in the platform tenant.
+    pub role: Role,
+    /// Expiry (RFC 3339); must be in the future. Absent: never expires.
+    #[serde(default, with = "time::serde::rfc3339::option")]
+    pub expires_at: Option<OffsetDateTime>,
+}
+
+/// A created key: the only time its secret is shown.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CreatedApiKey {
+    /// The secret key (`tsk_…`): store it now, it is not shown again.
+    pub key: String,
+    /// The key's record.
+    pub api_key: ApiKey,
+}
+
+/// A tenant's keys.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ApiKeyList {
+    /// Keys, oldest first (revoked and expired ones included).
+    pub api_keys: Vec<ApiKey>,
+}
+
+fn parse_key_id(id: &str) -> Result<Uuid> {
+    // A malformed id names no key: not found, like any other unknown id.
+    id.parse().map_err(|_| Error::NotFound("api key"))
+}
+
+impl CreateApiKey {
+    fn validate(&self, tenant_is_platform: bool) -> Result<()> {
+        let len = self.name.chars().count();
+        if len == 0 || len > 100 {
+            return Err(Error::invalid("name", "name must be 1 to 100 characters"));
+        }
+        if self.role == Role::PlatformAdmin && !tenant_is_platform {
+            return Err(Error::invalid("role", "platform-admin keys exist only in the platform tenant"));
+        }
+        if self.expires_at.is_some_and(|t| t <= now()) {
+            return Err(Error::invalid("expires_at", "expires_at must be in the future"));
+        }
+        Ok(())
+    }
+}
+
+/// Creates a key (tenant admins). The response holds the secret, once.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/api-keys", operation_id = "create_api_key", tag = "api-keys", request_body = CreateApiKey,
+    params(("tenant" = String, Path, description = "Tenant name"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation key")),
+    responses((status = 201, description = "Created; `key` is shown only now.", body = CreatedApiKey)))]
+pub async fn handle_key_create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+    ApiJson(body): ApiJson<CreateApiKey>,
+) -> Result<(StatusCode, Json<CreatedApiKey>)> {
+    let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "manage API keys").await?;
+    body.validate(t.name == crate::app::PLATFORM_TENANT)?;
+    if body.role == Role::PlatformAdmin {
+        caller.principal.require(Role::PlatformAdmin, "create platform-admin keys")?;
+    }
+    let generated = keys::generate();
+    let new = NewApiKey {
+        prefix: generated.prefix.clone(),
+        secret_hash: app.auth.hasher().hash(&generated.key),
+        name: body.name,
+        role: body.role,
+        expires_at: body.expires_at,
+    };
+    let row = app.registry.create_key(&caller.actor, t.id, new).await?;
+    Ok((StatusCode::CREATED, Json(CreatedApiKey { key: generated.key, api_key: row.into() })))
+}
+
+/// Lists a tenant's keys (tenant admins), without secrets.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/api-keys", operation_id = "list_api_keys", tag = "api-keys",
+    params(("tenant" = String, Path, description = "Tenant name")),
+    responses((status = 200, description = "Keys.", body = ApiKeyList)))]
+pub async fn handle_key_list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+) -> Result<Json<ApiKeyList>> {
+    let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "list API keys").await?;
+    let rows = app.registry.conn().await?.keys(t.id).await?;
+    Ok(Json(ApiKeyList { api_keys: rows.into_iter().map(ApiKey::from).collect() }))
+}
+
+/// One key (tenant admins).
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/api-keys/{key_id}", operation_id = "get_api_key", tag = "api-keys",
+    params(("tenant" = String, Path, description = "Tenant name"), ("key_id" = String, Path, description = "Key id")),
+    responses((status = 200, description = "The key.", body = ApiKey)))]
+pub async fn handle_key_get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, key_id)): Path<(String, String)>,
+) -> Result<Json<ApiKey>> {
+    let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "read API keys").await?;
+    let row = app.registry.conn().await?.key(t.id, parse_key_id(&key_id)?).await?.ok_or(Error::NotFound("api key"))?;
+    Ok(Json(row.into()))
+}
+
+/// Revokes a key (tenant admins); it stops working at once. Tokens already issued for it
+/// expire on their own (they are short-lived).
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/api-keys/{key_id}", operation_id = "revoke_api_key", tag = "api-keys",
+    params(("tenant" = String, Path, description = "Tenant name"), ("key_id" = String, Path, description = "Key id")),
+    responses((status = 200, description = "The revoked key.", body = ApiKey)))]
+pub async fn handle_key_revoke(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, key_id)): Path<(String, String)>,
+) -> Result<Json<ApiKey>> {
+    let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "revoke API keys").await?;
+    let row = app.registry.revoke_key(&caller.actor, t.id, parse_key_id(&key_id)?).await?;
+    Ok(Json(row.into()))
+}

@@ -1,0 +1,254 @@
+//! The REST API: `/v1` routes, their OpenAPI document, and the middleware every request
+//! passes (request id and span, authentication, idempotency).
+//!
+//! Handlers are thin: authorize (through [`App::tenant_for`]), parse into validated types,
+//! make one domain call, map the result. Errors leave through [`crate::error`].
+
+mod aliases;
+mod audit;
+mod extract;
+mod idempotency;
+mod keys;
+mod models;
+mod session;
+mod tenants;
+mod versions;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::http::{HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::get;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, OpenApi as OpenApiDoc, Ref, RefOr, ResponseBuilder};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use extract::{ApiJson, ApiQuery, Caller, RequestId, contains_nul};
+pub use versions::content_length;
+
+use crate::app::App;
+use crate::error::Error;
+
+/// Shared state of every handler.
+pub type AppState = Arc<App>;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Tessera control plane",
+        description = "Tenants, API keys, models, versions, aliases, quotas and the audit trail of a Tessera \
+                       inference service. Every `/v1` route takes `Authorization: Bearer <API key or access token>`; \
+                       errors are `{\"error\": {\"code\", \"message\"}}`; a resource in another tenant is 404.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    security(("bearer" = [])),
+    modifiers(&BearerAuth),
+    components(schemas(crate::error::ErrorBody, crate::error::ErrorDetail)),
+    tags(
+        (name = "auth", description = "Access tokens and the keys that verify them"),
+        (name = "tenants", description = "Tenants and their quotas (platform admins)"),
+        (name = "api-keys", description = "A tenant's API keys"),
+        (name = "models", description = "Models, versions and aliases"),
+        (name = "audit", description = "The tenant's audit trail"),
+        (name = "service", description = "Health")
+    )
+)]
+struct ApiDoc;
+
+/// Declares the `bearer` scheme every `/v1` route uses.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut OpenApiDoc) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .bearer_format("API key (tsk_...) or access token (JWT)")
+            .build();
+        components.add_security_scheme("bearer", SecurityScheme::Http(scheme));
+    }
+}
+
+/// Adds the error responses every `/v1` operation can give, so each handler lists only its
+/// own (409, 413, ...).
+struct StandardErrors;
+
+impl Modify for StandardErrors {
+    fn modify(&self, openapi: &mut OpenApiDoc) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            if !path.starts_with("/v1/") || path == "/v1/openapi.json" {
+                continue;
+            }
+            let scoped = path.contains("{tenant}") || path.starts_with("/v1/audit");
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+            for (i, op) in ops.into_iter().enumerate() {
+                let Some(op) = op else { continue };
+                let mut add = |status: &str, description: &str| {
+                    op.responses.responses.entry(status.to_string()).or_insert_with(|| error_response(description));
+                };
+                add("400", "The request could not be read (malformed JSON, bad header).");
+                add("401", "Missing or invalid credentials.");
+                add("403", "The caller's role may not do this.");
+                if scoped {
+                    add("404", "Not found in the caller's tenant (other tenants' resources are not found either).");
+                }
+                add("422", "Invalid input; `field` names the culprit.");
+                if i == 2 {
+                    add("409", "Conflict, e.g. a request with the same Idempotency-Key is still running.");
+                }
+                add("500", "Internal error.");
+            }
+        }
+    }
+}
+
+fn error_response(description: &str) -> RefOr<utoipa::openapi::Response> {
+    let content = ContentBuilder::new().schema(Some(Ref::from_schema_name("ErrorBody"))).build();
+    RefOr::T(ResponseBuilder::new().description(description).content("application/json", content).build())
+}
+
+fn api_router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(session::handle_health))
+        .routes(routes!(session::handle_jwks))
+        .routes(routes!(session::handle_token_create))
+        .routes(routes!(session::handle_signing_key_rotate))
+        .routes(routes!(tenants::handle_tenant_create, tenants::handle_tenant_list))
+        .routes(routes!(tenants::handle_tenant_get))
+        .routes(routes!(tenants::handle_quota_get, tenants::handle_quota_set))
+        .routes(routes!(keys::handle_key_create, keys::handle_key_list))
+        .routes(routes!(keys::handle_key_get, keys::handle_key_revoke))
+        .routes(routes!(models::handle_model_create, models::handle_model_list))
+        .routes(routes!(models::handle_model_get, models::handle_model_delete))
+        .routes(routes!(versions::handle_version_create, versions::handle_version_list))
+        .routes(routes!(versions::handle_version_get, versions::handle_version_delete))
+        .routes(routes!(versions::handle_upload_create))
+        .routes(routes!(versions::handle_upload_complete))
+        .routes(routes!(aliases::handle_alias_list))
+        .routes(routes!(aliases::handle_alias_set, aliases::handle_alias_get, aliases::handle_alias_delete))
+        .routes(routes!(audit::handle_audit_list))
+        .routes(routes!(audit::handle_audit_verify))
+}
+
+/// The OpenAPI document of the API.
+pub fn openapi() -> OpenApiDoc {
+    finish_doc(api_router().into_openapi())
+}
+
+/// Adds what needs every path to be present (the derive's modifiers run before the router
+/// adds them).
+fn finish_doc(mut doc: OpenApiDoc) -> OpenApiDoc {
+    StandardErrors.modify(&mut doc);
+    doc
+}
+
+/// The OpenAPI document as committed in `openapi/openapi.json` (pretty, newline-terminated).
+pub fn openapi_json() -> String {
+    to_json(&openapi())
+}
+
+fn to_json(doc: &OpenApiDoc) -> String {
+    // The document is plain data; serialising it cannot fail.
+    let mut text = serde_json::to_string_pretty(doc).expect("openapi document serialises");
+    text.push('\n');
+    text
+}
+
+/// The whole HTTP service.
+pub fn router(app: AppState) -> Router {
+    let (api, doc) = api_router().split_for_parts();
+    let doc_json = Arc::new(to_json(&finish_doc(doc)));
+    api.route("/v1/openapi.json", get(move || serve_openapi(doc_json.clone())))
+        .route("/docs", get(|| async { Html(DOCS_PAGE) }))
+        .route("/metrics", get(|| async { crate::metrics::render() }))
+        .fallback(|| async { Error::NotFound("route") })
+        .layer(middleware::from_fn_with_state(app.clone(), idempotency::idempotency))
+        .layer(middleware::from_fn_with_state(app.clone(), authenticate))
+        .layer(middleware::from_fn(request_context))
+        .with_state(app)
+}
+
+async fn serve_openapi(doc: Arc<String>) -> Response {
+    ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], doc.as_str().to_owned()).into_response()
+}
+
+const DOCS_PAGE: &str = r#"<!doctype html>
+<html>
+  <head>
+    <title>Tessera control plane API</title>
+    <meta charset="utf-8" />
+    <meta name="viewport" content="width=device-width, initial-scale=1" />
+  </head>
+  <body>
+    <script id="api-reference" data-url="/v1/openapi.json"></script>
+    <script src="https://cdn.jsdelivr.net/npm/@scalar/api-reference"></script>
+  </body>
+</html>
+"#;
+
+/// Gives every request an id (the client's `x-request-id` if sane, else a new one), a span
+/// carrying it, the id echoed in the response, and a metric.
+async fn request_context(mut req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_string);
+    let route = req.extensions().get::<MatchedPath>().map_or("unmatched", |m| m.as_str()).to_string();
+    let method = req.method().clone();
+    let client = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0.to_string());
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let span = tracing::info_span!(
+        "request",
+        request_id = %id,
+        method = %method,
+        route = %route,
+        client,
+        tenant = tracing::field::Empty
+    );
+    let started = std::time::Instant::now();
+    let mut response = tracing::Instrument::instrument(next.run(req), span.clone()).await;
+    let status = response.status().as_u16();
+    span.in_scope(|| tracing::debug!(status, elapsed_ms = started.elapsed().as_millis() as u64, "request done"));
+    crate::metrics::observe_response(method.as_str(), &route, status);
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
+}
+
+/// Resolves `Authorization: Bearer …` into a [`crate::auth::Principal`] extension. A request
+/// without the header, or with a credential that does not check out, passes on without one:
+/// routes that need a caller refuse it with 401 in [`Caller`]; public routes do not care.
+async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
+    let Some(value) = req.headers().get(header::AUTHORIZATION) else {
+        return next.run(req).await;
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim().to_string());
+    let outcome = match token {
+        Some(token) => app.auth.authenticate(&token).await,
+        None => Err(Error::Unauthenticated),
+    };
+    match outcome {
+        Ok(principal) => {
+            tracing::Span::current().record("tenant", principal.tenant_name.as_str());
+            req.extensions_mut().insert(principal);
+        }
+        // A registry failure is ours, not the caller's: answer it now.
+        Err(e @ (Error::Database(_) | Error::Internal(_))) => return e.into_response(),
+        Err(_) => {}
+    }
+    next.run(req).await
+}

@@ -1,0 +1,300 @@
+//! Model versions: immutable artifacts, uploaded as a stream or through a presigned URL.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+use super::models::PageParams;
+use super::{ApiJson, ApiQuery, AppState, Caller};
+use crate::app::UploadRequest;
+use crate::error::{Error, Result};
+use crate::registry::VersionRow;
+use crate::types::{ArtifactFormat, Role};
+
+/// A model version.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ModelVersion {
+    /// Model name.
+    pub model: String,
+    /// Version number, from 1.
+    pub version: i64,
+    /// Hex sha256 of the artifact.
+    pub sha256: String,
+    /// Artifact size in bytes.
+    pub size_bytes: i64,
+    /// Packaging.
+    pub format: ArtifactFormat,
+    /// Model configuration (Triton's, as JSON), when given.
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Value>,
+    /// `uploaded` until validation.
+    pub status: String,
+    /// Object-store key of the artifact.
+    pub artifact_key: String,
+    /// Key that uploaded it.
+    pub created_by: Option<Uuid>,
+    /// Created.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+}
+
+impl ModelVersion {
+    fn new(model: &str, v: VersionRow) -> Self {
+        ModelVersion {
+            model: model.to_string(),
+            version: v.version,
+            sha256: v.sha256,
+            size_bytes: v.size_bytes,
+            format: ArtifactFormat::parse(&v.format).unwrap_or(ArtifactFormat::Onnx),
+            config: v.config.map(|c| c.0),
+            status: v.status,
+            artifact_key: v.artifact_key,
+            created_by: v.created_by,
+            created_at: v.created_at,
+        }
+    }
+}
+
+/// A page of versions.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct VersionPage {
+    /// Versions, newest first.
+    pub versions: Vec<ModelVersion>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// The artifact bytes.
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub struct ArtifactBytes(#[allow(dead_code)] Vec<u8>);
+
+/// Upload options.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct UploadParams {
+    /// Packaging of the body (default `onnx`).
+    pub format: Option<ArtifactFormat>,
+    /// Expected hex sha256 of the body; a mismatch refuses the upload (also `X-Content-Sha256`).
+    pub sha256: Option<String>,
+}
+
+/// Uploads a new version as the request body, streamed to the object store with its sha256
+/// computed on the way (deployers). Refused, leaving nothing behind: bodies over the size cap
+/// (413), a sha256 other than the one given, content that is not the declared format (422),
+/// a full version or storage quota (409).
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/models/{model}/versions", operation_id = "upload_version", tag = "models",
+    request_body(content = ArtifactBytes, content_type = "application/octet-stream"),
+    params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
+           UploadParams,
+           ("X-Content-Sha256" = Option<String>, Header, description = "Expected hex sha256 of the body"),
+           ("X-Model-Config" = Option<String>, Header, description = "Model configuration as a JSON object"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation key")),
+    responses(
+        (status = 201, description = "The new version.", body = ModelVersion),
+        (status = 409, description = "A quota is full (`quota_exceeded.versions`, `quota_exceeded.storage_bytes`).",
+         body = crate::error::ErrorBody),
+        (status = 413, description = "The artifact is larger than the cap.", body = crate::error::ErrorBody)))]
+pub async fn handle_version_create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, model)): Path<(String, String)>,
+    ApiQuery(params): ApiQuery<UploadParams>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<ModelVersion>)> {
+    let mut stream = body.into_data_stream();
+    let outcome = async {
+        let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "upload versions").await?;
+        let request = UploadRequest::from_parts(params.format, params.sha256, &headers)?;
+        let version = app.upload_version(&caller.actor, &m, request, &mut stream).await?;
+        Ok((StatusCode::CREATED, Json(ModelVersion::new(&m.name, version))))
+    }
+    .await;
+    if outcome.is_err() && content_length(&headers).is_none_or(|n| n <= DRAIN_LIMIT) {
+        drain(&mut stream).await;
+    }
+    outcome
+}
+
+/// Most unread body bytes discarded before an error answer (see [`drain`]).
+const DRAIN_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// Reads and discards what is left of a refused upload, so an HTTP/1.1 client that is still
+/// sending sees the error response instead of a reset connection. Bounded in bytes and time;
+/// larger bodies get the answer straight away (clients sending `Expect: 100-continue` never
+/// send them).
+async fn drain(stream: &mut axum::body::BodyDataStream) {
+    use futures::StreamExt;
+    let discard = async {
+        let mut left = DRAIN_LIMIT;
+        while let Some(Ok(chunk)) = stream.next().await {
+            left = left.saturating_sub(chunk.len() as u64);
+            if left == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), discard).await;
+}
+
+/// Lists a model's versions, newest first.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/models/{model}/versions", operation_id = "list_versions", tag = "models",
+    params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
+           PageParams),
+    responses((status = 200, description = "A page of versions.", body = VersionPage)))]
+pub async fn handle_version_list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, model)): Path<(String, String)>,
+    ApiQuery(page): ApiQuery<PageParams>,
+) -> Result<Json<VersionPage>> {
+    let m = app.model_for(&caller.principal, &tenant, &model, Role::Viewer, "list versions").await?;
+    let limit = page.limit()?;
+    let before = match page.cursor.as_deref() {
+        None => None,
+        Some(c) => Some(c.parse::<i64>().map_err(|_| Error::invalid("cursor", "not a cursor from this list"))?),
+    };
+    let rows = app.registry.conn().await?.versions(m.tenant_id, m.id, before, limit + 1).await?;
+    let more = rows.len() as i64 > limit;
+    let versions: Vec<_> = rows.into_iter().take(limit as usize).map(|v| ModelVersion::new(&m.name, v)).collect();
+    let next_cursor = if more { versions.last().map(|v| v.version.to_string()) } else { None };
+    Ok(Json(VersionPage { versions, next_cursor }))
+}
+
+fn parse_version(s: &str) -> Result<i64> {
+    // Not a number: no such version.
+    s.parse::<i64>().ok().filter(|v| *v > 0).ok_or(Error::NotFound("version"))
+}
+
+/// One version.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/models/{model}/versions/{version}", operation_id = "get_version", tag = "models",
+    params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
+           ("version" = i64, Path, description = "Version number")),
+    responses((status = 200, description = "The version.", body = ModelVersion)))]
+pub async fn handle_version_get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, model, version)): Path<(String, String, String)>,
+) -> Result<Json<ModelVersion>> {
+    let m = app.model_for(&caller.principal, &tenant, &model, Role::Viewer, "read versions").await?;
+    let number = parse_version(&version)?;
+    let row = app.registry.conn().await?.version(m.tenant_id, m.id, number).await?.ok_or(Error::NotFound("version"))?;
+    Ok(Json(ModelVersion::new(&m.name, row)))
+}
+
+/// Deletes a version and its artifact (deployers); refused while an alias points at it.
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/models/{model}/versions/{version}", operation_id = "delete_version", tag = "models",
+    params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
+           ("version" = i64, Path, description = "Version number")),
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 409, description = "An alias points at it (`version_in_use`).", body = crate::error::ErrorBody)))]
+pub async fn handle_version_delete(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, model, version)): Path<(String, String, String)>,
+) -> Result<StatusCode> {
+    let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "delete versions").await?;
+    let key = app.registry.delete_version(&caller.actor, &m, parse_version(&version)?).await?;
+    app.store.delete_all(&[key]).await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A presigned upload request.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateUpload {
+    /// Packaging of the artifact to upload.
+    pub format: ArtifactFormat,
+}
+
+/// Where to upload a large artifact.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PresignedUpload {
+    /// Upload id, for the completion call.
+    pub upload_id: Uuid,
+    /// Presigned URL.
+    pub url: String,
+    /// HTTP method to use with the URL (`PUT`).
+    pub method: String,
+    /// The URL stops working at.
+    #[serde(with = "time::serde::rfc3339")]
+    pub expires_at: OffsetDateTime,
+    /// Largest artifact the completion call accepts.
+    pub max_bytes: u64,
+}
+
+/// Opens a presigned upload (deployers), for artifacts too large to stream through the API.
+/// Needs an S3-compatible object store (409 `presign_unsupported` otherwise).
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/models/{model}/uploads", operation_id = "create_upload", tag = "models", request_body = CreateUpload,
+    params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation key")),
+    responses(
+        (status = 201, description = "PUT the artifact to `url`, then complete the upload.", body = PresignedUpload),
+        (status = 409, description = "The object store cannot presign URLs (`presign_unsupported`).",
+         body = crate::error::ErrorBody)))]
+pub async fn handle_upload_create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, model)): Path<(String, String)>,
+    ApiJson(body): ApiJson<CreateUpload>,
+) -> Result<(StatusCode, Json<PresignedUpload>)> {
+    let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "upload versions").await?;
+    let (upload, url) = app.presign_upload(&caller.actor, &m, body.format).await?;
+    let max_bytes = app.config.max_upload_bytes;
+    let out = PresignedUpload {
+        upload_id: upload.id,
+        url: url.to_string(),
+        method: "PUT".into(),
+        expires_at: upload.expires_at,
+        max_bytes,
+    };
+    Ok((StatusCode::CREATED, Json(out)))
+}
+
+/// Completion of a presigned upload.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CompleteUpload {
+    /// Hex sha256 of what was uploaded; checked against the stored object.
+    #[schema(pattern = "^[0-9a-fA-F]{64}$")]
+    pub sha256: String,
+    /// Model configuration as JSON.
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub config: Option<serde_json::Value>,
+}
+
+/// Completes a presigned upload (deployers): reads the object back, checks size and sha256,
+/// and registers it as the next version. A bad object is deleted.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/models/{model}/uploads/{upload_id}/complete", operation_id = "complete_upload", tag = "models",
+    request_body = CompleteUpload,
+    params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
+           ("upload_id" = String, Path, description = "Upload id"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation key")),
+    responses(
+        (status = 201, description = "The new version.", body = ModelVersion),
+        (status = 413, description = "The artifact is larger than the cap.", body = crate::error::ErrorBody)))]
+pub async fn handle_upload_complete(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, model, upload_id)): Path<(String, String, String)>,
+    ApiJson(body): ApiJson<CompleteUpload>,
+) -> Result<(StatusCode, Json<ModelVersion>)> {
+    let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "upload versions").await?;
+    let upload_id: Uuid = upload_id.parse().map_err(|_| Error::NotFound("upload"))?;
+    let sha256 = crate::app::parse_sha256("sha256", &body.sha256)?;
+    let version = app.complete_upload(&caller.actor, &m, upload_id, sha256, body.config).await?;
+    Ok((StatusCode::CREATED, Json(ModelVersion::new(&m.name, version))))
+}
+
+/// The declared body length, if any.
+pub fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}

@@ -1,0 +1,309 @@
+//! The control plane's shared state and the few domain steps handlers share: resolving the
+//! tenant a request may act on, and the first-start bootstrap.
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use futures::Stream;
+use uuid::Uuid;
+
+use crate::auth::keys::{self, KeyHasher};
+use crate::auth::tokens::{TokenConfig, TokenService};
+use crate::auth::{Authenticator, Principal};
+use crate::config::Config;
+use crate::error::{Error, QuotaName, Result};
+use crate::registry::{Actor, ModelRow, NewApiKey, NewVersion, QuotaLimits, Registry, UploadRow, VersionRow, now};
+use crate::store::ArtifactStore;
+use crate::types::{ArtifactFormat, Name, Role};
+
+/// Name of the platform's own tenant, home of platform-admin keys.
+pub const PLATFORM_TENANT: &str = "platform";
+
+/// Everything a handler can reach.
+pub struct App {
+    /// The registry.
+    pub registry: Registry,
+    /// Artifacts.
+    pub store: ArtifactStore,
+    /// Credential checks.
+    pub auth: Authenticator,
+    /// Token issue and verification.
+    pub tokens: Arc<TokenService>,
+    /// Settings.
+    pub config: Config,
+}
+
+/// A tenant a request may act on.
+#[derive(Debug, Clone)]
+pub struct TenantRef {
+    /// Id.
+    pub id: Uuid,
+    /// Name.
+    pub name: String,
+}
+
+impl App {
+    /// Builds the state over an open registry and store.
+    pub async fn new(registry: Registry, store: ArtifactStore, config: Config) -> Result<Arc<Self>> {
+        let token_config = TokenConfig {
+            issuer: config.token_issuer.clone(),
+            audience: config.token_audience.clone(),
+            ttl: config.token_ttl,
+        };
+        let tokens = Arc::new(TokenService::new(registry.clone(), token_config).await?);
+        let hasher = KeyHasher::new(config.api_key_pepper.expose().as_bytes());
+        let auth = Authenticator::new(registry.clone(), hasher, tokens.clone());
+        Ok(Arc::new(App { registry, store, auth, tokens, config }))
+    }
+
+    /// The tenant named in a path, if the caller may see it, and only if the caller's role
+    /// includes `needed`. Another tenant is "not found" (never "forbidden": no existence
+    /// leak); platform admins reach every tenant.
+    pub async fn tenant_for(
+        &self,
+        p: &Principal,
+        tenant: &str,
+        needed: Role,
+        action: &'static str,
+    ) -> Result<TenantRef> {
+        // Not a valid name: no tenant has it (and it never reaches a query).
+        let found = if Name::parse(tenant).is_err() {
+            return Err(Error::NotFound("tenant"));
+        } else if p.role == Role::PlatformAdmin {
+            let row = self.registry.conn().await?.tenant_by_name(tenant).await?.ok_or(Error::NotFound("tenant"))?;
+            TenantRef { id: row.id, name: row.name }
+        } else if p.tenant_name == tenant {
+            TenantRef { id: p.tenant_id, name: p.tenant_name.clone() }
+        } else {
+            return Err(Error::NotFound("tenant"));
+        };
+        p.require(needed, action)?;
+        Ok(found)
+    }
+
+    /// A model of a tenant the caller may act on.
+    pub async fn model_for(
+        &self,
+        p: &Principal,
+        tenant: &str,
+        model: &str,
+        needed: Role,
+        action: &'static str,
+    ) -> Result<ModelRow> {
+        let tenant = self.tenant_for(p, tenant, needed, action).await?;
+        if Name::parse(model).is_err() {
+            return Err(Error::NotFound("model"));
+        }
+        self.registry.conn().await?.model(tenant.id, model).await?.ok_or(Error::NotFound("model"))
+    }
+
+    /// First start: creates the platform tenant and makes sure a platform-admin key exists,
+    /// installing `--bootstrap-admin-key` or generating one. Returns a generated key (to be
+    /// shown once), if one was generated.
+    pub async fn bootstrap(&self) -> Result<Option<String>> {
+        let actor = Actor { key_id: None, request_id: "bootstrap".into(), client_addr: None };
+        let platform = match self.registry.conn().await?.platform_tenant().await? {
+            Some(t) => t,
+            None => {
+                let name = Name::parse(PLATFORM_TENANT).map_err(Error::Internal)?;
+                let limits = QuotaLimits { models: 0, versions: 0, storage_bytes: 0, ..QuotaLimits::default() };
+                match self.registry.create_tenant(&actor, &name, "Platform", true, &limits).await {
+                    Ok(t) => t,
+                    // Another replica won the race.
+                    Err(Error::Conflict { .. }) => {
+                        self.registry.conn().await?.platform_tenant().await?.ok_or(Error::NotFound("tenant"))?
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        };
+        if let Some(key) = &self.config.bootstrap_admin_key {
+            self.install_admin_key(&actor, platform.id, key.expose()).await?;
+            return Ok(None);
+        }
+        if self.registry.conn().await?.has_platform_admin_key(now()).await? {
+            return Ok(None);
+        }
+        let generated = keys::generate();
+        self.install_admin_key(&actor, platform.id, &generated.key).await?;
+        Ok(Some(generated.key))
+    }
+
+    async fn install_admin_key(&self, actor: &Actor, platform: Uuid, key: &str) -> Result<()> {
+        let prefix = keys::prefix_of(key)
+            .ok_or_else(|| Error::invalid("bootstrap_admin_key", "not a Tessera API key (tsk_<12>_<43>)"))?;
+        if self.registry.conn().await?.key_by_prefix(prefix).await?.is_some() {
+            return Ok(());
+        }
+        let new = NewApiKey {
+            prefix: prefix.to_string(),
+            secret_hash: self.auth.hasher().hash(key),
+            name: "bootstrap platform admin".into(),
+            role: Role::PlatformAdmin,
+            expires_at: None,
+        };
+        self.registry.create_key(actor, platform, new).await?;
+        tracing::info!(prefix, "installed the bootstrap platform-admin key");
+        Ok(())
+    }
+}
+
+/// What an API upload declares besides its bytes.
+#[derive(Debug, Clone)]
+pub struct UploadRequest {
+    /// Packaging.
+    pub format: ArtifactFormat,
+    /// Expected sha256, if the client gave one.
+    pub sha256: Option<String>,
+    /// Model configuration, if given.
+    pub config: Option<serde_json::Value>,
+    /// `Content-Length`, if sent.
+    pub declared_len: Option<u64>,
+}
+
+impl UploadRequest {
+    /// Reads the query's `format`/`sha256` and the `X-Content-Sha256`, `X-Model-Config` and
+    /// `Content-Length` headers.
+    pub fn from_parts(format: Option<ArtifactFormat>, sha256: Option<String>, headers: &HeaderMap) -> Result<Self> {
+        let header_text = |name: &str| -> Result<Option<&str>> {
+            headers
+                .get(name)
+                .map(|v| v.to_str().map_err(|_| Error::invalid(name, format!("{name} is not valid text"))))
+                .transpose()
+        };
+        let from_query = sha256.as_deref().map(|s| parse_sha256("sha256", s)).transpose()?;
+        let from_header = header_text("x-content-sha256")?.map(|s| parse_sha256("X-Content-Sha256", s)).transpose()?;
+        if let (Some(q), Some(h)) = (&from_query, &from_header)
+            && q != h
+        {
+            return Err(Error::invalid("sha256", "the sha256 query parameter and X-Content-Sha256 header differ"));
+        }
+        let config = match header_text("x-model-config")? {
+            None => None,
+            Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(v @ serde_json::Value::Object(_)) if !crate::api::contains_nul(&v) => Some(v),
+                _ => return Err(Error::invalid("X-Model-Config", "X-Model-Config must be a JSON object")),
+            },
+        };
+        Ok(UploadRequest {
+            format: format.unwrap_or(ArtifactFormat::Onnx),
+            sha256: from_query.or(from_header),
+            config,
+            declared_len: crate::api::content_length(headers),
+        })
+    }
+}
+
+/// A hex sha256, lower-cased; anything else is invalid input blamed on `field`.
+pub fn parse_sha256(field: &str, s: &str) -> Result<String> {
+    if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(s.to_ascii_lowercase())
+    } else {
+        Err(Error::invalid(field, format!("{field} must be 64 hex digits")))
+    }
+}
+
+impl App {
+    /// Streams an artifact into the store and registers it as the model's next version. A
+    /// failure at any step leaves no object behind.
+    pub async fn upload_version<S, E>(
+        &self,
+        actor: &Actor,
+        model: &ModelRow,
+        request: UploadRequest,
+        body: S,
+    ) -> Result<VersionRow>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        let max = self.config.max_upload_bytes;
+        if let Some(len) = request.declared_len {
+            if len > max {
+                return Err(Error::PayloadTooLarge { limit: max });
+            }
+            // Fail before receiving gigabytes that cannot be kept (checked again on commit).
+            let mut conn = self.registry.conn().await?;
+            let (limits, usage) = (conn.quota(model.tenant_id).await?, conn.quota_usage(model.tenant_id).await?);
+            limits.check(QuotaName::StorageBytes, usage.storage_bytes.saturating_add_unsigned(len))?;
+        }
+        let key = ArtifactStore::new_key(model.tenant_id, model.id, request.format);
+        let stored = self.store.put_stream(&key, body, max, request.format, request.sha256.as_deref()).await?;
+        let new = NewVersion {
+            artifact_key: key.to_string(),
+            sha256: stored.sha256,
+            size_bytes: i64::try_from(stored.size).unwrap_or(i64::MAX),
+            format: request.format,
+            config: request.config,
+        };
+        let created = self.registry.create_version(actor, model, new).await;
+        if created.is_err() {
+            self.store.delete_all(&[key.to_string()]).await;
+        }
+        created
+    }
+
+    /// Opens a presigned upload for a model.
+    pub async fn presign_upload(
+        &self,
+        actor: &Actor,
+        model: &ModelRow,
+        format: ArtifactFormat,
+    ) -> Result<(UploadRow, url::Url)> {
+        let key = ArtifactStore::new_key(model.tenant_id, model.id, format);
+        let url = self.store.presign_put(&key, self.config.presign_ttl).await?;
+        let created_at = now();
+        let upload = UploadRow {
+            id: Uuid::now_v7(),
+            tenant_id: model.tenant_id,
+            model_id: model.id,
+            artifact_key: key.to_string(),
+            format: format.as_str().to_string(),
+            created_by: actor.key_id,
+            created_at,
+            expires_at: created_at + self.config.presign_ttl,
+            completed_at: None,
+        };
+        self.registry.create_upload(actor, model, &upload).await?;
+        Ok((upload, url))
+    }
+
+    /// Verifies a presigned upload's object and registers it as the next version; a bad
+    /// object is deleted.
+    pub async fn complete_upload(
+        &self,
+        actor: &Actor,
+        model: &ModelRow,
+        upload_id: Uuid,
+        sha256: String,
+        config: Option<serde_json::Value>,
+    ) -> Result<VersionRow> {
+        let upload = self.registry.conn().await?.upload(model.tenant_id, model.id, upload_id).await?;
+        let upload = upload.ok_or(Error::NotFound("upload"))?;
+        if upload.completed_at.is_some() {
+            return Err(Error::conflict("upload_completed", "this upload was already completed"));
+        }
+        let format = ArtifactFormat::parse(&upload.format).ok_or_else(|| Error::Internal("stored format".into()))?;
+        let key = object_store::path::Path::from(upload.artifact_key.as_str());
+        let outcome = match self.store.digest(&key, self.config.max_upload_bytes, format, &sha256).await {
+            Ok(stored) => {
+                let new = NewVersion {
+                    artifact_key: upload.artifact_key.clone(),
+                    sha256: stored.sha256,
+                    size_bytes: i64::try_from(stored.size).unwrap_or(i64::MAX),
+                    format,
+                    config,
+                };
+                self.registry.complete_upload(actor, model, upload_id, new).await
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = &outcome
+            && !matches!(e, Error::Conflict { code: "upload_completed" | "upload_missing", .. })
+        {
+            self.store.delete_all(&[upload.artifact_key]).await;
+        }
+        outcome
+    }
+}

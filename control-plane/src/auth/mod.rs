@@ -1,0 +1,102 @@
+//! Who is calling: API keys and access tokens resolve to a [`Principal`] (one tenant, one
+//! role). Failures are deliberately vague: every bad credential is the same 401.
+
+pub mod keys;
+pub mod tokens;
+
+use time::Duration;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::registry::{Registry, now};
+use crate::types::Role;
+use keys::KeyHasher;
+use tokens::TokenService;
+
+/// How the caller proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Credential {
+    /// An API key.
+    ApiKey,
+    /// An access token obtained from `POST /v1/auth/token`.
+    Token,
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    /// The caller's tenant.
+    pub tenant_id: Uuid,
+    /// The tenant's name.
+    pub tenant_name: String,
+    /// The API key (for a token: the key it was exchanged for).
+    pub key_id: Uuid,
+    /// What the caller may do.
+    pub role: Role,
+    /// Key or token.
+    pub credential: Credential,
+}
+
+impl Principal {
+    /// Fails with 403 unless the caller's role includes `needed`.
+    pub fn require(&self, needed: Role, action: &'static str) -> Result<()> {
+        if self.role.allows(needed) { Ok(()) } else { Err(Error::Forbidden { role: self.role.as_str(), action }) }
+    }
+}
+
+/// Resolves bearer credentials.
+pub struct Authenticator {
+    registry: Registry,
+    hasher: KeyHasher,
+    tokens: std::sync::Arc<TokenService>,
+}
+
+impl Authenticator {
+    /// An authenticator over the registry's keys and the token service.
+    pub fn new(registry: Registry, hasher: KeyHasher, tokens: std::sync::Arc<TokenService>) -> Self {
+        Authenticator { registry, hasher, tokens }
+    }
+
+    /// The key hasher (to store new keys).
+    pub fn hasher(&self) -> &KeyHasher {
+        &self.hasher
+    }
+
+    /// Resolves a bearer credential: an API key (`tsk_…`) or a JWT.
+    pub async fn authenticate(&self, bearer: &str) -> Result<Principal> {
+        if bearer.starts_with(keys::KEY_PREFIX) {
+            self.authenticate_key(bearer).await
+        } else {
+            let claims = self.tokens.verify(bearer).await?;
+            Ok(Principal {
+                tenant_id: claims.tenant,
+                tenant_name: claims.tenant_name,
+                key_id: claims.sub.parse().map_err(|_| Error::Unauthenticated)?,
+                role: claims.role,
+                credential: Credential::Token,
+            })
+        }
+    }
+
+    async fn authenticate_key(&self, key: &str) -> Result<Principal> {
+        let prefix = keys::prefix_of(key).ok_or(Error::Unauthenticated)?;
+        let mut conn = self.registry.conn().await?;
+        let row = conn.key_by_prefix(prefix).await?.ok_or(Error::Unauthenticated)?;
+        let at = now();
+        if !self.hasher.verify(key, &row.secret_hash) || !row.is_active(at) {
+            return Err(Error::Unauthenticated);
+        }
+        let tenant = conn.tenant_by_id(row.tenant_id).await?.ok_or(Error::Unauthenticated)?;
+        // Record use at most once a minute: a write per request would be wasteful.
+        if row.last_used_at.is_none_or(|t| at - t > Duration::minutes(1)) {
+            conn.touch_key(row.id, at).await?;
+        }
+        Ok(Principal {
+            tenant_id: tenant.id,
+            tenant_name: tenant.name,
+            key_id: row.id,
+            role: row.role(),
+            credential: Credential::ApiKey,
+        })
+    }
+}

@@ -1,0 +1,272 @@
+//! Short-lived access tokens: Ed25519-signed JWTs carrying tenant, role and expiry, and the
+//! JWKS that lets workers and gateways verify them without calling the control plane.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use ed25519_dalek::pkcs8::EncodePrivateKey;
+use jsonwebtoken::jwk::{
+    AlgorithmParameters, CommonParameters, EllipticCurve, Jwk, JwkSet, KeyAlgorithm, OctetKeyPairParameters,
+    OctetKeyPairType, PublicKeyUse,
+};
+use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
+use parking_lot::RwLock;
+use rand::RngCore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use super::Principal;
+use crate::error::{Error, Result};
+use crate::registry::{Actor, Registry, SigningKeyRow, now};
+use crate::types::Role;
+
+/// Tolerated clock skew when checking `exp`, in seconds.
+const LEEWAY_SECS: u64 = 30;
+
+/// What a token says.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Claims {
+    /// Issuer.
+    pub iss: String,
+    /// Audience.
+    pub aud: String,
+    /// The API key the token was exchanged for.
+    pub sub: String,
+    /// Tenant id.
+    pub tenant: Uuid,
+    /// Tenant name.
+    pub tenant_name: String,
+    /// Role.
+    pub role: Role,
+    /// Issued at (Unix seconds).
+    pub iat: i64,
+    /// Expires at (Unix seconds).
+    pub exp: i64,
+    /// Token id.
+    pub jti: String,
+}
+
+/// Token settings.
+#[derive(Debug, Clone)]
+pub struct TokenConfig {
+    /// `iss` claim.
+    pub issuer: String,
+    /// `aud` claim.
+    pub audience: String,
+    /// Token lifetime.
+    pub ttl: Duration,
+}
+
+struct Ring {
+    signing: Option<(String, EncodingKey)>,
+    verifying: HashMap<String, DecodingKey>,
+    jwks: JwkSet,
+    loaded_at: tokio::time::Instant,
+}
+
+/// Issues and verifies tokens; holds the current signing keys, reloaded from the registry
+/// when a token names an unknown key (another replica rotated) or after a rotation here.
+pub struct TokenService {
+    registry: Registry,
+    config: TokenConfig,
+    /// Written by `reload`, read by every verification.
+    ring: RwLock<Arc<Ring>>,
+}
+
+impl TokenService {
+    /// Loads the signing keys, creating the first one if there is none.
+    pub async fn new(registry: Registry, config: TokenConfig) -> Result<Self> {
+        if registry.insert_first_signing_key(&new_signing_key()?).await? {
+            tracing::info!("created the first token signing key");
+        }
+        let service = TokenService { registry, config, ring: RwLock::new(Arc::new(empty_ring())) };
+        service.reload().await?;
+        Ok(service)
+    }
+
+    /// Re-reads the published keys from the registry.
+    pub async fn reload(&self) -> Result<()> {
+        let publish_since = now() - self.config.ttl - Duration::from_secs(LEEWAY_SECS + 60);
+        let rows = self.registry.conn().await?.signing_keys(publish_since).await?;
+        let ring = build_ring(&rows)?;
+        *self.ring.write() = Arc::new(ring);
+        Ok(())
+    }
+
+    fn ring(&self) -> Arc<Ring> {
+        self.ring.read().clone()
+    }
+
+    /// Token lifetime.
+    pub fn ttl(&self) -> Duration {
+        self.config.ttl
+    }
+
+    /// Issues a token for an API-key principal.
+    pub fn issue(&self, principal: &Principal) -> Result<String> {
+        let ring = self.ring();
+        let (kid, key) = ring.signing.as_ref().ok_or_else(|| Error::Internal("no signing key loaded".into()))?;
+        let iat = now().unix_timestamp();
+        let claims = Claims {
+            iss: self.config.issuer.clone(),
+            aud: self.config.audience.clone(),
+            sub: principal.key_id.to_string(),
+            tenant: principal.tenant_id,
+            tenant_name: principal.tenant_name.clone(),
+            role: principal.role,
+            iat,
+            exp: iat + i64::try_from(self.config.ttl.as_secs()).unwrap_or(i64::MAX / 2),
+            jti: Uuid::new_v4().to_string(),
+        };
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(kid.clone());
+        jsonwebtoken::encode(&header, &claims, key).map_err(|e| Error::Internal(format!("sign a token: {e}")))
+    }
+
+    /// Checks a token's signature, algorithm, issuer, audience and expiry.
+    pub async fn verify(&self, token: &str) -> Result<Claims> {
+        // An `alg` outside jsonwebtoken's list (e.g. "none") fails to parse here.
+        let header = jsonwebtoken::decode_header(token).map_err(|_| Error::Unauthenticated)?;
+        let kid = header.kid.ok_or(Error::Unauthenticated)?;
+        let mut ring = self.ring();
+        if !ring.verifying.contains_key(&kid) && ring.loaded_at.elapsed() > Duration::from_secs(1) {
+            self.reload().await?;
+            ring = self.ring();
+        }
+        let key = ring.verifying.get(&kid).ok_or(Error::Unauthenticated)?;
+        let mut validation = Validation::new(Algorithm::EdDSA);
+        validation.set_audience(&[&self.config.audience]);
+        validation.set_issuer(&[&self.config.issuer]);
+        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+        validation.leeway = LEEWAY_SECS;
+        let data = jsonwebtoken::decode::<Claims>(token, key, &validation).map_err(|e| {
+            tracing::debug!(error = %e, "token refused");
+            Error::Unauthenticated
+        })?;
+        Ok(data.claims)
+    }
+
+    /// The public keys, as a JWKS document.
+    pub fn jwks(&self) -> JwkSet {
+        self.ring().jwks.clone()
+    }
+
+    /// Starts signing with a new key; the old ones stay published until their tokens expire.
+    pub async fn rotate(&self, actor: &Actor, audit_tenant: Uuid) -> Result<String> {
+        let key = new_signing_key()?;
+        self.registry.rotate_signing_key(actor, Some(audit_tenant), &key).await?;
+        self.reload().await?;
+        Ok(key.kid)
+    }
+}
+
+fn empty_ring() -> Ring {
+    Ring {
+        signing: None,
+        verifying: HashMap::new(),
+        jwks: JwkSet { keys: vec![] },
+        loaded_at: tokio::time::Instant::now(),
+    }
+}
+
+fn build_ring(rows: &[SigningKeyRow]) -> Result<Ring> {
+    let mut ring = empty_ring();
+    for row in rows {
+        let jwk = public_jwk(&row.kid, &row.public_key);
+        let decoding =
+            DecodingKey::from_jwk(&jwk).map_err(|e| Error::Internal(format!("load key {}: {e}", row.kid)))?;
+        ring.verifying.insert(row.kid.clone(), decoding);
+        ring.jwks.keys.push(jwk);
+        // Rows come newest first: the newest unretired key signs.
+        if row.retired_at.is_none() && ring.signing.is_none() {
+            ring.signing = Some((row.kid.clone(), EncodingKey::from_ed_der(&row.private_der)));
+        }
+    }
+    Ok(ring)
+}
+
+fn public_jwk(kid: &str, public_key: &[u8]) -> Jwk {
+    Jwk {
+        common: CommonParameters {
+            public_key_use: Some(PublicKeyUse::Signature),
+            key_algorithm: Some(KeyAlgorithm::EdDSA),
+            key_id: Some(kid.to_string()),
+            ..Default::default()
+        },
+        algorithm: AlgorithmParameters::OctetKeyPair(OctetKeyPairParameters {
+            key_type: OctetKeyPairType::OctetKeyPair,
+            curve: EllipticCurve::Ed25519,
+            x: URL_SAFE_NO_PAD.encode(public_key),
+        }),
+    }
+}
+
+/// A new random Ed25519 key; its id is derived from the public key.
+pub fn new_signing_key() -> Result<SigningKeyRow> {
+    let mut seed = [0u8; 32];
+    rand::rng().fill_bytes(&mut seed);
+    let signing = ed25519_dalek::SigningKey::from_bytes(&seed);
+    let der = signing.to_pkcs8_der().map_err(|e| Error::Internal(format!("encode a signing key: {e}")))?;
+    let public_key = signing.verifying_key().to_bytes().to_vec();
+    let kid = hex::encode(&Sha256::digest(&public_key)[..8]);
+    Ok(SigningKeyRow { kid, private_der: der.as_bytes().to_vec(), public_key, created_at: now(), retired_at: None })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service_ring(rows: &[SigningKeyRow]) -> Ring {
+        build_ring(rows).unwrap()
+    }
+
+    #[test]
+    fn newest_unretired_key_signs_and_all_verify() {
+        let old = SigningKeyRow { retired_at: Some(now()), ..new_signing_key().unwrap() };
+        let current = new_signing_key().unwrap();
+        let ring = service_ring(&[current.clone(), old.clone()]);
+        assert_eq!(ring.signing.as_ref().map(|(k, _)| k.as_str()), Some(current.kid.as_str()));
+        assert_eq!(ring.jwks.keys.len(), 2);
+        assert!(ring.verifying.contains_key(&old.kid));
+    }
+
+    #[test]
+    fn signed_token_round_trips_and_forgeries_fail() {
+        let row = new_signing_key().unwrap();
+        let ring = service_ring(std::slice::from_ref(&row));
+        let (kid, enc) = ring.signing.as_ref().unwrap();
+        let claims = Claims {
+            iss: "t".into(),
+            aud: "a".into(),
+            sub: "k".into(),
+            tenant: Uuid::nil(),
+            tenant_name: "x".into(),
+            role: Role::Viewer,
+            iat: now().unix_timestamp(),
+            exp: now().unix_timestamp() + 60,
+            jti: "j".into(),
+        };
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(kid.clone());
+        let token = jsonwebtoken::encode(&header, &claims, enc).unwrap();
+        let mut v = Validation::new(Algorithm::EdDSA);
+        v.set_audience(&["a"]);
+        v.set_issuer(&["t"]);
+        let dec = &ring.verifying[kid];
+        assert_eq!(jsonwebtoken::decode::<Claims>(&token, dec, &v).unwrap().claims, claims);
+
+        // A token signed by another key does not verify.
+        let other = service_ring(&[new_signing_key().unwrap()]);
+        let forged = jsonwebtoken::encode(&header, &claims, &other.signing.as_ref().unwrap().1).unwrap();
+        assert!(jsonwebtoken::decode::<Claims>(&forged, dec, &v).is_err());
+
+        // alg: none does not even parse.
+        let none_header = URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT"}"#);
+        let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap());
+        assert!(jsonwebtoken::decode_header(format!("{none_header}.{body}.")).is_err());
+    }
+}

@@ -1,0 +1,138 @@
+//! `tessera control-plane` flags and the [`Config`] they become.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Default `--max-upload-bytes`: 4 GiB.
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+
+/// A string that never shows in logs or `Debug` output.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a value.
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+
+    /// The value, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "\"\"" } else { "\"[redacted]\"" })
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Secret(s.to_string()))
+    }
+}
+
+/// `tessera control-plane` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ControlPlaneArgs {
+    /// Address the REST API listens on; port 0 picks a free one.
+    #[arg(long, env = "TESSERA_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Registry database: `postgres://user:pass@host/db` or `sqlite://path/file.db`.
+    #[arg(long, env = "TESSERA_DATABASE_URL", default_value = "sqlite://tessera.db")]
+    pub database_url: Secret,
+    /// How long to wait for the database to answer at start, in seconds.
+    #[arg(long, env = "TESSERA_DATABASE_WAIT_SECS", default_value_t = 60)]
+    pub database_wait_secs: u64,
+    /// Artifact store: a directory, `file:///dir`, or `s3://bucket/prefix` (endpoint and
+    /// credentials from the usual `AWS_*` variables, e.g. `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`).
+    #[arg(long, env = "TESSERA_OBJECT_STORE", default_value = "tessera-artifacts")]
+    pub object_store: String,
+    /// Largest model artifact accepted, in bytes.
+    #[arg(long, env = "TESSERA_MAX_UPLOAD_BYTES", default_value_t = DEFAULT_MAX_UPLOAD_BYTES)]
+    pub max_upload_bytes: u64,
+    /// Lifetime of access tokens from `POST /v1/auth/token`, in seconds.
+    #[arg(long, env = "TESSERA_TOKEN_TTL_SECS", default_value_t = 900)]
+    pub token_ttl_secs: u64,
+    /// `iss` claim of access tokens.
+    #[arg(long, env = "TESSERA_TOKEN_ISSUER", default_value = "tessera")]
+    pub token_issuer: String,
+    /// `aud` claim of access tokens (what workers and gateways expect).
+    #[arg(long, env = "TESSERA_TOKEN_AUDIENCE", default_value = "tessera")]
+    pub token_audience: String,
+    /// Secret mixed into API key hashes; keep it out of the database. Changing it invalidates
+    /// every key.
+    #[arg(long, env = "TESSERA_API_KEY_PEPPER", default_value = "")]
+    pub api_key_pepper: Secret,
+    /// Platform-admin API key to install at first start (`tsk_…`); without it, one is
+    /// generated and printed once.
+    #[arg(long, env = "TESSERA_BOOTSTRAP_ADMIN_KEY")]
+    pub bootstrap_admin_key: Option<Secret>,
+    /// Lifetime of presigned upload URLs, in seconds.
+    #[arg(long, env = "TESSERA_PRESIGN_TTL_SECS", default_value_t = 3600)]
+    pub presign_ttl_secs: u64,
+}
+
+/// Everything the control plane needs to run.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// REST API listen address.
+    pub listen: SocketAddr,
+    /// Registry database URL.
+    pub database_url: Secret,
+    /// How long to wait for the database at start.
+    pub database_wait: Duration,
+    /// Artifact store spec.
+    pub object_store: String,
+    /// Upload cap.
+    pub max_upload_bytes: u64,
+    /// Access token lifetime.
+    pub token_ttl: Duration,
+    /// Token issuer.
+    pub token_issuer: String,
+    /// Token audience.
+    pub token_audience: String,
+    /// API key pepper.
+    pub api_key_pepper: Secret,
+    /// Platform-admin key to install at first start.
+    pub bootstrap_admin_key: Option<Secret>,
+    /// Presigned URL lifetime.
+    pub presign_ttl: Duration,
+}
+
+impl ControlPlaneArgs {
+    /// The configuration these flags describe.
+    pub fn into_config(self) -> Config {
+        Config {
+            listen: self.listen,
+            database_url: self.database_url,
+            database_wait: Duration::from_secs(self.database_wait_secs),
+            object_store: self.object_store,
+            max_upload_bytes: self.max_upload_bytes,
+            token_ttl: Duration::from_secs(self.token_ttl_secs.max(1)),
+            token_issuer: self.token_issuer,
+            token_audience: self.token_audience,
+            api_key_pepper: self.api_key_pepper,
+            bootstrap_admin_key: self.bootstrap_admin_key.filter(|k| !k.expose().is_empty()),
+            presign_ttl: Duration::from_secs(self.presign_ttl_secs.max(1)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_redacted() {
+        let s = Secret::new("hunter2");
+        assert!(!format!("{s:?}").contains("hunter2"));
+        assert_eq!(s.expose(), "hunter2");
+    }
+}

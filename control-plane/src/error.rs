@@ -1,0 +1,270 @@
+//! The control plane's one error type, its kinds, and their mapping to HTTP in one place.
+//!
+//! Every `/v1` failure leaves as `{"error": {"code", "message"}}` (plus `field` when one input
+//! field is to blame). 500s say nothing internal; the cause is logged once, here.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Result alias for the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A quota a tenant can exceed; its name is part of the error code (`quota_exceeded.<name>`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuotaName {
+    /// Number of models.
+    Models,
+    /// Number of model versions, over all models.
+    Versions,
+    /// Bytes of stored artifacts.
+    StorageBytes,
+}
+
+impl QuotaName {
+    /// The quota's name as it appears in codes and in the quota document.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QuotaName::Models => "models",
+            QuotaName::Versions => "versions",
+            QuotaName::StorageBytes => "storage_bytes",
+        }
+    }
+
+    fn code(self) -> &'static str {
+        match self {
+            QuotaName::Models => "quota_exceeded.models",
+            QuotaName::Versions => "quota_exceeded.versions",
+            QuotaName::StorageBytes => "quota_exceeded.storage_bytes",
+        }
+    }
+}
+
+/// Everything that can go wrong in the control plane.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Input that parsed but is not acceptable; names the field when one is to blame.
+    #[error("{message}")]
+    InvalidInput {
+        /// The offending field, if any.
+        field: Option<String>,
+        /// What is wrong.
+        message: String,
+    },
+    /// A request that could not be read at all (malformed JSON, bad header).
+    #[error("{0}")]
+    BadRequest(String),
+    /// No credentials, or credentials that do not check out. Deliberately vague.
+    #[error("missing or invalid credentials")]
+    Unauthenticated,
+    /// The caller's role may not perform this action.
+    #[error("role '{role}' may not {action}")]
+    Forbidden {
+        /// The caller's role.
+        role: &'static str,
+        /// The refused action, as a verb phrase.
+        action: &'static str,
+    },
+    /// The resource does not exist in the caller's tenant (or the tenant is not the caller's).
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    /// The request conflicts with current state (`code` says how).
+    #[error("{message}")]
+    Conflict {
+        /// Stable machine-readable code, e.g. `already_exists`.
+        code: &'static str,
+        /// Human-readable detail.
+        message: String,
+    },
+    /// A tenant quota would be exceeded.
+    #[error("quota '{}' exceeded: limit {limit}, would be {requested}", quota.as_str())]
+    QuotaExceeded {
+        /// Which quota.
+        quota: QuotaName,
+        /// The limit.
+        limit: i64,
+        /// What the request would bring the usage to.
+        requested: i64,
+    },
+    /// An upload larger than the configured cap.
+    #[error("artifact larger than the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The cap in bytes.
+        limit: u64,
+    },
+    /// Registry failure.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Artifact store failure.
+    #[error("object store error: {0}")]
+    Store(#[from] object_store::Error),
+    /// Anything else that is our fault.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Invalid input blamed on `field`.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::InvalidInput { field: Some(field.into()), message: message.into() }
+    }
+
+    /// A conflict with a stable code.
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        Error::Conflict { code, message: message.into() }
+    }
+
+    /// The error's kind, which decides status and code.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidInput { .. } => ErrorKind::InvalidArgument,
+            Error::BadRequest(_) => ErrorKind::BadRequest,
+            Error::Unauthenticated => ErrorKind::Unauthenticated,
+            Error::Forbidden { .. } => ErrorKind::PermissionDenied,
+            Error::NotFound(_) => ErrorKind::NotFound,
+            Error::Conflict { .. } => ErrorKind::Conflict,
+            Error::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
+            Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
+            Error::Database(_) | Error::Store(_) | Error::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The stable code in the error body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Conflict { code, .. } => code,
+            Error::QuotaExceeded { quota, .. } => quota.code(),
+            other => other.kind().default_code(),
+        }
+    }
+
+    /// The body clients see; internal errors say nothing internal.
+    pub fn body(&self) -> ErrorBody {
+        let message = match self.kind() {
+            ErrorKind::Internal => "internal error".to_string(),
+            _ => self.to_string(),
+        };
+        let field = match self {
+            Error::InvalidInput { field, .. } => field.clone(),
+            _ => None,
+        };
+        ErrorBody { error: ErrorDetail { code: self.code().to_string(), message, field } }
+    }
+}
+
+/// What went wrong, coarsely: decides the HTTP status (and, later, the gRPC code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 422.
+    InvalidArgument,
+    /// 400.
+    BadRequest,
+    /// 401.
+    Unauthenticated,
+    /// 403.
+    PermissionDenied,
+    /// 404.
+    NotFound,
+    /// 409.
+    Conflict,
+    /// 409 with a `quota_exceeded.*` code.
+    QuotaExceeded,
+    /// 413.
+    PayloadTooLarge,
+    /// 500.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The HTTP status for this kind: the single place statuses are decided.
+    pub fn http_status(self) -> StatusCode {
+        match self {
+            ErrorKind::InvalidArgument => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            // A quota is a conflict with the tenant's current state, not a rate limit: retrying
+            // does not help until something is deleted or the quota is raised.
+            ErrorKind::Conflict | ErrorKind::QuotaExceeded => StatusCode::CONFLICT,
+            ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn default_code(self) -> &'static str {
+        match self {
+            ErrorKind::InvalidArgument => "invalid_argument",
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::QuotaExceeded => "quota_exceeded",
+            ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// The error document of every `/v1` route.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// One error: a stable code and a human-readable message.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable machine-readable code, e.g. `not_found`, `already_exists`, `quota_exceeded.models`.
+    pub code: String,
+    /// Human-readable explanation.
+    pub message: String,
+    /// The request field at fault, for invalid input.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = self.kind().http_status();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        let mut response = (status, Json(self.body())).into_response();
+        if status == StatusCode::UNAUTHORIZED {
+            response.headers_mut().insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_code_names_the_quota() {
+        let e = Error::QuotaExceeded { quota: QuotaName::StorageBytes, limit: 10, requested: 11 };
+        assert_eq!(e.code(), "quota_exceeded.storage_bytes");
+        assert_eq!(e.kind().http_status(), StatusCode::CONFLICT);
+    }
+
+    #[test]
+    fn internal_errors_say_nothing_internal() {
+        let e = Error::Internal("connection to 10.0.0.3 refused".into());
+        let body = e.body();
+        assert_eq!(body.error.message, "internal error");
+        assert_eq!(body.error.code, "internal");
+    }
+
+    #[test]
+    fn invalid_input_names_the_field() {
+        let body = Error::invalid("name", "too long").body();
+        assert_eq!(body.error.field.as_deref(), Some("name"));
+        assert_eq!(Error::invalid("x", "y").kind().http_status(), StatusCode::UNPROCESSABLE_ENTITY);
+    }
+}

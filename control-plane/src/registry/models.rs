@@ -1,0 +1,539 @@
+//! Models, their immutable versions, aliases that point at versions, and presigned upload
+//! sessions. A model's name is unique within its tenant; version numbers count up per model
+//! and are never reused.
+
+use serde_json::json;
+use sqlx::FromRow;
+use sqlx::types::Json;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::audit::{Actor, NewAuditEvent};
+use super::{Conn, Registry, exec, now, on_conn, on_unique};
+use crate::error::{Error, QuotaName, Result};
+use crate::types::{ArtifactFormat, Name};
+
+/// A model.
+#[derive(Debug, Clone, FromRow)]
+pub struct ModelRow {
+    /// Id.
+    pub id: Uuid,
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Name, unique in the tenant.
+    pub name: String,
+    /// Description.
+    pub description: String,
+    /// Number the next version gets.
+    pub next_version: i64,
+    /// Creating key.
+    pub created_by: Option<Uuid>,
+    /// Created.
+    pub created_at: OffsetDateTime,
+    /// Last changed.
+    pub updated_at: OffsetDateTime,
+}
+
+/// An immutable model version.
+#[derive(Debug, Clone, FromRow)]
+pub struct VersionRow {
+    /// Id.
+    pub id: Uuid,
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Model.
+    pub model_id: Uuid,
+    /// Version number, from 1.
+    pub version: i64,
+    /// Object-store key of the artifact (tenant-prefixed).
+    pub artifact_key: String,
+    /// Hex sha256 of the artifact.
+    pub sha256: String,
+    /// Artifact size.
+    pub size_bytes: i64,
+    /// Packaging.
+    pub format: String,
+    /// Model configuration (Triton's, as JSON), when given.
+    pub config: Option<Json<serde_json::Value>>,
+    /// Lifecycle status (`uploaded` until validation marks it `ready` or `invalid`).
+    pub status: String,
+    /// Creating key.
+    pub created_by: Option<Uuid>,
+    /// Created.
+    pub created_at: OffsetDateTime,
+}
+
+impl VersionRow {
+    fn summary(&self) -> serde_json::Value {
+        json!({
+            "version": self.version, "sha256": self.sha256, "size_bytes": self.size_bytes,
+            "format": self.format, "artifact_key": self.artifact_key,
+        })
+    }
+}
+
+/// An alias: a movable name for one version of a model.
+#[derive(Debug, Clone, FromRow)]
+pub struct AliasRow {
+    /// Model.
+    pub model_id: Uuid,
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Alias name.
+    pub alias: String,
+    /// Version it points at.
+    pub version: i64,
+    /// Key that last moved it.
+    pub updated_by: Option<Uuid>,
+    /// Last moved.
+    pub updated_at: OffsetDateTime,
+}
+
+/// A presigned upload session.
+#[derive(Debug, Clone, FromRow)]
+pub struct UploadRow {
+    /// Id.
+    pub id: Uuid,
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Model.
+    pub model_id: Uuid,
+    /// Where the client puts the artifact.
+    pub artifact_key: String,
+    /// Declared packaging.
+    pub format: String,
+    /// Creating key.
+    pub created_by: Option<Uuid>,
+    /// Created.
+    pub created_at: OffsetDateTime,
+    /// The URL stops working at.
+    pub expires_at: OffsetDateTime,
+    /// Completed (a version was created) at.
+    pub completed_at: Option<OffsetDateTime>,
+}
+
+/// A verified artifact to register as the next version of a model.
+#[derive(Debug, Clone)]
+pub struct NewVersion {
+    /// Object-store key, already written.
+    pub artifact_key: String,
+    /// Verified hex sha256.
+    pub sha256: String,
+    /// Verified size.
+    pub size_bytes: i64,
+    /// Packaging.
+    pub format: ArtifactFormat,
+    /// Model configuration, if given.
+    pub config: Option<serde_json::Value>,
+}
+
+macro_rules! select_models {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, tenant_id, name, description, next_version, created_by, created_at, updated_at FROM models ",
+            $rest
+        )
+    };
+}
+
+macro_rules! select_versions {
+    ($rest:literal) => {
+        concat!(
+            "SELECT id, tenant_id, model_id, version, artifact_key, sha256, size_bytes, format, config, status, ",
+            "created_by, created_at FROM model_versions ",
+            $rest
+        )
+    };
+}
+
+impl Conn {
+    /// A model by name in a tenant.
+    pub async fn model(&mut self, tenant_id: Uuid, name: &str) -> Result<Option<ModelRow>> {
+        on_conn!(self, "model.get", |c| sqlx::query_as::<_, ModelRow>(select_models!(
+            "WHERE tenant_id = $1 AND name = $2"
+        ))
+        .bind(tenant_id)
+        .bind(name)
+        .fetch_optional(c))
+    }
+
+    /// A page of a tenant's models by name, after `after` (the cursor).
+    pub async fn models(&mut self, tenant_id: Uuid, after: Option<&str>, limit: i64) -> Result<Vec<ModelRow>> {
+        on_conn!(self, "model.list", |c| sqlx::query_as::<_, ModelRow>(select_models!(
+            "WHERE tenant_id = $1 AND ($2 IS NULL OR name > $2) ORDER BY name LIMIT $3"
+        ))
+        .bind(tenant_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(c))
+    }
+
+    /// One version of a tenant's model.
+    pub async fn version(&mut self, tenant_id: Uuid, model_id: Uuid, version: i64) -> Result<Option<VersionRow>> {
+        on_conn!(self, "version.get", |c| sqlx::query_as::<_, VersionRow>(select_versions!(
+            "WHERE tenant_id = $1 AND model_id = $2 AND version = $3"
+        ))
+        .bind(tenant_id)
+        .bind(model_id)
+        .bind(version)
+        .fetch_optional(c))
+    }
+
+    /// A model's versions, newest first, before `before` (the cursor).
+    pub async fn versions(
+        &mut self,
+        tenant_id: Uuid,
+        model_id: Uuid,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<VersionRow>> {
+        on_conn!(self, "version.list", |c| sqlx::query_as::<_, VersionRow>(select_versions!(
+            "WHERE tenant_id = $1 AND model_id = $2 AND ($3 IS NULL OR version < $3) ORDER BY version DESC LIMIT $4"
+        ))
+        .bind(tenant_id)
+        .bind(model_id)
+        .bind(before)
+        .bind(limit)
+        .fetch_all(c))
+    }
+
+    /// Artifact keys of every version of a model.
+    async fn artifact_keys(&mut self, tenant_id: Uuid, model_id: Uuid) -> Result<Vec<String>> {
+        on_conn!(self, "version.artifact_keys", |c| sqlx::query_scalar::<_, String>(
+            "SELECT artifact_key FROM model_versions WHERE tenant_id = $1 AND model_id = $2"
+        )
+        .bind(tenant_id)
+        .bind(model_id)
+        .fetch_all(c))
+    }
+
+    /// A model's aliases by name.
+    pub async fn aliases(&mut self, tenant_id: Uuid, model_id: Uuid) -> Result<Vec<AliasRow>> {
+        on_conn!(self, "alias.list", |c| sqlx::query_as::<_, AliasRow>(
+            "SELECT model_id, tenant_id, alias, version, updated_by, updated_at FROM model_aliases \
+             WHERE tenant_id = $1 AND model_id = $2 ORDER BY alias"
+        )
+        .bind(tenant_id)
+        .bind(model_id)
+        .fetch_all(c))
+    }
+
+    /// One alias of a model.
+    pub async fn alias(&mut self, tenant_id: Uuid, model_id: Uuid, alias: &str) -> Result<Option<AliasRow>> {
+        on_conn!(self, "alias.get", |c| sqlx::query_as::<_, AliasRow>(
+            "SELECT model_id, tenant_id, alias, version, updated_by, updated_at FROM model_aliases \
+             WHERE tenant_id = $1 AND model_id = $2 AND alias = $3"
+        )
+        .bind(tenant_id)
+        .bind(model_id)
+        .bind(alias)
+        .fetch_optional(c))
+    }
+
+    /// A presigned upload session of a tenant's model.
+    pub async fn upload(&mut self, tenant_id: Uuid, model_id: Uuid, id: Uuid) -> Result<Option<UploadRow>> {
+        on_conn!(self, "upload.get", |c| sqlx::query_as::<_, UploadRow>(
+            "SELECT id, tenant_id, model_id, artifact_key, format, created_by, created_at, expires_at, completed_at \
+             FROM uploads WHERE tenant_id = $1 AND model_id = $2 AND id = $3"
+        )
+        .bind(tenant_id)
+        .bind(model_id)
+        .bind(id)
+        .fetch_optional(c))
+    }
+
+    async fn check_quota(&mut self, tenant_id: Uuid, quota: QuotaName, added: i64) -> Result<()> {
+        let limits = self.quota(tenant_id).await?;
+        let usage = self.quota_usage(tenant_id).await?;
+        let current = match quota {
+            QuotaName::Models => usage.models,
+            QuotaName::Versions => usage.versions,
+            QuotaName::StorageBytes => usage.storage_bytes,
+        };
+        limits.check(quota, current.saturating_add(added))
+    }
+}
+
+impl Registry {
+    /// Creates a model, within the tenant's model quota.
+    pub async fn create_model(
+        &self,
+        actor: &Actor,
+        tenant_id: Uuid,
+        name: &Name,
+        description: &str,
+    ) -> Result<ModelRow> {
+        let at = now();
+        let model = ModelRow {
+            id: Uuid::now_v7(),
+            tenant_id,
+            name: name.to_string(),
+            description: description.to_string(),
+            next_version: 1,
+            created_by: actor.key_id,
+            created_at: at,
+            updated_at: at,
+        };
+        let mut tx = self.begin().await?;
+        tx.lock_tenant(tenant_id).await?;
+        if tx.model(tenant_id, name.as_str()).await?.is_some() {
+            return Err(Error::conflict("already_exists", format!("model '{name}' already exists")));
+        }
+        tx.check_quota(tenant_id, QuotaName::Models, 1).await?;
+        exec!(tx, "model.insert", |c| sqlx::query(
+            "INSERT INTO models (id, tenant_id, name, description, next_version, created_by, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        )
+        .bind(model.id)
+        .bind(model.tenant_id)
+        .bind(&model.name)
+        .bind(&model.description)
+        .bind(model.next_version)
+        .bind(model.created_by)
+        .bind(model.created_at)
+        .bind(model.updated_at)
+        .execute(c))
+        .map_err(|e| on_unique(e, "already_exists", || format!("model '{name}' already exists")))?;
+        let after = json!({ "name": model.name, "description": model.description });
+        let event = audit_event(tenant_id, "model.create", "model", &model.name, None, Some(after));
+        tx.append_audit(actor, event).await?;
+        tx.commit().await?;
+        Ok(model)
+    }
+
+    /// Deletes a model with its versions and aliases; returns the artifact keys to remove.
+    pub async fn delete_model(&self, actor: &Actor, tenant_id: Uuid, name: &str) -> Result<Vec<String>> {
+        let mut tx = self.begin().await?;
+        let model = tx.model(tenant_id, name).await?.ok_or(Error::NotFound("model"))?;
+        let keys = tx.artifact_keys(tenant_id, model.id).await?;
+        // Aliases first: they reference versions.
+        exec!(tx, "alias.delete_all", |c| sqlx::query(
+            "DELETE FROM model_aliases WHERE tenant_id = $1 AND model_id = $2"
+        )
+        .bind(tenant_id)
+        .bind(model.id)
+        .execute(c))?;
+        exec!(tx, "model.delete", |c| sqlx::query("DELETE FROM models WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(model.id)
+            .execute(c))?;
+        let before = json!({ "name": model.name, "versions": keys.len() });
+        tx.append_audit(actor, audit_event(tenant_id, "model.delete", "model", name, Some(before), None)).await?;
+        tx.commit().await?;
+        Ok(keys)
+    }
+
+    /// Registers a stored, verified artifact as the model's next version, within the version
+    /// and storage quotas.
+    pub async fn create_version(&self, actor: &Actor, model: &ModelRow, new: NewVersion) -> Result<VersionRow> {
+        let mut tx = self.begin().await?;
+        let version = tx.add_version(actor, model, new).await?;
+        tx.commit().await?;
+        Ok(version)
+    }
+
+    /// Deletes a version no alias points at; returns its artifact key to remove.
+    pub async fn delete_version(&self, actor: &Actor, model: &ModelRow, number: i64) -> Result<String> {
+        let tenant_id = model.tenant_id;
+        let mut tx = self.begin().await?;
+        let version = tx.version(tenant_id, model.id, number).await?.ok_or(Error::NotFound("version"))?;
+        let pinned: Vec<String> = tx
+            .aliases(tenant_id, model.id)
+            .await?
+            .into_iter()
+            .filter(|a| a.version == number)
+            .map(|a| a.alias)
+            .collect();
+        if !pinned.is_empty() {
+            let list = pinned.join(", ");
+            return Err(Error::conflict(
+                "version_in_use",
+                format!("version {number} is the target of alias(es) {list}"),
+            ));
+        }
+        exec!(tx, "version.delete", |c| sqlx::query("DELETE FROM model_versions WHERE tenant_id = $1 AND id = $2")
+            .bind(tenant_id)
+            .bind(version.id)
+            .execute(c))?;
+        let resource = format!("{}/{}", model.name, number);
+        let event = audit_event(tenant_id, "version.delete", "model_version", &resource, Some(version.summary()), None);
+        tx.append_audit(actor, event).await?;
+        tx.commit().await?;
+        Ok(version.artifact_key)
+    }
+
+    /// Points an alias at a version (creating or moving it): how rollouts and rollbacks are
+    /// asked for.
+    pub async fn set_alias(&self, actor: &Actor, model: &ModelRow, alias: &Name, number: i64) -> Result<AliasRow> {
+        let tenant_id = model.tenant_id;
+        let mut tx = self.begin().await?;
+        if tx.version(tenant_id, model.id, number).await?.is_none() {
+            return Err(Error::invalid("version", format!("model '{}' has no version {number}", model.name)));
+        }
+        let before = tx.alias(tenant_id, model.id, alias.as_str()).await?;
+        let row = AliasRow {
+            model_id: model.id,
+            tenant_id,
+            alias: alias.to_string(),
+            version: number,
+            updated_by: actor.key_id,
+            updated_at: now(),
+        };
+        exec!(tx, "alias.upsert", |c| sqlx::query(
+            "INSERT INTO model_aliases (model_id, tenant_id, alias, version, updated_by, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (model_id, alias) DO UPDATE SET version = $4, updated_by = $5, updated_at = $6"
+        )
+        .bind(row.model_id)
+        .bind(row.tenant_id)
+        .bind(&row.alias)
+        .bind(row.version)
+        .bind(row.updated_by)
+        .bind(row.updated_at)
+        .execute(c))?;
+        let resource = format!("{}@{}", model.name, alias);
+        let before = before.map(|b| json!({ "version": b.version }));
+        let after = Some(json!({ "version": number }));
+        tx.append_audit(actor, audit_event(tenant_id, "alias.set", "model_alias", &resource, before, after)).await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+
+    /// Removes an alias.
+    pub async fn delete_alias(&self, actor: &Actor, model: &ModelRow, alias: &str) -> Result<()> {
+        let tenant_id = model.tenant_id;
+        let mut tx = self.begin().await?;
+        let before = tx.alias(tenant_id, model.id, alias).await?.ok_or(Error::NotFound("alias"))?;
+        exec!(tx, "alias.delete", |c| sqlx::query(
+            "DELETE FROM model_aliases WHERE tenant_id = $1 AND model_id = $2 AND alias = $3"
+        )
+        .bind(tenant_id)
+        .bind(model.id)
+        .bind(alias)
+        .execute(c))?;
+        let resource = format!("{}@{}", model.name, alias);
+        let before = Some(json!({ "version": before.version }));
+        tx.append_audit(actor, audit_event(tenant_id, "alias.delete", "model_alias", &resource, before, None)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Opens a presigned upload session.
+    pub async fn create_upload(&self, actor: &Actor, model: &ModelRow, upload: &UploadRow) -> Result<()> {
+        let mut tx = self.begin().await?;
+        exec!(tx, "upload.insert", |c| sqlx::query(
+            "INSERT INTO uploads (id, tenant_id, model_id, artifact_key, format, created_by, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        )
+        .bind(upload.id)
+        .bind(upload.tenant_id)
+        .bind(upload.model_id)
+        .bind(&upload.artifact_key)
+        .bind(&upload.format)
+        .bind(upload.created_by)
+        .bind(upload.created_at)
+        .bind(upload.expires_at)
+        .execute(c))?;
+        let resource = format!("{}/uploads/{}", model.name, upload.id);
+        let after = Some(json!({ "artifact_key": upload.artifact_key, "format": upload.format }));
+        tx.append_audit(actor, audit_event(model.tenant_id, "upload.create", "upload", &resource, None, after)).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Closes a presigned upload by registering its verified artifact as a version.
+    pub async fn complete_upload(
+        &self,
+        actor: &Actor,
+        model: &ModelRow,
+        upload_id: Uuid,
+        new: NewVersion,
+    ) -> Result<VersionRow> {
+        let mut tx = self.begin().await?;
+        let done = exec!(tx, "upload.complete", |c| sqlx::query(
+            "UPDATE uploads SET completed_at = $4 WHERE tenant_id = $1 AND model_id = $2 AND id = $3 \
+             AND completed_at IS NULL"
+        )
+        .bind(model.tenant_id)
+        .bind(model.id)
+        .bind(upload_id)
+        .bind(now())
+        .execute(c))?;
+        if done == 0 {
+            return Err(Error::conflict("upload_completed", "this upload was already completed"));
+        }
+        let version = tx.add_version(actor, model, new).await?;
+        tx.commit().await?;
+        Ok(version)
+    }
+}
+
+impl Conn {
+    /// Inside a transaction: checks quotas, numbers and inserts the version, audits it.
+    async fn add_version(&mut self, actor: &Actor, model: &ModelRow, new: NewVersion) -> Result<VersionRow> {
+        let tenant_id = model.tenant_id;
+        self.lock_tenant(tenant_id).await?;
+        self.check_quota(tenant_id, QuotaName::Versions, 1).await?;
+        self.check_quota(tenant_id, QuotaName::StorageBytes, new.size_bytes).await?;
+        let at = now();
+        let number: Option<i64> = on_conn!(self, "model.next_version", |c| sqlx::query_scalar(
+            "UPDATE models SET next_version = next_version + 1, updated_at = $3 WHERE tenant_id = $1 AND id = $2 \
+             RETURNING next_version - 1"
+        )
+        .bind(tenant_id)
+        .bind(model.id)
+        .bind(at)
+        .fetch_optional(c))?;
+        let version = VersionRow {
+            id: Uuid::now_v7(),
+            tenant_id,
+            model_id: model.id,
+            version: number.ok_or(Error::NotFound("model"))?,
+            artifact_key: new.artifact_key,
+            sha256: new.sha256,
+            size_bytes: new.size_bytes,
+            format: new.format.as_str().to_string(),
+            config: new.config.map(Json),
+            status: "uploaded".to_string(),
+            created_by: actor.key_id,
+            created_at: at,
+        };
+        self.insert_version(&version).await?;
+        let resource = format!("{}/{}", model.name, version.version);
+        let event = audit_event(tenant_id, "version.create", "model_version", &resource, None, Some(version.summary()));
+        self.append_audit(actor, event).await?;
+        Ok(version)
+    }
+
+    async fn insert_version(&mut self, v: &VersionRow) -> Result<()> {
+        exec!(self, "version.insert", |c| sqlx::query(
+            "INSERT INTO model_versions (id, tenant_id, model_id, version, artifact_key, sha256, size_bytes, format, \
+             config, status, created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+        )
+        .bind(v.id)
+        .bind(v.tenant_id)
+        .bind(v.model_id)
+        .bind(v.version)
+        .bind(&v.artifact_key)
+        .bind(&v.sha256)
+        .bind(v.size_bytes)
+        .bind(&v.format)
+        .bind(&v.config)
+        .bind(&v.status)
+        .bind(v.created_by)
+        .bind(v.created_at)
+        .execute(c))?;
+        Ok(())
+    }
+}
+
+fn audit_event(
+    tenant_id: Uuid,
+    action: &'static str,
+    resource_type: &'static str,
+    resource_id: &str,
+    before: Option<serde_json::Value>,
+    after: Option<serde_json::Value>,
+) -> NewAuditEvent {
+    NewAuditEvent { tenant_id, action, resource_type, resource_id: resource_id.to_string(), before, after }
+}

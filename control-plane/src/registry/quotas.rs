@@ -1,0 +1,236 @@
+//! Tenant quotas: limits set by platform admins, usage counted from the registry.
+//!
+//! Models, versions and storage bytes are enforced here, inside the creating transaction
+//! after [`Conn::lock_tenant`]. Replicas, slices, requests per second and monthly spend are
+//! stored for the scheduler, gateway and billing to enforce.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sqlx::FromRow;
+use sqlx::types::Json;
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::audit::{Actor, NewAuditEvent};
+use super::{Conn, Registry, exec, now, on_conn};
+use crate::error::{Error, QuotaName, Result};
+
+/// A tenant's limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaLimits {
+    /// Most models.
+    #[schema(minimum = 0)]
+    pub models: i64,
+    /// Most model versions, over all models.
+    #[schema(minimum = 0)]
+    pub versions: i64,
+    /// Most bytes of stored artifacts.
+    #[schema(minimum = 0)]
+    pub storage_bytes: i64,
+    /// Most deployment replicas.
+    #[schema(minimum = 0)]
+    pub replicas: i64,
+    /// Most inference requests per second.
+    #[schema(minimum = 0)]
+    pub requests_per_second: i64,
+    /// Most spend per calendar month, in cents.
+    #[schema(minimum = 0)]
+    pub monthly_spend_cents: i64,
+    /// Most slices per slice profile (e.g. `{"cpu": 8, "mig-1g.10gb": 2}`).
+    pub slices: BTreeMap<String, i64>,
+}
+
+impl Default for QuotaLimits {
+    /// Limits a new tenant gets unless the platform admin says otherwise.
+    fn default() -> Self {
+        QuotaLimits {
+            models: 100,
+            versions: 1_000,
+            storage_bytes: 50 * 1024 * 1024 * 1024,
+            replicas: 16,
+            requests_per_second: 1_000,
+            monthly_spend_cents: 100_000,
+            slices: BTreeMap::from([("cpu".to_string(), 16)]),
+        }
+    }
+}
+
+impl QuotaLimits {
+    /// Refuses negative limits, naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let fields = [
+            ("models", self.models),
+            ("versions", self.versions),
+            ("storage_bytes", self.storage_bytes),
+            ("replicas", self.replicas),
+            ("requests_per_second", self.requests_per_second),
+            ("monthly_spend_cents", self.monthly_spend_cents),
+        ];
+        for (field, v) in fields {
+            if v < 0 {
+                return Err(Error::invalid(field, format!("{field} must not be negative")));
+            }
+        }
+        if let Some((profile, _)) = self.slices.iter().find(|(_, v)| **v < 0) {
+            return Err(Error::invalid(format!("slices.{profile}"), "slice limits must not be negative"));
+        }
+        Ok(())
+    }
+
+    /// Fails with the quota's code if `requested` goes over the limit of `quota`.
+    pub fn check(&self, quota: QuotaName, requested: i64) -> Result<()> {
+        let limit = match quota {
+            QuotaName::Models => self.models,
+            QuotaName::Versions => self.versions,
+            QuotaName::StorageBytes => self.storage_bytes,
+        };
+        if requested > limit {
+            return Err(Error::QuotaExceeded { quota, limit, requested });
+        }
+        Ok(())
+    }
+}
+
+/// Current use of the enforced quotas.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct QuotaUsage {
+    /// Models.
+    pub models: i64,
+    /// Versions.
+    pub versions: i64,
+    /// Stored artifact bytes.
+    pub storage_bytes: i64,
+}
+
+/// A stored quota row.
+#[derive(Debug, Clone, FromRow)]
+pub struct QuotaRow {
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Limit.
+    pub max_models: i64,
+    /// Limit.
+    pub max_versions: i64,
+    /// Limit.
+    pub max_storage_bytes: i64,
+    /// Limit.
+    pub max_replicas: i64,
+    /// Limit.
+    pub max_requests_per_second: i64,
+    /// Limit.
+    pub max_monthly_spend_cents: i64,
+    /// Limits per slice profile.
+    pub max_slices: Json<BTreeMap<String, i64>>,
+    /// Last change.
+    pub updated_at: OffsetDateTime,
+}
+
+impl From<QuotaRow> for QuotaLimits {
+    fn from(r: QuotaRow) -> Self {
+        QuotaLimits {
+            models: r.max_models,
+            versions: r.max_versions,
+            storage_bytes: r.max_storage_bytes,
+            replicas: r.max_replicas,
+            requests_per_second: r.max_requests_per_second,
+            monthly_spend_cents: r.max_monthly_spend_cents,
+            slices: r.max_slices.0,
+        }
+    }
+}
+
+impl Conn {
+    /// A tenant's limits.
+    pub async fn quota(&mut self, tenant_id: Uuid) -> Result<QuotaLimits> {
+        let row = on_conn!(self, "quota.get", |c| sqlx::query_as::<_, QuotaRow>(
+            "SELECT tenant_id, max_models, max_versions, max_storage_bytes, max_replicas, max_requests_per_second, \
+             max_monthly_spend_cents, max_slices, updated_at FROM tenant_quotas WHERE tenant_id = $1"
+        )
+        .bind(tenant_id)
+        .fetch_optional(c))?;
+        row.map(QuotaLimits::from).ok_or(Error::NotFound("tenant"))
+    }
+
+    /// A tenant's current usage.
+    pub async fn quota_usage(&mut self, tenant_id: Uuid) -> Result<QuotaUsage> {
+        let (models, versions, storage_bytes) =
+            on_conn!(self, "quota.usage", |c| sqlx::query_as::<_, (i64, i64, i64)>(
+                "SELECT (SELECT COUNT(*) FROM models WHERE tenant_id = $1), \
+             (SELECT COUNT(*) FROM model_versions WHERE tenant_id = $1), \
+             (SELECT CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) FROM model_versions WHERE tenant_id = $1)"
+            )
+            .bind(tenant_id)
+            .fetch_one(c))?;
+        Ok(QuotaUsage { models, versions, storage_bytes })
+    }
+
+    pub(super) async fn insert_quota(&mut self, tenant_id: Uuid, q: &QuotaLimits) -> Result<()> {
+        exec!(self, "quota.upsert", |c| sqlx::query(
+            "INSERT INTO tenant_quotas (tenant_id, max_models, max_versions, max_storage_bytes, max_replicas, \
+             max_requests_per_second, max_monthly_spend_cents, max_slices, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (tenant_id) DO UPDATE SET max_models = $2, max_versions = $3, max_storage_bytes = $4, \
+             max_replicas = $5, max_requests_per_second = $6, max_monthly_spend_cents = $7, max_slices = $8, \
+             updated_at = $9"
+        )
+        .bind(tenant_id)
+        .bind(q.models)
+        .bind(q.versions)
+        .bind(q.storage_bytes)
+        .bind(q.replicas)
+        .bind(q.requests_per_second)
+        .bind(q.monthly_spend_cents)
+        .bind(Json(&q.slices))
+        .bind(now())
+        .execute(c))?;
+        Ok(())
+    }
+}
+
+impl Registry {
+    /// Replaces a tenant's limits; lowering one below current use is allowed (new creates fail).
+    pub async fn set_quota(&self, actor: &Actor, tenant_id: Uuid, limits: &QuotaLimits) -> Result<QuotaLimits> {
+        limits.validate()?;
+        let mut tx = self.begin().await?;
+        tx.lock_tenant(tenant_id).await?;
+        let before = tx.quota(tenant_id).await?;
+        tx.insert_quota(tenant_id, limits).await?;
+        let event = NewAuditEvent {
+            tenant_id,
+            action: "quota.update",
+            resource_type: "quota",
+            resource_id: tenant_id.to_string(),
+            before: Some(json!(before)),
+            after: Some(json!(limits)),
+        };
+        tx.append_audit(actor, event).await?;
+        tx.commit().await?;
+        Ok(limits.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_names_the_quota() {
+        let q = QuotaLimits { models: 2, ..QuotaLimits::default() };
+        assert!(q.check(QuotaName::Models, 2).is_ok());
+        let e = q.check(QuotaName::Models, 3).unwrap_err();
+        assert_eq!(e.code(), "quota_exceeded.models");
+    }
+
+    #[test]
+    fn negative_limits_are_refused_by_field() {
+        let q = QuotaLimits { storage_bytes: -1, ..QuotaLimits::default() };
+        match q.validate() {
+            Err(Error::InvalidInput { field, .. }) => assert_eq!(field.as_deref(), Some("storage_bytes")),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! The artifact store: model files in `object_store` (a local directory by default, any
+//! S3-compatible endpoint by URL), under tenant-prefixed keys.
+//!
+//! Uploads stream: each chunk is hashed and handed to a multipart upload with at most a
+//! couple of parts in flight, so memory stays bounded whatever the artifact size. An upload
+//! that fails (too large, wrong sha256, wrong format, client gone) is aborted and leaves
+//! nothing behind.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+use object_store::local::LocalFileSystem;
+use object_store::path::Path;
+use object_store::signer::Signer;
+use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::types::ArtifactFormat;
+
+/// Multipart part size (S3's minimum is 5 MiB).
+const PART_SIZE: usize = 8 * 1024 * 1024;
+/// Parts uploading at once; with [`PART_SIZE`] this bounds an upload's buffers to ~24 MiB.
+const PARTS_IN_FLIGHT: usize = 2;
+/// Bytes kept from the start of an artifact to check its format.
+const HEAD_LEN: usize = 512;
+
+/// What a stored artifact turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredArtifact {
+    /// Hex sha256.
+    pub sha256: String,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Where artifacts live.
+#[derive(Clone)]
+pub struct ArtifactStore {
+    store: Arc<dyn ObjectStore>,
+    /// Present for stores that can presign URLs (S3-compatible).
+    signer: Option<Arc<dyn Signer>>,
+    description: String,
+}
+
+impl std::fmt::Debug for ArtifactStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.description)
+    }
+}
+
+impl ArtifactStore {
+    /// Opens `spec`: `s3://bucket[/prefix]` (endpoint and credentials from `AWS_*` variables),
+    /// `file:///dir`, or a plain directory path (created if missing).
+    pub fn open(spec: &str) -> anyhow::Result<Self> {
+        if spec.starts_with("s3://") {
+            let s3 = object_store::aws::AmazonS3Builder::from_env()
+                .with_url(spec)
+                .build()
+                .with_context(|| format!("configure the S3 store {spec}"))?;
+            let s3 = Arc::new(s3);
+            return Ok(ArtifactStore { store: s3.clone(), signer: Some(s3), description: spec.to_string() });
+        }
+        let dir = match spec.strip_prefix("file://") {
+            Some(path) => path,
+            None if spec.contains("://") => anyhow::bail!("unsupported object store url {spec} (use s3:// or a path)"),
+            None => spec,
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("create the artifact directory {dir}"))?;
+        let local =
+            LocalFileSystem::new_with_prefix(dir).with_context(|| format!("open the artifact directory {dir}"))?;
+        Ok(ArtifactStore { store: Arc::new(local), signer: None, description: format!("local:{dir}") })
+    }
+
+    /// A store over any `object_store` implementation (tests).
+    pub fn from_store(store: Arc<dyn ObjectStore>) -> Self {
+        ArtifactStore { store, signer: None, description: "custom".into() }
+    }
+
+    /// A fresh, tenant-prefixed key for a new artifact of a model.
+    pub fn new_key(tenant_id: Uuid, model_id: Uuid, format: ArtifactFormat) -> Path {
+        let parts = ["tenants".to_string(), tenant_id.to_string(), "models".to_string(), model_id.to_string()];
+        Path::from_iter(parts.into_iter().chain([Uuid::now_v7().to_string(), format.file_name().to_string()]))
+    }
+
+    /// Streams `body` to `key`, hashing as it goes; refuses more than `max` bytes, a sha256
+    /// other than `expected_sha256`, or content that does not look like `format`. On any
+    /// failure the object is not left behind.
+    pub async fn put_stream<S, E>(
+        &self,
+        key: &Path,
+        body: S,
+        max: u64,
+        format: ArtifactFormat,
+        expected_sha256: Option<&str>,
+    ) -> Result<StoredArtifact>
+    where
+        S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
+        E: std::fmt::Display,
+    {
+        let upload = self.store.put_multipart(key).await?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, PART_SIZE);
+        let mut hashed = Hashing::default();
+        let outcome = copy_into(&mut writer, body, max, &mut hashed).await;
+        let verdict = outcome.and_then(|()| hashed.verdict(format, expected_sha256));
+        match verdict {
+            Ok(artifact) => {
+                writer.finish().await?;
+                Ok(artifact)
+            }
+            Err(e) => {
+                if let Err(abort) = writer.abort().await {
+                    tracing::warn!(key = %key, error = %abort, "could not abort a failed upload");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads an artifact back to verify it (presigned uploads), refusing more than `max`.
+    pub async fn digest(&self, key: &Path, max: u64, format: ArtifactFormat, expected: &str) -> Result<StoredArtifact> {
+        let get = match self.store.get(key).await {
+            Ok(get) => get,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::conflict("upload_missing", "nothing was uploaded to the presigned URL"));
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if get.meta.size > max {
+            return Err(Error::PayloadTooLarge { limit: max });
+        }
+        let mut hashed = Hashing::default();
+        let mut stream = get.into_stream();
+        while let Some(chunk) = stream.next().await {
+            hashed.update(&chunk?);
+        }
+        hashed.verdict(format, Some(expected))
+    }
+
+    /// Deletes an artifact; a missing one is fine.
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        match self.store.delete(&Path::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes artifacts after the registry let go of them; failures are logged, not fatal
+    /// (an orphaned object costs storage, not correctness).
+    pub async fn delete_all(&self, keys: &[String]) {
+        for key in keys {
+            if let Err(e) = self.delete(key).await {
+                tracing::warn!(key, error = %e, "could not delete an artifact");
+            }
+        }
+    }
+
+    /// A URL the client can PUT the artifact to, if this store can presign.
+    pub async fn presign_put(&self, key: &Path, ttl: Duration) -> Result<url::Url> {
+        let signer = self.signer.as_ref().ok_or_else(|| {
+            let message = "presigned uploads need an S3-compatible object store; upload through the API";
+            Error::conflict("presign_unsupported", message)
+        })?;
+        Ok(signer.signed_url(object_store::signer::Method::PUT, key, ttl).await?)
+    }
+
+    /// Whether this store can presign URLs.
+    pub fn can_presign(&self) -> bool {
+        self.signer.is_some()
+    }
+}
+
+async fn copy_into<S, E>(writer: &mut WriteMultipart, mut body: S, max: u64, hashed: &mut Hashing) -> Result<()>
+where
+    S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.map_err(|e| Error::BadRequest(format!("upload interrupted: {e}")))?;
+        if hashed.size + chunk.len() as u64 > max {
+            return Err(Error::PayloadTooLarge { limit: max });
+        }
+        hashed.update(&chunk);
+        writer.wait_for_capacity(PARTS_IN_FLIGHT).await?;
+        writer.put(chunk);
+    }
+    Ok(())
+}
+
+/// Running sha256, size and the first bytes of an artifact.
+#[derive(Default)]
+struct Hashing {
+    sha: Sha256,
+    size: u64,
+    head: Vec<u8>,
+}
+
+impl Hashing {
+    fn update(&mut self, chunk: &[u8]) {
+        self.sha.update(chunk);
+        self.size += chunk.len() as u64;
+        let want = HEAD_LEN.saturating_sub(self.head.len()).min(chunk.len());
+        self.head.extend_from_slice(&chunk[..want]);
+    }
+
+    fn verdict(self, format: ArtifactFormat, expected: Option<&str>) -> Result<StoredArtifact> {
+        let sha256 = hex::encode(self.sha.finalize());
+        if let Some(expected) = expected
+            && !expected.eq_ignore_ascii_case(&sha256)
+        {
+            return Err(Error::invalid("sha256", format!("content sha256 is {sha256}, the request said {expected}")));
+        }
+        if self.size == 0 {
+            return Err(Error::invalid("body", "the artifact is empty"));
+        }
+        if !format.matches_head(&self.head) {
+            return Err(Error::invalid(
+                "format",
+                format!("the artifact does not look like a {} file", format.as_str()),
+            ));
+        }
+        Ok(StoredArtifact { sha256, size: self.size })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn onnx_bytes(n: usize) -> Vec<u8> {
+        let mut v = vec![0x08, 0x07];
+        v.resize(n, 0xab);
+        v
+    }
+
+    fn chunks(data: &[u8], size: usize) -> impl Stream<Item = std::result::Result<Bytes, std::io::Error>> + Unpin {
+        let parts: Vec<_> = data.chunks(size).map(|c| Ok(Bytes::copy_from_slice(c))).collect();
+        futures::stream::iter(parts)
+    }
+
+    fn local() -> (tempfile::TempDir, ArtifactStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ArtifactStore::open(dir.path().to_str().unwrap()).unwrap();
+        (dir, store)
+    }
+
+    fn files_under(dir: &std::path::Path) -> usize {
+        let mut n = 0;
+        let mut stack = vec![dir.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(d).unwrap().flatten() {
+                if e.path().is_dir() { stack.push(e.path()) } else { n += 1 }
+            }
+        }
+        n
+    }
+
+    #[tokio::test]
+    async fn streams_hashes_and_stores() {
+        let (dir, store) = local();
+        let data = onnx_bytes(20 * 1024 * 1024 + 17);
+        let key = ArtifactStore::new_key(Uuid::nil(), Uuid::nil(), ArtifactFormat::Onnx);
+        let expected = hex::encode(Sha256::digest(&data));
+        let got =
+            store.put_stream(&key, chunks(&data, 64 * 1024), u64::MAX, ArtifactFormat::Onnx, Some(&expected)).await;
+        assert_eq!(got.unwrap(), StoredArtifact { sha256: expected.clone(), size: data.len() as u64 });
+        assert_eq!(files_under(dir.path()), 1);
+        let digest = store.digest(&key, u64::MAX, ArtifactFormat::Onnx, &expected).await.unwrap();
+        assert_eq!(digest.size, data.len() as u64);
+        assert!(key.as_ref().starts_with("tenants/00000000-0000-0000-0000-000000000000/models/"));
+    }
+
+    #[tokio::test]
+    async fn failed_uploads_leave_nothing() {
+        let (dir, store) = local();
+        let data = onnx_bytes(10 * 1024 * 1024);
+        let key = ArtifactStore::new_key(Uuid::nil(), Uuid::nil(), ArtifactFormat::Onnx);
+        let wrong = "0".repeat(64);
+        let e = store.put_stream(&key, chunks(&data, 65536), u64::MAX, ArtifactFormat::Onnx, Some(&wrong)).await;
+        assert_eq!(e.unwrap_err().code(), "invalid_argument");
+        let e = store.put_stream(&key, chunks(&data, 65536), 1024 * 1024, ArtifactFormat::Onnx, None).await;
+        assert!(matches!(e, Err(Error::PayloadTooLarge { .. })));
+        let e = store.put_stream(&key, chunks(&data, 65536), u64::MAX, ArtifactFormat::Zip, None).await;
+        assert!(matches!(e, Err(Error::InvalidInput { .. })));
+        assert_eq!(files_under(dir.path()), 0);
+    }
+
+    #[tokio::test]
+    async fn local_store_cannot_presign() {
+        let (_dir, store) = local();
+        let key = ArtifactStore::new_key(Uuid::nil(), Uuid::nil(), ArtifactFormat::Onnx);
+        let e = store.presign_put(&key, Duration::from_secs(60)).await.unwrap_err();
+        assert_eq!(e.code(), "presign_unsupported");
+    }
+}

@@ -1,0 +1,214 @@
+//! Validated domain values shared by the registry and the API: roles, resource names, formats.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::Error;
+
+/// What a credential may do. Ordered: each role can do everything the roles below it can
+/// (`inference` sits at the bottom: it may only exchange its key for a token).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    /// Run inference only (through workers and gateways, with a token).
+    Inference,
+    /// Read the tenant's registry.
+    Viewer,
+    /// Register models, upload versions, move aliases.
+    Deployer,
+    /// Everything in the tenant, including keys and the audit trail.
+    TenantAdmin,
+    /// Everything everywhere: tenants and quotas.
+    PlatformAdmin,
+}
+
+impl Role {
+    /// The role's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Inference => "inference",
+            Role::Viewer => "viewer",
+            Role::Deployer => "deployer",
+            Role::TenantAdmin => "tenant-admin",
+            Role::PlatformAdmin => "platform-admin",
+        }
+    }
+
+    /// Whether this role includes `needed`.
+    pub fn allows(self, needed: Role) -> bool {
+        self >= needed
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        [Role::Inference, Role::Viewer, Role::Deployer, Role::TenantAdmin, Role::PlatformAdmin]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| Error::invalid("role", format!("unknown role '{s}'")))
+    }
+}
+
+/// A resource name (tenant, model, alias): 1–63 characters of `a-z`, `0-9`, `-`, `_`, `.`,
+/// starting with a letter or digit. Safe in URLs, object-store keys and Triton repositories.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Name(String);
+
+impl Name {
+    /// Longest accepted name.
+    pub const MAX_LEN: usize = 63;
+
+    /// Parses a name, describing what is wrong.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        if s.is_empty() || s.len() > Self::MAX_LEN {
+            return Err(format!("must be 1 to {} characters long", Self::MAX_LEN));
+        }
+        let first_ok = s.bytes().next().is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+        let rest_ok = s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"-_.".contains(&b));
+        if !first_ok || !rest_ok {
+            return Err("must be lower-case letters, digits, '-', '_' or '.', starting with a letter or digit".into());
+        }
+        Ok(Name(s.to_string()))
+    }
+
+    /// Parses a path segment, blaming `field` when it is not a valid name.
+    pub fn from_path(field: &str, s: &str) -> Result<Self, Error> {
+        Name::parse(s).map_err(|m| Error::invalid(field, format!("{field} {m}")))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Name {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        Name::parse(&s)
+    }
+}
+
+impl From<Name> for String {
+    fn from(n: Name) -> String {
+        n.0
+    }
+}
+
+impl fmt::Display for Name {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How a model version's artifact is packaged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ArtifactFormat {
+    /// A single ONNX file.
+    Onnx,
+    /// A tar archive of a Triton model directory.
+    Tar,
+    /// A zip archive of a Triton model directory.
+    Zip,
+}
+
+impl ArtifactFormat {
+    /// The format's wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ArtifactFormat::Onnx => "onnx",
+            ArtifactFormat::Tar => "tar",
+            ArtifactFormat::Zip => "zip",
+        }
+    }
+
+    /// Parses a stored format name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [ArtifactFormat::Onnx, ArtifactFormat::Tar, ArtifactFormat::Zip].into_iter().find(|f| f.as_str() == s)
+    }
+
+    /// File name of the artifact in the object store.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            ArtifactFormat::Onnx => "model.onnx",
+            ArtifactFormat::Tar => "model.tar",
+            ArtifactFormat::Zip => "model.zip",
+        }
+    }
+
+    /// Checks the first bytes of an artifact against the format's signature, so a zip sent as
+    /// `onnx` (or an HTML error page sent as anything) is refused before it becomes a version.
+    pub fn matches_head(self, head: &[u8]) -> bool {
+        match self {
+            // ONNX is a protobuf ModelProto: its first byte is the key of one of its fields
+            // (ir_version = 1 .. graph = 7, opset_import = 8, metadata_props = 14, or a
+            // two-byte key for the newer fields), with a varint, fixed or length wire type.
+            ArtifactFormat::Onnx => head.first().is_some_and(|&b| {
+                let (field, wire) = (b >> 3, b & 0x07);
+                let wire_ok = matches!(wire, 0 | 1 | 2 | 5);
+                wire_ok && (b & 0x80 != 0 || (1..=8).contains(&field) || field == 14)
+            }),
+            ArtifactFormat::Tar => head.len() >= 262 && &head[257..262] == b"ustar",
+            ArtifactFormat::Zip => head.starts_with(b"PK\x03\x04"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roles_are_ordered_by_power() {
+        assert!(Role::PlatformAdmin.allows(Role::TenantAdmin));
+        assert!(Role::TenantAdmin.allows(Role::Deployer));
+        assert!(Role::Deployer.allows(Role::Viewer));
+        assert!(!Role::Viewer.allows(Role::Deployer));
+        assert!(!Role::Inference.allows(Role::Viewer));
+        for r in [Role::Inference, Role::Viewer, Role::Deployer, Role::TenantAdmin, Role::PlatformAdmin] {
+            assert_eq!(r.as_str().parse::<Role>().ok(), Some(r));
+            assert_eq!(serde_json::to_value(r).ok(), Some(serde_json::Value::String(r.as_str().into())));
+        }
+    }
+
+    #[test]
+    fn names_are_checked() {
+        for ok in ["a", "resnet-50", "bert_base.v2", "0day"] {
+            assert!(Name::parse(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "A", "a/b", "a b", "é", &"x".repeat(64)] {
+            assert!(Name::parse(bad).is_err(), "{bad}");
+        }
+        let e = serde_json::from_str::<Name>("\"Bad\"").map(|_| ()).unwrap_err();
+        assert!(e.to_string().contains("lower-case"));
+    }
+
+    #[test]
+    fn formats_check_their_signatures() {
+        assert!(ArtifactFormat::Zip.matches_head(b"PK\x03\x04rest"));
+        assert!(!ArtifactFormat::Zip.matches_head(b"<html>"));
+        let mut tar = vec![0u8; 512];
+        tar[257..262].copy_from_slice(b"ustar");
+        assert!(ArtifactFormat::Tar.matches_head(&tar));
+        assert!(ArtifactFormat::Onnx.matches_head(&[0x08, 0x07]));
+        assert!(!ArtifactFormat::Onnx.matches_head(b""));
+        assert!(!ArtifactFormat::Onnx.matches_head(&[0x07]));
+        assert!(!ArtifactFormat::Onnx.matches_head(b"PK\x03\x04"));
+        assert!(!ArtifactFormat::Onnx.matches_head(b"<html>"));
+        assert!(!ArtifactFormat::Onnx.matches_head(b"{\"a\": 1}"));
+    }
+}

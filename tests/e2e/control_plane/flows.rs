@@ -1,0 +1,129 @@
+//! The registry's main flow, on Postgres and on SQLite: tenant, keys, model, versions,
+//! aliases, idempotent retries, quotas.
+
+use serde_json::json;
+
+use super::{Opts, TestApp, TestDb, onnx_bytes};
+
+async fn model_lifecycle(app: TestApp) {
+    let t = app.tenant("acme").await;
+    let models = "/v1/tenants/acme/models";
+
+    let m = app.create_model(&t.deployer, "acme", "resnet").await;
+    assert_eq!(m.expect(201)["latest_version"], 0);
+    assert_eq!(app.create_model(&t.deployer, "acme", "resnet").await.code(), "already_exists");
+
+    let v1 = app.upload(&t.deployer, "acme", "resnet", "?format=onnx", onnx_bytes(1000)).await;
+    assert_eq!(v1.expect(201)["version"], 1);
+    assert_eq!(v1.body["size_bytes"], 1000);
+    assert!(v1.body["artifact_key"].as_str().unwrap().starts_with("tenants/"));
+    let v2 = app.upload(&t.deployer, "acme", "resnet", "", onnx_bytes(2000)).await;
+    assert_eq!(v2.expect(201)["version"], 2);
+
+    let list = app.get(&t.viewer, &format!("{models}/resnet/versions?limit=1")).await;
+    assert_eq!(list.expect(200)["versions"][0]["version"], 2);
+    let cursor = list.body["next_cursor"].as_str().unwrap().to_string();
+    let next = app.get(&t.viewer, &format!("{models}/resnet/versions?limit=1&cursor={cursor}")).await;
+    assert_eq!(next.expect(200)["versions"][0]["version"], 1);
+    assert!(next.body["next_cursor"].is_null());
+
+    // Aliases pin versions; moving one is a rollout or rollback.
+    app.set_alias(&t.deployer, "acme", "resnet", "production", 1).await.expect(200);
+    let del = app.delete(&t.deployer, &format!("{models}/resnet/versions/1")).await;
+    assert_eq!((del.status, del.code()), (409, "version_in_use"));
+    app.set_alias(&t.deployer, "acme", "resnet", "production", 2).await.expect(200);
+    let alias = app.get(&t.viewer, &format!("{models}/resnet/aliases/production")).await;
+    assert_eq!(alias.expect(200)["version"], 2);
+    assert_eq!(app.set_alias(&t.deployer, "acme", "resnet", "production", 9).await.status, 422);
+    app.delete(&t.deployer, &format!("{models}/resnet/versions/1")).await.expect(204);
+    assert_eq!(app.get(&t.viewer, &format!("{models}/resnet/versions/1")).await.status, 404);
+    assert_eq!(app.stored_files(), 1);
+
+    // Version numbers are never reused.
+    let v3 = app.upload(&t.deployer, "acme", "resnet", "", onnx_bytes(10)).await;
+    assert_eq!(v3.expect(201)["version"], 3);
+    let aliases = app.get(&t.viewer, &format!("{models}/resnet/aliases")).await;
+    assert_eq!(aliases.expect(200)["aliases"].as_array().unwrap().len(), 1);
+    app.delete(&t.deployer, &format!("{models}/resnet/aliases/production")).await.expect(204);
+
+    let page = app.get(&t.viewer, models).await;
+    assert_eq!(page.expect(200)["models"][0]["latest_version"], 3);
+    app.delete(&t.deployer, &format!("{models}/resnet")).await.expect(204);
+    assert_eq!(app.get(&t.viewer, &format!("{models}/resnet")).await.status, 404);
+    assert_eq!(app.stored_files(), 0);
+}
+
+#[tokio::test]
+async fn model_lifecycle_on_postgres() {
+    model_lifecycle(TestApp::spawn_with(Opts { db: Some(TestDb::postgres().await), ..Opts::default() }).await).await;
+}
+
+#[tokio::test]
+async fn model_lifecycle_on_sqlite() {
+    model_lifecycle(TestApp::spawn_with(Opts { db: Some(TestDb::sqlite()), ..Opts::default() }).await).await;
+}
+
+#[tokio::test]
+async fn idempotent_creates_return_the_first_result() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    let path = "/v1/tenants/acme/models";
+    let first = app.post_idempotent(&t.deployer, path, &json!({ "name": "bert" }), "retry-1").await;
+    let again = app.post_idempotent(&t.deployer, path, &json!({ "name": "bert" }), "retry-1").await;
+    assert_eq!(again.expect(201)["id"], first.expect(201)["id"]);
+    assert_eq!(again.headers.get("idempotent-replayed").map(|v| v.to_str().unwrap()), Some("true"));
+    let other = app.post_idempotent(&t.deployer, path, &json!({ "name": "gpt" }), "retry-1").await;
+    assert_eq!((other.status, other.body["error"]["field"].as_str()), (422, Some("Idempotency-Key")));
+    // Keys are per tenant: another tenant's identical key is a different request.
+    let u = app.tenant("umbrella").await;
+    let body = json!({ "name": "bert" });
+    app.post_idempotent(&u.deployer, "/v1/tenants/umbrella/models", &body, "retry-1").await.expect(201);
+
+    // Uploads are idempotent too (fingerprinted by length and declared sha256, not buffered).
+    let upload = |idem: &'static str| {
+        let req = app
+            .client
+            .post(format!("{}/v1/tenants/acme/models/bert/versions", app.url))
+            .bearer_auth(&t.deployer)
+            .header("content-type", "application/octet-stream")
+            .header("Idempotency-Key", idem)
+            .body(onnx_bytes(100));
+        app.raw(req)
+    };
+    let a = upload("up-1").await;
+    let b = upload("up-1").await;
+    assert_eq!(a.expect(201)["version"], 1);
+    assert_eq!(b.expect(201)["version"], 1);
+    assert_eq!(app.get(&t.viewer, "/v1/tenants/acme/models/bert").await.body["latest_version"], 1);
+    assert_eq!(app.stored_files(), 1);
+}
+
+#[tokio::test]
+async fn quotas_are_enforced_and_reported() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    let limits = json!({
+        "models": 1, "versions": 2, "storage_bytes": 1500, "replicas": 2,
+        "requests_per_second": 10, "monthly_spend_cents": 500, "slices": { "cpu": 2, "mig-1g.10gb": 1 }
+    });
+    let set = app.put(&app.admin_key, "/v1/tenants/acme/quotas", &limits).await;
+    assert_eq!(set.expect(200)["limits"], limits);
+    assert_eq!(app.put(&t.admin, "/v1/tenants/acme/quotas", &limits).await.status, 403);
+
+    app.create_model(&t.deployer, "acme", "a").await.expect(201);
+    let over = app.create_model(&t.deployer, "acme", "b").await;
+    assert_eq!((over.status, over.code()), (409, "quota_exceeded.models"));
+
+    app.upload(&t.deployer, "acme", "a", "", onnx_bytes(1000)).await.expect(201);
+    let big = app.upload(&t.deployer, "acme", "a", "", onnx_bytes(501)).await;
+    assert_eq!((big.status, big.code()), (409, "quota_exceeded.storage_bytes"));
+    app.upload(&t.deployer, "acme", "a", "", onnx_bytes(499)).await.expect(201);
+    let third = app.upload(&t.deployer, "acme", "a", "", onnx_bytes(1)).await;
+    assert_eq!((third.status, third.code()), (409, "quota_exceeded.versions"));
+    assert_eq!(app.stored_files(), 2, "refused uploads leave nothing behind");
+
+    let q = app.get(&t.viewer, "/v1/tenants/acme/quotas").await;
+    assert_eq!(q.expect(200)["usage"], json!({ "models": 1, "versions": 2, "storage_bytes": 1499 }));
+    let bad = app.put(&app.admin_key, "/v1/tenants/acme/quotas", &json!({ "models": -1 })).await;
+    assert_eq!(bad.status, 422);
+}

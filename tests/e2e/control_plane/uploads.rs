@@ -1,0 +1,112 @@
+//! Uploads: streamed with sha256 and a size cap; refused uploads leave nothing behind; a
+//! 200 MB artifact streams without the server holding it in memory.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::{Opts, TestApp, onnx_bytes};
+
+fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(data))
+}
+
+#[tokio::test]
+async fn corrupted_and_mislabelled_uploads_are_refused_and_leave_nothing() {
+    let app = TestApp::spawn_with(Opts { args: &["--max-upload-bytes", "1048576"], ..Opts::default() }).await;
+    let t = app.tenant("acme").await;
+    app.create_model(&t.deployer, "acme", "m").await.expect(201);
+    let data = onnx_bytes(4096);
+
+    let wrong = "ab".repeat(32);
+    let r = app.upload(&t.deployer, "acme", "m", &format!("?sha256={wrong}"), data.clone()).await;
+    assert_eq!((r.status, r.body["error"]["field"].as_str()), (422, Some("sha256")));
+    let r = app.upload(&t.deployer, "acme", "m", "?format=zip", data.clone()).await;
+    assert_eq!((r.status, r.body["error"]["field"].as_str()), (422, Some("format")));
+    let r = app.upload(&t.deployer, "acme", "m", "?sha256=xyz", data.clone()).await;
+    assert_eq!(r.status, 422);
+    let r = app.upload(&t.deployer, "acme", "m", "", Vec::new()).await;
+    assert_eq!(r.status, 422);
+    let r = app.upload(&t.deployer, "acme", "m", "", onnx_bytes(2 * 1024 * 1024)).await;
+    assert_eq!((r.status, r.code()), (413, "payload_too_large"));
+    assert_eq!(app.stored_files(), 0, "nothing left behind");
+    let versions = app.get(&t.viewer, "/v1/tenants/acme/models/m/versions").await;
+    assert_eq!(versions.expect(200)["versions"].as_array().unwrap().len(), 0);
+
+    // The right sha256 (query or header) and a model config are kept.
+    let good = sha256_hex(&data);
+    let req = app
+        .client
+        .post(format!("{}/v1/tenants/acme/models/m/versions?sha256={good}", app.url))
+        .bearer_auth(&t.deployer)
+        .header("content-type", "application/octet-stream")
+        .header("x-content-sha256", good.to_uppercase())
+        .header("x-model-config", r#"{"max_batch_size": 8}"#)
+        .body(data.clone());
+    let v = app.raw(req).await;
+    assert_eq!(v.expect(201)["sha256"].as_str(), Some(good.as_str()));
+    assert_eq!(v.body["config"], json!({ "max_batch_size": 8 }));
+    assert_eq!(app.stored_files(), 1);
+
+    // Presigned uploads need an S3-compatible store.
+    let r = app.post(&t.deployer, "/v1/tenants/acme/models/m/uploads", &json!({ "format": "onnx" })).await;
+    assert_eq!((r.status, r.code()), (409, "presign_unsupported"));
+}
+
+#[tokio::test]
+async fn a_200_mb_upload_streams_in_bounded_memory() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    app.create_model(&t.deployer, "acme", "big").await.expect(201);
+    let size = 200 * 1024 * 1024;
+    let data = onnx_bytes(size);
+    let expected = sha256_hex(&data);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let idle = app.rss_bytes();
+
+    let peak = Arc::new(AtomicU64::new(idle));
+    let done = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (peak, done, pid) = (peak.clone(), done.clone(), app.pid);
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Relaxed) {
+                let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let rss = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    .unwrap_or(0)
+                    * 1024;
+                peak.fetch_max(rss, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let v = app.upload(&t.deployer, "acme", "big", &format!("?sha256={expected}"), data).await;
+    done.store(true, Ordering::Relaxed);
+    sampler.join().unwrap();
+    assert_eq!(v.expect(201)["size_bytes"].as_u64(), Some(size as u64));
+    assert_eq!(v.body["sha256"].as_str(), Some(expected.as_str()));
+    let grew = peak.load(Ordering::Relaxed).saturating_sub(idle);
+    eprintln!("200 MiB upload: server RSS {} MiB idle, +{} MiB peak", idle >> 20, grew >> 20);
+    assert!(grew < 100 * 1024 * 1024, "server RSS grew by {} MiB during the upload", grew / (1024 * 1024));
+    let stored = std::fs::metadata(find_artifact(&app)).unwrap().len();
+    assert_eq!(stored, size as u64);
+}
+
+fn find_artifact(app: &TestApp) -> std::path::PathBuf {
+    let mut stack = vec![app.store_dir.path().to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                return e.path();
+            }
+        }
+    }
+    panic!("no artifact stored")
+}

@@ -1,0 +1,106 @@
+"""Fixtures for the control plane's Python tests: the real `tessera control-plane` on port 0
+over an SQLite registry in a temp dir, with a known platform-admin key.
+
+TESSERA_BIN names the binary (scripts/test.sh sets it); default: the cargo debug build.
+"""
+
+import os
+import re
+import secrets
+import string
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+OPENAPI = ROOT / "openapi" / "openapi.json"
+
+
+def tessera_bin() -> str:
+    if os.environ.get("TESSERA_BIN"):
+        return os.environ["TESSERA_BIN"]
+    target = os.environ.get("CARGO_TARGET_DIR", str(Path.home() / ".cache" / "tessera" / "target"))
+    return str(Path(target) / "debug" / "tessera")
+
+
+def new_key() -> str:
+    """A key in Tessera's format: tsk_<12 lower-case alphanumerics>_<43 alphanumerics>."""
+    ident = "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(12))
+    secret = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(43))
+    return f"tsk_{ident}_{secret}"
+
+
+class ControlPlane:
+    def __init__(self, workdir: Path, args=(), env=None):
+        self.admin_key = new_key()
+        cmd = [
+            tessera_bin(), "control-plane",
+            "--listen", "127.0.0.1:0",
+            "--database-url", f"sqlite://{workdir / 'registry.db'}",
+            "--bootstrap-admin-key", self.admin_key,
+        ]
+        if not any(a == "--object-store" for a in args):
+            cmd += ["--object-store", str(workdir / "artifacts")]
+        cmd += list(args)
+        self.lines = []
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "RUST_LOG": "info", **(env or {})},
+        )
+        found = threading.Event()
+        self.url = None
+
+        def pump():
+            for line in self.proc.stderr:
+                self.lines.append(line.rstrip())
+                m = re.search(r'listening protocol="http" addr=(\S+)', line)
+                if m and not found.is_set():
+                    self.url = f"http://{m.group(1)}"
+                    found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not found.wait(60):
+            self.stop()
+            raise RuntimeError("control plane did not start:\n" + "\n".join(self.lines))
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture
+def start_control_plane(tmp_path):
+    started = []
+
+    def start(args=(), env=None):
+        cp = ControlPlane(tmp_path, args, env)
+        started.append(cp)
+        return cp
+
+    yield start
+    for cp in started:
+        cp.stop()
+
+
+@pytest.fixture
+def control_plane(start_control_plane):
+    return start_control_plane()
+
+
+def wait_for_port(host: str, port: int, timeout: float = 15.0):
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listening on {host}:{port}")
