@@ -81,10 +81,10 @@ impl Scheduler {
         // Bounded by the permits: at most one batch per instance is ever in the channel.
         let (batches, receiver) = crossbeam_channel::unbounded::<Dispatch>();
         for i in 0..sessions.len() {
-            let (spec, stats, receiver, sessions) = (spec.clone(), stats.clone(), receiver.clone(), sessions.clone());
+            let (shared, receiver, sessions) = (shared.clone(), receiver.clone(), sessions.clone());
             std::thread::Builder::new()
                 .name(format!("{label}-{i}"))
-                .spawn(move || run_instance(&sessions[i], &spec, &stats, &receiver))
+                .spawn(move || run_instance(&sessions[i], &shared, &receiver))
                 .map_err(|e| format!("failed to start an instance thread: {e}"))?;
         }
         let fast_path = config_allows_fast_path(&shared.queue.lock());
@@ -226,16 +226,24 @@ fn drop_request(shared: &Shared, dropped: Dropped) {
     }
 }
 
-/// An instance thread: runs dispatched batches until the scheduler stops.
-fn run_instance(
-    session: &Mutex<OnnxSession>,
-    spec: &ModelSpec,
-    stats: &ModelStats,
-    batches: &crossbeam_channel::Receiver<Dispatch>,
-) {
+/// An instance thread: runs dispatched batches until the scheduler stops. After each run it
+/// keeps its permit and takes the next batch straight from the queue when the policy says go
+/// now (Triton's "when an instance frees up, form a batch"), so a busy instance never idles
+/// waiting for the batcher task; when the policy says wait, the batcher takes over.
+fn run_instance(session: &Mutex<OnnxSession>, shared: &Shared, batches: &crossbeam_channel::Receiver<Dispatch>) {
     while let Ok(dispatch) = batches.recv() {
-        let Dispatch { batch, _permit } = dispatch;
-        run_batch(&mut session.lock(), spec, stats, batch);
+        let Dispatch { mut batch, _permit } = dispatch;
+        loop {
+            run_batch(&mut session.lock(), &shared.spec, &shared.stats, batch);
+            let step = shared.queue.lock().next_batch(Instant::now());
+            for dropped in step.dropped {
+                drop_request(shared, dropped);
+            }
+            if step.batch.is_empty() {
+                break;
+            }
+            batch = step.batch;
+        }
     }
 }
 
