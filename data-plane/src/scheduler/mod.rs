@@ -259,18 +259,21 @@ fn run_batch(session: &mut OnnxSession, spec: &ModelSpec, stats: &ModelStats, ba
                 infer_ns: timings.infer_ns,
                 output_ns: timings.output_ns,
             });
-            for (pending, outputs) in batch.into_iter().zip(per_request) {
+            // Every response of the batch is complete now: record them all, then reply, so no
+            // request's duration includes waking the clients ahead of it.
+            let done = Instant::now();
+            for (pending, outputs) in batch.iter().zip(&per_request) {
                 stats.queue.record(nanos(start - pending.enqueued));
                 stats.compute_input.record(timings.input_ns);
                 stats.compute_infer.record(timings.infer_ns);
                 stats.compute_output.record(timings.output_ns);
                 if outputs.is_ok() {
-                    // Recorded before replying, so a client that reads statistics right after
-                    // its response sees its own request counted.
-                    let ns = nanos(pending.arrived.elapsed());
+                    let ns = nanos(done - pending.arrived);
                     stats.success.record(ns);
                     stats.latency_us.observe(ns / 1_000);
                 }
+            }
+            for (pending, outputs) in batch.into_iter().zip(per_request) {
                 // A closed receiver means the client left mid-run; nothing to do then.
                 let _ = pending.reply.send(outputs);
             }
