@@ -117,6 +117,22 @@ pub enum BenchCommand {
     Http(crate::loadgen::LoadArgs),
     /// Load generator over Triton's gRPC service.
     Grpc(crate::loadgen::LoadArgs),
+    /// Time the control plane's replica placement on simulated workers.
+    Placement(PlacementBenchArgs),
+}
+
+/// Flags of `tessera bench placement`.
+#[derive(Debug, clap::Args)]
+pub struct PlacementBenchArgs {
+    /// Simulated workers.
+    #[arg(long, default_value_t = 1_000)]
+    pub workers: usize,
+    /// CPU slices per worker.
+    #[arg(long, default_value_t = 8)]
+    pub slices: usize,
+    /// Replicas to place (deployments of 20 replicas, 100 tenants).
+    #[arg(long, default_value_t = 10_000)]
+    pub replicas: u32,
 }
 
 impl ServeArgs {
@@ -168,6 +184,17 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(BenchCommand::Http(args)) => crate::loadgen::run(crate::loadgen::Protocol::Http, args).await,
         Command::Bench(BenchCommand::Grpc(args)) => crate::loadgen::run(crate::loadgen::Protocol::Grpc, args).await,
+        Command::Bench(BenchCommand::Placement(args)) => {
+            let (placed, took) = tessera_control_plane::scheduler::benchmark(args.workers, args.slices, args.replicas);
+            println!(
+                "placed {placed} of {} replicas on {} workers x {} slices in {:.1} ms",
+                args.replicas,
+                args.workers,
+                args.slices,
+                took.as_secs_f64() * 1e3
+            );
+            Ok(())
+        }
         Command::ControlPlane(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));

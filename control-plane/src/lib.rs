@@ -12,6 +12,7 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod registry;
+pub mod scheduler;
 pub mod store;
 pub mod types;
 

@@ -1,0 +1,148 @@
+//! Placement tests with fixture builders.
+
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+fn worker(id: &str, slices: &[(&str, &str, u64)]) -> WorkerSpec {
+    WorkerSpec {
+        id: id.into(),
+        slices: slices
+            .iter()
+            .map(|(sid, profile, gib)| SliceSpec {
+                id: (*sid).into(),
+                profile: (*profile).into(),
+                memory_bytes: gib * GIB,
+            })
+            .collect(),
+    }
+}
+
+fn cpu_workers(n: usize, slices: usize, gib: u64) -> Vec<WorkerSpec> {
+    (0..n)
+        .map(|i| WorkerSpec {
+            id: format!("w{i:04}"),
+            slices: (0..slices)
+                .map(|s| SliceSpec { id: format!("cpu-{s}"), profile: "cpu".into(), memory_bytes: gib * GIB })
+                .collect(),
+        })
+        .collect()
+}
+
+fn replica(deployment: &str, index: u32, tenant: &str, profile: &str, gib: u64) -> ReplicaRequest {
+    ReplicaRequest {
+        deployment: deployment.into(),
+        index,
+        tenant: tenant.into(),
+        profile: profile.into(),
+        memory_bytes: gib * GIB,
+    }
+}
+
+#[test]
+fn a_slice_serves_one_tenant_only() {
+    let mut p = Placer::new(vec![worker("w1", &[("s0", "cpu", 8), ("s1", "cpu", 8)])]);
+    let a = p.place(&replica("da", 0, "acme", "cpu", 1)).expect("acme fits");
+    let b = p.place(&replica("db", 0, "globex", "cpu", 1)).expect("globex fits");
+    assert_ne!(a.slice, b.slice, "two tenants never share a slice");
+    let err = p.place(&replica("dc", 0, "initech", "cpu", 1)).expect_err("both slices taken");
+    assert!(matches!(err, ScheduleError::NoCapacity { .. }), "{err}");
+    let again = p.place(&replica("da", 1, "acme", "cpu", 1)).expect("acme shares its own slice");
+    assert_eq!(again.slice, a.slice);
+}
+
+#[test]
+fn memory_must_fit() {
+    let mut p = Placer::new(vec![worker("w1", &[("s0", "mig-1g.10gb", 10)])]);
+    p.place(&replica("d", 0, "acme", "mig-1g.10gb", 6)).expect("6 of 10 GiB");
+    let err = p.place(&replica("d", 1, "acme", "mig-1g.10gb", 6)).expect_err("12 > 10 GiB");
+    assert!(err.to_string().contains("mig-1g.10gb"), "{err}");
+    p.place(&replica("d", 2, "acme", "mig-1g.10gb", 4)).expect("exactly fills it");
+}
+
+#[test]
+fn replicas_spread_across_workers() {
+    let mut p = Placer::new(cpu_workers(3, 4, 16));
+    let workers: Vec<String> =
+        (0..3).map(|i| p.place(&replica("d", i, "acme", "cpu", 1)).expect("fits").worker).collect();
+    let mut distinct = workers.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 3, "three replicas on three workers: {workers:?}");
+    let fourth = p.place(&replica("d", 3, "acme", "cpu", 1)).expect("fits");
+    assert_eq!(fourth.worker, "w0000", "ties break on worker id");
+}
+
+#[test]
+fn profiles_are_matched_and_unknown_ones_refused() {
+    let mut p =
+        Placer::new(vec![worker("gpu-node", &[("GPU-0", "gpu", 80)]), worker("cpu-node", &[("cpu-0", "cpu", 16)])]);
+    assert_eq!(p.place(&replica("d", 0, "acme", "gpu", 10)).expect("gpu").worker, "gpu-node");
+    assert_eq!(p.place(&replica("e", 0, "acme", "cpu", 1)).expect("cpu").worker, "cpu-node");
+    let err = p.place(&replica("f", 0, "acme", "mig-3g.40gb", 1)).expect_err("nobody has it");
+    assert_eq!(err, ScheduleError::UnknownProfile { profile: "mig-3g.40gb".into() });
+}
+
+#[test]
+fn slice_quotas_hold_but_held_slices_still_take_more() {
+    let mut p = Placer::new(cpu_workers(2, 4, 4));
+    p.set_quota("acme", "cpu", 1);
+    let first = p.place(&replica("d", 0, "acme", "cpu", 1)).expect("first slice");
+    let second = p.place(&replica("d", 1, "acme", "cpu", 1)).expect("shares the slice it holds");
+    assert_eq!(first.slice, second.slice);
+    assert_eq!(first.worker, second.worker, "quota beats spreading");
+    let err = p.place(&replica("d", 2, "acme", "cpu", 3)).expect_err("no room and no second slice");
+    assert_eq!(err, ScheduleError::QuotaExceeded { tenant: "acme".into(), profile: "cpu".into(), limit: 1 });
+}
+
+#[test]
+fn a_lost_worker_gives_back_its_replicas_for_replacement_elsewhere() {
+    let mut p = Placer::new(cpu_workers(3, 2, 8));
+    let placed: Vec<Placement> = (0..6).map(|i| p.place(&replica("d", i, "acme", "cpu", 1)).expect("fits")).collect();
+    let lost = p.remove_worker("w0001");
+    assert_eq!(lost.len(), placed.iter().filter(|pl| pl.worker == "w0001").count());
+    for (deployment, index) in lost {
+        let again = p.place(&replica(&deployment, index, "acme", "cpu", 1)).expect("room elsewhere");
+        assert_ne!(again.worker, "w0001");
+    }
+}
+
+#[test]
+fn existing_assignments_are_respected() {
+    let mut p = Placer::new(vec![worker("w1", &[("s0", "cpu", 2)])]);
+    let at = Placement { worker: "w1".into(), slice: "s0".into() };
+    p.assign(&replica("d", 0, "acme", "cpu", 2), &at).expect("registry says it runs there");
+    assert!(p.place(&replica("e", 0, "globex", "cpu", 1)).is_err(), "slice is acme's and full");
+    assert!(p.assign(&replica("e", 0, "globex", "cpu", 1), &at).is_err(), "cannot record an impossible state");
+}
+
+#[test]
+fn placement_is_deterministic() {
+    let run = || {
+        let mut p = Placer::new(cpu_workers(20, 4, 8));
+        (0..100u32)
+            .map(|i| p.place(&replica(&format!("d{}", i % 7), i, &format!("t{}", i % 5), "cpu", 1 + u64::from(i % 3))))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn ten_thousand_replicas_fit_on_a_thousand_workers() {
+    let mut p = Placer::new(cpu_workers(1_000, 8, 16));
+    let mut workers_of: HashMap<String, Vec<String>> = HashMap::new();
+    let mut tenant_of: HashMap<(String, String), String> = HashMap::new();
+    for i in 0..10_000u32 {
+        let (deployment, tenant) = (format!("dep{}", i % 500), format!("tenant{}", i % 100));
+        let at = p.place(&replica(&deployment, i, &tenant, "cpu", 1)).unwrap_or_else(|e| panic!("replica {i}: {e}"));
+        let owner = tenant_of.entry((at.worker.clone(), at.slice.clone())).or_insert_with(|| tenant.clone());
+        assert_eq!(*owner, tenant, "slice {at:?} shared by two tenants");
+        workers_of.entry(deployment).or_default().push(at.worker);
+    }
+    for (deployment, mut workers) in workers_of {
+        let n = workers.len();
+        workers.sort();
+        workers.dedup();
+        assert_eq!(workers.len(), n, "{deployment}: its {n} replicas are on {n} different workers");
+    }
+}
