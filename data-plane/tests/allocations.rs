@@ -58,6 +58,10 @@ async fn a_binary_request_allocates_about_one_payload_beyond_receiving_and_runni
         eprintln!("SKIPPED: ONNX Runtime library not found; run ./scripts/setup-ort.sh");
         return;
     }
+    if std::process::Command::new("curl").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: curl is not installed (this test uses it as an out-of-process client)");
+        return;
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let repo = dir.path().join("models");
     std::fs::create_dir_all(repo.join("identity/1")).expect("mkdir");
