@@ -102,7 +102,7 @@ impl App {
     /// installing `--bootstrap-admin-key` or generating one. Returns a generated key (to be
     /// shown once), if one was generated.
     pub async fn bootstrap(&self) -> Result<Option<String>> {
-        let actor = Actor { key_id: None, request_id: "bootstrap".into(), client_addr: None };
+        let actor = Actor { key_id: None, user_id: None, request_id: "bootstrap".into(), client_addr: None };
         let platform = match self.registry.conn().await?.platform_tenant().await? {
             Some(t) => t,
             None => {
@@ -141,6 +141,7 @@ impl App {
             secret_hash: self.auth.hasher().hash(key),
             name: "bootstrap platform admin".into(),
             role: Role::PlatformAdmin,
+            user_id: None,
             expires_at: None,
         };
         self.registry.create_key(actor, platform, new).await?;
@@ -230,18 +231,44 @@ impl App {
         }
         let key = ArtifactStore::new_key(model.tenant_id, model.id, request.format);
         let stored = self.store.put_stream(&key, body, max, request.format, request.sha256.as_deref()).await?;
-        let new = NewVersion {
-            artifact_key: key.to_string(),
-            sha256: stored.sha256,
-            size_bytes: i64::try_from(stored.size).unwrap_or(i64::MAX),
-            format: request.format,
-            config: request.config,
-        };
-        let created = self.registry.create_version(actor, model, new).await;
+        let created = async {
+            let config = self.artifact_config(&key, request.format, request.config).await?;
+            let new = NewVersion {
+                artifact_key: key.to_string(),
+                sha256: stored.sha256,
+                size_bytes: i64::try_from(stored.size).unwrap_or(i64::MAX),
+                format: request.format,
+                config,
+            };
+            self.registry.create_version(actor, model, new).await
+        }
+        .await;
         if created.is_err() {
             self.store.delete_all(&[key.to_string()]).await;
         }
         created
+    }
+
+    /// The model config of a stored artifact: for an archive, its `config.pbtxt` (checked,
+    /// with the archive's entries, by [`ArtifactStore::inspect_archive`]); else what the
+    /// client gave. Both at once is refused: one of them would be silently ignored.
+    async fn artifact_config(
+        &self,
+        key: &object_store::path::Path,
+        format: ArtifactFormat,
+        given: Option<serde_json::Value>,
+    ) -> Result<Option<serde_json::Value>> {
+        if format == ArtifactFormat::Onnx {
+            return Ok(given);
+        }
+        let manifest = self.store.inspect_archive(key, format).await?;
+        match (manifest.config, given) {
+            (Some(_), Some(_)) => Err(Error::invalid(
+                "config",
+                "the archive has a config.pbtxt; do not also send a config (X-Model-Config or `config`)",
+            )),
+            (from_archive, given) => Ok(from_archive.or(given)),
+        }
     }
 
     /// Opens a presigned upload for a model.
@@ -287,16 +314,19 @@ impl App {
         let format = ArtifactFormat::parse(&upload.format).ok_or_else(|| Error::Internal("stored format".into()))?;
         let key = object_store::path::Path::from(upload.artifact_key.as_str());
         let outcome = match self.store.digest(&key, self.config.max_upload_bytes, format, &sha256).await {
-            Ok(stored) => {
-                let new = NewVersion {
-                    artifact_key: upload.artifact_key.clone(),
-                    sha256: stored.sha256,
-                    size_bytes: i64::try_from(stored.size).unwrap_or(i64::MAX),
-                    format,
-                    config,
-                };
-                self.registry.complete_upload(actor, model, upload_id, new).await
-            }
+            Ok(stored) => match self.artifact_config(&key, format, config).await {
+                Ok(config) => {
+                    let new = NewVersion {
+                        artifact_key: upload.artifact_key.clone(),
+                        sha256: stored.sha256,
+                        size_bytes: i64::try_from(stored.size).unwrap_or(i64::MAX),
+                        format,
+                        config,
+                    };
+                    self.registry.complete_upload(actor, model, upload_id, new).await
+                }
+                Err(e) => Err(e),
+            },
             Err(e) => Err(e),
         };
         if let Err(e) = &outcome

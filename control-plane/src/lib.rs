@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod app;
+pub mod archive;
 pub mod auth;
 pub mod config;
 pub mod error;

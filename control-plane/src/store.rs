@@ -19,6 +19,7 @@ use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
+use crate::archive::ArchiveManifest;
 use crate::error::{Error, Result};
 use crate::types::ArtifactFormat;
 
@@ -141,6 +142,17 @@ impl ArtifactStore {
         hashed.verdict(format, Some(expected))
     }
 
+    /// Inspects a stored archive (tar, gzipped tar, zip): checks its entries and reads its
+    /// `config.pbtxt` (see [`crate::archive`]). Reads the object in ranges on a blocking
+    /// thread, so neither memory nor the async runtime holds the artifact.
+    pub async fn inspect_archive(&self, key: &Path, format: ArtifactFormat) -> Result<ArchiveManifest> {
+        let size = self.store.head(key).await?.size;
+        let reader = RangeReader::new(self.store.clone(), key.clone(), size, tokio::runtime::Handle::current());
+        tokio::task::spawn_blocking(move || crate::archive::inspect(format, reader))
+            .await
+            .map_err(|e| Error::Internal(format!("archive inspection task: {e}")))?
+    }
+
     /// Deletes an artifact; a missing one is fine.
     pub async fn delete(&self, key: &str) -> Result<()> {
         match self.store.delete(&Path::from(key)).await {
@@ -171,6 +183,66 @@ impl ArtifactStore {
     /// Whether this store can presign URLs.
     pub fn can_presign(&self) -> bool {
         self.signer.is_some()
+    }
+}
+
+/// Blocking `Read + Seek` over a stored object, fetched in ranges of [`RANGE_LEN`]: what the
+/// `tar` and `zip` readers need (zip reads its directory from the end). Used only on a
+/// blocking thread; `handle` runs the fetches.
+struct RangeReader {
+    store: Arc<dyn ObjectStore>,
+    key: Path,
+    size: u64,
+    pos: u64,
+    /// The last range fetched and where it starts.
+    buf: Bytes,
+    buf_start: u64,
+    handle: tokio::runtime::Handle,
+}
+
+/// Bytes fetched per range request.
+const RANGE_LEN: u64 = 1024 * 1024;
+
+impl RangeReader {
+    fn new(store: Arc<dyn ObjectStore>, key: Path, size: u64, handle: tokio::runtime::Handle) -> Self {
+        RangeReader { store, key, size, pos: 0, buf: Bytes::new(), buf_start: 0, handle }
+    }
+}
+
+impl std::io::Read for RangeReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos >= self.size || out.is_empty() {
+            return Ok(0);
+        }
+        let in_buf = self.pos >= self.buf_start && self.pos < self.buf_start + self.buf.len() as u64;
+        if !in_buf {
+            let end = (self.pos + RANGE_LEN).min(self.size);
+            let fetch = self.store.get_range(&self.key, self.pos..end);
+            self.buf = self.handle.block_on(fetch).map_err(std::io::Error::other)?;
+            self.buf_start = self.pos;
+            if self.buf.is_empty() {
+                return Ok(0);
+            }
+        }
+        // Both offsets are within the buffer, which is at most RANGE_LEN long.
+        let offset = (self.pos - self.buf_start) as usize;
+        let n = out.len().min(self.buf.len() - offset);
+        out[..n].copy_from_slice(&self.buf[offset..offset + n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+impl std::io::Seek for RangeReader {
+    fn seek(&mut self, to: std::io::SeekFrom) -> std::io::Result<u64> {
+        let target = match to {
+            std::io::SeekFrom::Start(n) => Some(n),
+            std::io::SeekFrom::End(d) => self.size.checked_add_signed(d),
+            std::io::SeekFrom::Current(d) => self.pos.checked_add_signed(d),
+        };
+        let target = target.ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "seek before 0"))?;
+        self.pos = target;
+        Ok(target)
     }
 }
 
@@ -287,6 +359,27 @@ mod tests {
         let e = store.put_stream(&key, chunks(&data, 65536), u64::MAX, ArtifactFormat::Zip, None).await;
         assert!(matches!(e, Err(Error::InvalidInput { .. })));
         assert_eq!(files_under(dir.path()), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn archives_are_inspected_from_the_store() {
+        use crate::archive::tests::{CONFIG, gzip, tar_of, zip_of};
+        let (_dir, store) = local();
+        // Larger than a range, so the readers cross range boundaries and seek.
+        let big = onnx_bytes(3 * RANGE_LEN as usize + 5);
+        let files: &[(&str, &[u8])] = &[("m/1/model.onnx", &big), ("m/config.pbtxt", CONFIG.as_bytes())];
+        let tar = tar_of(files, &[]);
+        for (format, data) in [
+            (ArtifactFormat::Tar, tar.clone()),
+            (ArtifactFormat::Tar, gzip(&tar)),
+            (ArtifactFormat::Zip, zip_of(files, &[])),
+        ] {
+            let key = ArtifactStore::new_key(Uuid::nil(), Uuid::nil(), format);
+            store.put_stream(&key, chunks(&data, 65536), u64::MAX, format, None).await.unwrap();
+            let manifest = store.inspect_archive(&key, format).await.unwrap();
+            assert_eq!(manifest.config.unwrap()["max_batch_size"], 8);
+            assert_eq!(manifest.onnx_files, ["1/model.onnx"]);
+        }
     }
 
     #[tokio::test]

@@ -114,13 +114,61 @@ impl fmt::Display for Name {
     }
 }
 
+/// A user's email address, lower-cased: `local@domain`, at most 254 characters, no spaces or
+/// control characters. Not proof the mailbox exists; only a stable, unique handle per tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Email(String);
+
+impl Email {
+    /// Longest accepted address (RFC 5321's path limit less the brackets).
+    pub const MAX_LEN: usize = 254;
+
+    /// Parses an address, describing what is wrong.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if s.is_empty() || s.len() > Self::MAX_LEN {
+            return Err(format!("email must be 1 to {} characters long", Self::MAX_LEN));
+        }
+        if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err("email must not contain spaces or control characters".into());
+        }
+        match s.split_once('@') {
+            Some((local, domain)) if !local.is_empty() && !domain.is_empty() && !domain.contains('@') => {
+                Ok(Email(s.to_lowercase()))
+            }
+            _ => Err("email must look like name@example.com".into()),
+        }
+    }
+}
+
+impl TryFrom<String> for Email {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        Email::parse(&s)
+    }
+}
+
+impl From<Email> for String {
+    fn from(e: Email) -> String {
+        e.0
+    }
+}
+
+impl fmt::Display for Email {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// How a model version's artifact is packaged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ArtifactFormat {
     /// A single ONNX file.
     Onnx,
-    /// A tar archive of a Triton model directory.
+    /// A tar archive of a Triton model directory, optionally gzipped.
     Tar,
     /// A zip archive of a Triton model directory.
     Zip,
@@ -162,7 +210,9 @@ impl ArtifactFormat {
                 let wire_ok = matches!(wire, 0 | 1 | 2 | 5);
                 wire_ok && (b & 0x80 != 0 || (1..=8).contains(&field) || field == 14)
             }),
-            ArtifactFormat::Tar => head.len() >= 262 && &head[257..262] == b"ustar",
+            ArtifactFormat::Tar => {
+                (head.len() >= 262 && &head[257..262] == b"ustar") || head.starts_with(&[0x1f, 0x8b])
+            }
             ArtifactFormat::Zip => head.starts_with(b"PK\x03\x04"),
         }
     }
@@ -195,6 +245,23 @@ mod tests {
         }
         let e = serde_json::from_str::<Name>("\"Bad\"").map(|_| ()).unwrap_err();
         assert!(e.to_string().contains("lower-case"));
+    }
+
+    #[test]
+    fn emails_are_checked_and_lower_cased() {
+        assert_eq!(Email::parse(" Ada@Example.COM ").unwrap().to_string(), "ada@example.com");
+        for bad in [
+            "",
+            "ada",
+            "@example.com",
+            "ada@",
+            "a@b@c",
+            "a da@x.io",
+            "a\u{0}@x.io",
+            &format!("{}@x.io", "a".repeat(250)),
+        ] {
+            assert!(Email::parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct AuditEvent {
     pub seq: i64,
     /// Acting API key (absent for the system).
     pub actor_key_id: Option<Uuid>,
+    /// The user the acting key belongs to (absent for service keys and the system).
+    pub actor_user_id: Option<Uuid>,
     /// What happened, e.g. `model.create`, `alias.set`.
     pub action: String,
     /// Kind of resource.
@@ -54,6 +56,7 @@ impl From<AuditEventRow> for AuditEvent {
             id: e.id,
             seq: e.seq,
             actor_key_id: e.actor_key_id,
+            actor_user_id: e.actor_user_id,
             action: e.action,
             resource_type: e.resource_type,
             resource_id: e.resource_id,
@@ -91,6 +94,8 @@ pub struct AuditParams {
     pub resource_id: Option<String>,
     /// Only this acting key.
     pub actor_key_id: Option<Uuid>,
+    /// Only this acting user.
+    pub actor_user_id: Option<Uuid>,
     /// Most events to return (1 to 500, default 100).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
@@ -158,6 +163,7 @@ pub async fn handle_audit_list(
         resource_type: params.resource_type,
         resource_id: params.resource_id,
         actor_key_id: params.actor_key_id,
+        actor_user_id: params.actor_user_id,
         before_seq,
     };
     let rows = app.registry.conn().await?.audit_events(t.id, &filter, limit + 1).await?;

@@ -33,7 +33,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
         let principal = parts.extensions.get::<Principal>().cloned().ok_or(Error::Unauthenticated)?;
         let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
         let client_addr = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.to_string());
-        let actor = Actor { key_id: Some(principal.key_id), request_id, client_addr };
+        let actor = Actor { key_id: Some(principal.key_id), user_id: principal.user_id, request_id, client_addr };
         Ok(Caller { principal, actor })
     }
 }

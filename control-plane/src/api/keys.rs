@@ -25,6 +25,8 @@ pub struct ApiKey {
     pub name: String,
     /// Role.
     pub role: Role,
+    /// The user the key belongs to (absent for service keys).
+    pub user_id: Option<Uuid>,
     /// Key that created it.
     pub created_by: Option<Uuid>,
     /// Created.
@@ -48,6 +50,7 @@ impl From<ApiKeyRow> for ApiKey {
             id: k.id,
             prefix: k.prefix,
             name: k.name,
+            user_id: k.user_id,
             created_by: k.created_by,
             created_at: k.created_at,
             expires_at: k.expires_at,
@@ -64,8 +67,13 @@ pub struct CreateApiKey {
     /// Label, 1 to 100 characters.
     #[schema(min_length = 1, max_length = 100)]
     pub name: String,
-    /// Role. `platform-admin` only in the platform tenant.
+    /// Role. `platform-admin` only in the platform tenant; for a user's key, at most the
+    /// user's role.
     pub role: Role,
+    /// The user of this tenant the key belongs to; disabling the user revokes it. Absent: a
+    /// service key, owned by no user.
+    #[serde(default)]
+    pub user_id: Option<Uuid>,
     /// Expiry (RFC 3339); must be in the future. Absent: never expires.
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub expires_at: Option<OffsetDateTime>,
@@ -112,7 +120,9 @@ impl CreateApiKey {
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/api-keys", operation_id = "create_api_key", tag = "api-keys", request_body = CreateApiKey,
     params(("tenant" = String, Path, description = "Tenant name"),
            ("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation key")),
-    responses((status = 201, description = "Created; `key` is shown only now.", body = CreatedApiKey)))]
+    responses(
+        (status = 201, description = "Created; `key` is shown only now.", body = CreatedApiKey),
+        (status = 409, description = "The user is disabled (`user_disabled`).", body = crate::error::ErrorBody)))]
 pub async fn handle_key_create(
     State(app): State<AppState>,
     caller: Caller,
@@ -130,6 +140,7 @@ pub async fn handle_key_create(
         secret_hash: app.auth.hasher().hash(&generated.key),
         name: body.name,
         role: body.role,
+        user_id: body.user_id,
         expires_at: body.expires_at,
     };
     let row = app.registry.create_key(&caller.actor, t.id, new).await?;

@@ -12,6 +12,7 @@ mod keys;
 mod models;
 mod session;
 mod tenants;
+mod users;
 mod versions;
 
 use std::net::SocketAddr;
@@ -54,6 +55,7 @@ pub type AppState = Arc<App>;
         (name = "auth", description = "Access tokens and the keys that verify them"),
         (name = "tenants", description = "Tenants and their quotas (platform admins)"),
         (name = "api-keys", description = "A tenant's API keys"),
+        (name = "users", description = "A tenant's users, owners of API keys"),
         (name = "models", description = "Models, versions and aliases"),
         (name = "audit", description = "The tenant's audit trail"),
         (name = "service", description = "Health")
@@ -124,6 +126,8 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(tenants::handle_quota_get, tenants::handle_quota_set))
         .routes(routes!(keys::handle_key_create, keys::handle_key_list))
         .routes(routes!(keys::handle_key_get, keys::handle_key_revoke))
+        .routes(routes!(users::handle_user_create, users::handle_user_list))
+        .routes(routes!(users::handle_user_get, users::handle_user_disable))
         .routes(routes!(models::handle_model_create, models::handle_model_list))
         .routes(routes!(models::handle_model_get, models::handle_model_delete))
         .routes(routes!(versions::handle_version_create, versions::handle_version_list))
@@ -165,7 +169,7 @@ pub fn router(app: AppState) -> Router {
     let (api, doc) = api_router().split_for_parts();
     let doc_json = Arc::new(to_json(&finish_doc(doc)));
     api.route("/v1/openapi.json", get(move || serve_openapi(doc_json.clone())))
-        .route("/docs", get(|| async { Html(DOCS_PAGE) }))
+        .route("/docs", get(serve_docs))
         .route("/metrics", get(|| async { crate::metrics::render() }))
         .fallback(|| async { Error::NotFound("route") })
         .layer(middleware::from_fn_with_state(app.clone(), idempotency::idempotency))
@@ -178,19 +182,17 @@ async fn serve_openapi(doc: Arc<String>) -> Response {
     ([(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))], doc.as_str().to_owned()).into_response()
 }
 
-const DOCS_PAGE: &str = r#"<!doctype html>
-<html>
-  <head>
-    <title>Tessera control plane API</title>
-    <meta charset="utf-8" />
-    <meta name="viewport" content="width=device-width, initial-scale=1" />
-  </head>
-  <body>
-    <script id="api-reference" data-url="/v1/openapi.json"></script>
-    <script src="https://cdn.jsdelivr.net/npm/@scalar/api-reference"></script>
-  </body>
-</html>
-"#;
+/// The interactive API page: our own HTML and script, rendering `/v1/openapi.json`. Nothing
+/// is fetched from anywhere but this server (the content security policy makes sure).
+const DOCS_PAGE: &str = include_str!("docs.html");
+
+/// Inline script and style only, requests only to this server.
+const DOCS_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; \
+                        connect-src 'self'; img-src 'self'; form-action 'none'; base-uri 'none'";
+
+async fn serve_docs() -> Response {
+    ([(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(DOCS_CSP))], Html(DOCS_PAGE)).into_response()
+}
 
 /// Gives every request an id (the client's `x-request-id` if sane, else a new one), a span
 /// carrying it, the id echoed in the response, and a metric.

@@ -31,6 +31,8 @@ pub struct Principal {
     pub tenant_name: String,
     /// The API key (for a token: the key it was exchanged for).
     pub key_id: Uuid,
+    /// The user the key belongs to, if any.
+    pub user_id: Option<Uuid>,
     /// What the caller may do.
     pub role: Role,
     /// Key or token.
@@ -72,6 +74,7 @@ impl Authenticator {
                 tenant_id: claims.tenant,
                 tenant_name: claims.tenant_name,
                 key_id: claims.sub.parse().map_err(|_| Error::Unauthenticated)?,
+                user_id: claims.usr,
                 role: claims.role,
                 credential: Credential::Token,
             })
@@ -95,6 +98,7 @@ impl Authenticator {
             tenant_id: tenant.id,
             tenant_name: tenant.name,
             key_id: row.id,
+            user_id: row.user_id,
             role: row.role(),
             credential: Credential::ApiKey,
         })

@@ -36,6 +36,9 @@ pub struct Claims {
     pub aud: String,
     /// The API key the token was exchanged for.
     pub sub: String,
+    /// The user that key belongs to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usr: Option<Uuid>,
     /// Tenant id.
     pub tenant: Uuid,
     /// Tenant name.
@@ -115,6 +118,7 @@ impl TokenService {
             iss: self.config.issuer.clone(),
             aud: self.config.audience.clone(),
             sub: principal.key_id.to_string(),
+            usr: principal.user_id,
             tenant: principal.tenant_id,
             tenant_name: principal.tenant_name.clone(),
             role: principal.role,
@@ -243,6 +247,7 @@ mod tests {
             iss: "t".into(),
             aud: "a".into(),
             sub: "k".into(),
+            usr: Some(Uuid::nil()),
             tenant: Uuid::nil(),
             tenant_name: "x".into(),
             role: Role::Viewer,

@@ -23,6 +23,8 @@ pub const GENESIS_HASH: &str = "000000000000000000000000000000000000000000000000
 pub struct Actor {
     /// The API key behind the credential (for a token: the key it was exchanged for).
     pub key_id: Option<Uuid>,
+    /// The user that key belongs to, if any.
+    pub user_id: Option<Uuid>,
     /// The request id (`x-request-id`).
     pub request_id: String,
     /// The client's address.
@@ -57,6 +59,8 @@ pub struct AuditEventRow {
     pub seq: i64,
     /// Acting key.
     pub actor_key_id: Option<Uuid>,
+    /// The acting key's user.
+    pub actor_user_id: Option<Uuid>,
     /// Action.
     pub action: String,
     /// Resource type.
@@ -79,7 +83,8 @@ pub struct AuditEventRow {
     pub hash: String,
 }
 
-/// Field order here is the canonical order; changing it breaks every stored chain.
+/// Field order here is the canonical order; changing it breaks every stored chain. Fields
+/// added later are left out when absent, so events from before them hash as they did.
 #[derive(Serialize)]
 struct CanonicalEvent<'a> {
     v: u8,
@@ -87,6 +92,8 @@ struct CanonicalEvent<'a> {
     tenant_id: String,
     seq: i64,
     actor_key_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    actor_user_id: Option<String>,
     action: &'a str,
     resource_type: &'a str,
     resource_id: &'a str,
@@ -107,6 +114,7 @@ impl AuditEventRow {
             tenant_id: self.tenant_id.to_string(),
             seq: self.seq,
             actor_key_id: self.actor_key_id.map(|k| k.to_string()),
+            actor_user_id: self.actor_user_id.map(|u| u.to_string()),
             action: &self.action,
             resource_type: &self.resource_type,
             resource_id: &self.resource_id,
@@ -134,6 +142,8 @@ pub struct AuditFilter {
     pub resource_id: Option<String>,
     /// Only this acting key.
     pub actor_key_id: Option<Uuid>,
+    /// Only this acting user.
+    pub actor_user_id: Option<Uuid>,
     /// Only events older than this sequence number (the cursor).
     pub before_seq: Option<i64>,
 }
@@ -205,7 +215,7 @@ impl ChainVerifier {
 macro_rules! select_events {
     ($rest:literal) => {
         concat!(
-            "SELECT id, tenant_id, seq, actor_key_id, action, resource_type, resource_id, before_state, ",
+            "SELECT id, tenant_id, seq, actor_key_id, actor_user_id, action, resource_type, resource_id, before_state, ",
             "after_state, request_id, client_addr, created_at, prev_hash, hash FROM audit_events ",
             $rest
         )
@@ -232,6 +242,7 @@ impl Conn {
             tenant_id: tenant,
             seq,
             actor_key_id: actor.key_id,
+            actor_user_id: actor.user_id,
             action: event.action.to_string(),
             resource_type: event.resource_type.to_string(),
             resource_id: event.resource_id,
@@ -254,14 +265,15 @@ impl Conn {
 
     async fn insert_audit_row(&mut self, r: &AuditEventRow) -> Result<()> {
         exec!(self, "audit.insert", |c| sqlx::query(
-            "INSERT INTO audit_events (id, tenant_id, seq, actor_key_id, action, resource_type, resource_id, \
-             before_state, after_state, request_id, client_addr, created_at, prev_hash, hash) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
+            "INSERT INTO audit_events (id, tenant_id, seq, actor_key_id, actor_user_id, action, resource_type, \
+             resource_id, before_state, after_state, request_id, client_addr, created_at, prev_hash, hash) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)"
         )
         .bind(r.id)
         .bind(r.tenant_id)
         .bind(r.seq)
         .bind(r.actor_key_id)
+        .bind(r.actor_user_id)
         .bind(&r.action)
         .bind(&r.resource_type)
         .bind(&r.resource_id)
@@ -286,13 +298,14 @@ impl Conn {
         on_conn!(self, "audit.list", |c| sqlx::query_as::<_, AuditEventRow>(select_events!(
             "WHERE tenant_id = $1 AND ($2 IS NULL OR action = $2) AND ($3 IS NULL OR resource_type = $3) \
              AND ($4 IS NULL OR resource_id = $4) AND ($5 IS NULL OR actor_key_id = $5) \
-             AND ($6 IS NULL OR seq < $6) ORDER BY seq DESC LIMIT $7"
+             AND ($6 IS NULL OR actor_user_id = $6) AND ($7 IS NULL OR seq < $7) ORDER BY seq DESC LIMIT $8"
         ))
         .bind(tenant_id)
         .bind(&filter.action)
         .bind(&filter.resource_type)
         .bind(&filter.resource_id)
         .bind(filter.actor_key_id)
+        .bind(filter.actor_user_id)
         .bind(filter.before_seq)
         .bind(limit)
         .fetch_all(c))
@@ -372,6 +385,7 @@ mod tests {
                     tenant_id: tenant,
                     seq,
                     actor_key_id: Some(Uuid::from_u128(1)),
+                    actor_user_id: (seq % 2 == 0).then(|| Uuid::from_u128(2)),
                     action: "model.create".into(),
                     resource_type: "model".into(),
                     resource_id: format!("m{seq}"),

@@ -25,6 +25,8 @@ pub struct ApiKeyRow {
     pub name: String,
     /// Role name.
     pub role: String,
+    /// The user the key belongs to (none for service keys and the bootstrap key).
+    pub user_id: Option<Uuid>,
     /// Key that created this one.
     pub created_by: Option<Uuid>,
     /// Created.
@@ -50,7 +52,7 @@ impl ApiKeyRow {
 
     fn summary(&self) -> serde_json::Value {
         json!({
-            "id": self.id, "prefix": self.prefix, "name": self.name, "role": self.role,
+            "id": self.id, "prefix": self.prefix, "name": self.name, "role": self.role, "user_id": self.user_id,
             "expires_at": self.expires_at.map(|t| t.unix_timestamp()),
             "revoked": self.revoked_at.is_some(),
         })
@@ -68,6 +70,8 @@ pub struct NewApiKey {
     pub name: String,
     /// Role.
     pub role: Role,
+    /// Owner, if a user of the tenant: must be enabled, and holding at least `role`.
+    pub user_id: Option<Uuid>,
     /// Expiry.
     pub expires_at: Option<OffsetDateTime>,
 }
@@ -75,7 +79,7 @@ pub struct NewApiKey {
 macro_rules! select_keys {
     ($rest:literal) => {
         concat!(
-            "SELECT id, tenant_id, prefix, secret_hash, name, role, created_by, created_at, expires_at, revoked_at, ",
+            "SELECT id, tenant_id, prefix, secret_hash, name, role, user_id, created_by, created_at, expires_at, revoked_at, ",
             "last_used_at FROM api_keys ",
             $rest
         )
@@ -128,10 +132,25 @@ impl Conn {
         Ok(())
     }
 
+    /// Checks that a user of the tenant may own a key with `role`, locking the user so that
+    /// disabling them waits for this key (and then revokes it too).
+    async fn check_key_owner(&mut self, tenant_id: Uuid, user_id: Uuid, role: Role) -> Result<()> {
+        let user = self.lock_user(tenant_id, user_id).await?;
+        let user = user.ok_or_else(|| Error::invalid("user_id", "no such user in this tenant"))?;
+        if user.disabled_at.is_some() {
+            return Err(Error::conflict("user_disabled", "the user is disabled and may not get new keys"));
+        }
+        if !user.role().allows(role) {
+            let message = format!("a key of user {} may not exceed the user's role '{}'", user.email, user.role);
+            return Err(Error::invalid("role", message));
+        }
+        Ok(())
+    }
+
     async fn insert_key(&mut self, k: &ApiKeyRow) -> Result<()> {
         exec!(self, "key.insert", |c| sqlx::query(
-            "INSERT INTO api_keys (id, tenant_id, prefix, secret_hash, name, role, created_by, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+            "INSERT INTO api_keys (id, tenant_id, prefix, secret_hash, name, role, user_id, created_by, created_at, \
+             expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
         )
         .bind(k.id)
         .bind(k.tenant_id)
@@ -139,6 +158,7 @@ impl Conn {
         .bind(&k.secret_hash)
         .bind(&k.name)
         .bind(&k.role)
+        .bind(k.user_id)
         .bind(k.created_by)
         .bind(k.created_at)
         .bind(k.expires_at)
@@ -158,6 +178,7 @@ impl Registry {
             secret_hash: new.secret_hash,
             name: new.name,
             role: new.role.as_str().to_string(),
+            user_id: new.user_id,
             created_by: actor.key_id,
             created_at: now(),
             expires_at: new.expires_at,
@@ -165,6 +186,9 @@ impl Registry {
             last_used_at: None,
         };
         let mut tx = self.begin().await?;
+        if let Some(user_id) = new.user_id {
+            tx.check_key_owner(tenant_id, user_id, new.role).await?;
+        }
         tx.insert_key(&key).await?;
         let event = NewAuditEvent {
             tenant_id,

@@ -16,6 +16,7 @@ mod models;
 mod quotas;
 mod signing;
 mod tenants;
+mod users;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -35,6 +36,7 @@ pub use models::{AliasRow, ModelRow, NewVersion, UploadRow, VersionRow};
 pub use quotas::{QuotaLimits, QuotaRow, QuotaUsage};
 pub use signing::SigningKeyRow;
 pub use tenants::TenantRow;
+pub use users::{NewUser, UserRow};
 
 use crate::error::{Error, Result};
 

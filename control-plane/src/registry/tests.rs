@@ -66,7 +66,12 @@ where
 }
 
 fn actor() -> Actor {
-    Actor { key_id: Some(Uuid::now_v7()), request_id: "test".into(), client_addr: Some("127.0.0.1:1".into()) }
+    Actor {
+        key_id: Some(Uuid::now_v7()),
+        user_id: None,
+        request_id: "test".into(),
+        client_addr: Some("127.0.0.1:1".into()),
+    }
 }
 
 fn name(s: &str) -> Name {
@@ -215,6 +220,7 @@ async fn keys_are_found_by_prefix_and_revoked() {
             secret_hash: "00".into(),
             name: "ci".into(),
             role: crate::types::Role::Deployer,
+            user_id: None,
             expires_at: None,
         };
         let key = r.create_key(&actor(), a, new.clone()).await.unwrap();
@@ -281,4 +287,85 @@ async fn connect_gives_up_with_a_clear_message() {
     assert!(format!("{err:#}").contains("connect to the database at postgres://nobody@127.0.0.1:1/x"), "{err:#}");
     let err = Registry::connect("mysql://x", Duration::from_millis(10), &CancellationToken::new()).await.err().unwrap();
     assert!(format!("{err:#}").contains("unsupported database url"));
+}
+
+fn new_user(email: &str, role: crate::types::Role) -> NewUser {
+    NewUser { email: crate::types::Email::parse(email).unwrap(), name: email.into(), role }
+}
+
+fn user_key(prefix: &str, role: crate::types::Role, user_id: Option<Uuid>) -> NewApiKey {
+    NewApiKey { prefix: prefix.into(), secret_hash: "00".into(), name: prefix.into(), role, user_id, expires_at: None }
+}
+
+#[tokio::test]
+async fn users_are_unique_per_tenant_and_scoped() {
+    use crate::types::Role;
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let b = tenant(&r, "b", QuotaLimits::default()).await;
+        let ada = r.create_user(&actor(), a, new_user("Ada@x.io", Role::Deployer)).await.unwrap();
+        assert_eq!((ada.email.as_str(), ada.role()), ("ada@x.io", Role::Deployer));
+        let dup = r.create_user(&actor(), a, new_user("ada@X.io", Role::Viewer)).await.unwrap_err();
+        assert_eq!(dup.code(), "already_exists");
+        r.create_user(&actor(), b, new_user("ada@x.io", Role::Viewer)).await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        assert_eq!(c.users(a).await.unwrap().len(), 1);
+        assert!(c.user(b, ada.id).await.unwrap().is_none());
+        drop(c);
+        assert!(matches!(r.disable_user(&actor(), b, ada.id).await, Err(Error::NotFound("user"))));
+        // A key of another tenant's user cannot be made.
+        let e = r.create_key(&actor(), b, user_key("tsk_x", Role::Viewer, Some(ada.id))).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { field: Some(ref f), .. } if f == "user_id"), "{e:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn disabling_a_user_revokes_their_keys_only() {
+    use crate::types::Role;
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let ada = r.create_user(&actor(), a, new_user("ada@x.io", Role::Deployer)).await.unwrap();
+        let e = r.create_key(&actor(), a, user_key("tsk_big", Role::TenantAdmin, Some(ada.id))).await.unwrap_err();
+        assert!(matches!(e, Error::InvalidInput { field: Some(ref f), .. } if f == "role"), "{e:?}");
+        let k1 = r.create_key(&actor(), a, user_key("tsk_1", Role::Deployer, Some(ada.id))).await.unwrap();
+        let k2 = r.create_key(&actor(), a, user_key("tsk_2", Role::Viewer, Some(ada.id))).await.unwrap();
+        let service = r.create_key(&actor(), a, user_key("tsk_3", Role::Viewer, None)).await.unwrap();
+        assert_eq!(k1.user_id, Some(ada.id));
+
+        let (user, revoked) = r.disable_user(&actor(), a, ada.id).await.unwrap();
+        assert!(user.disabled_at.is_some());
+        assert_eq!(revoked, 2);
+        let mut c = r.conn().await.unwrap();
+        for (id, active) in [(k1.id, false), (k2.id, false), (service.id, true)] {
+            assert_eq!(c.key(a, id).await.unwrap().unwrap().is_active(now()), active);
+        }
+        drop(c);
+        let (_, again) = r.disable_user(&actor(), a, ada.id).await.unwrap();
+        assert_eq!(again, 0, "disabling twice changes nothing");
+        let e = r.create_key(&actor(), a, user_key("tsk_4", Role::Viewer, Some(ada.id))).await.unwrap_err();
+        assert_eq!(e.code(), "user_disabled");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn audit_events_record_the_acting_user() {
+    use crate::types::Role;
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let ada = r.create_user(&actor(), a, new_user("ada@x.io", Role::Deployer)).await.unwrap();
+        let key = r.create_key(&actor(), a, user_key("tsk_1", Role::Deployer, Some(ada.id))).await.unwrap();
+        let by_ada = Actor { key_id: Some(key.id), user_id: Some(ada.id), ..actor() };
+        r.create_model(&by_ada, a, &name("m"), "").await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        let filter = AuditFilter { actor_user_id: Some(ada.id), ..AuditFilter::default() };
+        let events = c.audit_events(a, &filter, 10).await.unwrap();
+        assert_eq!(events.len(), 1);
+        assert_eq!((events[0].actor_key_id, events[0].action.as_str()), (Some(key.id), "model.create"));
+        drop(c);
+        let report = r.verify_audit_chain(a).await.unwrap();
+        assert_eq!((report.events_checked, report.first_break), (4, None));
+    })
+    .await;
 }

@@ -5,12 +5,14 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`); each test creates `cp_e2e_<uuid>` there
 //! and drops it afterwards, even when the test panics.
 
+mod archives;
 mod audit;
 mod auth;
 mod flows;
 mod openapi;
 mod tenancy;
 mod uploads;
+mod users;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

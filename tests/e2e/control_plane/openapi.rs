@@ -31,5 +31,23 @@ async fn the_server_publishes_its_document_and_docs_page() {
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
     let page = app.client.get(format!("{}/docs", app.url)).send().await.unwrap();
     assert_eq!(page.status(), 200);
-    assert!(page.text().await.unwrap().contains("/v1/openapi.json"));
+    let csp = page.headers()["content-security-policy"].to_str().unwrap().to_string();
+    assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"), "{csp}");
+    let html = page.text().await.unwrap();
+    assert!(html.contains("/v1/openapi.json"));
+    assert_no_external_urls(&html);
+}
+
+/// The docs page is self-contained: it loads nothing from anywhere but the server (no CDN,
+/// no fonts, no external links); the network the control plane runs on may reach nothing else.
+fn assert_no_external_urls(html: &str) {
+    for needle in ["http://", "https://", "//cdn", "src=\"//", "href=\"//", "@import", "url("] {
+        assert!(!html.contains(needle), "the docs page refers to something external: {needle}");
+    }
+    // Every src/href that is there points at this server.
+    for attr in ["src=\"", "href=\""] {
+        for rest in html.split(attr).skip(1) {
+            assert!(rest.starts_with('/') && !rest.starts_with("//"), "{attr}{}", &rest[..rest.len().min(40)]);
+        }
+    }
 }

@@ -14,7 +14,7 @@ fn quota_body() -> Value {
 }
 
 /// Every tenant-scoped route, with a body where it takes one.
-fn scoped_routes(tenant: &str, key_id: &str) -> Vec<(Method, String, Option<Value>)> {
+fn scoped_routes(tenant: &str, key_id: &str, user_id: &str) -> Vec<(Method, String, Option<Value>)> {
     let t = format!("/v1/tenants/{tenant}");
     let m = format!("{t}/models/resnet");
     vec![
@@ -25,6 +25,10 @@ fn scoped_routes(tenant: &str, key_id: &str) -> Vec<(Method, String, Option<Valu
         (Method::POST, format!("{t}/api-keys"), Some(json!({ "name": "x", "role": "viewer" }))),
         (Method::GET, format!("{t}/api-keys/{key_id}"), None),
         (Method::DELETE, format!("{t}/api-keys/{key_id}"), None),
+        (Method::GET, format!("{t}/users"), None),
+        (Method::POST, format!("{t}/users"), Some(json!({ "email": "x@example.com", "name": "x", "role": "viewer" }))),
+        (Method::GET, format!("{t}/users/{user_id}"), None),
+        (Method::DELETE, format!("{t}/users/{user_id}"), None),
         (Method::GET, format!("{t}/models"), None),
         (Method::POST, format!("{t}/models"), Some(json!({ "name": "stolen" }))),
         (Method::GET, m.clone(), None),
@@ -67,15 +71,20 @@ async fn other_tenants_get_404_on_every_scoped_route() {
     app.set_alias(&a.deployer, "acme", "resnet", "production", 1).await.expect(200);
     let keys = app.get(&a.admin, "/v1/tenants/acme/api-keys").await;
     let key_id = keys.expect(200)["api_keys"][0]["id"].as_str().unwrap().to_string();
+    let user = json!({ "email": "ada@example.com", "name": "Ada", "role": "deployer" });
+    let user = app.post(&a.admin, "/v1/tenants/acme/users", &user).await;
+    let user_id = user.expect(201)["id"].as_str().unwrap().to_string();
 
     for probe in [&b.admin, &b.deployer, &b.viewer, &b.inference] {
-        for (method, path, body) in scoped_routes("acme", &key_id) {
+        for (method, path, body) in scoped_routes("acme", &key_id, &user_id) {
             let r = call(&app, probe, method.clone(), &path, body.as_ref()).await;
             assert_eq!((r.status, r.code()), (404, "not_found"), "{method} {path} answered {:?}", r.body);
         }
     }
     // Nothing changed in acme, and a tenant that does not exist looks the same.
     app.get(&a.viewer, "/v1/tenants/acme/models/resnet/aliases/production").await.expect(200);
+    let user = app.get(&a.admin, &format!("/v1/tenants/acme/users/{user_id}")).await;
+    assert_eq!(user.expect(200)["disabled"], json!(false));
     assert_eq!(app.get(&b.admin, "/v1/tenants/nope/models").await.status, 404);
     let audit = app.get(&a.admin, "/v1/audit").await;
     assert!(audit.expect(200)["events"].as_array().unwrap().iter().all(|e| e["action"] != "model.delete"));

@@ -1,0 +1,124 @@
+//! Triton model-directory archives: a tar (gzipped or not) or zip upload becomes a version
+//! with the config read from its `config.pbtxt`; archives with path traversal, links or no
+//! `.onnx` file are refused with a 422 naming the problem, and leave nothing behind.
+
+use std::io::{Cursor, Write};
+
+use serde_json::json;
+
+use super::{TestApp, onnx_bytes};
+
+const CONFIG: &str = "name: \"resnet\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n\
+                      input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n";
+
+/// A tar of files; names are written raw, so `..` and absolute paths can be tested.
+fn tar_of(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_entry_type(tar::EntryType::Regular);
+        h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    for (path, target) in links {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::Symlink);
+        h.set_size(0);
+        b.append_link(&mut h, path, target).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn gzip(data: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(data).unwrap();
+    e.finish().unwrap()
+}
+
+fn zip_of(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
+    let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
+    let options = zip::write::SimpleFileOptions::default();
+    for (path, data) in files {
+        w.start_file(*path, options).unwrap();
+        w.write_all(data).unwrap();
+    }
+    for (path, target) in links {
+        w.add_symlink(*path, *target, options).unwrap();
+    }
+    w.finish().unwrap().into_inner()
+}
+
+#[tokio::test]
+async fn archives_become_versions_with_their_config() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    app.create_model(&t.deployer, "acme", "resnet").await.expect(201);
+    let onnx = onnx_bytes(64 * 1024);
+    let nested: &[(&str, &[u8])] = &[("resnet/config.pbtxt", CONFIG.as_bytes()), ("resnet/1/model.onnx", &onnx)];
+    let flat: &[(&str, &[u8])] = &[("config.pbtxt", CONFIG.as_bytes()), ("model.onnx", &onnx)];
+    let uploads = [
+        ("?format=tar", tar_of(nested, &[])),
+        ("?format=tar", gzip(&tar_of(flat, &[]))),
+        ("?format=zip", zip_of(nested, &[])),
+        ("?format=zip", zip_of(flat, &[])),
+    ];
+    for (n, (query, body)) in uploads.into_iter().enumerate() {
+        let v = app.upload(&t.deployer, "acme", "resnet", query, body).await;
+        let v = v.expect(201);
+        assert_eq!(v["version"], json!(n + 1));
+        assert_eq!((v["config"]["name"].as_str(), v["config"]["max_batch_size"].as_i64()), (Some("resnet"), Some(8)));
+        assert_eq!(v["config"]["input"][0]["data_type"], "TYPE_FP32");
+    }
+    // A config comes from the archive or from the client, not both.
+    let req = app
+        .client
+        .post(format!("{}/v1/tenants/acme/models/resnet/versions?format=tar", app.url))
+        .bearer_auth(&t.deployer)
+        .header("x-model-config", r#"{"max_batch_size": 1}"#)
+        .body(tar_of(nested, &[]));
+    let r = app.raw(req).await;
+    assert_eq!((r.status, r.body["error"]["field"].as_str()), (422, Some("config")));
+    // Without a config.pbtxt, the client's is kept.
+    let req = app
+        .client
+        .post(format!("{}/v1/tenants/acme/models/resnet/versions?format=zip", app.url))
+        .bearer_auth(&t.deployer)
+        .header("x-model-config", r#"{"max_batch_size": 1}"#)
+        .body(zip_of(&[("1/model.onnx", &onnx)], &[]));
+    assert_eq!(app.raw(req).await.expect(201)["config"], json!({ "max_batch_size": 1 }));
+    assert_eq!(app.stored_files(), 5);
+}
+
+#[tokio::test]
+async fn unsafe_or_incomplete_archives_are_refused_and_leave_nothing() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    app.create_model(&t.deployer, "acme", "m").await.expect(201);
+    let onnx = onnx_bytes(1024);
+    let model: (&str, &[u8]) = ("m/1/model.onnx", &onnx);
+    let refused = [
+        ("tar", tar_of(&[model, ("m/../../etc/cron.d/x", b"x")], &[]), "path traversal"),
+        ("tar", gzip(&tar_of(&[model, ("/etc/passwd", b"x")], &[])), "absolute path"),
+        ("tar", tar_of(&[model], &[("m/config.pbtxt", "/etc/passwd")]), "is a link"),
+        ("zip", zip_of(&[model, ("../../x", b"x")], &[]), "path traversal"),
+        ("zip", zip_of(&[model], &[("m/2", "/")]), "is a link"),
+        ("tar", tar_of(&[("m/config.pbtxt", CONFIG.as_bytes())], &[]), "no .onnx model file"),
+        ("zip", zip_of(&[("m/README", b"hello")], &[]), "no .onnx model file"),
+        ("tar", gzip(b"this is not a tar"), "could not be read"),
+    ];
+    for (format, body, problem) in refused {
+        let r = app.upload(&t.deployer, "acme", "m", &format!("?format={format}"), body).await;
+        let message = r.body["error"]["message"].as_str().unwrap_or("").to_string();
+        assert_eq!(r.status, 422, "{format} ({problem}): {:?}", r.body);
+        assert!(message.contains(problem), "{format}: '{message}' should name '{problem}'");
+    }
+    let bad_config = tar_of(&[("m/config.pbtxt", b"max_batch_size: \"lots\""), model], &[]);
+    let r = app.upload(&t.deployer, "acme", "m", "?format=tar", bad_config).await;
+    assert_eq!((r.status, r.body["error"]["field"].as_str()), (422, Some("config.pbtxt")));
+    assert_eq!(app.stored_files(), 0, "refused archives leave nothing behind");
+    let versions = app.get(&t.viewer, "/v1/tenants/acme/models/m/versions").await;
+    assert_eq!(versions.expect(200)["versions"].as_array().unwrap().len(), 0);
+}
