@@ -52,6 +52,11 @@ impl App {
             ttl: config.token_ttl,
         };
         let tokens = Arc::new(TokenService::new(registry.clone(), token_config).await?);
+        if config.api_key_pepper.expose().is_empty() {
+            // Keys are still random and hashed, but a copied database alone then suffices to
+            // check guesses offline; production deployments should set a pepper.
+            tracing::warn!("TESSERA_API_KEY_PEPPER is empty: set a secret pepper outside development");
+        }
         let hasher = KeyHasher::new(config.api_key_pepper.expose().as_bytes());
         let auth = Authenticator::new(registry.clone(), hasher, tokens.clone());
         Ok(Arc::new(App { registry, store, auth, tokens, config }))
