@@ -121,7 +121,8 @@ impl Scheduler {
     /// the batcher hop. The batcher would have dispatched it the same way, only later.
     /// Returns the request when it must take the queue path instead.
     fn try_run_now(&self, pending: Pending) -> Option<Pending> {
-        if !self.fast_path || !pending.request.parameters.is_empty() {
+        let params = &pending.request.parameters;
+        if !self.fast_path || params.contains_key("priority") || params.contains_key("timeout") {
             return Some(pending);
         }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else { return Some(pending) };
