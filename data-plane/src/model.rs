@@ -71,7 +71,7 @@ impl LoadedModel {
         let arrived = Instant::now();
         let result = self.infer_inner(request, arrived).await;
         if result.is_err() {
-            self.stats.fail.record(u64::try_from(arrived.elapsed().as_nanos()).unwrap_or(u64::MAX));
+            self.stats.fail.record(crate::stats::nanos(arrived.elapsed()));
         }
         result
     }

@@ -6,6 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use tessera_protocol::inference::{InferBatchStatistics, InferStatistics, ModelStatistics, StatisticDuration};
 
+/// A duration in whole nanoseconds, saturating.
+pub fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 /// A count and a total duration, updated without locks.
 #[derive(Debug, Default)]
 pub struct Duration {

@@ -128,10 +128,10 @@ impl OnnxSession {
             values.push((tensor_spec.name.clone(), value));
         }
         let after_input = std::time::Instant::now();
-        timings.input_ns = nanos(after_input - start);
+        timings.input_ns = crate::stats::nanos(after_input - start);
         let mut outputs = self.session.run(values).map_err(|e| format!("onnx runtime failed: {e}"))?;
         let after_infer = std::time::Instant::now();
-        timings.infer_ns = nanos(after_infer - after_input);
+        timings.infer_ns = crate::stats::nanos(after_infer - after_input);
         let mut result = Vec::with_capacity(wanted.len());
         for out_spec in wanted.iter().filter_map(|i| spec.outputs.get(*i)) {
             let value = outputs
@@ -139,13 +139,9 @@ impl OnnxSession {
                 .ok_or_else(|| format!("model produced no output '{}'", out_spec.name))?;
             result.push(extract_output(&out_spec.name, out_spec.datatype, value)?);
         }
-        timings.output_ns = nanos(after_infer.elapsed());
+        timings.output_ns = crate::stats::nanos(after_infer.elapsed());
         Ok((result, timings))
     }
-}
-
-fn nanos(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Builds one ORT tensor from request parts with a single copy (gathering along dim 0).
@@ -161,6 +157,9 @@ fn build_input(parts: &[&InputTensor], datatype: DataType, batching: bool, batch
     let mut tensor = DynTensor::new(&Allocator::default(), element_type_of(datatype), shape)
         .map_err(|e| format!("failed to allocate input tensor '{}': {e}", first.name))?;
     let total: usize = parts.iter().map(|p| p.data.len()).sum();
+    if total == 0 {
+        return Ok(tensor.into()); // zero elements: ORT may hand out no buffer at all
+    }
     // SAFETY: the tensor was allocated for exactly this shape and type, whose byte size the request
     // check proved equals the summed part lengths; we write within `total` bytes.
     let dst = unsafe { std::slice::from_raw_parts_mut(tensor.data_ptr_mut().cast::<u8>(), total) };

@@ -66,6 +66,10 @@ fn unimplemented<T>(what: &str) -> GrpcResult<T> {
     Err(Status::unimplemented(format!("{what} is not supported by this server")))
 }
 
+/// Requests of one stream running at once; past it, the stream is not read until one answers
+/// (backpressure instead of unbounded memory for a client that sends faster than it reads).
+const STREAM_IN_FLIGHT: usize = 64;
+
 type StreamOut = Pin<Box<dyn futures::Stream<Item = Result<ModelStreamInferResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -140,7 +144,7 @@ impl GrpcInferenceService for InferenceService {
             let mut open = true;
             loop {
                 tokio::select! {
-                    msg = incoming.next(), if open => match msg {
+                    msg = incoming.next(), if open && pending.len() < STREAM_IN_FLIGHT => match msg {
                         Some(Ok(request)) => {
                             let state = state.clone();
                             pending.push_back(async move { Self::infer(&state, request).await });

@@ -279,23 +279,39 @@ fn decode_parameters(raw: Option<&RawValue>) -> Result<Parameters> {
         .collect()
 }
 
-/// Which outputs of a response go into the binary tail.
-pub fn binary_flags(request_params: &Parameters, requested: &[RequestedOutput], response: &InferResponse) -> Vec<bool> {
-    let default = request_params.get("binary_data_output").and_then(ParamValue::as_bool).unwrap_or(false);
-    response
-        .outputs
-        .iter()
-        .map(|out| {
-            let asked = requested
-                .iter()
-                .find(|r| r.name == out.name)
-                .and_then(|r| r.parameters.get("binary_data"))
-                .and_then(ParamValue::as_bool)
-                .unwrap_or(default);
-            // FP16/BF16 have no JSON form, so they always travel as binary.
-            asked || !json_capable(out.datatype)
-        })
-        .collect()
+/// How the client wants outputs encoded, read from the request before it is handed over.
+#[derive(Debug, Default)]
+pub struct BinaryChoice {
+    /// The request's `binary_data_output`.
+    default: bool,
+    /// Outputs whose own `binary_data` parameter overrides the default.
+    explicit: Vec<(String, bool)>,
+}
+
+impl BinaryChoice {
+    /// Reads the request's encoding parameters.
+    pub fn of(request: &InferRequest) -> Self {
+        let default = request.parameters.get("binary_data_output").and_then(ParamValue::as_bool).unwrap_or(false);
+        let explicit = request
+            .outputs
+            .iter()
+            .filter_map(|r| r.parameters.get("binary_data").and_then(ParamValue::as_bool).map(|b| (r.name.clone(), b)))
+            .collect();
+        Self { default, explicit }
+    }
+
+    /// Which outputs of `response` go into the binary tail.
+    pub fn flags(&self, response: &InferResponse) -> Vec<bool> {
+        response
+            .outputs
+            .iter()
+            .map(|out| {
+                let asked = self.explicit.iter().find(|(n, _)| *n == out.name).map_or(self.default, |(_, b)| *b);
+                // FP16/BF16 have no JSON form, so they always travel as binary.
+                asked || !json_capable(out.datatype)
+            })
+            .collect()
+    }
 }
 
 /// An encoded response body and the JSON header length when a binary tail follows.

@@ -83,10 +83,10 @@ pub async fn handle_infer(
     let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
     let (json, tail) = codec::split_body(&body, header_length)?;
     let request = codec::decode_request(&json, &tail)?;
-    let (params, requested) = (request.parameters.clone(), request.outputs.clone());
+    let choice = codec::BinaryChoice::of(&request);
     let loaded = s.manager.get(&model, v)?;
     let response = loaded.infer(request).await?;
-    let binary = codec::binary_flags(&params, &requested, &response);
+    let binary = choice.flags(&response);
     let encoded = codec::encode_response(&response, &binary)?;
     let mut resp = Response::new(Body::new(super::body::ChunkedBytes::new(encoded.body)));
     let headers = resp.headers_mut();

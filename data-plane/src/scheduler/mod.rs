@@ -16,7 +16,7 @@ use crate::backend::onnx::OnnxSession;
 use crate::error::{Error, Result};
 use crate::infer::ValidInferRequest;
 use crate::model_spec::ModelSpec;
-use crate::stats::{Execution, FailReason, ModelStats};
+use crate::stats::{Execution, FailReason, ModelStats, nanos};
 use crate::tensor::{InputTensor, OutputTensor, row_offsets, slice_rows};
 use policy::BatchingConfig;
 use queue::{BatchQueue, Dropped, Pending};
@@ -287,10 +287,6 @@ fn run_batch(session: &mut OnnxSession, spec: &ModelSpec, stats: &ModelStats, ba
             }
         }
     }
-}
-
-fn nanos(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Outputs per request, in each request's order.

@@ -251,3 +251,13 @@ async fn explicit_mode_loads_and_unloads_and_other_modes_refuse() {
     let (status, body) = post(&none, "/v2/repository/models/add_sub/unload", json!({})).await;
     assert_eq!(status, 503, "{body}");
 }
+
+#[tokio::test]
+async fn empty_tensors_run_and_come_back_empty() {
+    let s = TestServer::start(&[]);
+    let body = json!({"inputs": [{"name": "INPUT0", "shape": [1, 0], "datatype": "FP32", "data": []}]});
+    let (status, out) = post(&s, "/v2/models/identity_fp32/infer", body).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["outputs"][0]["shape"], json!([1, 0]));
+    assert_eq!(out["outputs"][0]["data"], json!([]));
+}
