@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use prost::Message as _;
 
-const PROTOS: &[&str] = &["proto/model_config.proto", "proto/grpc_service.proto", "proto/health.proto"];
+const PROTOS: &[&str] =
+    &["proto/model_config.proto", "proto/grpc_service.proto", "proto/health.proto", "proto/agent.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
@@ -25,6 +26,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // buffer instead of being copied into fresh `Vec<u8>`s.
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")
+        .bytes(".tessera.agent.v1.ArtifactChunk.data")
         .compile_fds(fds)?;
     Ok(())
 }

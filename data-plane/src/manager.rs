@@ -70,6 +70,9 @@ struct ModelEntry {
     reason: Option<String>,
     /// Repository fingerprint at load time, for polling.
     fingerprint: Vec<(std::path::PathBuf, Option<std::time::SystemTime>, u64)>,
+    /// Version requests without a version reach (set by a worker's agent during rollouts);
+    /// `None` or not ready = the latest ready version, Triton's rule.
+    default_version: Option<i64>,
 }
 
 impl ModelEntry {
@@ -78,6 +81,9 @@ impl ModelEntry {
     }
 
     fn latest_ready(&self) -> Option<&Arc<LoadedModel>> {
+        if let Some(VersionSlot::Ready(m)) = self.default_version.and_then(|v| self.versions.get(&v)) {
+            return Some(m);
+        }
         self.versions.values().rev().find_map(|s| match s {
             VersionSlot::Ready(m) => Some(m),
             VersionSlot::Failed(_) => None,
@@ -287,6 +293,76 @@ impl ModelManager {
             }
             keep
         });
+    }
+}
+
+/// Worker-side model control: the agent installs the versions it fetched from the control plane
+/// under namespaced keys (see [`scoped_key`]), outside any repository directory.
+impl ModelManager {
+    /// Loads `file` as `version` of the model clients call `name`, stored under `key`, next to
+    /// the versions already there (which keep serving meanwhile). Replaces that version if it
+    /// was loaded before.
+    pub async fn install_version(
+        &self,
+        key: &str,
+        name: &str,
+        version: i64,
+        file: std::path::PathBuf,
+        config: ModelConfig,
+    ) -> Result<()> {
+        let _guard = self.control.lock().await;
+        let (owned, cores) = (name.to_string(), self.cores);
+        let loaded = tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, cores))
+            .await
+            .map_err(|e| Error::internal(format!("model load task failed: {e}")))?;
+        let mut models = self.models.write();
+        let entry = models.entry(key.to_string()).or_default();
+        entry.reason = None;
+        match loaded {
+            Ok(m) => {
+                entry.versions.insert(version, VersionSlot::Ready(Arc::new(m)));
+                Ok(())
+            }
+            Err(reason) => {
+                entry.versions.insert(version, VersionSlot::Failed(reason.clone()));
+                Err(Error::invalid(format!("failed to load '{name}' version {version}: {reason}")))
+            }
+        }
+    }
+
+    /// Stops serving one version under `key`; requests already running finish (they hold the
+    /// model). The key disappears with its last version. Returns whether the version was there.
+    pub async fn remove_version(&self, key: &str, version: i64) -> bool {
+        let _guard = self.control.lock().await;
+        let mut models = self.models.write();
+        let Some(entry) = models.get_mut(key) else { return false };
+        let removed = entry.versions.remove(&version).is_some();
+        if entry.versions.is_empty() {
+            models.remove(key);
+        }
+        removed
+    }
+
+    /// Sets the version requests without a version reach under `key` (`None`: the latest ready).
+    pub fn set_default_version(&self, key: &str, version: Option<i64>) {
+        if let Some(entry) = self.models.write().get_mut(key) {
+            entry.default_version = version;
+        }
+    }
+
+    /// Every model key with its loaded or failed versions.
+    pub fn installed(&self) -> Vec<(String, Vec<i64>)> {
+        self.models.read().iter().map(|(k, e)| (k.clone(), e.versions.keys().copied().collect())).collect()
+    }
+}
+
+/// The manager key of model `name` in `namespace` (a tenant id on workers; `None` for `serve`,
+/// where keys are plain model names). `/` never occurs in a model name taken from a URL path
+/// segment, so namespaced keys cannot collide with plain ones or with each other.
+pub fn scoped_key(namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        None => name.to_string(),
+        Some(ns) => format!("{ns}/{name}"),
     }
 }
 

@@ -85,6 +85,11 @@ impl ServerState {
         self.live.load(Ordering::Relaxed)
     }
 
+    /// Marks start-up loading as finished (readiness may now turn true).
+    pub fn mark_started(&self) {
+        self.started.store(true, Ordering::Relaxed);
+    }
+
     /// Server readiness: live, start-up done, and (strict) every model ready.
     pub fn is_ready(&self) -> bool {
         self.is_live()
@@ -175,53 +180,23 @@ pub async fn run(
     let manager = Arc::new(ModelManager::new(repository, config.control_mode));
     let state = Arc::new(ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size));
 
-    let http = bind(config.http_addr, "http").await?;
-    let grpc = bind(config.grpc_addr, "grpc").await?;
-    let metrics = bind(config.metrics_addr, "metrics").await?;
-    let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
-    on_bound(BoundAddrs { http: local(&http), grpc: local(&grpc), metrics: local(&metrics) });
-
-    let tasks = tokio_util::task::TaskTracker::new();
-    if let Some(listener) = http {
-        let (router, token) = (crate::http::router(state.clone()), shutdown.clone());
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            if let Err(e) = tcp.set_nodelay(true) {
-                tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-            }
-        });
-        tasks.spawn(async move {
-            let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "http server failed");
-            }
-        });
-    }
-    if let Some(listener) = grpc {
-        tasks.spawn(crate::grpc::serve(listener, state.clone(), shutdown.clone()));
-    }
-    if let Some(listener) = metrics {
-        let (router, token) = (crate::metrics::router(state.clone()), shutdown.clone());
-        tasks.spawn(async move {
-            let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "metrics server failed");
-            }
-        });
-    }
+    let addrs = BoundAddrs { http: config.http_addr, grpc: config.grpc_addr, metrics: config.metrics_addr };
+    let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
+    on_bound(listeners.bound);
 
     let failed = manager.load_startup(&config.load_models).await;
     if !failed.is_empty() && config.exit_on_error {
         shutdown.cancel();
-        tasks.close();
-        tasks.wait().await;
+        listeners.tasks.close();
+        listeners.tasks.wait().await;
         anyhow::bail!("models failed to load at start (--exit-on-error): {}", failed.join(", "));
     }
-    state.started.store(true, Ordering::Relaxed);
+    state.mark_started();
     tracing::info!(ready = state.is_ready(), failed = failed.len(), "server started");
 
     if config.control_mode == ControlMode::Poll {
         let (manager, token, interval) = (manager.clone(), shutdown.clone(), config.poll_interval);
-        tasks.spawn(async move {
+        listeners.tasks.spawn(async move {
             loop {
                 tokio::select! {
                     () = token.cancelled() => break,
@@ -231,11 +206,70 @@ pub async fn run(
         });
     }
     shutdown.cancelled().await;
-    state.live.store(false, Ordering::Relaxed);
-    tracing::info!("shutting down: draining in-flight requests");
-    tasks.close();
-    if tokio::time::timeout(Duration::from_secs(30), tasks.wait()).await.is_err() {
-        tracing::warn!("in-flight requests did not finish within 30 s; exiting anyway");
-    }
+    listeners.drain(&state).await;
     Ok(())
+}
+
+/// The HTTP, gRPC and metrics servers of one [`ServerState`] (`serve` and `worker` share them).
+pub struct Listeners {
+    /// Addresses bound (port 0 resolved).
+    pub bound: BoundAddrs,
+    /// The server tasks; more may be spawned here to be awaited on shutdown.
+    pub tasks: tokio_util::task::TaskTracker,
+}
+
+impl Listeners {
+    /// Binds the addresses given (`None` = that protocol off) and starts serving them until
+    /// `shutdown` is cancelled.
+    pub async fn start(
+        state: Arc<ServerState>,
+        addrs: BoundAddrs,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let http = bind(addrs.http, "http").await?;
+        let grpc = bind(addrs.grpc, "grpc").await?;
+        let metrics = bind(addrs.metrics, "metrics").await?;
+        let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+        let bound = BoundAddrs { http: local(&http), grpc: local(&grpc), metrics: local(&metrics) };
+
+        let tasks = tokio_util::task::TaskTracker::new();
+        if let Some(listener) = http {
+            let (router, token) = (crate::http::router(state.clone()), shutdown.clone());
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+                }
+            });
+            tasks.spawn(async move {
+                let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "http server failed");
+                }
+            });
+        }
+        if let Some(listener) = grpc {
+            tasks.spawn(crate::grpc::serve(listener, state.clone(), shutdown.clone()));
+        }
+        if let Some(listener) = metrics {
+            let (router, token) = (crate::metrics::router(state.clone()), shutdown.clone());
+            tasks.spawn(async move {
+                let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "metrics server failed");
+                }
+            });
+        }
+        Ok(Self { bound, tasks })
+    }
+
+    /// After shutdown was cancelled: stops answering liveness and waits (up to 30 s) for
+    /// in-flight requests.
+    pub async fn drain(self, state: &ServerState) {
+        state.live.store(false, Ordering::Relaxed);
+        tracing::info!("shutting down: draining in-flight requests");
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(30), self.tasks.wait()).await.is_err() {
+            tracing::warn!("in-flight requests did not finish within 30 s; exiting anyway");
+        }
+    }
 }

@@ -23,6 +23,12 @@ pub mod health {
     include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
 }
 
+/// Generated types of Tessera's control plane <-> worker agent protocol (`tessera.agent.v1`).
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod agent {
+    include!(concat!(env!("OUT_DIR"), "/tessera.agent.v1.rs"));
+}
+
 /// Encoded `FileDescriptorSet` of every proto file in this crate.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
 
