@@ -1,0 +1,106 @@
+//! Who is calling a worker's inference endpoints: bearer credentials (API keys or access
+//! tokens) resolved to a tenant and role, with caches that keep working while the control plane
+//! is unreachable.
+//!
+//! The worker agent supplies a [`CredentialSource`] backed by the control plane; `serve` runs
+//! without authentication.
+
+use std::fmt;
+use std::str::FromStr;
+
+use futures::future::BoxFuture;
+
+/// What a credential may do (the control plane's roles; ordered, each includes those below).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Infer and read metadata only.
+    Inference,
+    /// Read the tenant's registry (and statistics).
+    Viewer,
+    /// Register and deploy models.
+    Deployer,
+    /// Everything in the tenant.
+    TenantAdmin,
+    /// Everything everywhere.
+    PlatformAdmin,
+}
+
+impl Role {
+    /// The role's wire name, as the control plane writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Inference => "inference",
+            Role::Viewer => "viewer",
+            Role::Deployer => "deployer",
+            Role::TenantAdmin => "tenant-admin",
+            Role::PlatformAdmin => "platform-admin",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Role {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        [Role::Inference, Role::Viewer, Role::Deployer, Role::TenantAdmin, Role::PlatformAdmin]
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| format!("unknown role '{s}'"))
+    }
+}
+
+/// An authenticated caller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// Tenant id (UUID text): the namespace the caller's model names resolve in.
+    pub tenant_id: String,
+    /// Tenant name, for logs.
+    pub tenant_name: String,
+    /// Role.
+    pub role: Role,
+}
+
+/// An API key the control plane resolved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// Whose key it is.
+    pub principal: Principal,
+    /// Unix seconds after which the key is invalid; `None` = never.
+    pub expires_at: Option<i64>,
+}
+
+/// The token-signing public keys and the claims tokens must carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenKeys {
+    /// JWKS document (RFC 7517), EdDSA keys.
+    pub jwks_json: String,
+    /// Expected `iss`.
+    pub issuer: String,
+    /// Expected `aud`.
+    pub audience: String,
+}
+
+/// Why a [`CredentialSource`] gave no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// The control plane answered: the credential is unknown, revoked or expired.
+    #[error("{0}")]
+    Rejected(String),
+    /// The control plane could not be asked (down, unreachable, timed out).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// Where credentials are checked: the control plane, reached by the worker agent.
+pub trait CredentialSource: Send + Sync + 'static {
+    /// Resolves an API key.
+    fn resolve_key<'a>(&'a self, api_key: &'a str) -> BoxFuture<'a, Result<KeyInfo, SourceError>>;
+    /// Fetches the current token-signing keys.
+    fn token_keys(&self) -> BoxFuture<'_, Result<TokenKeys, SourceError>>;
+}
