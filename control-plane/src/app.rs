@@ -32,6 +32,48 @@ pub struct App {
     pub tokens: Arc<TokenService>,
     /// Settings.
     pub config: Config,
+    /// Wake-ups between the API, the scheduler and agent sessions.
+    pub signals: Signals,
+}
+
+/// In-process wake-ups. Other control-plane replicas notice changes by polling the registry
+/// (the scheduler every interval, sessions every second); these only make this one faster.
+#[derive(Debug)]
+pub struct Signals {
+    /// Notified by writes that need a scheduling decision; the scheduler loop waits on it. A
+    /// notification while the loop is busy is kept as a permit, so none is lost.
+    scheduler: tokio::sync::Notify,
+    /// Bumped by the scheduler after it changed assignments; every agent session watches it
+    /// and re-reads its worker's generation. Never closed while the app lives.
+    assignments: tokio::sync::watch::Sender<u64>,
+}
+
+impl Default for Signals {
+    fn default() -> Self {
+        Signals { scheduler: tokio::sync::Notify::new(), assignments: tokio::sync::watch::Sender::new(0) }
+    }
+}
+
+impl Signals {
+    /// Asks the scheduler to run now.
+    pub fn wake_scheduler(&self) {
+        self.scheduler.notify_one();
+    }
+
+    /// Waits for [`Signals::wake_scheduler`].
+    pub async fn scheduler_woken(&self) {
+        self.scheduler.notified().await;
+    }
+
+    /// Tells agent sessions that assignments changed.
+    pub fn assignments_changed(&self) {
+        self.assignments.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A receiver that sees [`Signals::assignments_changed`].
+    pub fn watch_assignments(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.assignments.subscribe()
+    }
 }
 
 /// A tenant a request may act on.
@@ -59,7 +101,7 @@ impl App {
         }
         let hasher = KeyHasher::new(config.api_key_pepper.expose().as_bytes());
         let auth = Authenticator::new(registry.clone(), hasher, tokens.clone());
-        Ok(Arc::new(App { registry, store, auth, tokens, config }))
+        Ok(Arc::new(App { registry, store, auth, tokens, config, signals: Signals::default() }))
     }
 
     /// The tenant named in a path, if the caller may see it, and only if the caller's role

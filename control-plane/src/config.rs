@@ -77,6 +77,23 @@ pub struct ControlPlaneArgs {
     /// Lifetime of presigned upload URLs, in seconds.
     #[arg(long, env = "TESSERA_PRESIGN_TTL_SECS", default_value_t = 3600)]
     pub presign_ttl_secs: u64,
+    /// Shared secret workers present (`authorization: Bearer <token>`) on every agent call;
+    /// without it every agent call is refused.
+    #[arg(long, env = "TESSERA_WORKER_TOKEN")]
+    pub worker_token: Option<Secret>,
+    /// How often workers send heartbeats, in milliseconds.
+    #[arg(long, env = "TESSERA_HEARTBEAT_INTERVAL_MS", default_value_t = 1000)]
+    pub heartbeat_interval_ms: u64,
+    /// A worker silent this long (milliseconds) is marked lost and its replicas move.
+    #[arg(long, env = "TESSERA_WORKER_LOST_AFTER_MS", default_value_t = 10_000)]
+    pub worker_lost_after_ms: u64,
+    /// How long replicas of the previous version keep loaded after a rollout switches, in
+    /// milliseconds (requests already sent to them finish).
+    #[arg(long, env = "TESSERA_DRAIN_MS", default_value_t = 3000)]
+    pub drain_ms: u64,
+    /// How often the scheduler runs, in milliseconds (it also runs on every change).
+    #[arg(long, env = "TESSERA_SCHEDULER_INTERVAL_MS", default_value_t = 500)]
+    pub scheduler_interval_ms: u64,
 }
 
 /// Everything the control plane needs to run.
@@ -104,6 +121,16 @@ pub struct Config {
     pub bootstrap_admin_key: Option<Secret>,
     /// Presigned URL lifetime.
     pub presign_ttl: Duration,
+    /// Worker credential; `None` refuses every agent call.
+    pub worker_token: Option<Secret>,
+    /// Heartbeat interval asked of workers.
+    pub heartbeat_interval: Duration,
+    /// Silence after which a worker is lost.
+    pub worker_lost_after: Duration,
+    /// Drain time of replaced replicas.
+    pub drain: Duration,
+    /// Scheduler period.
+    pub scheduler_interval: Duration,
 }
 
 impl ControlPlaneArgs {
@@ -121,6 +148,11 @@ impl ControlPlaneArgs {
             api_key_pepper: self.api_key_pepper,
             bootstrap_admin_key: self.bootstrap_admin_key.filter(|k| !k.expose().is_empty()),
             presign_ttl: Duration::from_secs(self.presign_ttl_secs.max(1)),
+            worker_token: self.worker_token.filter(|k| !k.expose().is_empty()),
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.clamp(50, 60_000)),
+            worker_lost_after: Duration::from_millis(self.worker_lost_after_ms.max(100)),
+            drain: Duration::from_millis(self.drain_ms),
+            scheduler_interval: Duration::from_millis(self.scheduler_interval_ms.max(10)),
         }
     }
 }

@@ -21,6 +21,8 @@ pub enum QuotaName {
     Versions,
     /// Bytes of stored artifacts.
     StorageBytes,
+    /// Deployment replicas, over all deployments.
+    Replicas,
 }
 
 impl QuotaName {
@@ -30,6 +32,7 @@ impl QuotaName {
             QuotaName::Models => "models",
             QuotaName::Versions => "versions",
             QuotaName::StorageBytes => "storage_bytes",
+            QuotaName::Replicas => "replicas",
         }
     }
 
@@ -38,6 +41,7 @@ impl QuotaName {
             QuotaName::Models => "quota_exceeded.models",
             QuotaName::Versions => "quota_exceeded.versions",
             QuotaName::StorageBytes => "quota_exceeded.storage_bytes",
+            QuotaName::Replicas => "quota_exceeded.replicas",
         }
     }
 }
@@ -154,7 +158,7 @@ impl Error {
     }
 }
 
-/// What went wrong, coarsely: decides the HTTP status (and, later, the gRPC code).
+/// What went wrong, coarsely: decides the HTTP status and the gRPC code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ErrorKind {
     /// 422.
@@ -194,6 +198,21 @@ impl ErrorKind {
         }
     }
 
+    /// The gRPC code for this kind (the agent service): the single place codes are decided.
+    pub fn grpc_code(self) -> tonic::Code {
+        match self {
+            ErrorKind::InvalidArgument | ErrorKind::BadRequest => tonic::Code::InvalidArgument,
+            ErrorKind::Unauthenticated => tonic::Code::Unauthenticated,
+            ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
+            ErrorKind::NotFound => tonic::Code::NotFound,
+            ErrorKind::Conflict => tonic::Code::AlreadyExists,
+            ErrorKind::QuotaExceeded | ErrorKind::PayloadTooLarge => tonic::Code::ResourceExhausted,
+            // A worker treats anything but UNAUTHENTICATED as "control plane unavailable" and
+            // keeps its cached answers, which is right for a failing registry too.
+            ErrorKind::Internal => tonic::Code::Unavailable,
+        }
+    }
+
     fn default_code(self) -> &'static str {
         match self {
             ErrorKind::InvalidArgument => "invalid_argument",
@@ -226,6 +245,16 @@ pub struct ErrorDetail {
     /// The request field at fault, for invalid input.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub field: Option<String>,
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        let code = e.kind().grpc_code();
+        if e.kind() == ErrorKind::Internal {
+            tracing::error!(error = %e, "agent call failed");
+        }
+        tonic::Status::new(code, e.body().error.message)
+    }
 }
 
 impl IntoResponse for Error {

@@ -1,10 +1,12 @@
 //! Tessera's control plane: the tenant registry (Postgres or SQLite), API keys and access
 //! tokens, model versions in an object store, aliases, quotas, the hash-chained audit trail,
-//! and the `/v1` REST API with its OpenAPI document.
+//! deployments and their scheduler, the agent gRPC service workers connect to, and the `/v1`
+//! REST API with its OpenAPI document (REST and gRPC share one listener).
 //!
 //! [`run`] is the whole service; `tessera control-plane` parses [`ControlPlaneArgs`] and calls
 //! it, and tests and `tessera dev` call it the same way.
 
+pub mod agent;
 pub mod api;
 pub mod app;
 pub mod archive;
@@ -27,8 +29,18 @@ pub use api::{openapi, openapi_json};
 pub use config::{Config, ControlPlaneArgs, Secret};
 
 /// Runs the control plane until `shutdown` is cancelled: waits for and migrates the
-/// database, opens the artifact store, bootstraps the platform admin, then serves `/v1`.
+/// database, opens the artifact store, bootstraps the platform admin, then serves `/v1` and
+/// the agent service and runs the scheduler.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    run_with(config, shutdown, |_| {}).await
+}
+
+/// [`run`], calling `on_bound` with the address the listener got (port 0 picks one).
+pub async fn run_with(
+    config: Config,
+    shutdown: CancellationToken,
+    on_bound: impl FnOnce(SocketAddr),
+) -> anyhow::Result<()> {
     let database = registry::redact_url(config.database_url.expose());
     tracing::info!(?config, database = %database, "starting tessera control-plane");
     let registry = registry::Registry::connect(config.database_url.expose(), config.database_wait, &shutdown).await?;
@@ -42,8 +54,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let listener = TcpListener::bind(listen).await.with_context(|| format!("bind the http listener on {listen}"))?;
     let local = listener.local_addr().context("read the bound address")?;
     tracing::info!(protocol = "http", addr = %local, "listening");
-    let service = api::router(app).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, service).with_graceful_shutdown(shutdown.cancelled_owned()).await.context("serve http")?;
+    if app.config.worker_token.is_none() {
+        tracing::warn!("no --worker-token: workers cannot connect");
+    }
+    on_bound(local);
+    // Background parts stop with `shutdown`, or when the server stops on its own.
+    let stop = shutdown.child_token();
+    let scheduler = tokio::spawn(scheduler::run::run_scheduler(app.clone(), stop.clone()));
+    let router = api::router(app.clone()).merge(agent::routes(app, stop.clone()));
+    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    let served = axum::serve(listener, service).with_graceful_shutdown(stop.clone().cancelled_owned()).await;
+    stop.cancel();
+    let _ = scheduler.await;
+    served.context("serve http")?;
     registry.close().await;
     tracing::info!("control plane stopped");
     Ok(())

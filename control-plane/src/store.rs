@@ -153,6 +153,21 @@ impl ArtifactStore {
             .map_err(|e| Error::Internal(format!("archive inspection task: {e}")))?
     }
 
+    /// Streams a stored object in chunks of `chunk` bytes (the last one shorter), whatever
+    /// sizes the store reads in.
+    pub async fn get_chunks(
+        &self,
+        key: &str,
+        chunk: usize,
+    ) -> Result<impl Stream<Item = Result<Bytes>> + Send + 'static> {
+        let get = match self.store.get(&Path::from(key)).await {
+            Ok(get) => get,
+            Err(object_store::Error::NotFound { .. }) => return Err(Error::NotFound("artifact")),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(rechunk(get.into_stream().map(|r| r.map_err(Error::from)), chunk))
+    }
+
     /// Deletes an artifact; a missing one is fine.
     pub async fn delete(&self, key: &str) -> Result<()> {
         match self.store.delete(&Path::from(key)).await {
@@ -244,6 +259,31 @@ impl std::io::Seek for RangeReader {
         self.pos = target;
         Ok(target)
     }
+}
+
+/// Regroups a byte stream into pieces of exactly `size` bytes (the last may be shorter). An
+/// error ends the stream after it is passed on.
+fn rechunk<S>(inner: S, size: usize) -> impl Stream<Item = Result<Bytes>> + Send + 'static
+where
+    S: Stream<Item = Result<Bytes>> + Send + Unpin + 'static,
+{
+    let size = size.max(1);
+    futures::stream::unfold((inner, bytes::BytesMut::new(), false), move |(mut inner, mut buf, mut done)| async move {
+        loop {
+            if buf.len() >= size {
+                let piece = buf.split_to(size).freeze();
+                return Some((Ok(piece), (inner, buf, done)));
+            }
+            if done {
+                return (!buf.is_empty()).then(|| (Ok(buf.split().freeze()), (inner, bytes::BytesMut::new(), true)));
+            }
+            match inner.next().await {
+                Some(Ok(b)) => buf.extend_from_slice(&b),
+                Some(Err(e)) => return Some((Err(e), (inner, bytes::BytesMut::new(), true))),
+                None => done = true,
+            }
+        }
+    })
 }
 
 async fn copy_into<S, E>(writer: &mut WriteMultipart, mut body: S, max: u64, hashed: &mut Hashing) -> Result<()>
@@ -380,6 +420,20 @@ mod tests {
             assert_eq!(manifest.config.unwrap()["max_batch_size"], 8);
             assert_eq!(manifest.onnx_files, ["1/model.onnx"]);
         }
+    }
+
+    #[tokio::test]
+    async fn artifacts_stream_back_in_fixed_chunks() {
+        let (_dir, store) = local();
+        let data = onnx_bytes(2 * 1024 * 1024 + 10);
+        let key = ArtifactStore::new_key(Uuid::nil(), Uuid::nil(), ArtifactFormat::Onnx);
+        store.put_stream(&key, chunks(&data, 7_000), u64::MAX, ArtifactFormat::Onnx, None).await.unwrap();
+        let pieces: Vec<Bytes> =
+            store.get_chunks(key.as_ref(), 1024 * 1024).await.unwrap().map(|c| c.unwrap()).collect().await;
+        assert_eq!(pieces.iter().map(Bytes::len).collect::<Vec<_>>(), [1024 * 1024, 1024 * 1024, 10]);
+        assert_eq!(pieces.concat(), data);
+        let missing = store.get_chunks("tenants/x/nothing", 10).await.err().unwrap();
+        assert!(matches!(missing, Error::NotFound(_)));
     }
 
     #[tokio::test]

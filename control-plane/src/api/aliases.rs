@@ -79,6 +79,8 @@ pub async fn handle_alias_set(
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "move aliases").await?;
     let alias = Name::from_path("alias", &alias)?;
     let row = app.registry.set_alias(&caller.actor, &m, &alias, body.version).await?;
+    // A deployment following the alias rolls to the new version.
+    app.signals.wake_scheduler();
     Ok(Json(row.into()))
 }
 

@@ -6,6 +6,7 @@
 
 mod aliases;
 mod audit;
+mod deployments;
 mod extract;
 mod idempotency;
 mod keys;
@@ -14,6 +15,7 @@ mod session;
 mod tenants;
 mod users;
 mod versions;
+mod workers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,7 +45,7 @@ pub type AppState = Arc<App>;
 #[openapi(
     info(
         title = "Tessera control plane",
-        description = "Tenants, API keys, models, versions, aliases, quotas and the audit trail of a Tessera \
+        description = "Tenants, API keys, models, versions, aliases, deployments, quotas and the audit trail of a Tessera \
                        inference service. Every `/v1` route takes `Authorization: Bearer <API key or access token>`; \
                        errors are `{\"error\": {\"code\", \"message\"}}`; a resource in another tenant is 404.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
@@ -57,6 +59,7 @@ pub type AppState = Arc<App>;
         (name = "api-keys", description = "A tenant's API keys"),
         (name = "users", description = "A tenant's users, owners of API keys"),
         (name = "models", description = "Models, versions and aliases"),
+        (name = "deployments", description = "Deployments of models onto workers, their replicas and events; workers"),
         (name = "audit", description = "The tenant's audit trail"),
         (name = "service", description = "Health")
     )
@@ -136,6 +139,14 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(versions::handle_upload_complete))
         .routes(routes!(aliases::handle_alias_list))
         .routes(routes!(aliases::handle_alias_set, aliases::handle_alias_get, aliases::handle_alias_delete))
+        .routes(routes!(deployments::handle_deployment_create, deployments::handle_deployment_list))
+        .routes(routes!(
+            deployments::handle_deployment_get,
+            deployments::handle_deployment_update,
+            deployments::handle_deployment_delete
+        ))
+        .routes(routes!(deployments::handle_deployment_events))
+        .routes(routes!(workers::handle_worker_list))
         .routes(routes!(audit::handle_audit_list))
         .routes(routes!(audit::handle_audit_verify))
 }

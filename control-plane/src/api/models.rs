@@ -146,10 +146,13 @@ pub async fn handle_model_get(
     Ok(Json(m.into()))
 }
 
-/// Deletes a model with all its versions, aliases and artifacts (deployers).
+/// Deletes a model with all its versions, aliases and artifacts (deployers); refused while a
+/// deployment uses it.
 #[utoipa::path(delete, path = "/v1/tenants/{tenant}/models/{model}", operation_id = "delete_model", tag = "models",
     params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name")),
-    responses((status = 204, description = "Deleted.")))]
+    responses(
+        (status = 204, description = "Deleted."),
+        (status = 409, description = "A deployment uses the model (`model_deployed`).", body = crate::error::ErrorBody)))]
 pub async fn handle_model_delete(
     State(app): State<AppState>,
     caller: Caller,

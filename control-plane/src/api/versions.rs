@@ -188,13 +188,14 @@ pub async fn handle_version_get(
     Ok(Json(ModelVersion::new(&m.name, row)))
 }
 
-/// Deletes a version and its artifact (deployers); refused while an alias points at it.
+/// Deletes a version and its artifact (deployers); refused while an alias points at it or a
+/// deployment runs it.
 #[utoipa::path(delete, path = "/v1/tenants/{tenant}/models/{model}/versions/{version}", operation_id = "delete_version", tag = "models",
     params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
            ("version" = i64, Path, description = "Version number")),
     responses(
         (status = 204, description = "Deleted."),
-        (status = 409, description = "An alias points at it (`version_in_use`).", body = crate::error::ErrorBody)))]
+        (status = 409, description = "An alias or a deployment uses it (`version_in_use`).", body = crate::error::ErrorBody)))]
 pub async fn handle_version_delete(
     State(app): State<AppState>,
     caller: Caller,

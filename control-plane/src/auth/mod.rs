@@ -82,6 +82,12 @@ impl Authenticator {
     }
 
     async fn authenticate_key(&self, key: &str) -> Result<Principal> {
+        self.resolve_key(key).await.map(|(principal, _)| principal)
+    }
+
+    /// Resolves an API key (unknown, revoked and expired keys are unauthenticated) to its
+    /// principal and expiry: what workers ask for keys presented to them.
+    pub async fn resolve_key(&self, key: &str) -> Result<(Principal, Option<time::OffsetDateTime>)> {
         let prefix = keys::prefix_of(key).ok_or(Error::Unauthenticated)?;
         let mut conn = self.registry.conn().await?;
         let row = conn.key_by_prefix(prefix).await?.ok_or(Error::Unauthenticated)?;
@@ -94,13 +100,14 @@ impl Authenticator {
         if row.last_used_at.is_none_or(|t| at - t > Duration::minutes(1)) {
             conn.touch_key(row.id, at).await?;
         }
-        Ok(Principal {
+        let principal = Principal {
             tenant_id: tenant.id,
             tenant_name: tenant.name,
             key_id: row.id,
             user_id: row.user_id,
             role: row.role(),
             credential: Credential::ApiKey,
-        })
+        };
+        Ok((principal, row.expires_at))
     }
 }

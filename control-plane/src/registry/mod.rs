@@ -6,17 +6,23 @@
 //! touches tenant data takes the tenant id and filters by it *inside this module*, so a caller
 //! cannot forget to scope one. Each query is timed under a label (see [`crate::metrics`]).
 //!
+//! Deployments, replicas, workers and scheduling follow the same rules; the few queries that
+//! cross tenants (the scheduler's snapshot, a worker's assignments) say why.
+//!
 //! Mutations run in a transaction that also appends their audit event, so a change and its
 //! audit record commit together or not at all.
 
 mod audit;
+mod deployments;
 mod idempotency;
 mod keys;
 mod models;
 mod quotas;
+mod scheduling;
 mod signing;
 mod tenants;
 mod users;
+mod workers;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -30,6 +36,7 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 pub use audit::{Actor, AuditEventRow, AuditFilter, ChainBreak, ChainReport, ChainVerifier, NewAuditEvent};
+pub use deployments::{DeploymentEventRow, DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef};
 pub use idempotency::IdempotencyClaim;
 pub use keys::{ApiKeyRow, NewApiKey};
 pub use models::{AliasRow, ModelRow, NewVersion, UploadRow, VersionRow};
@@ -37,6 +44,7 @@ pub use quotas::{QuotaLimits, QuotaRow, QuotaUsage};
 pub use signing::SigningKeyRow;
 pub use tenants::TenantRow;
 pub use users::{NewUser, UserRow};
+pub use workers::{AssignmentRow, ChangedReplica, NewWorker, ReportedState, SliceRecord, WorkerRow};
 
 use crate::error::{Error, Result};
 

@@ -249,6 +249,7 @@ impl Conn {
             QuotaName::Models => usage.models,
             QuotaName::Versions => usage.versions,
             QuotaName::StorageBytes => usage.storage_bytes,
+            QuotaName::Replicas => usage.replicas,
         };
         limits.check(quota, current.saturating_add(added))
     }
@@ -305,6 +306,10 @@ impl Registry {
     pub async fn delete_model(&self, actor: &Actor, tenant_id: Uuid, name: &str) -> Result<Vec<String>> {
         let mut tx = self.begin().await?;
         let model = tx.model(tenant_id, name).await?.ok_or(Error::NotFound("model"))?;
+        if let Some(d) = tx.deployment_of_model(tenant_id, model.id).await? {
+            let message = format!("model '{name}' is deployed by deployment '{}'; delete the deployment first", d.name);
+            return Err(Error::conflict("model_deployed", message));
+        }
         let keys = tx.artifact_keys(tenant_id, model.id).await?;
         // Aliases first: they reference versions.
         exec!(tx, "alias.delete_all", |c| sqlx::query(
@@ -344,6 +349,12 @@ impl Registry {
             .filter(|a| a.version == number)
             .map(|a| a.alias)
             .collect();
+        if let Some(d) = tx.deployment_of_model(tenant_id, model.id).await?
+            && (d.version == number || tx.version_has_replicas(tenant_id, d.id, number).await?)
+        {
+            let message = format!("version {number} is in use by deployment '{}'", d.name);
+            return Err(Error::conflict("version_in_use", message));
+        }
         if !pinned.is_empty() {
             let list = pinned.join(", ");
             return Err(Error::conflict(

@@ -1,7 +1,7 @@
 //! Tenant quotas: limits set by platform admins, usage counted from the registry.
 //!
-//! Models, versions and storage bytes are enforced here, inside the creating transaction
-//! after [`Conn::lock_tenant`]. Replicas, slices, requests per second and monthly spend are
+//! Models, versions, storage bytes and replicas are enforced here, inside the creating transaction
+//! after [`Conn::lock_tenant`]. Slices are enforced by the scheduler's placer; requests per second and monthly spend are
 //! stored for the scheduler, gateway and billing to enforce.
 
 use std::collections::BTreeMap;
@@ -87,6 +87,7 @@ impl QuotaLimits {
             QuotaName::Models => self.models,
             QuotaName::Versions => self.versions,
             QuotaName::StorageBytes => self.storage_bytes,
+            QuotaName::Replicas => self.replicas,
         };
         if requested > limit {
             return Err(Error::QuotaExceeded { quota, limit, requested });
@@ -104,6 +105,8 @@ pub struct QuotaUsage {
     pub versions: i64,
     /// Stored artifact bytes.
     pub storage_bytes: i64,
+    /// Replicas asked for by the tenant's deployments.
+    pub replicas: i64,
 }
 
 /// A stored quota row.
@@ -157,15 +160,16 @@ impl Conn {
 
     /// A tenant's current usage.
     pub async fn quota_usage(&mut self, tenant_id: Uuid) -> Result<QuotaUsage> {
-        let (models, versions, storage_bytes) =
-            on_conn!(self, "quota.usage", |c| sqlx::query_as::<_, (i64, i64, i64)>(
+        let (models, versions, storage_bytes, replicas) =
+            on_conn!(self, "quota.usage", |c| sqlx::query_as::<_, (i64, i64, i64, i64)>(
                 "SELECT (SELECT COUNT(*) FROM models WHERE tenant_id = $1), \
              (SELECT COUNT(*) FROM model_versions WHERE tenant_id = $1), \
-             (SELECT CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) FROM model_versions WHERE tenant_id = $1)"
+             (SELECT CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) FROM model_versions WHERE tenant_id = $1), \
+             (SELECT CAST(COALESCE(SUM(replicas), 0) AS BIGINT) FROM deployments WHERE tenant_id = $1)"
             )
             .bind(tenant_id)
             .fetch_one(c))?;
-        Ok(QuotaUsage { models, versions, storage_bytes })
+        Ok(QuotaUsage { models, versions, storage_bytes, replicas })
     }
 
     pub(super) async fn insert_quota(&mut self, tenant_id: Uuid, q: &QuotaLimits) -> Result<()> {

@@ -120,8 +120,9 @@ async fn queries_are_scoped_by_tenant() {
         assert!(c.version(b, m.id, 1).await.unwrap().is_none());
         assert!(c.aliases(b, m.id).await.unwrap().is_empty());
         assert!(c.models(b, None, 10).await.unwrap().is_empty());
-        assert_eq!(c.quota_usage(b).await.unwrap(), QuotaUsage { models: 0, versions: 0, storage_bytes: 0 });
-        assert_eq!(c.quota_usage(a).await.unwrap(), QuotaUsage { models: 1, versions: 1, storage_bytes: 5 });
+        let usage = |models, versions, storage_bytes| QuotaUsage { models, versions, storage_bytes, replicas: 0 };
+        assert_eq!(c.quota_usage(b).await.unwrap(), usage(0, 0, 0));
+        assert_eq!(c.quota_usage(a).await.unwrap(), usage(1, 1, 5));
         drop(c);
         assert!(matches!(r.delete_model(&actor(), b, "m").await, Err(Error::NotFound("model"))));
     })
@@ -366,6 +367,145 @@ async fn audit_events_record_the_acting_user() {
         drop(c);
         let report = r.verify_audit_chain(a).await.unwrap();
         assert_eq!((report.events_checked, report.first_break), (4, None));
+    })
+    .await;
+}
+
+fn spec(version: VersionRef, replicas: i64) -> DeploymentSpec {
+    DeploymentSpec {
+        version,
+        profile: "cpu".into(),
+        replicas,
+        instance_count: 1,
+        max_batch_size: None,
+        dynamic_batching: None,
+        memory_bytes: None,
+    }
+}
+
+#[tokio::test]
+async fn deployments_are_scoped_unique_and_within_quota() {
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits { replicas: 3, ..QuotaLimits::default() }).await;
+        let b = tenant(&r, "b", QuotaLimits::default()).await;
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        let other = r.create_model(&actor(), a, &name("other"), "").await.unwrap();
+        r.create_version(&actor(), &m, version(1)).await.unwrap();
+        r.create_version(&actor(), &m, version(1)).await.unwrap();
+        r.create_version(&actor(), &other, version(1)).await.unwrap();
+        r.set_alias(&actor(), &m, &name("prod"), 1).await.unwrap();
+
+        let d = r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Latest, 2)).await.unwrap();
+        assert_eq!((d.version, d.alias.as_deref(), d.model_name.as_str()), (2, None, "m"));
+        let again = r.create_deployment(&actor(), a, &name("d2"), "m", spec(VersionRef::Latest, 1)).await;
+        assert_eq!(again.unwrap_err().code(), "model_deployed");
+        let dup = r.create_deployment(&actor(), a, &name("d"), "other", spec(VersionRef::Latest, 1)).await;
+        assert_eq!(dup.unwrap_err().code(), "already_exists");
+        let over = r.create_deployment(&actor(), a, &name("d3"), "other", spec(VersionRef::Latest, 2)).await;
+        assert_eq!(over.unwrap_err().code(), "quota_exceeded.replicas");
+        let missing = r.create_deployment(&actor(), a, &name("d4"), "other", spec(VersionRef::Pinned(9), 1)).await;
+        assert!(matches!(missing, Err(Error::NotFound("version"))));
+
+        let mut c = r.conn().await.unwrap();
+        assert_eq!(c.quota_usage(a).await.unwrap().replicas, 2);
+        assert!(c.deployment(b, "d").await.unwrap().is_none());
+        assert!(c.deployments(b).await.unwrap().is_empty());
+        assert_eq!(c.deployments(a).await.unwrap().len(), 1);
+        drop(c);
+        let patch = DeploymentPatch { replicas: Some(1), ..DeploymentPatch::default() };
+        assert!(matches!(r.update_deployment(&actor(), b, "d", patch).await, Err(Error::NotFound("deployment"))));
+        assert!(matches!(r.delete_deployment(&actor(), b, "d").await, Err(Error::NotFound("deployment"))));
+
+        let grow = DeploymentPatch { replicas: Some(4), ..DeploymentPatch::default() };
+        assert_eq!(r.update_deployment(&actor(), a, "d", grow).await.unwrap_err().code(), "quota_exceeded.replicas");
+        let follow = DeploymentPatch { version: Some(VersionRef::Alias(name("prod"))), ..DeploymentPatch::default() };
+        let d = r.update_deployment(&actor(), a, "d", follow).await.unwrap();
+        assert_eq!((d.version, d.alias.as_deref(), d.spec_generation), (1, Some("prod"), 1));
+        let respec = DeploymentPatch { instance_count: Some(2), ..DeploymentPatch::default() };
+        assert_eq!(r.update_deployment(&actor(), a, "d", respec).await.unwrap().spec_generation, 2);
+
+        assert_eq!(r.delete_version(&actor(), &m, 1).await.unwrap_err().code(), "version_in_use");
+        assert_eq!(r.delete_model(&actor(), a, "m").await.unwrap_err().code(), "model_deployed");
+        r.delete_deployment(&actor(), a, "d").await.unwrap();
+        r.delete_model(&actor(), a, "m").await.unwrap();
+        let report = r.verify_audit_chain(a).await.unwrap();
+        assert_eq!(report.first_break, None);
+    })
+    .await;
+}
+
+fn new_worker(id: &str) -> NewWorker {
+    NewWorker {
+        id: id.into(),
+        http_endpoint: format!("http://{id}:8000"),
+        grpc_endpoint: format!("{id}:8001"),
+        metrics_endpoint: String::new(),
+        slices: (0..2)
+            .map(|i| SliceRecord {
+                id: format!("cpu-{i}"),
+                profile: "cpu".into(),
+                kind: "cpu".into(),
+                memory_bytes: 1 << 30,
+            })
+            .collect(),
+        labels: Default::default(),
+        version: "test".into(),
+    }
+}
+
+async fn tick(r: &Registry) -> std::collections::BTreeSet<String> {
+    let mut tx = r.begin().await.unwrap();
+    tx.lock_scheduling().await.unwrap();
+    let snapshot = tx.scheduling_snapshot().await.unwrap();
+    let settings =
+        crate::scheduler::plan::Settings { lost_after: Duration::from_secs(10), drain: Duration::from_secs(3) };
+    let plan = crate::scheduler::plan::plan(&snapshot, now(), &settings, &mut Uuid::now_v7);
+    let touched = tx.apply_plan(&plan, &snapshot).await.unwrap();
+    tx.commit().await.unwrap();
+    touched
+}
+
+#[tokio::test]
+async fn workers_get_assignments_and_report_states() {
+    on_both(|r| async move {
+        assert_eq!(r.register_worker(&new_worker("w1")).await.unwrap().generation, 1);
+        assert_eq!(r.register_worker(&new_worker("w1")).await.unwrap().generation, 2);
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        let v = r.create_version(&actor(), &m, version(10)).await.unwrap();
+        let d = r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Latest, 1)).await.unwrap();
+
+        assert_eq!(tick(&r).await.into_iter().collect::<Vec<_>>(), ["w1"]);
+        let mut c = r.conn().await.unwrap();
+        assert_eq!(c.worker_generation("w1").await.unwrap(), Some(3));
+        let assigned = c.assignments("w1").await.unwrap();
+        assert_eq!(assigned.len(), 1);
+        let one = &assigned[0];
+        assert_eq!((one.model_name.as_str(), one.version, one.serving), ("m", 1, true));
+        assert_eq!((one.artifact_key.as_str(), one.tenant_name.as_str()), (v.artifact_key.as_str(), "a"));
+        assert_eq!(one.config.0["name"], "m");
+        assert!(c.is_artifact(&v.artifact_key).await.unwrap());
+        assert!(!c.is_artifact("tenants/elsewhere").await.unwrap());
+        drop(c);
+        assert!(tick(&r).await.is_empty(), "a second tick changes nothing");
+
+        let ready = ReportedState { replica_id: one.replica_id, state: "ready", reason: None };
+        assert_eq!(r.report_states("w2", std::slice::from_ref(&ready)).await.unwrap().len(), 0, "not its replica");
+        assert_eq!(r.report_states("w1", std::slice::from_ref(&ready)).await.unwrap().len(), 1);
+        assert_eq!(r.report_states("w1", std::slice::from_ref(&ready)).await.unwrap().len(), 0, "no change");
+        let mut c = r.conn().await.unwrap();
+        let replicas = c.replicas(a, d.id).await.unwrap();
+        assert_eq!((replicas[0].state.as_str(), replicas[0].worker_id.as_deref()), ("ready", Some("w1")));
+        let kinds: Vec<String> = c.deployment_events(a, d.id, 10).await.unwrap().into_iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, ["created", "placed", "ready"]);
+        assert!(c.heartbeat("w1", now()).await.unwrap());
+        assert!(!c.heartbeat("nobody", now()).await.unwrap());
+        drop(c);
+
+        r.delete_deployment(&actor(), a, "d").await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        assert_eq!(c.worker_generation("w1").await.unwrap(), Some(4));
+        assert!(c.assignments("w1").await.unwrap().is_empty());
     })
     .await;
 }

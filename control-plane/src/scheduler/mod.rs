@@ -15,8 +15,13 @@
 //!   empty one, keeping empty slices free for other tenants and the tenant's slice quota low.
 //! - **Quotas**: a tenant may occupy at most its quota of slices per profile.
 //! - **Lost workers** give back their replicas, which the caller places again.
+//! - **Rollouts** place a new replica beside the old one with the same index when it fits
+//!   ([`Placer::place_preferring`]).
 //! - **Determinism**: ties break on worker id, then slice id; the same input gives the same
 //!   placement.
+
+pub mod plan;
+pub mod run;
 
 #[cfg(test)]
 mod tests;
@@ -257,6 +262,30 @@ impl Placer {
         };
         self.commit(w, s, replica);
         Ok(Placement { worker: self.workers[w].id.clone(), slice: self.workers[w].slices[s].spec.id.clone() })
+    }
+
+    /// Places one replica on `preferred` when it fits there (a rollout's new replica beside the
+    /// old one it replaces, so the worker keeps its cache and the slice its tenant), else like
+    /// [`Placer::place`].
+    pub fn place_preferring(
+        &mut self,
+        replica: &ReplicaRequest,
+        preferred: Option<&Placement>,
+    ) -> Result<Placement, ScheduleError> {
+        if let Some(p) = preferred
+            && let Some(&w) = self.index.get(&p.worker)
+            && let Some(s) = self.workers[w].slices.iter().position(|s| s.spec.id == p.slice)
+        {
+            let slice = &self.workers[w].slices[s];
+            let key = (replica.tenant.clone(), replica.profile.clone());
+            let quota_full =
+                self.quotas.get(&key).is_some_and(|limit| self.occupied.get(&key).copied().unwrap_or(0) >= *limit);
+            if slice.fits(replica) && (slice.tenant.is_some() || !quota_full) {
+                self.commit(w, s, replica);
+                return Ok(p.clone());
+            }
+        }
+        self.place(replica)
     }
 
     /// The best slice on worker `w`: one the tenant already holds, else an empty one (unless the

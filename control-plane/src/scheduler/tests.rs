@@ -146,3 +146,28 @@ fn ten_thousand_replicas_fit_on_a_thousand_workers() {
         assert_eq!(workers.len(), n, "{deployment}: its {n} replicas are on {n} different workers");
     }
 }
+
+#[test]
+fn a_preferred_slice_is_taken_when_it_fits_and_quotas_allow() {
+    let mut p = Placer::new(cpu_workers(2, 2, 4));
+    let old = p.place(&replica("d", 0, "acme", "cpu", 1)).expect("fits");
+    let beside = Placement { worker: "w0001".into(), slice: "cpu-1".into() };
+    // Spreading alone would pick w0001/cpu-0; the preference wins.
+    assert_eq!(p.place_preferring(&replica("d", 1, "acme", "cpu", 1), Some(&beside)).expect("fits"), beside);
+    assert_eq!(p.place_preferring(&replica("d", 2, "acme", "cpu", 1), Some(&old)).expect("fits"), old);
+    // Too little memory left there: placed elsewhere, like `place`.
+    let full = p.place_preferring(&replica("d", 3, "acme", "cpu", 4), Some(&old)).expect("another slice");
+    assert_ne!(full, old);
+    // Another tenant's slice or an unknown one is never forced.
+    let other = p.place_preferring(&replica("e", 0, "globex", "cpu", 1), Some(&old)).expect("a free slice");
+    assert_ne!(other, old);
+    let nowhere = Placement { worker: "w9".into(), slice: "cpu-0".into() };
+    assert!(p.place_preferring(&replica("d", 4, "acme", "cpu", 1), Some(&nowhere)).is_ok());
+    // A full slice quota keeps the tenant off a preferred empty slice.
+    let mut q = Placer::new(cpu_workers(1, 2, 4));
+    q.set_quota("acme", "cpu", 1);
+    let first = q.place(&replica("d", 0, "acme", "cpu", 1)).expect("fits");
+    let empty =
+        Placement { worker: "w0000".into(), slice: if first.slice == "cpu-0" { "cpu-1" } else { "cpu-0" }.into() };
+    assert_eq!(q.place_preferring(&replica("d", 1, "acme", "cpu", 1), Some(&empty)).expect("its own slice"), first);
+}

@@ -123,7 +123,7 @@ async fn quotas_are_enforced_and_reported() {
     assert_eq!(app.stored_files(), 2, "refused uploads leave nothing behind");
 
     let q = app.get(&t.viewer, "/v1/tenants/acme/quotas").await;
-    assert_eq!(q.expect(200)["usage"], json!({ "models": 1, "versions": 2, "storage_bytes": 1499 }));
+    assert_eq!(q.expect(200)["usage"], json!({ "models": 1, "versions": 2, "storage_bytes": 1499, "replicas": 0 }));
     let bad = app.put(&app.admin_key, "/v1/tenants/acme/quotas", &json!({ "models": -1 })).await;
     assert_eq!(bad.status, 422);
 }

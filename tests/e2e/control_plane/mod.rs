@@ -8,6 +8,7 @@
 mod archives;
 mod audit;
 mod auth;
+mod deployments;
 mod flows;
 mod openapi;
 mod tenancy;

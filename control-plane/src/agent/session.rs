@@ -1,0 +1,273 @@
+//! One worker's session: the first message registers it; then one task per session reads
+//! heartbeats (storing the worker's liveness and replica states) and sends the worker's
+//! complete assignment set whenever its generation moves. It learns of changes from the
+//! scheduler in this process and, for changes made by another control-plane replica, by
+//! polling the generation every second.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_protocol::agent::{
+    Artifact, Assignment, Assignments, ControlMessage, Heartbeat, Register, Registered, ReplicaState, SliceKind,
+    WorkerMessage, control_message, worker_message,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Status, Streaming};
+use uuid::Uuid;
+
+use super::BoxStream;
+use crate::app::App;
+use crate::registry::{AssignmentRow, NewWorker, ReportedState, SliceRecord, now};
+
+/// How often a session re-reads its worker's generation (changes made by another replica).
+const POLL: Duration = Duration::from_secs(1);
+/// Messages queued to a worker; the session task waits when the worker reads slowly.
+const OUTBOX: usize = 4;
+/// Longest worker id accepted.
+const MAX_WORKER_ID: usize = 128;
+
+/// Reads the `Register` message, registers the worker and starts its session task.
+pub async fn start(
+    app: Arc<App>,
+    mut inbound: Streaming<WorkerMessage>,
+    shutdown: CancellationToken,
+) -> Result<BoxStream<ControlMessage>, Status> {
+    let first = inbound.message().await?;
+    let Some(WorkerMessage { kind: Some(worker_message::Kind::Register(register)) }) = first else {
+        return Err(Status::invalid_argument("the first message of a session must be Register"));
+    };
+    let worker = parse_register(register)?;
+    app.registry.register_worker(&worker).await?;
+    tracing::info!(worker_id = %worker.id, slices = worker.slices.len(), http = %worker.http_endpoint, "worker registered");
+    // A registration may make pending replicas placeable.
+    app.signals.wake_scheduler();
+    let (tx, rx) = mpsc::channel(OUTBOX);
+    tokio::spawn(run(app, worker.id, inbound, tx, shutdown));
+    Ok(Box::pin(ReceiverStream::new(rx)))
+}
+
+fn parse_register(r: Register) -> Result<NewWorker, Status> {
+    let id_ok = !r.worker_id.is_empty()
+        && r.worker_id.len() <= MAX_WORKER_ID
+        && r.worker_id.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+    if !id_ok {
+        return Err(Status::invalid_argument("worker_id must be 1 to 128 characters of A-Z a-z 0-9 - _ . :"));
+    }
+    if r.http_endpoint.is_empty() || r.grpc_endpoint.is_empty() {
+        return Err(Status::invalid_argument("http_endpoint and grpc_endpoint are required"));
+    }
+    let mut slices = Vec::with_capacity(r.slices.len());
+    for s in r.slices {
+        if s.id.is_empty() || s.profile.is_empty() {
+            return Err(Status::invalid_argument("every slice needs an id and a profile"));
+        }
+        let kind = match SliceKind::try_from(s.kind) {
+            Ok(SliceKind::Gpu) => "gpu",
+            Ok(SliceKind::Mig) => "mig",
+            _ => "cpu",
+        };
+        slices.push(SliceRecord { id: s.id, profile: s.profile, kind: kind.into(), memory_bytes: s.memory_bytes });
+    }
+    Ok(NewWorker {
+        id: r.worker_id,
+        http_endpoint: r.http_endpoint,
+        grpc_endpoint: r.grpc_endpoint,
+        metrics_endpoint: r.metrics_endpoint,
+        slices,
+        labels: r.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        version: r.version,
+    })
+}
+
+type Outbox = mpsc::Sender<Result<ControlMessage, Status>>;
+
+async fn run(
+    app: Arc<App>,
+    worker_id: String,
+    mut inbound: Streaming<WorkerMessage>,
+    tx: Outbox,
+    shutdown: CancellationToken,
+) {
+    let interval_ms = u32::try_from(app.config.heartbeat_interval.as_millis()).unwrap_or(u32::MAX);
+    let registered = control_message::Kind::Registered(Registered {
+        worker_id: worker_id.clone(),
+        heartbeat_interval_ms: interval_ms,
+    });
+    if tx.send(Ok(ControlMessage { kind: Some(registered) })).await.is_err() {
+        return;
+    }
+    let mut changes = app.signals.watch_assignments();
+    let mut poll = tokio::time::interval(POLL);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut sent: Option<i64> = None;
+    loop {
+        match send_if_changed(&app, &worker_id, &mut sent, &tx).await {
+            Ok(true) => {}
+            Ok(false) => break,
+            // The registry is down: the worker keeps what it has; try again on the next wake.
+            Err(e) => tracing::warn!(worker_id, error = %e, "could not read a worker's assignments"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tx.closed() => break,
+            message = inbound.message() => match message {
+                Ok(Some(WorkerMessage { kind: Some(worker_message::Kind::Heartbeat(hb)) })) => {
+                    if let Err(e) = heartbeat(&app, &worker_id, hb).await {
+                        tracing::warn!(worker_id, error = %e, "could not record a heartbeat");
+                    }
+                }
+                Ok(Some(_)) => {
+                    let _ = tx.send(Err(Status::invalid_argument("only heartbeats may follow Register"))).await;
+                    break;
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    tracing::info!(worker_id, error = %status, "worker session broke");
+                    break;
+                }
+            },
+            _ = changes.changed() => {}
+            _ = poll.tick() => {}
+        }
+    }
+    tracing::info!(worker_id, "worker session ended");
+}
+
+/// Sends the assignment set when the worker's generation moved since the last one sent.
+/// `Ok(false)` when the worker is gone (its stream closed).
+async fn send_if_changed(
+    app: &App,
+    worker_id: &str,
+    sent: &mut Option<i64>,
+    tx: &Outbox,
+) -> crate::error::Result<bool> {
+    let mut conn = app.registry.conn().await?;
+    let Some(generation) = conn.worker_generation(worker_id).await? else { return Ok(true) };
+    if *sent == Some(generation) {
+        return Ok(true);
+    }
+    let rows = conn.assignments(worker_id).await?;
+    drop(conn);
+    let assignments = Assignments {
+        generation: u64::try_from(generation).unwrap_or(0),
+        assignments: rows.into_iter().map(assignment).collect(),
+    };
+    let count = assignments.assignments.len();
+    let message = ControlMessage { kind: Some(control_message::Kind::Assignments(assignments)) };
+    if tx.send(Ok(message)).await.is_err() {
+        return Ok(false);
+    }
+    tracing::debug!(worker_id, generation, count, "sent assignments");
+    *sent = Some(generation);
+    Ok(true)
+}
+
+fn assignment(r: AssignmentRow) -> Assignment {
+    Assignment {
+        replica_id: r.replica_id.to_string(),
+        deployment_id: r.deployment_id.to_string(),
+        tenant_id: r.tenant_id.to_string(),
+        tenant_name: r.tenant_name,
+        model_name: r.model_name,
+        version: r.version,
+        slice_id: r.slice_id,
+        artifact: Some(Artifact {
+            key: r.artifact_key,
+            sha256: r.sha256,
+            size_bytes: u64::try_from(r.size_bytes).unwrap_or(0),
+            format: r.format,
+        }),
+        config_json: serde_json::to_string(&r.config.0).unwrap_or_default(),
+        serving: r.serving,
+    }
+}
+
+async fn heartbeat(app: &App, worker_id: &str, hb: Heartbeat) -> crate::error::Result<()> {
+    app.registry.conn().await?.heartbeat(worker_id, now()).await?;
+    let reports = reported_states(&hb);
+    let changed = app.registry.report_states(worker_id, &reports).await?;
+    if !changed.is_empty() {
+        // A replica turning ready may complete a rollout.
+        app.signals.wake_scheduler();
+    }
+    Ok(())
+}
+
+/// The states a heartbeat reports, as registry states; `draining` and unknown values are the
+/// control plane's to decide and are skipped, as are ids that are not replica ids.
+fn reported_states(hb: &Heartbeat) -> Vec<ReportedState> {
+    hb.replicas
+        .iter()
+        .filter_map(|r| {
+            let replica_id = Uuid::parse_str(&r.replica_id).ok()?;
+            let state = match ReplicaState::try_from(r.state).ok()? {
+                ReplicaState::Loading => "loading",
+                ReplicaState::Ready => "ready",
+                ReplicaState::Failed => "failed",
+                ReplicaState::Draining | ReplicaState::Unspecified => return None,
+            };
+            let reason = (state == "failed").then(|| r.reason.clone()).filter(|s| !s.is_empty());
+            Some(ReportedState { replica_id, state, reason })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_protocol::agent::{ReplicaStatus, Slice};
+
+    use super::*;
+
+    #[test]
+    fn registration_is_checked() {
+        let good = Register {
+            worker_id: "w-1".into(),
+            http_endpoint: "http://127.0.0.1:8000".into(),
+            grpc_endpoint: "127.0.0.1:8001".into(),
+            slices: vec![Slice {
+                id: "cpu-0".into(),
+                profile: "cpu".into(),
+                kind: 1,
+                memory_bytes: 5,
+                ..Slice::default()
+            }],
+            ..Register::default()
+        };
+        let w = parse_register(good.clone()).unwrap();
+        assert_eq!(w.slices[0].kind, "cpu");
+        for bad in [
+            Register { worker_id: String::new(), ..good.clone() },
+            Register { worker_id: "a/b".into(), ..good.clone() },
+            Register { http_endpoint: String::new(), ..good.clone() },
+            Register { slices: vec![Slice::default()], ..good.clone() },
+        ] {
+            assert_eq!(parse_register(bad).unwrap_err().code(), tonic::Code::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn heartbeats_map_to_registry_states() {
+        let id = Uuid::now_v7();
+        let status = |state: ReplicaState, reason: &str| ReplicaStatus {
+            replica_id: id.to_string(),
+            state: state as i32,
+            reason: reason.into(),
+        };
+        let hb = Heartbeat {
+            applied_generation: 3,
+            replicas: vec![
+                status(ReplicaState::Ready, ""),
+                status(ReplicaState::Failed, "bad model"),
+                status(ReplicaState::Draining, ""),
+                ReplicaStatus { replica_id: "nope".into(), state: 2, reason: String::new() },
+            ],
+        };
+        let got = reported_states(&hb);
+        assert_eq!(got.len(), 2);
+        assert_eq!((got[0].state, got[0].reason.as_deref()), ("ready", None));
+        assert_eq!((got[1].state, got[1].reason.as_deref()), ("failed", Some("bad model")));
+    }
+}

@@ -1,0 +1,616 @@
+//! Deployments: a model's version (pinned or through an alias) on a slice profile with a
+//! number of replicas. Writes store the desired state and wake the scheduler, which places
+//! replicas and rolls versions; reads show each replica's worker, slice and state.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::{Deserialize, Deserializer, Serialize};
+use time::OffsetDateTime;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{ApiJson, AppState, Caller};
+use crate::error::{Error, Result};
+use crate::registry::{DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef, WorkerRow};
+use crate::scheduler::plan::replica_memory;
+use crate::types::{Name, Role};
+
+/// Most replicas of one deployment.
+const MAX_REPLICAS: i64 = 64;
+/// Most model instances per replica.
+const MAX_INSTANCES: i64 = 16;
+/// Events returned by the events endpoint (the latest ones).
+const EVENTS_SHOWN: i64 = 500;
+
+/// Triton's dynamic batcher settings for the deployment's model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DynamicBatching {
+    /// Longest a request waits for a batch to fill, in microseconds.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub max_queue_delay_microseconds: i64,
+    /// Batch sizes the batcher prefers to form.
+    #[serde(default)]
+    pub preferred_batch_size: Vec<i64>,
+}
+
+/// A new deployment.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentCreate {
+    /// Name, unique in the tenant.
+    #[schema(value_type = String, pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
+    pub name: Name,
+    /// Model to deploy (one deployment per model).
+    pub model: String,
+    /// Version to pin. At most one of `version` and `alias`; neither pins the latest version.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub version: Option<i64>,
+    /// Alias to follow: moving it rolls the deployment to the alias's new version.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub alias: Option<Name>,
+    /// Slice profile: `cpu` (default), `gpu` or `mig-<profile>` (e.g. `mig-1g.10gb`).
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Replicas (0 to 64, default 1).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 64)]
+    pub replicas: Option<i64>,
+    /// Model instances per replica (1 to 16, default 1).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
+    pub instance_count: Option<i64>,
+    /// Dynamic batching; absent: the model's own config decides.
+    #[serde(default)]
+    pub dynamic_batching: Option<DynamicBatching>,
+    /// Max batch size; absent: the model's own config decides.
+    #[serde(default)]
+    #[schema(minimum = 0)]
+    pub max_batch_size: Option<i64>,
+    /// Memory per replica in bytes; absent: four times the artifact, at least 64 MiB.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub memory_bytes: Option<i64>,
+}
+
+/// Changes to a deployment; absent fields stay as they are, `null` clears an optional
+/// setting. A new version, alias, profile, instance count, batching or memory rolls out.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentUpdate {
+    /// Pin this version (stops following an alias).
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub version: Option<i64>,
+    /// Follow this alias.
+    #[serde(default)]
+    #[schema(value_type = Option<String>)]
+    pub alias: Option<Name>,
+    /// Slice profile.
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// Replicas (0 to 64).
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 64)]
+    pub replicas: Option<i64>,
+    /// Model instances per replica (1 to 16).
+    #[serde(default)]
+    #[schema(minimum = 1, maximum = 16)]
+    pub instance_count: Option<i64>,
+    /// Dynamic batching (`null` clears it).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<DynamicBatching>)]
+    pub dynamic_batching: Option<Option<DynamicBatching>>,
+    /// Max batch size (`null` clears it).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, minimum = 0)]
+    pub max_batch_size: Option<Option<i64>>,
+    /// Memory per replica (`null` returns to the default).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<i64>, minimum = 1)]
+    pub memory_bytes: Option<Option<i64>>,
+}
+
+/// A field that is present (possibly `null`), as opposed to absent (`#[serde(default)]`).
+fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// One replica's status.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReplicaStatus {
+    /// Replica id.
+    pub id: Uuid,
+    /// Index within the deployment (a rollout's new replica has its old one's index).
+    pub index: i64,
+    /// Version it runs.
+    pub version: i64,
+    /// Worker, once placed.
+    pub worker_id: Option<String>,
+    /// The worker's KServe HTTP endpoint.
+    pub http_endpoint: Option<String>,
+    /// The worker's KServe gRPC endpoint.
+    pub grpc_endpoint: Option<String>,
+    /// Slice on the worker.
+    pub slice_id: Option<String>,
+    /// `pending`, `scheduled`, `loading`, `ready`, `failed` or `draining`.
+    pub state: String,
+    /// Why it is pending or failed.
+    pub reason: Option<String>,
+    /// Whether requests without a version reach it.
+    pub serving: bool,
+    /// Last change.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+/// A deployment and its replicas.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Deployment {
+    /// Id.
+    pub id: Uuid,
+    /// Name.
+    pub name: String,
+    /// Model name.
+    pub model: String,
+    /// Target version.
+    pub version: i64,
+    /// Alias followed, if any.
+    pub alias: Option<String>,
+    /// Highest version ready and serving, if any.
+    pub serving_version: Option<i64>,
+    /// Slice profile.
+    pub profile: String,
+    /// Replicas wanted.
+    pub replicas: i64,
+    /// Model instances per replica.
+    pub instance_count: i64,
+    /// Max batch size, if set.
+    pub max_batch_size: Option<i64>,
+    /// Dynamic batching, if set.
+    pub dynamic_batching: Option<DynamicBatching>,
+    /// Memory per replica (given, or the default for the target version).
+    pub memory_bytes: i64,
+    /// `pending` (a replica cannot be placed yet), `progressing`, `ready` or `failed`.
+    pub state: String,
+    /// Every replica, old and new, by index.
+    pub replica_status: Vec<ReplicaStatus>,
+    /// Created.
+    #[serde(with = "time::serde::rfc3339")]
+    pub created_at: OffsetDateTime,
+    /// Last changed.
+    #[serde(with = "time::serde::rfc3339")]
+    pub updated_at: OffsetDateTime,
+}
+
+/// A tenant's deployments.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeploymentList {
+    /// By name.
+    pub deployments: Vec<Deployment>,
+}
+
+/// A placement decision or replica state change.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeploymentEvent {
+    /// When.
+    #[serde(with = "time::serde::rfc3339")]
+    pub at: OffsetDateTime,
+    /// `created`, `updated`, `scaled`, `placed`, `unplaceable`, `ready`, `failed`, `worker_lost`,
+    /// `rescheduled`, `retargeted`, `rollout_started`, `rollout_switched`, `drained`.
+    pub kind: String,
+    /// Replica concerned.
+    pub replica_id: Option<Uuid>,
+    /// Worker concerned.
+    pub worker_id: Option<String>,
+    /// Detail.
+    pub message: String,
+}
+
+/// A deployment's latest events.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct DeploymentEventList {
+    /// Oldest first.
+    pub events: Vec<DeploymentEvent>,
+}
+
+/// Checks a slice profile name: `cpu`, `gpu` or `mig-<profile>`.
+fn check_profile(profile: &str) -> Result<()> {
+    let mig_ok = profile.strip_prefix("mig-").is_some_and(|p| {
+        !p.is_empty() && p.len() <= 32 && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.')
+    });
+    if profile == "cpu" || profile == "gpu" || mig_ok {
+        Ok(())
+    } else {
+        Err(Error::invalid("profile", "profile must be cpu, gpu or mig-<profile> (e.g. mig-1g.10gb)"))
+    }
+}
+
+fn check_range(field: &str, value: Option<i64>, min: i64, max: i64) -> Result<()> {
+    match value {
+        Some(v) if v < min || v > max => Err(Error::invalid(field, format!("{field} must be between {min} and {max}"))),
+        _ => Ok(()),
+    }
+}
+
+fn check_batching(b: Option<&DynamicBatching>) -> Result<Option<serde_json::Value>> {
+    let Some(b) = b else { return Ok(None) };
+    if b.max_queue_delay_microseconds < 0 {
+        return Err(Error::invalid("dynamic_batching.max_queue_delay_microseconds", "must not be negative"));
+    }
+    if b.preferred_batch_size.iter().any(|n| *n < 1) {
+        return Err(Error::invalid("dynamic_batching.preferred_batch_size", "batch sizes must be at least 1"));
+    }
+    serde_json::to_value(b).map(Some).map_err(|e| Error::Internal(e.to_string()))
+}
+
+fn version_ref(version: Option<i64>, alias: Option<Name>) -> Result<Option<VersionRef>> {
+    match (version, alias) {
+        (Some(_), Some(_)) => Err(Error::invalid("alias", "give at most one of version and alias")),
+        (Some(v), None) if v < 1 => Err(Error::invalid("version", "version must be at least 1")),
+        (Some(v), None) => Ok(Some(VersionRef::Pinned(v))),
+        (None, Some(a)) => Ok(Some(VersionRef::Alias(a))),
+        (None, None) => Ok(None),
+    }
+}
+
+impl DeploymentCreate {
+    fn into_spec(self) -> Result<(Name, String, DeploymentSpec)> {
+        let profile = self.profile.unwrap_or_else(|| "cpu".into());
+        check_profile(&profile)?;
+        check_range("replicas", self.replicas, 0, MAX_REPLICAS)?;
+        check_range("instance_count", self.instance_count, 1, MAX_INSTANCES)?;
+        check_range("max_batch_size", self.max_batch_size, 0, i64::from(i32::MAX))?;
+        check_range("memory_bytes", self.memory_bytes, 1, i64::MAX)?;
+        let spec = DeploymentSpec {
+            version: version_ref(self.version, self.alias)?.unwrap_or(VersionRef::Latest),
+            profile,
+            replicas: self.replicas.unwrap_or(1),
+            instance_count: self.instance_count.unwrap_or(1),
+            max_batch_size: self.max_batch_size,
+            dynamic_batching: check_batching(self.dynamic_batching.as_ref())?,
+            memory_bytes: self.memory_bytes,
+        };
+        Ok((self.name, self.model, spec))
+    }
+}
+
+impl DeploymentUpdate {
+    fn into_patch(self) -> Result<DeploymentPatch> {
+        if let Some(p) = &self.profile {
+            check_profile(p)?;
+        }
+        check_range("replicas", self.replicas, 0, MAX_REPLICAS)?;
+        check_range("instance_count", self.instance_count, 1, MAX_INSTANCES)?;
+        check_range("max_batch_size", self.max_batch_size.flatten(), 0, i64::from(i32::MAX))?;
+        check_range("memory_bytes", self.memory_bytes.flatten(), 1, i64::MAX)?;
+        let dynamic_batching = match self.dynamic_batching {
+            None => None,
+            Some(b) => Some(check_batching(b.as_ref())?),
+        };
+        Ok(DeploymentPatch {
+            version: version_ref(self.version, self.alias)?,
+            profile: self.profile,
+            replicas: self.replicas,
+            instance_count: self.instance_count,
+            max_batch_size: self.max_batch_size,
+            dynamic_batching,
+            memory_bytes: self.memory_bytes,
+        })
+    }
+}
+
+/// The deployment's state and serving version, from its replicas: `failed` if a replica of
+/// the target failed, `pending` if one cannot be placed (or none exist yet), `ready` when
+/// all target replicas are ready and serving, else `progressing`.
+pub fn deployment_state(d: &DeploymentRow, replicas: &[ReplicaRow]) -> (&'static str, Option<i64>) {
+    let serving_version = replicas.iter().filter(|r| r.serving && r.state == "ready").map(|r| r.version).max();
+    let current: Vec<&ReplicaRow> = replicas
+        .iter()
+        .filter(|r| r.version == d.version && r.spec_generation == d.spec_generation && r.state != "draining")
+        .collect();
+    let state = if current.iter().any(|r| r.state == "failed") {
+        "failed"
+    } else if current.iter().any(|r| r.state == "pending") || (current.is_empty() && d.replicas > 0) {
+        "pending"
+    } else if current.len() as i64 == d.replicas && current.iter().all(|r| r.state == "ready" && r.serving) {
+        "ready"
+    } else {
+        "progressing"
+    };
+    (state, serving_version)
+}
+
+/// Builds the response for a deployment, reading its replicas and what it needs to show.
+async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, WorkerRow>) -> Result<Deployment> {
+    let mut conn = app.registry.conn().await?;
+    let replicas = conn.replicas(d.tenant_id, d.id).await?;
+    let size = conn.version(d.tenant_id, d.model_id, d.version).await?.map_or(0, |v| v.size_bytes);
+    drop(conn);
+    let (state, serving_version) = deployment_state(&d, &replicas);
+    let replica_status = replicas
+        .into_iter()
+        .map(|r| {
+            let worker = r.worker_id.as_ref().and_then(|w| workers.get(w));
+            ReplicaStatus {
+                id: r.id,
+                index: r.replica_index,
+                version: r.version,
+                http_endpoint: worker.map(|w| w.http_endpoint.clone()),
+                grpc_endpoint: worker.map(|w| w.grpc_endpoint.clone()),
+                worker_id: r.worker_id,
+                slice_id: r.slice_id,
+                state: r.state,
+                reason: r.reason,
+                serving: r.serving,
+                updated_at: r.updated_at,
+            }
+        })
+        .collect();
+    let dynamic_batching = d.dynamic_batching.and_then(|j| serde_json::from_value(j.0).ok());
+    Ok(Deployment {
+        id: d.id,
+        memory_bytes: replica_memory(d.memory_bytes, size),
+        name: d.name,
+        model: d.model_name,
+        version: d.version,
+        alias: d.alias,
+        serving_version,
+        profile: d.profile,
+        replicas: d.replicas,
+        instance_count: d.instance_count,
+        max_batch_size: d.max_batch_size,
+        dynamic_batching,
+        state: state.to_string(),
+        replica_status,
+        created_at: d.created_at,
+        updated_at: d.updated_at,
+    })
+}
+
+async fn workers_by_id(app: &AppState) -> Result<HashMap<String, WorkerRow>> {
+    let rows = app.registry.conn().await?.workers().await?;
+    Ok(rows.into_iter().map(|w| (w.id.clone(), w)).collect())
+}
+
+async fn view_one(app: &AppState, d: DeploymentRow) -> Result<Deployment> {
+    let workers = workers_by_id(app).await?;
+    view(app, d, &workers).await
+}
+
+/// Deploys a model (deployers): the scheduler places its replicas on workers' slices.
+#[utoipa::path(post, path = "/v1/tenants/{tenant}/deployments", operation_id = "create_deployment", tag = "deployments",
+    request_body = DeploymentCreate,
+    params(("tenant" = String, Path, description = "Tenant name"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation key")),
+    responses(
+        (status = 201, description = "Created; replicas are placed shortly.", body = Deployment),
+        (status = 409, description = "The name is taken (`already_exists`), the model is already deployed \
+                                      (`model_deployed`) or the replica quota is full (`quota_exceeded.replicas`).",
+         body = crate::error::ErrorBody)))]
+pub async fn handle_deployment_create(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+    ApiJson(body): ApiJson<DeploymentCreate>,
+) -> Result<(StatusCode, Json<Deployment>)> {
+    let t = app.tenant_for(&caller.principal, &tenant, Role::Deployer, "create deployments").await?;
+    let (name, model, spec) = body.into_spec()?;
+    let row = app.registry.create_deployment(&caller.actor, t.id, &name, &model, spec).await?;
+    app.signals.wake_scheduler();
+    Ok((StatusCode::CREATED, Json(view_one(&app, row).await?)))
+}
+
+/// Lists a tenant's deployments by name.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/deployments", operation_id = "list_deployments", tag = "deployments",
+    params(("tenant" = String, Path, description = "Tenant name")),
+    responses((status = 200, description = "Deployments.", body = DeploymentList)))]
+pub async fn handle_deployment_list(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path(tenant): Path<String>,
+) -> Result<Json<DeploymentList>> {
+    let t = app.tenant_for(&caller.principal, &tenant, Role::Viewer, "list deployments").await?;
+    let rows = app.registry.conn().await?.deployments(t.id).await?;
+    let workers = workers_by_id(&app).await?;
+    let mut deployments = Vec::with_capacity(rows.len());
+    for d in rows {
+        deployments.push(view(&app, d, &workers).await?);
+    }
+    Ok(Json(DeploymentList { deployments }))
+}
+
+async fn deployment_for(
+    app: &AppState,
+    caller: &Caller,
+    tenant: &str,
+    name: &str,
+    needed: Role,
+    action: &'static str,
+) -> Result<DeploymentRow> {
+    let t = app.tenant_for(&caller.principal, tenant, needed, action).await?;
+    if Name::parse(name).is_err() {
+        return Err(Error::NotFound("deployment"));
+    }
+    app.registry.conn().await?.deployment(t.id, name).await?.ok_or(Error::NotFound("deployment"))
+}
+
+/// One deployment with its replicas.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/deployments/{deployment}", operation_id = "get_deployment", tag = "deployments",
+    params(("tenant" = String, Path, description = "Tenant name"), ("deployment" = String, Path, description = "Deployment name")),
+    responses((status = 200, description = "The deployment.", body = Deployment)))]
+pub async fn handle_deployment_get(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Result<Json<Deployment>> {
+    let d = deployment_for(&app, &caller, &tenant, &name, Role::Viewer, "read deployments").await?;
+    Ok(Json(view_one(&app, d).await?))
+}
+
+/// Changes a deployment (deployers). A new version (or alias), profile, instance count,
+/// batching or memory rolls out: new replicas load beside the old ones, traffic switches when
+/// all are ready, then the old ones drain.
+#[utoipa::path(patch, path = "/v1/tenants/{tenant}/deployments/{deployment}", operation_id = "update_deployment", tag = "deployments",
+    request_body = DeploymentUpdate,
+    params(("tenant" = String, Path, description = "Tenant name"), ("deployment" = String, Path, description = "Deployment name")),
+    responses(
+        (status = 200, description = "The deployment.", body = Deployment),
+        (status = 409, description = "The replica quota is full (`quota_exceeded.replicas`).", body = crate::error::ErrorBody)))]
+pub async fn handle_deployment_update(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, name)): Path<(String, String)>,
+    ApiJson(body): ApiJson<DeploymentUpdate>,
+) -> Result<Json<Deployment>> {
+    let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "change deployments").await?;
+    let patch = body.into_patch()?;
+    let row = app.registry.update_deployment(&caller.actor, d.tenant_id, &d.name, patch).await?;
+    app.signals.wake_scheduler();
+    Ok(Json(view_one(&app, row).await?))
+}
+
+/// Deletes a deployment (deployers); workers unload its replicas.
+#[utoipa::path(delete, path = "/v1/tenants/{tenant}/deployments/{deployment}", operation_id = "delete_deployment", tag = "deployments",
+    params(("tenant" = String, Path, description = "Tenant name"), ("deployment" = String, Path, description = "Deployment name")),
+    responses((status = 204, description = "Deleted.")))]
+pub async fn handle_deployment_delete(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Result<StatusCode> {
+    let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "delete deployments").await?;
+    app.registry.delete_deployment(&caller.actor, d.tenant_id, &d.name).await?;
+    app.signals.assignments_changed();
+    app.signals.wake_scheduler();
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A deployment's latest placement events, oldest first.
+#[utoipa::path(get, path = "/v1/tenants/{tenant}/deployments/{deployment}/events", operation_id = "list_deployment_events", tag = "deployments",
+    params(("tenant" = String, Path, description = "Tenant name"), ("deployment" = String, Path, description = "Deployment name")),
+    responses((status = 200, description = "Events.", body = DeploymentEventList)))]
+pub async fn handle_deployment_events(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, name)): Path<(String, String)>,
+) -> Result<Json<DeploymentEventList>> {
+    let d = deployment_for(&app, &caller, &tenant, &name, Role::Viewer, "read deployments").await?;
+    let rows = app.registry.conn().await?.deployment_events(d.tenant_id, d.id, EVENTS_SHOWN).await?;
+    let events = rows
+        .into_iter()
+        .map(|e| DeploymentEvent {
+            at: e.at,
+            kind: e.kind,
+            replica_id: e.replica_id,
+            worker_id: e.worker_id,
+            message: e.message,
+        })
+        .collect();
+    Ok(Json(DeploymentEventList { events }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::types::Json as SqlJson;
+
+    fn body(v: serde_json::Value) -> DeploymentCreate {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn create_bodies_are_checked() {
+        let (name, model, spec) = body(serde_json::json!({ "name": "d", "model": "m" })).into_spec().unwrap();
+        assert_eq!((name.as_str(), model.as_str()), ("d", "m"));
+        assert_eq!((spec.version, spec.replicas, spec.instance_count), (VersionRef::Latest, 1, 1));
+        assert_eq!(spec.profile, "cpu");
+        let fails = |v: serde_json::Value, field: &str| match body(v).into_spec() {
+            Err(Error::InvalidInput { field: Some(f), .. }) => assert_eq!(f, field),
+            other => panic!("expected a complaint about {field}: {other:?}"),
+        };
+        fails(serde_json::json!({ "name": "d", "model": "m", "version": 1, "alias": "prod" }), "alias");
+        fails(serde_json::json!({ "name": "d", "model": "m", "replicas": 65 }), "replicas");
+        fails(serde_json::json!({ "name": "d", "model": "m", "instance_count": 0 }), "instance_count");
+        fails(serde_json::json!({ "name": "d", "model": "m", "profile": "tpu" }), "profile");
+        fails(serde_json::json!({ "name": "d", "model": "m", "profile": "mig-" }), "profile");
+        let (_, _, mig) =
+            body(serde_json::json!({ "name": "d", "model": "m", "profile": "mig-1g.10gb" })).into_spec().unwrap();
+        assert_eq!(mig.profile, "mig-1g.10gb");
+    }
+
+    #[test]
+    fn patches_tell_absent_from_null() {
+        let p: DeploymentUpdate =
+            serde_json::from_value(serde_json::json!({ "max_batch_size": null, "replicas": 2 })).unwrap();
+        let patch = p.into_patch().unwrap();
+        assert_eq!(patch.max_batch_size, Some(None));
+        assert_eq!(patch.memory_bytes, None);
+        assert_eq!(patch.replicas, Some(2));
+    }
+
+    fn replica(version: i64, state: &str, serving: bool) -> ReplicaRow {
+        ReplicaRow {
+            id: Uuid::now_v7(),
+            tenant_id: Uuid::nil(),
+            deployment_id: Uuid::nil(),
+            replica_index: 0,
+            version,
+            spec_generation: 1,
+            profile: "cpu".into(),
+            memory_bytes: 1,
+            config: SqlJson(serde_json::json!({})),
+            worker_id: None,
+            slice_id: None,
+            state: state.into(),
+            reason: None,
+            serving,
+            drain_until: None,
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            updated_at: OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    fn deployment(version: i64, replicas: i64) -> DeploymentRow {
+        DeploymentRow {
+            id: Uuid::nil(),
+            tenant_id: Uuid::nil(),
+            name: "d".into(),
+            model_id: Uuid::nil(),
+            model_name: "m".into(),
+            version,
+            alias: None,
+            profile: "cpu".into(),
+            replicas,
+            instance_count: 1,
+            max_batch_size: None,
+            dynamic_batching: None,
+            memory_bytes: None,
+            spec_generation: 1,
+            created_by: None,
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            updated_at: OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn states_follow_the_replicas() {
+        assert_eq!(deployment_state(&deployment(1, 1), &[]), ("pending", None));
+        assert_eq!(deployment_state(&deployment(1, 1), &[replica(1, "loading", true)]), ("progressing", None));
+        assert_eq!(deployment_state(&deployment(1, 1), &[replica(1, "ready", true)]), ("ready", Some(1)));
+        // A rollout: v1 serves while v2 loads, then v2 fails.
+        let rolling = [replica(1, "ready", true), replica(2, "loading", false)];
+        assert_eq!(deployment_state(&deployment(2, 1), &rolling), ("progressing", Some(1)));
+        let failed = [replica(1, "ready", true), replica(2, "failed", false)];
+        assert_eq!(deployment_state(&deployment(2, 1), &failed), ("failed", Some(1)));
+        let switched = [replica(1, "draining", false), replica(2, "ready", true)];
+        assert_eq!(deployment_state(&deployment(2, 1), &switched), ("ready", Some(2)));
+        assert_eq!(deployment_state(&deployment(1, 0), &[]), ("ready", None));
+    }
+}

@@ -1,0 +1,877 @@
+//! One scheduler tick as a pure function: from a snapshot of the registry (workers,
+//! deployments, replicas, quotas) and the time, decide every change: workers lost, targets
+//! moved by aliases, replicas created, placed, switched to serving, drained and removed, and
+//! the events that explain them. The loop in [`super::run`] reads the snapshot and applies the
+//! plan in one transaction; everything here is deterministic and unit-tested.
+//!
+//! # Rollout model
+//! A deployment wants `replicas` replicas of its *key* `(version, spec_generation)`, indexed
+//! `0..replicas`. Replicas of another key are *old*.
+//! - Missing current indices are created; they serve at once when no old replica serves
+//!   (first deployment), else they start with `serving = false` and are placed preferring the
+//!   worker and slice of the old replica with the same index.
+//! - When every current replica is ready, they switch to serving and the old serving replicas
+//!   drain (`serving = false`) until `drain_until`, then they are removed.
+//! - Old replicas that never served (a rollout superseded by another) are removed at once.
+//! - A failed new replica stops the rollout: the old replicas keep serving.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use super::{Placement, Placer, ReplicaRequest, SliceSpec, WorkerSpec};
+
+/// Memory a replica gets when its deployment does not say: four times the artifact, at least this.
+pub const MIN_REPLICA_MEMORY: i64 = 64 * 1024 * 1024;
+
+/// A worker as the scheduler sees it.
+#[derive(Debug, Clone)]
+pub struct WorkerInfo {
+    /// Worker id.
+    pub id: String,
+    /// `ready` or `lost`.
+    pub state: String,
+    /// Last heartbeat.
+    pub last_heartbeat_at: OffsetDateTime,
+    /// Slices offered.
+    pub slices: Vec<SliceSpec>,
+}
+
+/// A deployment as the scheduler sees it.
+#[derive(Debug, Clone)]
+pub struct DeploymentInfo {
+    /// Id.
+    pub id: Uuid,
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Model name (the name clients use).
+    pub model_name: String,
+    /// Model id.
+    pub model_id: Uuid,
+    /// Target version as stored.
+    pub version: i64,
+    /// Alias followed, if any.
+    pub alias: Option<String>,
+    /// Where the alias points now (`None`: no alias, or the alias is gone).
+    pub alias_version: Option<i64>,
+    /// Spec generation.
+    pub spec_generation: i64,
+    /// Slice profile.
+    pub profile: String,
+    /// Replicas wanted.
+    pub replicas: i64,
+    /// Model instances per replica.
+    pub instance_count: i64,
+    /// Max batch size, if set.
+    pub max_batch_size: Option<i64>,
+    /// Dynamic batching settings, if set.
+    pub dynamic_batching: Option<Value>,
+    /// Memory per replica, if set.
+    pub memory_bytes: Option<i64>,
+}
+
+/// What the scheduler needs of a model version.
+#[derive(Debug, Clone)]
+pub struct VersionInfo {
+    /// Artifact size.
+    pub size_bytes: i64,
+    /// Stored model config, if any.
+    pub config: Option<Value>,
+}
+
+/// A replica as the scheduler sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaInfo {
+    /// Id.
+    pub id: Uuid,
+    /// Deployment.
+    pub deployment_id: Uuid,
+    /// Index within the deployment.
+    pub index: i64,
+    /// Version.
+    pub version: i64,
+    /// Spec generation it was made for.
+    pub spec_generation: i64,
+    /// Slice profile.
+    pub profile: String,
+    /// Memory it needs.
+    pub memory_bytes: i64,
+    /// Worker, if placed.
+    pub worker_id: Option<String>,
+    /// Slice, if placed.
+    pub slice_id: Option<String>,
+    /// Registry state.
+    pub state: String,
+    /// Why it is pending or failed.
+    pub reason: Option<String>,
+    /// Whether unversioned requests reach it.
+    pub serving: bool,
+    /// End of its drain.
+    pub drain_until: Option<OffsetDateTime>,
+}
+
+/// Everything one tick looks at.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Workers.
+    pub workers: Vec<WorkerInfo>,
+    /// Deployments.
+    pub deployments: Vec<DeploymentInfo>,
+    /// Versions of deployed models, by (model id, version).
+    pub versions: HashMap<(Uuid, i64), VersionInfo>,
+    /// Replicas.
+    pub replicas: Vec<ReplicaInfo>,
+    /// Slice quotas per tenant and profile.
+    pub slice_quotas: HashMap<Uuid, BTreeMap<String, i64>>,
+}
+
+/// Timing settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Settings {
+    /// A worker silent this long is lost.
+    pub lost_after: Duration,
+    /// How long old replicas drain after a switch.
+    pub drain: Duration,
+}
+
+/// A replica to create.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewReplica {
+    /// Id.
+    pub id: Uuid,
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Deployment.
+    pub deployment_id: Uuid,
+    /// Index.
+    pub index: i64,
+    /// Version.
+    pub version: i64,
+    /// Spec generation.
+    pub spec_generation: i64,
+    /// Profile.
+    pub profile: String,
+    /// Memory.
+    pub memory_bytes: i64,
+    /// Rendered model config.
+    pub config: Value,
+    /// Placement, or why there is none.
+    pub placement: Result<Placement, String>,
+    /// Serving from the start (no rollout in progress).
+    pub serving: bool,
+}
+
+/// A change to an existing replica.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReplicaChange {
+    /// Placed (or moved) onto a worker's slice: state `scheduled`.
+    Place {
+        /// Replica.
+        id: Uuid,
+        /// Where.
+        placement: Placement,
+    },
+    /// Cannot be placed: state `pending` with the reason, no worker.
+    Unplaced {
+        /// Replica.
+        id: Uuid,
+        /// Why.
+        reason: String,
+    },
+    /// Starts serving.
+    Serve {
+        /// Replica.
+        id: Uuid,
+    },
+    /// Stops serving and drains until `until`.
+    Drain {
+        /// Replica.
+        id: Uuid,
+        /// End of the drain.
+        until: OffsetDateTime,
+    },
+    /// Removed.
+    Delete {
+        /// Replica.
+        id: Uuid,
+    },
+}
+
+/// An event to record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedEvent {
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Deployment.
+    pub deployment_id: Uuid,
+    /// Kind (`placed`, `unplaceable`, `worker_lost`, `rollout_started`, ...).
+    pub kind: &'static str,
+    /// Replica concerned.
+    pub replica_id: Option<Uuid>,
+    /// Worker concerned.
+    pub worker_id: Option<String>,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+/// What one tick decided.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plan {
+    /// Workers to mark lost.
+    pub lost_workers: Vec<String>,
+    /// Deployments whose target version moves (alias moved).
+    pub retarget: Vec<(Uuid, i64)>,
+    /// Replicas to create.
+    pub inserts: Vec<NewReplica>,
+    /// Changes to existing replicas.
+    pub changes: Vec<ReplicaChange>,
+    /// Events.
+    pub events: Vec<PlannedEvent>,
+}
+
+impl Plan {
+    /// Whether the plan changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.lost_workers.is_empty()
+            && self.retarget.is_empty()
+            && self.inserts.is_empty()
+            && self.changes.is_empty()
+            && self.events.is_empty()
+    }
+}
+
+/// Memory of a replica: the deployment's setting, else four times the artifact (at least
+/// [`MIN_REPLICA_MEMORY`]).
+pub fn replica_memory(memory_bytes: Option<i64>, artifact_size: i64) -> i64 {
+    memory_bytes.unwrap_or_else(|| artifact_size.saturating_mul(4).max(MIN_REPLICA_MEMORY))
+}
+
+/// The model config a replica loads: the version's stored config with the deployment's name,
+/// instance group and batching applied (Triton's JSON form).
+pub fn render_config(d: &DeploymentInfo, stored: Option<&Value>) -> Value {
+    let mut config = match stored {
+        Some(Value::Object(map)) => Value::Object(map.clone()),
+        _ => json!({}),
+    };
+    let kind = if d.profile == "cpu" { "KIND_CPU" } else { "KIND_GPU" };
+    config["name"] = json!(d.model_name);
+    config["instance_group"] = json!([{ "count": d.instance_count, "kind": kind }]);
+    if let Some(n) = d.max_batch_size {
+        config["max_batch_size"] = json!(n);
+    }
+    if let Some(b) = &d.dynamic_batching {
+        config["dynamic_batching"] = b.clone();
+    }
+    config
+}
+
+/// Decides one tick. `new_id` names created replicas (random in production, counted in tests).
+pub fn plan(snapshot: &Snapshot, now: OffsetDateTime, settings: &Settings, new_id: &mut dyn FnMut() -> Uuid) -> Plan {
+    let mut out = Plan::default();
+    let live = live_workers(snapshot, now, settings, &mut out);
+    let mut placer = Placer::new(
+        snapshot
+            .workers
+            .iter()
+            .filter(|w| live.contains(w.id.as_str()))
+            .map(|w| WorkerSpec { id: w.id.clone(), slices: w.slices.clone() })
+            .collect(),
+    );
+    for (tenant, quotas) in &snapshot.slice_quotas {
+        for (profile, limit) in quotas {
+            placer.set_quota(&tenant.to_string(), profile, usize::try_from(*limit).unwrap_or(0));
+        }
+    }
+    let mut by_deployment: HashMap<Uuid, Vec<&ReplicaInfo>> = HashMap::new();
+    for r in &snapshot.replicas {
+        by_deployment.entry(r.deployment_id).or_default().push(r);
+    }
+    let mut deployments: Vec<&DeploymentInfo> = snapshot.deployments.iter().collect();
+    deployments.sort_by_key(|d| d.id);
+    let mut decisions = Vec::new();
+    for d in deployments {
+        let replicas = by_deployment.remove(&d.id).unwrap_or_default();
+        decisions.push(decide(d, replicas, snapshot, now, settings, new_id, &mut out));
+    }
+    // Replicas of deployments that no longer exist: nothing to keep (the delete cascades, but
+    // a replica seen without its deployment is removed all the same).
+    let mut orphans: Vec<&ReplicaInfo> = by_deployment.into_values().flatten().collect();
+    orphans.sort_by_key(|r| r.id);
+    out.changes.extend(orphans.into_iter().map(|r| ReplicaChange::Delete { id: r.id }));
+    place_all(&mut placer, &decisions, &live, &mut out);
+    out
+}
+
+/// Marks silent workers lost; returns the ids of the workers that can take replicas.
+fn live_workers<'a>(
+    snapshot: &'a Snapshot,
+    now: OffsetDateTime,
+    settings: &Settings,
+    out: &mut Plan,
+) -> BTreeSet<&'a str> {
+    let mut live = BTreeSet::new();
+    let mut workers: Vec<&WorkerInfo> = snapshot.workers.iter().collect();
+    workers.sort_by(|a, b| a.id.cmp(&b.id));
+    for w in workers {
+        if w.state != "ready" {
+            continue;
+        }
+        let silent = now - w.last_heartbeat_at;
+        if silent > settings.lost_after {
+            out.lost_workers.push(w.id.clone());
+            continue;
+        }
+        live.insert(w.id.as_str());
+    }
+    live
+}
+
+/// What a deployment's replicas need from the placement pass.
+struct Decision<'a> {
+    deployment: &'a DeploymentInfo,
+    /// Kept replicas (placed or not).
+    kept: Vec<&'a ReplicaInfo>,
+    /// Indices of created replicas in `Plan::inserts`, with the placement to prefer.
+    created: Vec<(usize, Option<Placement>)>,
+}
+
+fn decide<'a>(
+    d: &'a DeploymentInfo,
+    replicas: Vec<&'a ReplicaInfo>,
+    snapshot: &Snapshot,
+    now: OffsetDateTime,
+    settings: &Settings,
+    new_id: &mut dyn FnMut() -> Uuid,
+    out: &mut Plan,
+) -> Decision<'a> {
+    let event = |kind: &'static str, replica_id: Option<Uuid>, worker_id: Option<String>, message: String| {
+        PlannedEvent { tenant_id: d.tenant_id, deployment_id: d.id, kind, replica_id, worker_id, message }
+    };
+    let mut version = d.version;
+    if let Some(v) = d.alias_version.filter(|v| *v != d.version) {
+        version = v;
+        out.retarget.push((d.id, v));
+        let alias = d.alias.as_deref().unwrap_or_default();
+        out.events.push(event("retargeted", None, None, format!("alias '{alias}' moved to version {v}")));
+    }
+    let key = (version, d.spec_generation);
+    let wanted = d.replicas.max(0);
+    let Sorted { current, mut old_serving, mut draining } = sort_out(d, replicas, key, wanted, now, out);
+    let rolling = !old_serving.is_empty();
+    let mut created = Vec::new();
+    let version_info = snapshot.versions.get(&(d.model_id, version));
+    let missing: Vec<i64> = (0..wanted).filter(|i| !current.contains_key(i)).collect();
+    if !missing.is_empty() {
+        let size = version_info.map_or(0, |v| v.size_bytes);
+        let config = render_config(d, version_info.and_then(|v| v.config.as_ref()));
+        if rolling && current.is_empty() {
+            out.events.push(event("rollout_started", None, None, format!("rolling out version {version}")));
+        }
+        for index in missing {
+            let preferred = old_serving
+                .iter()
+                .find(|o| o.index == index)
+                .and_then(|o| Some(Placement { worker: o.worker_id.clone()?, slice: o.slice_id.clone()? }));
+            out.inserts.push(NewReplica {
+                id: new_id(),
+                tenant_id: d.tenant_id,
+                deployment_id: d.id,
+                index,
+                version,
+                spec_generation: d.spec_generation,
+                profile: d.profile.clone(),
+                memory_bytes: replica_memory(d.memory_bytes, size),
+                config: config.clone(),
+                placement: Err(String::new()),
+                serving: !rolling,
+            });
+            created.push((out.inserts.len() - 1, preferred));
+        }
+    }
+    let all_ready =
+        created.is_empty() && current.len() as i64 == wanted && current.values().all(|r| r.state == "ready");
+    if rolling && all_ready {
+        for r in current.values().filter(|r| !r.serving) {
+            out.changes.push(ReplicaChange::Serve { id: r.id });
+        }
+        let until = now + settings.drain;
+        for r in &old_serving {
+            out.changes.push(ReplicaChange::Drain { id: r.id, until });
+        }
+        out.events.push(event(
+            "rollout_switched",
+            None,
+            None,
+            format!("version {version} now serving; old replicas draining"),
+        ));
+        draining.append(&mut old_serving);
+    } else if !rolling {
+        for r in current.values().filter(|r| !r.serving) {
+            out.changes.push(ReplicaChange::Serve { id: r.id });
+        }
+    }
+    let mut kept: Vec<&ReplicaInfo> = current.into_values().collect();
+    kept.extend(old_serving);
+    kept.extend(draining);
+    Decision { deployment: d, kept, created }
+}
+
+/// A deployment's replicas by role in a rollout.
+struct Sorted<'a> {
+    /// Replicas of the target key, by index.
+    current: BTreeMap<i64, &'a ReplicaInfo>,
+    /// Replicas of another key that still serve.
+    old_serving: Vec<&'a ReplicaInfo>,
+    /// Replicas draining, not yet done.
+    draining: Vec<&'a ReplicaInfo>,
+}
+
+/// Sorts a deployment's replicas against the target `key`, removing what has no place:
+/// drained replicas, current ones beyond `wanted` (or duplicates), old ones that never served.
+fn sort_out<'a>(
+    d: &DeploymentInfo,
+    mut replicas: Vec<&'a ReplicaInfo>,
+    key: (i64, i64),
+    wanted: i64,
+    now: OffsetDateTime,
+    out: &mut Plan,
+) -> Sorted<'a> {
+    replicas.sort_by_key(|r| (r.index, r.id));
+    let mut sorted = Sorted { current: BTreeMap::new(), old_serving: Vec::new(), draining: Vec::new() };
+    for r in replicas {
+        let keep = if r.state == "draining" {
+            let done = r.drain_until.is_none_or(|t| t <= now);
+            if done {
+                out.events.push(PlannedEvent {
+                    tenant_id: d.tenant_id,
+                    deployment_id: d.id,
+                    kind: "drained",
+                    replica_id: Some(r.id),
+                    worker_id: r.worker_id.clone(),
+                    message: format!("version {} drained", r.version),
+                });
+            } else {
+                sorted.draining.push(r);
+            }
+            !done
+        } else if (r.version, r.spec_generation) == key {
+            let fits = r.index < wanted && !sorted.current.contains_key(&r.index);
+            if fits {
+                sorted.current.insert(r.index, r);
+            }
+            fits
+        } else if r.serving {
+            sorted.old_serving.push(r);
+            true
+        } else {
+            false
+        };
+        if !keep {
+            out.changes.push(ReplicaChange::Delete { id: r.id });
+        }
+    }
+    sorted
+}
+
+/// Places every kept replica that lost its worker or never had one, and every created one.
+/// Existing placements on live workers are recorded first so they count.
+fn place_all(placer: &mut Placer, decisions: &[Decision<'_>], live: &BTreeSet<&str>, out: &mut Plan) {
+    let request = |d: &DeploymentInfo, r_index: i64, profile: &str, memory: i64| ReplicaRequest {
+        deployment: d.id.to_string(),
+        index: u32::try_from(r_index).unwrap_or(u32::MAX),
+        tenant: d.tenant_id.to_string(),
+        profile: profile.to_string(),
+        memory_bytes: u64::try_from(memory).unwrap_or(0),
+    };
+    let mut unplaced: Vec<(&DeploymentInfo, &ReplicaInfo)> = Vec::new();
+    for decision in decisions {
+        for r in &decision.kept {
+            let at = match (&r.worker_id, &r.slice_id) {
+                (Some(w), Some(s)) if live.contains(w.as_str()) => {
+                    Some(Placement { worker: w.clone(), slice: s.clone() })
+                }
+                _ => None,
+            };
+            let req = request(decision.deployment, r.index, &r.profile, r.memory_bytes);
+            match at {
+                Some(at) if placer.assign(&req, &at).is_ok() => {}
+                _ => unplaced.push((decision.deployment, r)),
+            }
+        }
+    }
+    for (d, r) in unplaced {
+        if r.state == "draining" {
+            // Nothing to drain on a worker that is gone.
+            out.changes.push(ReplicaChange::Delete { id: r.id });
+            continue;
+        }
+        let event = |kind: &'static str, worker_id: Option<String>, message: String| PlannedEvent {
+            tenant_id: d.tenant_id,
+            deployment_id: d.id,
+            kind,
+            replica_id: Some(r.id),
+            worker_id,
+            message,
+        };
+        // Placed before, on a worker that is gone (or no longer has that slice).
+        let lost_from = r.worker_id.clone();
+        if let Some(w) = lost_from.as_ref().filter(|w| !live.contains(w.as_str())) {
+            out.events.push(event(
+                "worker_lost",
+                Some(w.clone()),
+                format!("worker {w} is gone; replica {} moves", r.index),
+            ));
+        }
+        match placer.place(&request(d, r.index, &r.profile, r.memory_bytes)) {
+            Ok(p) => {
+                let message = format!("replica {} placed on worker {} slice {}", r.index, p.worker, p.slice);
+                let kind = if lost_from.is_some() { "rescheduled" } else { "placed" };
+                out.events.push(event(kind, Some(p.worker.clone()), message));
+                out.changes.push(ReplicaChange::Place { id: r.id, placement: p });
+            }
+            Err(e) => {
+                let reason = e.to_string();
+                if lost_from.is_some() || r.reason.as_deref() != Some(reason.as_str()) || r.state != "pending" {
+                    out.events.push(event("unplaceable", None, format!("replica {}: {reason}", r.index)));
+                    out.changes.push(ReplicaChange::Unplaced { id: r.id, reason });
+                }
+            }
+        }
+    }
+    for decision in decisions {
+        let d = decision.deployment;
+        for (i, preferred) in &decision.created {
+            let new = &mut out.inserts[*i];
+            let req = request(d, new.index, &new.profile, new.memory_bytes);
+            let result = placer.place_preferring(&req, preferred.as_ref());
+            let (kind, worker, message) = match &result {
+                Ok(p) => (
+                    "placed",
+                    Some(p.worker.clone()),
+                    format!("replica {} placed on worker {} slice {}", new.index, p.worker, p.slice),
+                ),
+                Err(e) => ("unplaceable", None, format!("replica {}: {e}", new.index)),
+            };
+            new.placement = result.map_err(|e| e.to_string());
+            let id = new.id;
+            out.events.push(PlannedEvent {
+                tenant_id: d.tenant_id,
+                deployment_id: d.id,
+                kind,
+                replica_id: Some(id),
+                worker_id: worker,
+                message,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn now() -> OffsetDateTime {
+        OffsetDateTime::UNIX_EPOCH + Duration::from_secs(1_000)
+    }
+
+    fn settings() -> Settings {
+        Settings { lost_after: Duration::from_secs(10), drain: Duration::from_secs(3) }
+    }
+
+    fn ids() -> impl FnMut() -> Uuid {
+        let mut n = 0u128;
+        move || {
+            n += 1;
+            Uuid::from_u128(0xffff_0000 + n)
+        }
+    }
+
+    fn tenant(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    fn worker(id: &str, slices: usize, gib: u64) -> WorkerInfo {
+        WorkerInfo {
+            id: id.into(),
+            state: "ready".into(),
+            last_heartbeat_at: now(),
+            slices: (0..slices)
+                .map(|i| SliceSpec { id: format!("cpu-{i}"), profile: "cpu".into(), memory_bytes: gib * GIB })
+                .collect(),
+        }
+    }
+
+    fn deployment(n: u128, tenant_id: Uuid, replicas: i64, version: i64) -> DeploymentInfo {
+        DeploymentInfo {
+            id: Uuid::from_u128(1_000 + n),
+            tenant_id,
+            model_name: format!("m{n}"),
+            model_id: Uuid::from_u128(2_000 + n),
+            version,
+            alias: None,
+            alias_version: None,
+            spec_generation: 1,
+            profile: "cpu".into(),
+            replicas,
+            instance_count: 1,
+            max_batch_size: None,
+            dynamic_batching: None,
+            memory_bytes: Some(i64::try_from(GIB).unwrap()),
+        }
+    }
+
+    fn replica(
+        d: &DeploymentInfo,
+        n: u128,
+        index: i64,
+        version: i64,
+        at: Option<(&str, &str)>,
+        state: &str,
+    ) -> ReplicaInfo {
+        ReplicaInfo {
+            id: Uuid::from_u128(5_000 + n),
+            deployment_id: d.id,
+            index,
+            version,
+            spec_generation: d.spec_generation,
+            profile: d.profile.clone(),
+            memory_bytes: d.memory_bytes.unwrap_or(1),
+            worker_id: at.map(|(w, _)| w.to_string()),
+            slice_id: at.map(|(_, s)| s.to_string()),
+            state: state.into(),
+            reason: None,
+            serving: true,
+            drain_until: None,
+        }
+    }
+
+    fn snapshot(workers: Vec<WorkerInfo>, deployments: Vec<DeploymentInfo>, replicas: Vec<ReplicaInfo>) -> Snapshot {
+        Snapshot { workers, deployments, replicas, ..Snapshot::default() }
+    }
+
+    fn run(s: &Snapshot) -> Plan {
+        plan(s, now(), &settings(), &mut ids())
+    }
+
+    fn placed(p: &Plan) -> Vec<(String, String)> {
+        p.inserts.iter().map(|r| r.placement.clone().map(|p| (p.worker, p.slice)).unwrap_or_default()).collect()
+    }
+
+    #[test]
+    fn a_new_deployment_is_spread_and_serves_at_once() {
+        let d = deployment(1, tenant(1), 2, 1);
+        let p = run(&snapshot(vec![worker("w1", 2, 4), worker("w2", 2, 4)], vec![d], vec![]));
+        assert_eq!(placed(&p), [("w1".into(), "cpu-0".into()), ("w2".into(), "cpu-0".into())]);
+        assert!(p.inserts.iter().all(|r| r.serving && r.version == 1));
+        assert_eq!(p.events.iter().filter(|e| e.kind == "placed").count(), 2);
+        assert_eq!(p.inserts[0].config["instance_group"], json!([{ "count": 1, "kind": "KIND_CPU" }]));
+    }
+
+    #[test]
+    fn slices_serve_one_tenant_and_unplaceable_replicas_say_why_once() {
+        let (a, b) = (deployment(1, tenant(1), 1, 1), deployment(2, tenant(2), 1, 1));
+        let s = snapshot(vec![worker("w1", 1, 4)], vec![a.clone(), b.clone()], vec![]);
+        let p = run(&s);
+        let reason = p.inserts[1].placement.clone().unwrap_err();
+        assert!(reason.contains("no 'cpu' slice"), "{reason}");
+        assert!(p.events.iter().any(|e| e.kind == "unplaceable" && e.deployment_id == b.id));
+        // Next tick: the same reason is not repeated.
+        let mut pending = replica(&b, 2, 0, 1, None, "pending");
+        pending.reason = Some(reason);
+        let s = snapshot(
+            vec![worker("w1", 1, 4)],
+            vec![a.clone(), b],
+            vec![replica(&a, 1, 0, 1, Some(("w1", "cpu-0")), "ready"), pending],
+        );
+        assert!(run(&s).is_empty(), "{:?}", run(&s));
+    }
+
+    #[test]
+    fn memory_must_fit_and_defaults_from_the_artifact() {
+        let mut d = deployment(1, tenant(1), 1, 1);
+        d.memory_bytes = Some(i64::try_from(5 * GIB).unwrap());
+        let p = run(&snapshot(vec![worker("w1", 2, 4)], vec![d], vec![]));
+        assert!(p.inserts[0].placement.is_err());
+        assert_eq!(replica_memory(None, 100 << 20), 400 << 20);
+        assert_eq!(replica_memory(None, 10), MIN_REPLICA_MEMORY);
+        assert_eq!(replica_memory(Some(7), 100 << 20), 7);
+    }
+
+    #[test]
+    fn a_lost_workers_replicas_move_elsewhere() {
+        let d = deployment(1, tenant(1), 2, 1);
+        let mut w1 = worker("w1", 2, 4);
+        w1.last_heartbeat_at = now() - Duration::from_secs(11);
+        let replicas = vec![
+            replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "ready"),
+            replica(&d, 2, 1, 1, Some(("w2", "cpu-0")), "ready"),
+        ];
+        let p = run(&snapshot(vec![w1, worker("w2", 2, 4)], vec![d], replicas));
+        assert_eq!(p.lost_workers, ["w1"]);
+        let moved = ReplicaChange::Place {
+            id: Uuid::from_u128(5_001),
+            placement: Placement { worker: "w2".into(), slice: "cpu-0".into() },
+        };
+        assert_eq!(p.changes, [moved]);
+        assert!(p.events.iter().any(|e| e.kind == "worker_lost"));
+        assert!(p.events.iter().any(|e| e.kind == "rescheduled"));
+    }
+
+    #[test]
+    fn draining_replicas_on_a_lost_worker_are_dropped_not_moved() {
+        let d = deployment(1, tenant(1), 1, 2);
+        let mut w1 = worker("w1", 2, 4);
+        w1.state = "lost".into();
+        let mut draining = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "draining");
+        (draining.serving, draining.drain_until) = (false, Some(now() + Duration::from_secs(60)));
+        let current = replica(&d, 2, 0, 2, Some(("w2", "cpu-0")), "ready");
+        let p = run(&snapshot(vec![w1, worker("w2", 2, 4)], vec![d], vec![draining.clone(), current]));
+        assert_eq!(p.changes, [ReplicaChange::Delete { id: draining.id }]);
+    }
+
+    #[test]
+    fn slice_quotas_hold() {
+        let d = deployment(1, tenant(1), 3, 1);
+        let mut s = snapshot(vec![worker("w1", 2, 2), worker("w2", 2, 2)], vec![d], vec![]);
+        s.slice_quotas.insert(tenant(1), BTreeMap::from([("cpu".to_string(), 1)]));
+        let p = run(&s);
+        assert_eq!(placed(&p)[..2], [("w1".into(), "cpu-0".into()), ("w1".into(), "cpu-0".into())]);
+        let third = p.inserts[2].placement.clone().unwrap_err();
+        assert!(third.contains("quota of 1 'cpu' slice"), "{third}");
+    }
+
+    #[test]
+    fn a_rollout_loads_beside_switches_when_ready_then_drains() {
+        let d = deployment(1, tenant(1), 2, 2);
+        let old = vec![
+            replica(&d, 1, 0, 1, Some(("w2", "cpu-1")), "ready"),
+            replica(&d, 2, 1, 1, Some(("w1", "cpu-0")), "ready"),
+        ];
+        let workers = vec![worker("w1", 2, 4), worker("w2", 2, 4)];
+        // Step 1: new replicas, not serving, next to the old one of the same index.
+        let p = run(&snapshot(workers.clone(), vec![d.clone()], old.clone()));
+        assert_eq!(placed(&p), [("w2".into(), "cpu-1".into()), ("w1".into(), "cpu-0".into())]);
+        assert!(p.inserts.iter().all(|r| !r.serving && r.version == 2));
+        assert!(p.events.iter().any(|e| e.kind == "rollout_started"));
+        assert!(p.changes.is_empty());
+        // Step 2: one new replica still loading: nothing switches.
+        let mut new: Vec<ReplicaInfo> = p
+            .inserts
+            .iter()
+            .map(|r| {
+                let at = r.placement.clone().unwrap();
+                ReplicaInfo {
+                    id: r.id,
+                    deployment_id: d.id,
+                    index: r.index,
+                    version: 2,
+                    spec_generation: 1,
+                    profile: "cpu".into(),
+                    memory_bytes: r.memory_bytes,
+                    worker_id: Some(at.worker),
+                    slice_id: Some(at.slice),
+                    state: "ready".into(),
+                    reason: None,
+                    serving: false,
+                    drain_until: None,
+                }
+            })
+            .collect();
+        new[1].state = "loading".into();
+        let all = |new: &[ReplicaInfo]| old.iter().chain(new).cloned().collect::<Vec<_>>();
+        assert!(run(&snapshot(workers.clone(), vec![d.clone()], all(&new))).is_empty());
+        // Step 3: all ready: switch and drain.
+        new[1].state = "ready".into();
+        let p = run(&snapshot(workers.clone(), vec![d.clone()], all(&new)));
+        let until = now() + Duration::from_secs(3);
+        assert_eq!(
+            p.changes,
+            [
+                ReplicaChange::Serve { id: new[0].id },
+                ReplicaChange::Serve { id: new[1].id },
+                ReplicaChange::Drain { id: old[0].id, until },
+                ReplicaChange::Drain { id: old[1].id, until },
+            ]
+        );
+        // Step 4: drained replicas go once their time is up.
+        let drained: Vec<ReplicaInfo> = old
+            .iter()
+            .map(|r| ReplicaInfo { state: "draining".into(), serving: false, drain_until: Some(until), ..r.clone() })
+            .collect();
+        let serving: Vec<ReplicaInfo> = new.iter().map(|r| ReplicaInfo { serving: true, ..r.clone() }).collect();
+        let replicas: Vec<ReplicaInfo> = drained.iter().chain(&serving).cloned().collect();
+        assert!(run(&snapshot(workers.clone(), vec![d.clone()], replicas.clone())).is_empty(), "still draining");
+        let later = plan(&snapshot(workers, vec![d.clone()], replicas), until, &settings(), &mut ids());
+        assert_eq!(later.changes, [ReplicaChange::Delete { id: old[0].id }, ReplicaChange::Delete { id: old[1].id }]);
+    }
+
+    #[test]
+    fn a_moved_alias_retargets_and_superseded_replicas_go() {
+        let mut d = deployment(1, tenant(1), 1, 2);
+        d.alias = Some("production".into());
+        d.alias_version = Some(3);
+        let mut superseded = replica(&d, 2, 0, 2, Some(("w1", "cpu-0")), "loading");
+        superseded.serving = false;
+        let serving = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "ready");
+        let p = run(&snapshot(vec![worker("w1", 2, 4)], vec![d.clone()], vec![serving, superseded.clone()]));
+        assert_eq!(p.retarget, [(d.id, 3)]);
+        assert_eq!(p.inserts.len(), 1);
+        assert_eq!((p.inserts[0].version, p.inserts[0].serving), (3, false));
+        assert!(p.changes.contains(&ReplicaChange::Delete { id: superseded.id }));
+    }
+
+    #[test]
+    fn scaling_down_removes_the_highest_indices() {
+        let d = deployment(1, tenant(1), 1, 1);
+        let replicas = vec![
+            replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "ready"),
+            replica(&d, 2, 1, 1, Some(("w1", "cpu-0")), "ready"),
+        ];
+        let p = run(&snapshot(vec![worker("w1", 2, 4)], vec![d], replicas));
+        assert_eq!(p.changes, [ReplicaChange::Delete { id: Uuid::from_u128(5_002) }]);
+    }
+
+    #[test]
+    fn configs_carry_the_deployment_settings() {
+        let mut d = deployment(1, tenant(1), 1, 1);
+        d.instance_count = 3;
+        d.max_batch_size = Some(8);
+        d.dynamic_batching = Some(json!({ "max_queue_delay_microseconds": 100, "preferred_batch_size": [4] }));
+        let stored = json!({ "name": "other", "max_batch_size": 2, "input": [{ "name": "x" }] });
+        let c = render_config(&d, Some(&stored));
+        assert_eq!(c["name"], "m1");
+        assert_eq!(c["max_batch_size"], 8);
+        assert_eq!(c["input"][0]["name"], "x");
+        assert_eq!(c["instance_group"], json!([{ "count": 3, "kind": "KIND_CPU" }]));
+        assert_eq!(c["dynamic_batching"]["preferred_batch_size"], json!([4]));
+        d.profile = "mig-1g.10gb".into();
+        assert_eq!(render_config(&d, None)["instance_group"][0]["kind"], "KIND_GPU");
+    }
+
+    #[test]
+    fn a_tick_places_ten_thousand_replicas_on_a_thousand_workers() {
+        let deployments: Vec<DeploymentInfo> = (0..500)
+            .map(|i| DeploymentInfo { memory_bytes: Some(1 << 30), ..deployment(i, tenant(i % 100), 20, 1) })
+            .collect();
+        let workers: Vec<WorkerInfo> = (0..1_000).map(|i| worker(&format!("w{i:04}"), 8, 16)).collect();
+        let started = std::time::Instant::now();
+        let p = run(&snapshot(workers, deployments, vec![]));
+        assert_eq!(p.inserts.len(), 10_000);
+        assert!(p.inserts.iter().all(|r| r.placement.is_ok()));
+        // Generous: debug builds on a shared CI machine (the release goal is under a second).
+        assert!(started.elapsed() < Duration::from_secs(30), "{:?}", started.elapsed());
+    }
+
+    #[test]
+    fn plans_are_deterministic() {
+        let deployments: Vec<DeploymentInfo> = (0..20).map(|i| deployment(i, tenant(i % 3), 3, 1)).collect();
+        let workers: Vec<WorkerInfo> = (0..6).map(|i| worker(&format!("w{i}"), 4, 8)).collect();
+        let s = snapshot(workers, deployments, vec![]);
+        assert_eq!(run(&s), run(&s));
+    }
+}

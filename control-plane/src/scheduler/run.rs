@@ -1,0 +1,119 @@
+//! The scheduler loop: one control-plane replica at a time (the leader) reads the registry,
+//! [`plan`]s a tick and applies it, every `--scheduler-interval-ms` and whenever a write asks.
+//!
+//! Leadership on Postgres is a session advisory lock held on a dedicated connection: whoever
+//! holds it leads until that connection drops, and the others retry every interval. On SQLite
+//! (one process) this replica always leads.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use sqlx::Connection;
+use tokio_util::sync::CancellationToken;
+
+use super::plan::{Settings, plan};
+use crate::app::App;
+use crate::registry::{Backend, now};
+
+/// Key of the leader lock (distinct from the per-transaction scheduling lock).
+const LEADER_LOCK: i64 = 0x7465_7373_0002;
+
+/// Who may run ticks.
+enum Leadership {
+    /// SQLite: the only process.
+    Always,
+    /// Postgres: leader while `conn` holds the advisory lock.
+    Postgres { url: String, conn: Option<sqlx::PgConnection> },
+}
+
+impl Leadership {
+    /// Whether this replica leads now, taking the lock if it is free.
+    async fn check(&mut self) -> bool {
+        let Leadership::Postgres { url, conn } = self else { return true };
+        if let Some(c) = conn {
+            // Still holding it, as long as the connection lives.
+            if sqlx::query("SELECT 1").execute(&mut *c).await.is_ok() {
+                return true;
+            }
+            tracing::warn!("lost the scheduler leader connection");
+            *conn = None;
+        }
+        match try_lock(url).await {
+            Ok(Some(c)) => {
+                tracing::info!("this control plane now leads the scheduler");
+                *conn = Some(c);
+                true
+            }
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(error = format!("{e:#}"), "could not try the scheduler leader lock");
+                false
+            }
+        }
+    }
+}
+
+async fn try_lock(url: &str) -> anyhow::Result<Option<sqlx::PgConnection>> {
+    let mut conn = sqlx::PgConnection::connect(url).await.context("connect for the leader lock")?;
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+        .bind(LEADER_LOCK)
+        .fetch_one(&mut conn)
+        .await
+        .context("try the leader lock")?;
+    if locked {
+        Ok(Some(conn))
+    } else {
+        let _ = conn.close().await;
+        Ok(None)
+    }
+}
+
+/// Runs the scheduler until `shutdown`.
+pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
+    let mut leadership = match app.registry.backend() {
+        Backend::Sqlite => Leadership::Always,
+        Backend::Postgres => Leadership::Postgres { url: app.config.database_url.expose().to_string(), conn: None },
+    };
+    let settings = Settings { lost_after: app.config.worker_lost_after, drain: app.config.drain };
+    let mut interval = tokio::time::interval(app.config.scheduler_interval);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            _ = interval.tick() => {}
+            () = app.signals.scheduler_woken() => {}
+        }
+        if !leadership.check().await {
+            continue;
+        }
+        match tick(&app, &settings).await {
+            Ok(true) => app.signals.assignments_changed(),
+            Ok(false) => {}
+            Err(e) => tracing::warn!(error = %e, "scheduler tick failed"),
+        }
+    }
+    tracing::info!("scheduler stopped");
+}
+
+/// One tick; true when some worker's assignments changed.
+async fn tick(app: &App, settings: &Settings) -> crate::error::Result<bool> {
+    let mut tx = app.registry.begin().await?;
+    tx.lock_scheduling().await?;
+    let snapshot = tx.scheduling_snapshot().await?;
+    let decided = plan(&snapshot, now(), settings, &mut uuid::Uuid::now_v7);
+    if decided.is_empty() {
+        return Ok(false);
+    }
+    for id in &decided.lost_workers {
+        tracing::warn!(worker_id = %id, "worker lost: no heartbeat");
+    }
+    let touched = tx.apply_plan(&decided, &snapshot).await?;
+    tx.commit().await?;
+    tracing::debug!(
+        inserts = decided.inserts.len(),
+        changes = decided.changes.len(),
+        workers = touched.len(),
+        "scheduler applied a plan"
+    );
+    Ok(!touched.is_empty())
+}

@@ -1,0 +1,354 @@
+//! Deployments end to end: the real control plane, fake workers speaking the agent protocol
+//! over its one listener (registration, assignments, heartbeats, artifact download, key
+//! lookups), deployment status through the REST API, roles and tenancy, and a worker that
+//! stops heartbeating losing its replica to another worker.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tessera_protocol::agent::worker_agent_client::WorkerAgentClient;
+use tessera_protocol::agent::{
+    Assignment, AuthenticateKeyRequest, ControlMessage, FetchArtifactRequest, GetTokenKeysRequest, Heartbeat, Register,
+    ReplicaState, ReplicaStatus, Slice, WorkerMessage, control_message, worker_message,
+};
+use tonic::metadata::MetadataValue;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+use super::{Opts, TestApp};
+
+const TOKEN: &str = "worker-secret-for-tests";
+
+/// Adds the worker token to every call.
+type AddToken = Box<dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync>;
+type Client = WorkerAgentClient<InterceptedService<Channel, AddToken>>;
+
+async fn client(app: &TestApp, token: &str) -> Client {
+    let channel =
+        Channel::from_shared(app.url.clone()).expect("url").connect().await.expect("connect to the agent service");
+    let value: MetadataValue<_> = format!("Bearer {token}").parse().expect("header value");
+    let auth: AddToken = Box::new(move |mut req: tonic::Request<()>| {
+        req.metadata_mut().insert("authorization", value.clone());
+        Ok(req)
+    });
+    WorkerAgentClient::with_interceptor(channel, auth)
+}
+
+/// A worker that speaks the protocol and reports every assigned replica ready.
+struct FakeWorker {
+    id: String,
+    http: String,
+    inbound: tonic::Streaming<ControlMessage>,
+    /// Replica ids reported ready by the heartbeat task.
+    ready: Arc<Mutex<Vec<String>>>,
+    beats: tokio::task::JoinHandle<()>,
+    _outbound: mpsc::Sender<WorkerMessage>,
+}
+
+impl FakeWorker {
+    async fn start(app: &TestApp, id: &str, port: u16) -> Self {
+        let mut c = client(app, TOKEN).await;
+        let (mut tx, rx) = mpsc::channel(16);
+        let http = format!("http://127.0.0.1:{port}");
+        let slices = (0..2)
+            .map(|i| Slice {
+                id: format!("cpu-{i}"),
+                profile: "cpu".into(),
+                kind: 1,
+                memory_bytes: 1 << 30,
+                cpu_millis: 1000,
+                ..Slice::default()
+            })
+            .collect();
+        let register = Register {
+            worker_id: id.into(),
+            http_endpoint: http.clone(),
+            grpc_endpoint: format!("127.0.0.1:{}", port + 1),
+            metrics_endpoint: format!("http://127.0.0.1:{}", port + 2),
+            slices,
+            version: "test".into(),
+            ..Register::default()
+        };
+        tx.send(WorkerMessage { kind: Some(worker_message::Kind::Register(register)) }).await.expect("queue register");
+        let mut inbound = c.session(rx).await.expect("open a session").into_inner();
+        let first = inbound.message().await.expect("a reply").expect("not closed");
+        match first.kind {
+            Some(control_message::Kind::Registered(r)) => {
+                assert_eq!(r.worker_id, id);
+                assert_eq!(r.heartbeat_interval_ms, 200);
+            }
+            other => panic!("expected Registered first, got {other:?}"),
+        }
+        let ready = Arc::new(Mutex::new(Vec::<String>::new()));
+        let (list, mut beat_tx) = (ready.clone(), tx.clone());
+        let beats = tokio::spawn(async move {
+            loop {
+                let replicas = list
+                    .lock()
+                    .expect("lock")
+                    .iter()
+                    .map(|id| ReplicaStatus {
+                        replica_id: id.clone(),
+                        state: ReplicaState::Ready as i32,
+                        reason: String::new(),
+                    })
+                    .collect();
+                let hb = Heartbeat { applied_generation: 0, replicas };
+                if beat_tx.send(WorkerMessage { kind: Some(worker_message::Kind::Heartbeat(hb)) }).await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        FakeWorker { id: id.into(), http, inbound, ready, beats, _outbound: tx }
+    }
+
+    /// Reads assignment sets until one satisfies `want`; returns it.
+    async fn assignments_until(&mut self, want: impl Fn(&[Assignment]) -> bool) -> Vec<Assignment> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        let mut last_generation = 0;
+        loop {
+            let next = tokio::time::timeout_at(deadline, self.inbound.message()).await;
+            let message = next.unwrap_or_else(|_| panic!("{}: no matching assignments in time", self.id));
+            let Some(ControlMessage { kind: Some(control_message::Kind::Assignments(a)) }) =
+                message.expect("session alive")
+            else {
+                continue;
+            };
+            assert!(a.generation > last_generation, "generations only grow");
+            last_generation = a.generation;
+            if want(&a.assignments) {
+                return a.assignments;
+            }
+        }
+    }
+
+    fn report_ready(&self, replica_id: &str) {
+        self.ready.lock().expect("lock").push(replica_id.to_string());
+    }
+}
+
+/// Polls a deployment until `want` holds; returns it.
+async fn deployment_until(app: &TestApp, key: &str, path: &str, want: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let d = app.get(key, path).await.expect(200).clone();
+        if want(&d) {
+            return d;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "deployment never got there: {d:#}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn workers_receive_deployments_report_ready_and_lose_replicas_when_silent() {
+    let args = args();
+    let app = TestApp::spawn_with(Opts { args: &args, ..Opts::default() }).await;
+    let acme = app.tenant("acme").await;
+    let other = app.tenant("umbrella").await;
+    app.create_model(&acme.deployer, "acme", "addsub").await.expect(201);
+    let model = tessera_data_plane::onnx_builder::add_sub();
+    let version = app.upload(&acme.deployer, "acme", "addsub", "", model.clone()).await;
+    let sha256 = version.expect(201)["sha256"].as_str().expect("sha256").to_string();
+
+    // Roles and tenancy.
+    let body = json!({ "name": "addsub", "model": "addsub", "replicas": 1 });
+    let refused = app.post(&acme.inference, "/v1/tenants/acme/deployments", &body).await;
+    assert_eq!(refused.status, 403, "{:?}", refused.body);
+    app.post(&acme.viewer, "/v1/tenants/acme/deployments", &body).await.expect(403);
+    app.post(&other.deployer, "/v1/tenants/acme/deployments", &body).await.expect(404);
+    let created = app.post_idempotent(&acme.deployer, "/v1/tenants/acme/deployments", &body, "dep-1").await;
+    let created = created.expect(201).clone();
+    assert_eq!((created["model"].as_str(), created["version"].as_i64()), (Some("addsub"), Some(1)));
+    assert_eq!(created["state"], "pending");
+    let replay = app.post_idempotent(&acme.deployer, "/v1/tenants/acme/deployments", &body, "dep-1").await;
+    assert_eq!(replay.expect(201)["id"], created["id"], "the idempotent retry replays");
+    app.post(&acme.deployer, "/v1/tenants/acme/deployments", &body).await.expect(409);
+    let path = "/v1/tenants/acme/deployments/addsub";
+    app.get(&other.admin, path).await.expect(404);
+    app.get(&acme.inference, path).await.expect(403);
+    app.get(&acme.viewer, path).await.expect(200);
+    assert_eq!(
+        app.get(&acme.viewer, "/v1/tenants/acme/deployments").await.expect(200)["deployments"][0]["name"],
+        "addsub"
+    );
+    app.get(&acme.admin, "/v1/workers").await.expect(403);
+
+    // The agent service shares the REST listener and wants the worker token.
+    let mut wrong = client(&app, "not-the-token").await;
+    let e = wrong.get_token_keys(GetTokenKeysRequest {}).await.expect_err("wrong token");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated);
+    let mut agent = client(&app, TOKEN).await;
+    let keys = agent.get_token_keys(GetTokenKeysRequest {}).await.expect("token keys").into_inner();
+    assert_eq!(keys.issuer, "tessera");
+    assert!(serde_json::from_str::<Value>(&keys.jwks_json).expect("jwks json")["keys"].is_array());
+    let who = agent.authenticate_key(AuthenticateKeyRequest { api_key: acme.inference.clone() }).await;
+    let who = who.expect("a tenant key resolves").into_inner();
+    assert_eq!((who.tenant_name.as_str(), who.role.as_str(), who.expires_at), ("acme", "inference", 0));
+    let forged = format!("{}x", &acme.inference[..acme.inference.len() - 1]);
+    let e = agent.authenticate_key(AuthenticateKeyRequest { api_key: forged }).await.expect_err("forged key");
+    assert_eq!(e.code(), tonic::Code::NotFound);
+
+    // A worker registers with two CPU slices and gets the replica.
+    let mut w1 = FakeWorker::start(&app, "worker-1", 18000).await;
+    let assigned = w1.assignments_until(|a| !a.is_empty()).await;
+    assert_eq!(assigned.len(), 1);
+    let a = &assigned[0];
+    assert_eq!((a.model_name.as_str(), a.version, a.serving, a.tenant_name.as_str()), ("addsub", 1, true, "acme"));
+    let config: Value = serde_json::from_str(&a.config_json).expect("config json");
+    assert_eq!(config["instance_group"], json!([{ "count": 1, "kind": "KIND_CPU" }]));
+    let artifact = a.artifact.clone().expect("artifact");
+    assert_eq!(artifact.sha256, sha256);
+    let replica_id = a.replica_id.clone();
+    w1.report_ready(&replica_id);
+    let ready = deployment_until(&app, &acme.viewer, path, |d| d["state"] == "ready").await;
+    let status = &ready["replica_status"][0];
+    assert_eq!(
+        (status["worker_id"].as_str(), status["http_endpoint"].as_str()),
+        (Some("worker-1"), Some(w1.http.as_str()))
+    );
+    assert_eq!((status["state"].as_str(), status["serving"].as_bool()), (Some("ready"), Some(true)));
+    assert_eq!(ready["serving_version"], 1);
+
+    // The artifact streams back intact; unknown keys are not found.
+    let mut chunks =
+        agent.fetch_artifact(FetchArtifactRequest { key: artifact.key.clone() }).await.expect("fetch").into_inner();
+    let mut bytes = Vec::new();
+    while let Some(chunk) = chunks.next().await {
+        bytes.extend_from_slice(&chunk.expect("chunk").data);
+    }
+    assert_eq!(hex::encode(Sha256::digest(&bytes)), sha256);
+    let missing = agent.fetch_artifact(FetchArtifactRequest { key: "tenants/nope/model.onnx".into() }).await;
+    assert_eq!(missing.err().map(|e| e.code()), Some(tonic::Code::NotFound));
+
+    // A second worker joins; the first goes silent and is marked lost; its replica moves.
+    let mut w2 = FakeWorker::start(&app, "worker-2", 18100).await;
+    w2.report_ready(&replica_id);
+    w1.beats.abort();
+    let moved = w2.assignments_until(|a| a.iter().any(|x| x.replica_id == replica_id)).await;
+    assert_eq!(moved.len(), 1);
+    w1.assignments_until(|a| a.is_empty()).await;
+    let ready = deployment_until(&app, &acme.viewer, path, |d| {
+        d["state"] == "ready" && d["replica_status"][0]["worker_id"] == "worker-2"
+    })
+    .await;
+    assert_eq!(ready["replica_status"][0]["http_endpoint"].as_str(), Some(w2.http.as_str()));
+    let workers = app.get(&app.admin_key, "/v1/workers").await.expect(200).clone();
+    let states: Vec<(&str, &str)> = workers["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .map(|w| (w["id"].as_str().unwrap_or(""), w["state"].as_str().unwrap_or("")))
+        .collect();
+    assert_eq!(states, [("worker-1", "lost"), ("worker-2", "ready")]);
+    assert_eq!(workers["workers"][1]["replicas"], 1);
+    assert!(workers["workers"][1]["slices"].as_array().expect("slices").iter().any(|s| s["tenant_id"].is_string()));
+    let events = app.get(&acme.viewer, &format!("{path}/events")).await.expect(200).clone();
+    let kinds: Vec<&str> =
+        events["events"].as_array().expect("events").iter().filter_map(|e| e["kind"].as_str()).collect();
+    for kind in ["created", "placed", "ready", "worker_lost", "rescheduled"] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+
+    // Deleting the deployment empties the worker's assignments.
+    app.delete(&other.deployer, path).await.expect(404);
+    app.delete(&acme.deployer, path).await.expect(204);
+    w2.assignments_until(|a| a.is_empty()).await;
+    app.get(&acme.viewer, path).await.expect(404);
+    w2.beats.abort();
+}
+
+fn args() -> [&'static str; 10] {
+    [
+        "--worker-token",
+        TOKEN,
+        "--heartbeat-interval-ms",
+        "200",
+        "--worker-lost-after-ms",
+        "1500",
+        "--scheduler-interval-ms",
+        "100",
+        "--drain-ms",
+        "300",
+    ]
+}
+
+/// (version, serving) of each assignment, sorted.
+fn versions(a: &[Assignment]) -> Vec<(i64, bool)> {
+    let mut v: Vec<(i64, bool)> = a.iter().map(|x| (x.version, x.serving)).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn moving_an_alias_rolls_out_beside_the_old_version_then_drains_it() {
+    let args = args();
+    let app = TestApp::spawn_with(Opts { args: &args, ..Opts::default() }).await;
+    let acme = app.tenant("acme").await;
+    app.create_model(&acme.deployer, "acme", "addsub").await.expect(201);
+    let model = tessera_data_plane::onnx_builder::add_sub();
+    app.upload(&acme.deployer, "acme", "addsub", "", model.clone()).await.expect(201);
+    app.set_alias(&acme.deployer, "acme", "addsub", "production", 1).await.expect(200);
+    let body =
+        json!({ "name": "addsub", "model": "addsub", "alias": "production", "replicas": 2, "instance_count": 2 });
+    let created = app.post(&acme.deployer, "/v1/tenants/acme/deployments", &body).await;
+    assert_eq!(created.expect(201)["alias"], "production");
+    let path = "/v1/tenants/acme/deployments/addsub";
+
+    let mut w = FakeWorker::start(&app, "worker-1", 18200).await;
+    let first = w.assignments_until(|a| a.len() == 2).await;
+    assert_eq!(versions(&first), [(1, true), (1, true)]);
+    for a in &first {
+        w.report_ready(&a.replica_id);
+    }
+    deployment_until(&app, &acme.viewer, path, |d| d["state"] == "ready" && d["serving_version"] == 1).await;
+
+    // v2 arrives and the alias moves: new replicas load next to the old ones, not serving.
+    app.upload(&acme.deployer, "acme", "addsub", "", model).await.expect(201);
+    app.set_alias(&acme.deployer, "acme", "addsub", "production", 2).await.expect(200);
+    let rolling = w.assignments_until(|a| a.len() == 4).await;
+    assert_eq!(versions(&rolling), [(1, true), (1, true), (2, false), (2, false)]);
+    let slices = |a: &[Assignment], v: i64| {
+        let mut s: Vec<String> = a.iter().filter(|x| x.version == v).map(|x| x.slice_id.clone()).collect();
+        s.sort();
+        s
+    };
+    assert_eq!(slices(&rolling, 2), slices(&rolling, 1), "new replicas sit beside the old ones");
+    let d = app.get(&acme.viewer, path).await.expect(200).clone();
+    assert_eq!((d["version"].as_i64(), d["serving_version"].as_i64()), (Some(2), Some(1)));
+    assert_eq!(d["state"], "progressing");
+
+    // Ready: traffic switches, the old replicas drain, then leave.
+    for a in rolling.iter().filter(|a| a.version == 2) {
+        w.report_ready(&a.replica_id);
+    }
+    let switched = w.assignments_until(|a| a.iter().any(|x| x.version == 2 && x.serving)).await;
+    assert_eq!(versions(&switched), [(1, false), (1, false), (2, true), (2, true)]);
+    let done = w.assignments_until(|a| a.len() == 2).await;
+    assert_eq!(versions(&done), [(2, true), (2, true)]);
+    let d = deployment_until(&app, &acme.viewer, path, |d| d["state"] == "ready" && d["serving_version"] == 2).await;
+    assert_eq!(d["replica_status"].as_array().map(Vec::len), Some(2));
+    let events = app.get(&acme.viewer, &format!("{path}/events")).await.expect(200).clone();
+    let kinds: Vec<&str> =
+        events["events"].as_array().expect("events").iter().filter_map(|e| e["kind"].as_str()).collect();
+    for kind in ["retargeted", "rollout_started", "rollout_switched", "drained"] {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+
+    // Rolling back is moving the alias back; a PATCH pins a version the same way.
+    app.set_alias(&acme.deployer, "acme", "addsub", "production", 1).await.expect(200);
+    let back = w.assignments_until(|a| a.iter().any(|x| x.version == 1)).await;
+    assert_eq!(versions(&back), [(1, false), (1, false), (2, true), (2, true)]);
+    let pinned = app
+        .raw(app.client.patch(format!("{}{path}", app.url)).bearer_auth(&acme.deployer).json(&json!({ "version": 2 })));
+    let pinned = pinned.await;
+    assert_eq!((pinned.body["version"].as_i64(), pinned.body["alias"].is_null()), (Some(2), true), "{:?}", pinned.body);
+    let settled = w.assignments_until(|a| a.len() == 2).await;
+    assert_eq!(versions(&settled), [(2, true), (2, true)]);
+    w.beats.abort();
+}
