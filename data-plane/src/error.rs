@@ -1,6 +1,6 @@
 //! The data plane's one error type and its single mapping to HTTP status and gRPC code.
 
-use axum::http::StatusCode;
+use axum::http::{HeaderValue, StatusCode, header};
 
 /// What kind of failure an [`Error`] is; decides the HTTP status and gRPC code.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,6 +19,10 @@ pub enum ErrorKind {
     Cancelled,
     /// Something failed inside the server; the message stays vague (500 / INTERNAL).
     Internal,
+    /// No credential, or one that does not check out (401 / UNAUTHENTICATED).
+    Unauthenticated,
+    /// The caller is known but its role does not allow this (403 / PERMISSION_DENIED).
+    PermissionDenied,
 }
 
 /// A data-plane error: a kind plus a message meant for the client.
@@ -65,6 +69,16 @@ impl Error {
         Self::new(ErrorKind::Internal, message)
     }
 
+    /// A 401 / UNAUTHENTICATED error.
+    pub fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unauthenticated, message)
+    }
+
+    /// A 403 / PERMISSION_DENIED error.
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PermissionDenied, message)
+    }
+
     /// The HTTP status and gRPC code for this error, decided in one place.
     pub fn codes(&self) -> (StatusCode, tonic::Code) {
         codes_for(self.kind)
@@ -81,6 +95,8 @@ pub fn codes_for(kind: ErrorKind) -> (StatusCode, tonic::Code) {
         ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, tonic::Code::ResourceExhausted),
         ErrorKind::Cancelled => (StatusCode::BAD_REQUEST, tonic::Code::Cancelled),
         ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, tonic::Code::Internal),
+        ErrorKind::Unauthenticated => (StatusCode::UNAUTHORIZED, tonic::Code::Unauthenticated),
+        ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, tonic::Code::PermissionDenied),
     }
 }
 
@@ -94,7 +110,12 @@ impl axum::response::IntoResponse for Error {
     fn into_response(self) -> axum::response::Response {
         let status = self.codes().0;
         let body = serde_json::json!({ "error": self.message });
-        (status, axum::Json(body)).into_response()
+        let mut response = (status, axum::Json(body)).into_response();
+        if self.kind == ErrorKind::Unauthenticated {
+            // RFC 6750: a 401 names the scheme the client should use.
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
     }
 }
 
@@ -111,6 +132,8 @@ mod tests {
             (ErrorKind::Unsupported, 501, tonic::Code::Unimplemented),
             (ErrorKind::TooLarge, 413, tonic::Code::ResourceExhausted),
             (ErrorKind::Internal, 500, tonic::Code::Internal),
+            (ErrorKind::Unauthenticated, 401, tonic::Code::Unauthenticated),
+            (ErrorKind::PermissionDenied, 403, tonic::Code::PermissionDenied),
         ];
         for (kind, http, grpc) in cases {
             let (status, code) = codes_for(kind);
@@ -124,5 +147,15 @@ mod tests {
         let status: tonic::Status = Error::not_found("Request for unknown model: 'x' is not found").into();
         assert_eq!(status.code(), tonic::Code::NotFound);
         assert!(status.message().contains("'x'"));
+    }
+
+    #[test]
+    fn unauthenticated_responses_name_the_bearer_scheme() {
+        use axum::response::IntoResponse;
+        let response = Error::unauthenticated("missing credential").into_response();
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let forbidden = Error::permission_denied("no").into_response();
+        assert!(forbidden.headers().get(header::WWW_AUTHENTICATE).is_none());
     }
 }

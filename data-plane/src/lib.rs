@@ -12,10 +12,12 @@ pub mod manager;
 pub mod metrics;
 pub mod model;
 pub mod model_spec;
+pub mod onnx_builder;
 pub mod repository;
 pub mod scheduler;
 pub mod server;
 pub mod stats;
 pub mod tensor;
+pub mod worker;
 
 pub use server::{BoundAddrs, ServeConfig, run};

@@ -324,7 +324,10 @@ impl ModelManager {
                 Ok(())
             }
             Err(reason) => {
-                entry.versions.insert(version, VersionSlot::Failed(reason.clone()));
+                // A reload that fails leaves the version that was serving in place.
+                if !matches!(entry.versions.get(&version), Some(VersionSlot::Ready(_))) {
+                    entry.versions.insert(version, VersionSlot::Failed(reason.clone()));
+                }
                 Err(Error::invalid(format!("failed to load '{name}' version {version}: {reason}")))
             }
         }

@@ -1,6 +1,8 @@
 //! `tessera serve`: binds the HTTP, gRPC and metrics listeners, loads the repository, and runs
-//! until shutdown.
+//! until shutdown. [`ServerState`] and [`Listeners`] are shared with `tessera worker`, which
+//! turns authentication on and keys models by tenant.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,8 +15,10 @@ use tessera_protocol::inference::{ModelConfig, ModelStatistics};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Authenticator, Principal, Role};
 use crate::error::{Error, Result};
-use crate::manager::{ControlMode, ModelManager};
+use crate::manager::{ControlMode, ModelManager, scoped_key};
+use crate::model::LoadedModel;
 use crate::repository::Repository;
 
 /// Extensions this server implements, as listed in server metadata.
@@ -64,6 +68,8 @@ pub struct ServerState {
     live: AtomicBool,
     /// True once start-up loading finished.
     started: AtomicBool,
+    /// Checks callers' credentials; `None` (`serve`) leaves every endpoint open.
+    auth: Option<Arc<Authenticator>>,
 }
 
 impl ServerState {
@@ -77,7 +83,15 @@ impl ServerState {
             strict_readiness,
             live: AtomicBool::new(true),
             started: AtomicBool::new(false),
+            auth: None,
         }
+    }
+
+    /// Requires a bearer credential on every endpoint except health, and resolves model names
+    /// inside the caller's tenant.
+    pub fn with_auth(mut self, authenticator: Arc<Authenticator>) -> Self {
+        self.auth = Some(authenticator);
+        self
     }
 
     /// Server liveness.
@@ -97,12 +111,47 @@ impl ServerState {
             && (!self.strict_readiness || self.manager.every_model_ready())
     }
 
+    /// Authenticates the caller and checks it holds `needed`, when authentication is on
+    /// (`read_header` is only called then); `Ok(None)` when it is off.
+    pub async fn authorize<'h>(
+        &self,
+        read_header: impl FnOnce() -> Option<&'h str>,
+        needed: Role,
+    ) -> Result<Option<Principal>> {
+        let Some(auth) = &self.auth else { return Ok(None) };
+        let principal = auth.authenticate(read_header()).await?;
+        require_role(Some(&principal), needed)?;
+        Ok(Some(principal))
+    }
+
+    /// Refuses the model repository API when authentication is on: on a worker, the control
+    /// plane decides what is loaded.
+    pub fn check_model_control(&self) -> Result<()> {
+        match self.auth {
+            None => Ok(()),
+            Some(_) => Err(Error::permission_denied("model control is managed by the control plane")),
+        }
+    }
+
+    /// Looks a model up in the caller's namespace: the given version, or the default one.
+    /// Another tenant's model is as unknown as a model that does not exist.
+    pub fn model(&self, caller: Option<&Principal>, name: &str, version: Option<i64>) -> Result<Arc<LoadedModel>> {
+        let key = model_key(caller, name);
+        self.manager.get(&key, version).map_err(|e| unscoped(e, &key, name))
+    }
+
+    /// Ready versions of a model in the caller's namespace, ascending.
+    pub fn ready_versions(&self, caller: Option<&Principal>, name: &str) -> Result<Vec<Arc<LoadedModel>>> {
+        let key = model_key(caller, name);
+        self.manager.ready_versions(&key).map_err(|e| unscoped(e, &key, name))
+    }
+
     /// Model metadata JSON (shared shape with gRPC).
-    pub fn model_metadata(&self, model: &str, version: Option<i64>) -> Result<Value> {
-        let loaded = self.manager.get(model, version)?;
+    pub fn model_metadata(&self, caller: Option<&Principal>, model: &str, version: Option<i64>) -> Result<Value> {
+        let loaded = self.model(caller, model, version)?;
         let versions: Vec<String> = match version {
             Some(v) => vec![v.to_string()],
-            None => self.manager.ready_versions(model)?.iter().map(|m| m.version.to_string()).collect(),
+            None => self.ready_versions(caller, model)?.iter().map(|m| m.version.to_string()).collect(),
         };
         let spec = &loaded.spec;
         let tensors = |list: &[crate::model_spec::TensorSpec]| -> Vec<Value> {
@@ -119,14 +168,65 @@ impl ServerState {
         }))
     }
 
-    /// Statistics for all models, one model, or one version.
-    pub fn statistics(&self, model: Option<&str>, version: Option<i64>) -> Result<Vec<ModelStatistics>> {
+    /// Statistics for all of the caller's models, one model, or one version (needs `viewer`
+    /// when authentication is on).
+    pub fn statistics(
+        &self,
+        caller: Option<&Principal>,
+        model: Option<&str>,
+        version: Option<i64>,
+    ) -> Result<Vec<ModelStatistics>> {
+        if self.auth.is_some() {
+            require_role(caller, Role::Viewer)?;
+        }
         let models = match (model, version) {
-            (None, _) => self.manager.all_ready(),
-            (Some(m), Some(v)) => vec![self.manager.get(m, Some(v))?],
-            (Some(m), None) => self.manager.ready_versions(m)?,
+            (None, _) => match caller {
+                None => self.manager.all_ready(),
+                Some(principal) => self.tenant_ready(principal),
+            },
+            (Some(m), Some(v)) => vec![self.model(caller, m, Some(v))?],
+            (Some(m), None) => self.ready_versions(caller, m)?,
         };
         Ok(models.iter().map(|m| m.stats.snapshot(&m.spec.name, &m.version.to_string())).collect())
+    }
+
+    /// Every ready model version in the caller's tenant.
+    fn tenant_ready(&self, principal: &Principal) -> Vec<Arc<LoadedModel>> {
+        let prefix = scoped_key(Some(&principal.tenant_id), "");
+        self.manager
+            .installed()
+            .into_iter()
+            .filter(|(key, _)| key.starts_with(&prefix))
+            .flat_map(|(key, _)| self.manager.ready_versions(&key).unwrap_or_default())
+            .collect()
+    }
+}
+
+/// The manager key of `name` for `caller`: borrowed as is when authentication is off, so
+/// `serve` allocates nothing per request.
+pub fn model_key<'a>(caller: Option<&Principal>, name: &'a str) -> Cow<'a, str> {
+    match caller {
+        None => Cow::Borrowed(name),
+        Some(principal) => Cow::Owned(scoped_key(Some(&principal.tenant_id), name)),
+    }
+}
+
+/// Names the model in an error as the caller does (the namespace is the server's business).
+fn unscoped(mut err: Error, key: &str, name: &str) -> Error {
+    if key != name {
+        err.message = err.message.replace(key, name);
+    }
+    err
+}
+
+/// Refuses a caller whose role is below `needed` (a missing caller passes: authentication off).
+pub fn require_role(caller: Option<&Principal>, needed: Role) -> Result<()> {
+    match caller {
+        Some(principal) if principal.role < needed => Err(Error::permission_denied(format!(
+            "this needs the '{needed}' role or above; the credential has '{}'",
+            principal.role
+        ))),
+        _ => Ok(()),
     }
 }
 

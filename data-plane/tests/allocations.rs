@@ -6,9 +6,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-#[path = "../../tests/e2e/serve/onnx.rs"]
-#[allow(dead_code)]
-mod onnx;
+use tessera_data_plane::onnx_builder as onnx;
 
 struct Counting;
 

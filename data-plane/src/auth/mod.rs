@@ -104,3 +104,10 @@ pub trait CredentialSource: Send + Sync + 'static {
     /// Fetches the current token-signing keys.
     fn token_keys(&self) -> BoxFuture<'_, Result<TokenKeys, SourceError>>;
 }
+
+mod authenticator;
+
+pub use authenticator::Authenticator;
+
+#[cfg(test)]
+pub(crate) mod test_support;

@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Principal, Role};
 use crate::error::Error;
 use crate::server::ServerState;
 
@@ -53,12 +54,21 @@ struct InferenceService {
 }
 
 impl InferenceService {
-    async fn infer(state: &ServerState, req: ModelInferRequest) -> Result<ModelInferResponse, Error> {
-        let (name, v) = (req.model_name.clone(), req.model_version.clone());
-        let v = crate::manager::parse_version(&name, Some(&v))?;
-        let loaded = state.manager.get(&name, v)?;
+    async fn infer(
+        state: &ServerState,
+        caller: Option<&Principal>,
+        req: ModelInferRequest,
+    ) -> Result<ModelInferResponse, Error> {
+        let v = crate::manager::parse_version(&req.model_name, Some(&req.model_version))?;
+        let loaded = state.model(caller, &req.model_name, v)?;
         let request = convert::infer_request(req)?;
         Ok(convert::infer_response(loaded.infer(request).await?))
+    }
+
+    /// The caller, from the `authorization` metadata, when the server requires authentication.
+    async fn caller<T>(&self, req: &Request<T>, needed: Role) -> Result<Option<Principal>, Status> {
+        let header = || req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        Ok(self.state.authorize(header, needed).await?)
     }
 }
 
@@ -83,14 +93,16 @@ impl GrpcInferenceService for InferenceService {
     }
 
     async fn model_ready(&self, req: Request<ModelReadyRequest>) -> GrpcResult<ModelReadyResponse> {
+        let caller = self.caller(&req, Role::Inference).await?;
         let req = req.into_inner();
         let v = version(&req.name, &req.version)?;
         // Like Triton, an unknown model or version is simply not ready.
-        let ready = self.state.manager.get(&req.name, v).is_ok();
+        let ready = self.state.model(caller.as_ref(), &req.name, v).is_ok();
         Ok(Response::new(ModelReadyResponse { ready }))
     }
 
-    async fn server_metadata(&self, _: Request<ServerMetadataRequest>) -> GrpcResult<ServerMetadataResponse> {
+    async fn server_metadata(&self, req: Request<ServerMetadataRequest>) -> GrpcResult<ServerMetadataResponse> {
+        self.caller(&req, Role::Inference).await?;
         Ok(Response::new(ServerMetadataResponse {
             name: self.state.name.to_string(),
             version: self.state.version.to_string(),
@@ -99,12 +111,15 @@ impl GrpcInferenceService for InferenceService {
     }
 
     async fn model_metadata(&self, req: Request<ModelMetadataRequest>) -> GrpcResult<ModelMetadataResponse> {
+        let caller = self.caller(&req, Role::Inference).await?;
         let req = req.into_inner();
         let v = version(&req.name, &req.version)?;
-        let loaded = self.state.manager.get(&req.name, v).map_err(Status::from)?;
+        let loaded = self.state.model(caller.as_ref(), &req.name, v)?;
         let versions = match v {
             Some(v) => vec![v.to_string()],
-            None => self.state.manager.ready_versions(&req.name)?.iter().map(|m| m.version.to_string()).collect(),
+            None => {
+                self.state.ready_versions(caller.as_ref(), &req.name)?.iter().map(|m| m.version.to_string()).collect()
+            }
         };
         let spec = &loaded.spec;
         let tensors = |list: &[crate::model_spec::TensorSpec]| {
@@ -126,7 +141,8 @@ impl GrpcInferenceService for InferenceService {
     }
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> GrpcResult<ModelInferResponse> {
-        Ok(Response::new(Self::infer(&self.state, req.into_inner()).await?))
+        let caller = self.caller(&req, Role::Inference).await?;
+        Ok(Response::new(Self::infer(&self.state, caller.as_ref(), req.into_inner()).await?))
     }
 
     type ModelStreamInferStream = StreamOut;
@@ -137,6 +153,8 @@ impl GrpcInferenceService for InferenceService {
         &self,
         req: Request<Streaming<ModelInferRequest>>,
     ) -> GrpcResult<Self::ModelStreamInferStream> {
+        // One check per stream: the credential is in the stream's metadata, not its messages.
+        let caller = self.caller(&req, Role::Inference).await?.map(Arc::new);
         let mut incoming = req.into_inner();
         let state = self.state.clone();
         let output = async_stream_ordered(move |tx| async move {
@@ -146,8 +164,8 @@ impl GrpcInferenceService for InferenceService {
                 tokio::select! {
                     msg = incoming.next(), if open && pending.len() < STREAM_IN_FLIGHT => match msg {
                         Some(Ok(request)) => {
-                            let state = state.clone();
-                            pending.push_back(async move { Self::infer(&state, request).await });
+                            let (state, caller) = (state.clone(), caller.clone());
+                            pending.push_back(async move { Self::infer(&state, caller.as_deref(), request).await });
                         }
                         Some(Err(status)) => {
                             tracing::debug!(error = %status, "stream closed by client error");
@@ -172,24 +190,27 @@ impl GrpcInferenceService for InferenceService {
     }
 
     async fn model_config(&self, req: Request<ModelConfigRequest>) -> GrpcResult<ModelConfigResponse> {
+        let caller = self.caller(&req, Role::Inference).await?;
         let req = req.into_inner();
         let v = version(&req.name, &req.version)?;
-        let loaded = self.state.manager.get(&req.name, v)?;
+        let loaded = self.state.model(caller.as_ref(), &req.name, v)?;
         Ok(Response::new(ModelConfigResponse { config: Some(loaded.spec.config.clone()) }))
     }
 
     async fn model_statistics(&self, req: Request<ModelStatisticsRequest>) -> GrpcResult<ModelStatisticsResponse> {
+        let caller = self.caller(&req, Role::Inference).await?;
         let req = req.into_inner();
         let model_stats = if req.name.is_empty() {
-            self.state.statistics(None, None)?
+            self.state.statistics(caller.as_ref(), None, None)?
         } else {
             let v = version(&req.name, &req.version)?;
-            self.state.statistics(Some(&req.name), v)?
+            self.state.statistics(caller.as_ref(), Some(&req.name), v)?
         };
         Ok(Response::new(ModelStatisticsResponse { model_stats }))
     }
 
     async fn repository_index(&self, req: Request<RepositoryIndexRequest>) -> GrpcResult<RepositoryIndexResponse> {
+        self.state.check_model_control()?;
         let models = self
             .state
             .manager
@@ -209,6 +230,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         req: Request<RepositoryModelLoadRequest>,
     ) -> GrpcResult<RepositoryModelLoadResponse> {
+        self.state.check_model_control()?;
         let req = req.into_inner();
         let pairs = req.parameters.iter().map(|(k, p)| {
             let text = match &p.parameter_choice {
@@ -227,6 +249,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         req: Request<RepositoryModelUnloadRequest>,
     ) -> GrpcResult<RepositoryModelUnloadResponse> {
+        self.state.check_model_control()?;
         self.state.manager.unload(&req.into_inner().model_name).await?;
         Ok(Response::new(RepositoryModelUnloadResponse {}))
     }
@@ -305,3 +328,6 @@ impl Health for HealthService {
         Ok(Response::new(HealthCheckResponse { status: status as i32 }))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::codec;
+use super::{Caller, codec};
 use crate::error::{Error, ErrorKind, Result};
 use crate::manager::parse_version;
 use crate::server::ServerState;
@@ -29,7 +29,7 @@ pub async fn handle_health_ready(State(s): AppState) -> StatusCode {
 }
 
 /// `GET /v2`.
-pub async fn handle_server_metadata(State(s): AppState) -> Json<Value> {
+pub async fn handle_server_metadata(State(s): AppState, _caller: Caller) -> Json<Value> {
     Json(json!({ "name": s.name, "version": s.version, "extensions": crate::server::EXTENSIONS }))
 }
 
@@ -37,14 +37,14 @@ pub async fn handle_server_metadata(State(s): AppState) -> Json<Value> {
 pub type ModelPath = (String, Option<String>);
 
 /// `GET /v2/models/{m}[/versions/{v}]`.
-pub async fn handle_model_metadata(s: &ServerState, (model, version): ModelPath) -> Result<Json<Value>> {
+pub async fn handle_model_metadata(s: &ServerState, c: Caller, (model, version): ModelPath) -> Result<Json<Value>> {
     let v = parse_version(&model, version.as_deref())?;
-    Ok(Json(s.model_metadata(&model, v)?))
+    Ok(Json(s.model_metadata(c.principal(), &model, v)?))
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/ready`.
-pub async fn handle_model_ready(s: &ServerState, (model, version): ModelPath) -> Response {
-    let ready = parse_version(&model, version.as_deref()).and_then(|v| s.manager.get(&model, v));
+pub async fn handle_model_ready(s: &ServerState, c: Caller, (model, version): ModelPath) -> Response {
+    let ready = parse_version(&model, version.as_deref()).and_then(|v| s.model(c.principal(), &model, v));
     match ready {
         Ok(_) => StatusCode::OK.into_response(),
         Err(e) if e.kind == ErrorKind::NotFound => e.into_response(),
@@ -53,19 +53,19 @@ pub async fn handle_model_ready(s: &ServerState, (model, version): ModelPath) ->
 }
 
 /// `GET /v2/models/{m}[/versions/{v}]/config`.
-pub async fn handle_model_config(s: &ServerState, (model, version): ModelPath) -> Result<Json<Value>> {
+pub async fn handle_model_config(s: &ServerState, c: Caller, (model, version): ModelPath) -> Result<Json<Value>> {
     let v = parse_version(&model, version.as_deref())?;
-    let loaded = s.manager.get(&model, v)?;
+    let loaded = s.model(c.principal(), &model, v)?;
     Ok(Json(tessera_protocol::model_config::to_json_value(&loaded.spec.config)))
 }
 
 /// `GET /v2/models[/{m}[/versions/{v}]]/stats`.
-pub async fn handle_model_stats(s: &ServerState, path: Option<ModelPath>) -> Result<Json<Value>> {
+pub async fn handle_model_stats(s: &ServerState, c: Caller, path: Option<ModelPath>) -> Result<Json<Value>> {
     let stats = match path {
-        None => s.statistics(None, None)?,
+        None => s.statistics(c.principal(), None, None)?,
         Some((model, version)) => {
             let v = parse_version(&model, version.as_deref())?;
-            s.statistics(Some(&model), v)?
+            s.statistics(c.principal(), Some(&model), v)?
         }
     };
     Ok(Json(crate::stats::to_json(&stats)))
@@ -74,6 +74,7 @@ pub async fn handle_model_stats(s: &ServerState, path: Option<ModelPath>) -> Res
 /// `POST /v2/models/{m}[/versions/{v}]/infer`.
 pub async fn handle_infer(
     s: &ServerState,
+    c: Caller,
     (model, version): ModelPath,
     headers: &HeaderMap,
     body: std::result::Result<Bytes, BytesRejection>,
@@ -84,7 +85,7 @@ pub async fn handle_infer(
     let (json, tail) = codec::split_body(&body, header_length)?;
     let request = codec::decode_request(&json, &tail)?;
     let choice = codec::BinaryChoice::of(&request);
-    let loaded = s.manager.get(&model, v)?;
+    let loaded = s.model(c.principal(), &model, v)?;
     let response = loaded.infer(request).await?;
     let binary = choice.flags(&response);
     let encoded = codec::encode_response(&response, &binary)?;
@@ -127,6 +128,7 @@ pub async fn handle_repository_index(
     State(s): AppState,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>> {
+    s.check_model_control()?;
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     let ready_only = optional_json(&body)?.get("ready").and_then(Value::as_bool).unwrap_or(false);
     let rows: Vec<Value> = s
@@ -154,6 +156,7 @@ pub async fn handle_repository_load(
     Path(model): Path<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode> {
+    s.check_model_control()?;
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     let params = optional_json(&body)?.get("parameters").cloned().unwrap_or(json!({}));
     let pairs = params.as_object().into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str().map(str::to_string)));
@@ -168,6 +171,7 @@ pub async fn handle_repository_unload(
     Path(model): Path<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode> {
+    s.check_model_control()?;
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     optional_json(&body)?;
     s.manager.unload(&model).await?;

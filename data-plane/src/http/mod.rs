@@ -1,6 +1,7 @@
 //! The KServe v2 HTTP/REST endpoint (axum), with Triton's routes, errors and extensions.
 
 mod body;
+mod caller;
 mod codec;
 mod handlers;
 
@@ -11,6 +12,7 @@ use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use bytes::Bytes;
+pub use caller::Caller;
 use handlers::*;
 
 use crate::server::ServerState;
@@ -25,57 +27,59 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v2/health/live", get(handle_health_live))
         .route("/v2/health/ready", get(handle_health_ready))
         .route("/v2", get(handle_server_metadata))
-        .route("/v2/models/stats", get(|State(s): S| async move { handle_model_stats(&s, None).await }))
+        .route("/v2/models/stats", get(|State(s): S, c: Caller| async move { handle_model_stats(&s, c, None).await }))
         .route(
             "/v2/models/{model}",
-            get(|State(s): S, Path(m): Path<String>| async move { handle_model_metadata(&s, (m, None)).await }),
+            get(|State(s): S, c: Caller, Path(m): Path<String>| async move { handle_model_metadata(&s, c, (m, None)).await }),
         )
         .route(
             "/v2/models/{model}/versions/{version}",
-            get(|State(s): S, Path((m, v)): Path<(String, String)>| async move {
-                handle_model_metadata(&s, (m, Some(v))).await
+            get(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>| async move {
+                handle_model_metadata(&s, c, (m, Some(v))).await
             }),
         )
         .route(
             "/v2/models/{model}/ready",
-            get(|State(s): S, Path(m): Path<String>| async move { handle_model_ready(&s, (m, None)).await }),
+            get(|State(s): S, c: Caller, Path(m): Path<String>| async move { handle_model_ready(&s, c, (m, None)).await }),
         )
         .route(
             "/v2/models/{model}/versions/{version}/ready",
-            get(|State(s): S, Path((m, v)): Path<(String, String)>| async move {
-                handle_model_ready(&s, (m, Some(v))).await
+            get(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>| async move {
+                handle_model_ready(&s, c, (m, Some(v))).await
             }),
         )
         .route(
             "/v2/models/{model}/config",
-            get(|State(s): S, Path(m): Path<String>| async move { handle_model_config(&s, (m, None)).await }),
+            get(|State(s): S, c: Caller, Path(m): Path<String>| async move { handle_model_config(&s, c, (m, None)).await }),
         )
         .route(
             "/v2/models/{model}/versions/{version}/config",
-            get(|State(s): S, Path((m, v)): Path<(String, String)>| async move {
-                handle_model_config(&s, (m, Some(v))).await
+            get(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>| async move {
+                handle_model_config(&s, c, (m, Some(v))).await
             }),
         )
         .route(
             "/v2/models/{model}/stats",
-            get(|State(s): S, Path(m): Path<String>| async move { handle_model_stats(&s, Some((m, None))).await }),
+            get(|State(s): S, c: Caller, Path(m): Path<String>| async move {
+                handle_model_stats(&s, c, Some((m, None))).await
+            }),
         )
         .route(
             "/v2/models/{model}/versions/{version}/stats",
-            get(|State(s): S, Path((m, v)): Path<(String, String)>| async move {
-                handle_model_stats(&s, Some((m, Some(v)))).await
+            get(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>| async move {
+                handle_model_stats(&s, c, Some((m, Some(v)))).await
             }),
         )
         .route(
             "/v2/models/{model}/infer",
-            post(|State(s): S, Path(m): Path<String>, h: HeaderMap, b: Body| async move {
-                handle_infer(&s, (m, None), &h, b).await
+            post(|State(s): S, c: Caller, Path(m): Path<String>, h: HeaderMap, b: Body| async move {
+                handle_infer(&s, c, (m, None), &h, b).await
             }),
         )
         .route(
             "/v2/models/{model}/versions/{version}/infer",
-            post(|State(s): S, Path((m, v)): Path<(String, String)>, h: HeaderMap, b: Body| async move {
-                handle_infer(&s, (m, Some(v)), &h, b).await
+            post(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>, h: HeaderMap, b: Body| async move {
+                handle_infer(&s, c, (m, Some(v)), &h, b).await
             }),
         )
         .route("/v2/repository/index", post(handle_repository_index))
@@ -87,3 +91,6 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
         .with_state(state)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,224 @@
+//! `tessera worker` flags and the configuration they build.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::server::DEFAULT_MAX_INPUT_SIZE;
+
+/// The credential a worker presents to the control plane; never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WorkerToken(String);
+
+impl WorkerToken {
+    /// Wraps a token.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self(token.into())
+    }
+
+    /// The token itself, for the `authorization` metadata.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for WorkerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("WorkerToken(<redacted>)")
+    }
+}
+
+impl From<String> for WorkerToken {
+    fn from(token: String) -> Self {
+        Self(token)
+    }
+}
+
+/// `tessera worker` flags.
+#[derive(Debug, clap::Args)]
+pub struct WorkerArgs {
+    /// Control plane URL (its REST port also serves the agent gRPC service), e.g. `http://127.0.0.1:8080`.
+    #[arg(long, env = "TESSERA_CONTROL_PLANE", value_parser = parse_control_plane)]
+    pub control_plane: String,
+    /// Credential this worker presents to the control plane (its `--worker-token`).
+    #[arg(long, env = "TESSERA_WORKER_TOKEN", hide_env_values = true)]
+    pub worker_token: WorkerToken,
+    /// Stable worker id; default: generated once and kept in the data directory.
+    #[arg(long, env = "TESSERA_WORKER_ID", value_parser = parse_worker_id)]
+    pub worker_id: Option<String>,
+    /// Directory for the worker id and the artifact cache (`cache/`).
+    #[arg(long, env = "TESSERA_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// HTTP port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+    /// gRPC port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Metrics port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_METRICS_PORT", default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// Address the HTTP endpoint binds.
+    #[arg(long, env = "TESSERA_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+    /// Address the gRPC endpoint binds.
+    #[arg(long, env = "TESSERA_GRPC_ADDRESS", default_value = "0.0.0.0")]
+    pub grpc_address: IpAddr,
+    /// Address the metrics endpoint binds.
+    #[arg(long, env = "TESSERA_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_address: IpAddr,
+    /// Host name or address clients reach this worker at (the endpoints sent when registering).
+    #[arg(long, env = "TESSERA_ADVERTISE_HOST", default_value = "127.0.0.1")]
+    pub advertise_host: String,
+    /// CPU slices to offer: the cores are shared evenly between them.
+    #[arg(long, env = "TESSERA_CPU_SLICES", default_value_t = DEFAULT_CPU_SLICES)]
+    pub cpu_slices: u32,
+    /// Memory of each CPU slice in bytes; default: total RAM divided by `--cpu-slices`.
+    #[arg(long, env = "TESSERA_SLICE_MEMORY_BYTES")]
+    pub slice_memory_bytes: Option<u64>,
+    /// Simulated GPU / MIG inventory (JSON, see `worker::inventory`), where no GPU is detected.
+    #[arg(long, env = "TESSERA_INVENTORY")]
+    pub inventory: Option<PathBuf>,
+    /// Seconds an API key lookup is cached before it is checked again.
+    #[arg(long, env = "TESSERA_KEY_CACHE_SECS", default_value_t = 60)]
+    pub key_cache_secs: u64,
+}
+
+/// Default `--data-dir`.
+pub const DEFAULT_DATA_DIR: &str = "./.tessera-worker";
+/// Default `--cpu-slices`.
+pub const DEFAULT_CPU_SLICES: u32 = 2;
+
+/// Everything a worker needs; built from [`WorkerArgs`] or directly (tests, `tessera dev`).
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Control plane URL (`http://host:port`).
+    pub control_plane: String,
+    /// Credential presented on every agent call.
+    pub worker_token: WorkerToken,
+    /// Fixed worker id; `None` = the one kept in the data directory.
+    pub worker_id: Option<String>,
+    /// Data directory (worker id, `cache/`, `repository/`).
+    pub data_dir: PathBuf,
+    /// HTTP listen address.
+    pub http_addr: SocketAddr,
+    /// gRPC listen address.
+    pub grpc_addr: SocketAddr,
+    /// Metrics listen address.
+    pub metrics_addr: SocketAddr,
+    /// Host put in the advertised endpoints.
+    pub advertise_host: String,
+    /// Number of CPU slices.
+    pub cpu_slices: u32,
+    /// Memory per CPU slice; `None` = total RAM / `cpu_slices`.
+    pub slice_memory_bytes: Option<u64>,
+    /// Simulated GPU / MIG inventory file.
+    pub inventory: Option<PathBuf>,
+    /// How long an API key lookup is trusted before it is checked again.
+    pub key_cache_ttl: Duration,
+    /// Largest accepted inference request (HTTP body, gRPC message).
+    pub max_input_size: usize,
+}
+
+impl WorkerConfig {
+    /// A worker on loopback with free ports and default slices: what tests and `tessera dev` run.
+    pub fn local(control_plane: impl Into<String>, worker_token: WorkerToken, data_dir: impl Into<PathBuf>) -> Self {
+        let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+        Self {
+            control_plane: control_plane.into(),
+            worker_token,
+            worker_id: None,
+            data_dir: data_dir.into(),
+            http_addr: any,
+            grpc_addr: any,
+            metrics_addr: any,
+            advertise_host: Ipv4Addr::LOCALHOST.to_string(),
+            cpu_slices: DEFAULT_CPU_SLICES,
+            slice_memory_bytes: None,
+            inventory: None,
+            key_cache_ttl: Duration::from_secs(60),
+            max_input_size: DEFAULT_MAX_INPUT_SIZE,
+        }
+    }
+}
+
+impl WorkerArgs {
+    /// The configuration these flags describe.
+    pub fn into_config(self) -> WorkerConfig {
+        WorkerConfig {
+            control_plane: self.control_plane,
+            worker_token: self.worker_token,
+            worker_id: self.worker_id,
+            data_dir: self.data_dir,
+            http_addr: SocketAddr::new(self.http_address, self.http_port),
+            grpc_addr: SocketAddr::new(self.grpc_address, self.grpc_port),
+            metrics_addr: SocketAddr::new(self.metrics_address, self.metrics_port),
+            advertise_host: self.advertise_host,
+            cpu_slices: self.cpu_slices,
+            slice_memory_bytes: self.slice_memory_bytes,
+            inventory: self.inventory,
+            key_cache_ttl: Duration::from_secs(self.key_cache_secs),
+            max_input_size: DEFAULT_MAX_INPUT_SIZE,
+        }
+    }
+}
+
+/// Accepts `http://` and `https://` URLs with a host.
+fn parse_control_plane(url: &str) -> Result<String, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(_)) => Ok(url.trim_end_matches('/').to_string()),
+        _ => Err("expected http://HOST:PORT".into()),
+    }
+}
+
+/// Worker ids are short and safe in URLs and file names.
+pub fn parse_worker_id(id: &str) -> Result<String, String> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && !id.starts_with('.');
+    if ok { Ok(id.to_string()) } else { Err("use 1-128 characters of A-Z, a-z, 0-9, '-', '_', '.'".into()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: WorkerArgs,
+    }
+
+    #[test]
+    fn defaults_follow_the_contract() {
+        let cli = Cli::try_parse_from(["w", "--control-plane", "http://cp:8080/", "--worker-token", "s3cret"])
+            .expect("minimal flags parse");
+        let config = cli.args.into_config();
+        assert_eq!(config.control_plane, "http://cp:8080");
+        assert_eq!(config.http_addr, "0.0.0.0:8000".parse().expect("addr"));
+        assert_eq!(config.grpc_addr.port(), 8001);
+        assert_eq!(config.metrics_addr.port(), 8002);
+        assert_eq!(config.advertise_host, "127.0.0.1");
+        assert_eq!(config.cpu_slices, 2);
+        assert_eq!(config.key_cache_ttl, Duration::from_secs(60));
+        assert_eq!(config.data_dir, PathBuf::from("./.tessera-worker"));
+        assert!(!format!("{config:?}").contains("s3cret"), "the token is redacted");
+    }
+
+    #[test]
+    fn bad_urls_and_ids_are_refused() {
+        let parse = |url: &str, id: &str| {
+            Cli::try_parse_from(["w", "--control-plane", url, "--worker-token", "t", "--worker-id", id]).map(|_| ())
+        };
+        assert!(parse("http://cp:1", "w-1").is_ok());
+        assert!(parse("cp:8080", "w-1").is_err());
+        assert!(parse("ftp://cp", "w-1").is_err());
+        assert!(parse("http://cp:1", "../x").is_err());
+        assert!(parse("http://cp:1", "").is_err());
+    }
+}

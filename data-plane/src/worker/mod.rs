@@ -1,0 +1,151 @@
+//! `tessera worker`: serves inference for the replicas the control plane assigns to it.
+//!
+//! The worker registers its slices with the control plane over the agent protocol, fetches the
+//! artifacts of its assignments into a local cache, loads them into the engine under each
+//! tenant's namespace, reports their states in heartbeats, and serves the KServe v2 HTTP and
+//! gRPC endpoints with bearer-credential checks. When the control plane is away it keeps
+//! serving what it has (static stability).
+
+pub mod archive;
+pub mod cache;
+pub mod client;
+pub mod config;
+pub mod credentials;
+pub mod inventory;
+pub mod reconcile;
+pub mod session;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tessera_protocol::agent;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{WorkerArgs, WorkerConfig, WorkerToken};
+
+use crate::auth::Authenticator;
+use crate::manager::{ControlMode, ModelManager};
+use crate::repository::Repository;
+use crate::server::{BoundAddrs, Listeners, ServerState};
+
+/// File in the data directory that keeps the generated worker id.
+const WORKER_ID_FILE: &str = "worker-id";
+
+/// Runs a worker until `shutdown` is cancelled; `on_bound` hears the bound addresses.
+pub async fn run(
+    config: WorkerConfig,
+    shutdown: CancellationToken,
+    on_bound: impl FnOnce(BoundAddrs),
+) -> anyhow::Result<()> {
+    crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
+    let worker_id = worker_id(&config.data_dir, config.worker_id.as_deref())?;
+    let inventory =
+        inventory::Inventory::detect(config.cpu_slices, config.slice_memory_bytes, config.inventory.as_deref())
+            .map_err(anyhow::Error::msg)
+            .context("build the slice inventory")?;
+    let client = client::connect(&config.control_plane, &config.worker_token)?;
+
+    let repository_dir = config.data_dir.join("repository");
+    std::fs::create_dir_all(&repository_dir).context("create the repository directory")?;
+    let repository = Repository::open(&repository_dir).map_err(anyhow::Error::msg)?;
+    let manager = Arc::new(ModelManager::new(repository, ControlMode::Explicit));
+    let credentials = Arc::new(credentials::ControlPlaneCredentials::new(client.clone()));
+    let authenticator = Arc::new(Authenticator::new(credentials, config.key_cache_ttl));
+    let state = Arc::new(ServerState::new(manager.clone(), false, config.max_input_size).with_auth(authenticator));
+
+    let source: Arc<dyn cache::ArtifactSource> = Arc::new(client.clone());
+    let cache = cache::ArtifactCache::open(config.data_dir.join("cache"), source)
+        .with_context(|| format!("open the artifact cache in {}", config.data_dir.display()))?;
+
+    let addrs =
+        BoundAddrs { http: Some(config.http_addr), grpc: Some(config.grpc_addr), metrics: Some(config.metrics_addr) };
+    let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
+    on_bound(listeners.bound);
+    let reconciler = reconcile::Reconciler::start(manager, Arc::new(cache), shutdown.clone());
+    state.mark_started();
+
+    let register = registration(&worker_id, &config.advertise_host, listeners.bound, &inventory);
+    tracing::info!(
+        %worker_id,
+        control_plane = %config.control_plane,
+        http = %register.http_endpoint,
+        grpc = %register.grpc_endpoint,
+        slices = register.slices.len(),
+        "worker started"
+    );
+    session::run(client, register, reconciler, shutdown.clone()).await;
+    listeners.drain(&state).await;
+    Ok(())
+}
+
+/// The `Register` message: id, the endpoints clients reach, the slices offered.
+fn registration(worker_id: &str, host: &str, bound: BoundAddrs, inventory: &inventory::Inventory) -> agent::Register {
+    let url = |addr: Option<SocketAddr>| addr.map(|a| format!("http://{}", advertised(host, a))).unwrap_or_default();
+    agent::Register {
+        worker_id: worker_id.to_string(),
+        http_endpoint: url(bound.http),
+        grpc_endpoint: bound.grpc.map(|a| advertised(host, a)).unwrap_or_default(),
+        metrics_endpoint: url(bound.metrics),
+        slices: inventory.to_proto(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        labels: Default::default(),
+    }
+}
+
+/// `host:port` as clients reach a bound address (IPv6 hosts bracketed).
+fn advertised(host: &str, bound: SocketAddr) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]:{}", bound.port())
+    } else {
+        format!("{host}:{}", bound.port())
+    }
+}
+
+/// The worker id: the one given, else the one kept in the data directory, else a new one
+/// (written there for the next start).
+fn worker_id(data_dir: &Path, given: Option<&str>) -> anyhow::Result<String> {
+    if let Some(id) = given {
+        return config::parse_worker_id(id).map_err(|e| anyhow::anyhow!("invalid --worker-id '{id}': {e}"));
+    }
+    let path = data_dir.join(WORKER_ID_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let id = text.trim();
+            config::parse_worker_id(id)
+                .map_err(|e| anyhow::anyhow!("{} holds an invalid worker id: {e}", path.display()))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id = uuid::Uuid::new_v4().to_string();
+            std::fs::write(&path, format!("{id}\n")).with_context(|| format!("write {}", path.display()))?;
+            Ok(id)
+        }
+        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn worker_id_is_generated_once_and_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let first = worker_id(dir.path(), None).expect("generated");
+        assert_eq!(worker_id(dir.path(), None).expect("kept"), first);
+        assert_eq!(worker_id(dir.path(), Some("w-7")).expect("given"), "w-7");
+        std::fs::write(dir.path().join(WORKER_ID_FILE), "../../x").expect("write");
+        assert!(worker_id(dir.path(), None).is_err());
+    }
+
+    #[test]
+    fn advertised_endpoints() {
+        let bound: SocketAddr = "0.0.0.0:8000".parse().expect("addr");
+        assert_eq!(advertised("10.0.0.5", bound), "10.0.0.5:8000");
+        assert_eq!(advertised("::1", bound), "[::1]:8000");
+        assert_eq!(advertised("worker-3.internal", bound), "worker-3.internal:8000");
+    }
+}

@@ -1,0 +1,586 @@
+//! Converging the loaded models to the control plane's assignments.
+//!
+//! The model: every assignment names a replica of one model version of one tenant. Replicas on
+//! this worker that name the same tenant, model and version share one loaded version, stored in
+//! the model manager under `scoped_key(tenant_id, model_name)` with the registry version number;
+//! it is built from the artifact and config of one of them (a serving one first, then by
+//! replica id), its *fingerprint*. [`plan`] compares that desired set with what is installed
+//! and what is in flight and says what to do: install a version that is missing, whose
+//! fingerprint changed, or whose failed install is due a retry; remove a version no longer
+//! assigned; and point each key's unversioned requests at its highest serving version. A
+//! version with an install or removal in flight is left alone until it finishes; the plan is
+//! made again after every change, so an assignment set arriving mid-install is never lost.
+//!
+//! The [`Reconciler`] actor executes plans: installs and removals run as tasks (concurrently
+//! across versions, never two for one version) and report back; the replica states it
+//! publishes feed the session's heartbeats.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
+use tessera_protocol::agent::{self, ReplicaState};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::cache::ArtifactCache;
+use crate::manager::{ModelManager, scoped_key};
+use crate::repository::valid_model_name;
+
+/// How long a failed install waits before it is tried again.
+pub const RETRY_AFTER: Duration = Duration::from_secs(15);
+/// How often the actor looks for failed installs due a retry.
+const RETRY_TICK: Duration = Duration::from_secs(5);
+
+/// One model version on this worker.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VersionKey {
+    /// Manager key: `<tenant_id>/<model_name>`.
+    pub key: String,
+    /// Registry version number.
+    pub version: i64,
+}
+
+/// What a loaded version was built from; a change means installing it again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    /// Name clients use.
+    pub model_name: String,
+    /// Artifact sha256.
+    pub sha256: String,
+    /// Assignment config JSON.
+    pub config_json: String,
+}
+
+/// What one version should be.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DesiredVersion {
+    /// Name clients use.
+    pub model_name: String,
+    /// Artifact to load.
+    pub artifact: agent::Artifact,
+    /// Assignment config JSON (empty = auto-complete).
+    pub config_json: String,
+    /// Whether any replica of this version serves unversioned requests.
+    pub serving: bool,
+}
+
+impl DesiredVersion {
+    /// The fingerprint of what this version is built from.
+    pub fn fingerprint(&self) -> Fingerprint {
+        Fingerprint {
+            model_name: self.model_name.clone(),
+            sha256: self.artifact.sha256.clone(),
+            config_json: self.config_json.clone(),
+        }
+    }
+}
+
+/// The desired versions of an assignment set, and the replicas that cannot be placed in it
+/// (with the reason).
+pub fn desired(assignments: &[agent::Assignment]) -> (BTreeMap<VersionKey, DesiredVersion>, HashMap<String, String>) {
+    let mut ordered: Vec<&agent::Assignment> = assignments.iter().collect();
+    ordered.sort_by(|a, b| (!a.serving, &a.replica_id).cmp(&(!b.serving, &b.replica_id)));
+    let (mut versions, mut invalid) = (BTreeMap::new(), HashMap::new());
+    for a in ordered {
+        let (vk, artifact) = match version_key(a) {
+            Ok(found) => found,
+            Err(reason) => {
+                invalid.insert(a.replica_id.clone(), reason);
+                continue;
+            }
+        };
+        let entry = versions.entry(vk).or_insert_with(|| DesiredVersion {
+            model_name: a.model_name.clone(),
+            artifact: artifact.clone(),
+            config_json: a.config_json.clone(),
+            serving: false,
+        });
+        entry.serving |= a.serving;
+    }
+    (versions, invalid)
+}
+
+fn version_key(a: &agent::Assignment) -> Result<(VersionKey, &agent::Artifact), String> {
+    if a.tenant_id.is_empty() || a.tenant_id.contains('/') {
+        return Err(format!("invalid tenant id '{}'", a.tenant_id));
+    }
+    if !valid_model_name(&a.model_name) {
+        return Err(format!("invalid model name '{}'", a.model_name));
+    }
+    if a.version < 0 {
+        return Err(format!("invalid version {}", a.version));
+    }
+    let artifact = a.artifact.as_ref().ok_or("the assignment names no artifact")?;
+    Ok((VersionKey { key: scoped_key(Some(&a.tenant_id), &a.model_name), version: a.version }, artifact))
+}
+
+/// A version's install outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Loaded and serving.
+    Ready,
+    /// Could not be fetched or loaded; tried again from `retry_at`.
+    Failed {
+        /// Why.
+        reason: String,
+        /// When the install may be tried again.
+        retry_at: Instant,
+    },
+}
+
+/// A version the manager holds (loaded or failed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Installed {
+    /// What it was built from.
+    pub fingerprint: Fingerprint,
+    /// How it went.
+    pub outcome: Outcome,
+}
+
+/// An operation running on a version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InFlight {
+    /// Being fetched and loaded with this fingerprint.
+    Installing(Fingerprint),
+    /// Being unloaded.
+    Removing,
+}
+
+/// One step of a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Fetch and load this version.
+    Install(VersionKey, DesiredVersion),
+    /// Unload this version.
+    Remove(VersionKey),
+}
+
+/// What to do to converge.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Plan {
+    /// Installs and removals to start.
+    pub actions: Vec<Action>,
+    /// For every desired key: the version unversioned requests reach (`None`: latest ready).
+    pub defaults: Vec<(String, Option<i64>)>,
+}
+
+/// Compares the desired versions with what is installed and in flight (see the module doc).
+pub fn plan(
+    desired: &BTreeMap<VersionKey, DesiredVersion>,
+    installed: &BTreeMap<VersionKey, Installed>,
+    in_flight: &BTreeMap<VersionKey, InFlight>,
+    now: Instant,
+) -> Plan {
+    let mut actions = Vec::new();
+    for (vk, want) in desired {
+        if in_flight.contains_key(vk) {
+            continue;
+        }
+        let install = match installed.get(vk) {
+            None => true,
+            Some(i) if i.fingerprint != want.fingerprint() => true,
+            Some(Installed { outcome: Outcome::Failed { retry_at, .. }, .. }) => now >= *retry_at,
+            Some(_) => false,
+        };
+        if install {
+            actions.push(Action::Install(vk.clone(), want.clone()));
+        }
+    }
+    for vk in installed.keys() {
+        if !desired.contains_key(vk) && !in_flight.contains_key(vk) {
+            actions.push(Action::Remove(vk.clone()));
+        }
+    }
+    let mut defaults: BTreeMap<String, Option<i64>> = BTreeMap::new();
+    for (vk, want) in desired {
+        let slot = defaults.entry(vk.key.clone()).or_default();
+        if want.serving {
+            *slot = (*slot).max(Some(vk.version));
+        }
+    }
+    Plan { actions, defaults: defaults.into_iter().collect() }
+}
+
+/// Every assigned replica's state: loading until its version is installed, ready (draining
+/// once it stopped serving after having served), failed with the reason.
+pub fn replica_states(
+    assignments: &[agent::Assignment],
+    invalid: &HashMap<String, String>,
+    installed: &BTreeMap<VersionKey, Installed>,
+    in_flight: &BTreeMap<VersionKey, InFlight>,
+    served: &HashSet<String>,
+) -> Vec<agent::ReplicaStatus> {
+    let status = |a: &agent::Assignment, state: ReplicaState, reason: String| agent::ReplicaStatus {
+        replica_id: a.replica_id.clone(),
+        state: state.into(),
+        reason,
+    };
+    assignments
+        .iter()
+        .map(|a| {
+            if let Some(reason) = invalid.get(&a.replica_id) {
+                return status(a, ReplicaState::Failed, reason.clone());
+            }
+            let vk = VersionKey { key: scoped_key(Some(&a.tenant_id), &a.model_name), version: a.version };
+            let retrying = matches!(in_flight.get(&vk), Some(InFlight::Installing(_)));
+            match installed.get(&vk).map(|i| &i.outcome) {
+                Some(Outcome::Ready) if !a.serving && served.contains(&a.replica_id) => {
+                    status(a, ReplicaState::Draining, String::new())
+                }
+                Some(Outcome::Ready) => status(a, ReplicaState::Ready, String::new()),
+                Some(Outcome::Failed { reason, .. }) if !retrying => status(a, ReplicaState::Failed, reason.clone()),
+                _ => status(a, ReplicaState::Loading, String::new()),
+            }
+        })
+        .collect()
+}
+
+/// What the worker reports in heartbeats.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WorkerStatus {
+    /// Generation of the last assignment set applied.
+    pub applied_generation: u64,
+    /// Every assigned replica's state.
+    pub replicas: Vec<agent::ReplicaStatus>,
+}
+
+/// Handle to the reconciling actor.
+#[derive(Clone)]
+pub struct Reconciler {
+    /// Assignment sets, in arrival order; the actor applies the latest one queued.
+    commands: mpsc::Sender<agent::Assignments>,
+    /// Replaced by the actor after every change.
+    status: watch::Receiver<WorkerStatus>,
+}
+
+impl Reconciler {
+    /// Starts the actor; it stops when `shutdown` is cancelled.
+    pub fn start(manager: Arc<ModelManager>, cache: Arc<ArtifactCache>, shutdown: CancellationToken) -> Self {
+        let (commands, receiver) = mpsc::channel(8);
+        let (status_tx, status) = watch::channel(WorkerStatus::default());
+        let executor = Executor {
+            manager,
+            cache,
+            assignments: Vec::new(),
+            generation: 0,
+            desired: BTreeMap::new(),
+            invalid: HashMap::new(),
+            installed: BTreeMap::new(),
+            in_flight: BTreeMap::new(),
+            served: HashSet::new(),
+            tasks: JoinSet::new(),
+            status: status_tx,
+        };
+        tokio::spawn(executor.run(receiver, shutdown));
+        Self { commands, status }
+    }
+
+    /// Hands a complete assignment set to the actor.
+    pub async fn apply(&self, assignments: agent::Assignments) {
+        if self.commands.send(assignments).await.is_err() {
+            tracing::debug!("reconciler stopped; assignments dropped");
+        }
+    }
+
+    /// The replica states, updated after every change.
+    pub fn status(&self) -> watch::Receiver<WorkerStatus> {
+        self.status.clone()
+    }
+}
+
+/// A finished install or removal.
+struct Done {
+    vk: VersionKey,
+    /// `None` for a removal.
+    installed: Option<(Fingerprint, Result<(), String>)>,
+}
+
+/// The actor's state: the latest assignment set and what is installed.
+struct Executor {
+    manager: Arc<ModelManager>,
+    cache: Arc<ArtifactCache>,
+    assignments: Vec<agent::Assignment>,
+    generation: u64,
+    desired: BTreeMap<VersionKey, DesiredVersion>,
+    invalid: HashMap<String, String>,
+    installed: BTreeMap<VersionKey, Installed>,
+    in_flight: BTreeMap<VersionKey, InFlight>,
+    /// Replicas seen serving: they report DRAINING once they stop.
+    served: HashSet<String>,
+    /// Installs and removals; dropping the set (shutdown) abandons them.
+    tasks: JoinSet<Done>,
+    status: watch::Sender<WorkerStatus>,
+}
+
+impl Executor {
+    async fn run(mut self, mut commands: mpsc::Receiver<agent::Assignments>, shutdown: CancellationToken) {
+        let mut retry = tokio::time::interval(RETRY_TICK);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                received = commands.recv() => {
+                    let Some(mut latest) = received else { break };
+                    // Each set is complete: only the newest one queued matters.
+                    while let Ok(next) = commands.try_recv() {
+                        latest = next;
+                    }
+                    self.apply(latest);
+                }
+                Some(joined) = self.tasks.join_next(), if !self.tasks.is_empty() => {
+                    match joined {
+                        Ok(done) => self.finish(done),
+                        Err(e) => tracing::error!(error = %e, "reconcile task failed"),
+                    }
+                }
+                _ = retry.tick() => self.reconcile(),
+            }
+        }
+    }
+
+    fn apply(&mut self, set: agent::Assignments) {
+        if set.generation < self.generation {
+            tracing::warn!(generation = set.generation, applied = self.generation, "assignment generation went back");
+        }
+        let (desired, invalid) = desired(&set.assignments);
+        for (replica, reason) in &invalid {
+            tracing::warn!(replica_id = %replica, %reason, "assignment refused");
+        }
+        let assigned: HashSet<&str> = set.assignments.iter().map(|a| a.replica_id.as_str()).collect();
+        self.served.retain(|r| assigned.contains(r.as_str()));
+        self.served.extend(set.assignments.iter().filter(|a| a.serving).map(|a| a.replica_id.clone()));
+        tracing::info!(
+            generation = set.generation,
+            replicas = set.assignments.len(),
+            versions = desired.len(),
+            "assignments received"
+        );
+        (self.generation, self.assignments, self.desired, self.invalid) =
+            (set.generation, set.assignments, desired, invalid);
+        self.reconcile();
+    }
+
+    fn finish(&mut self, done: Done) {
+        self.in_flight.remove(&done.vk);
+        match done.installed {
+            None => {
+                self.installed.remove(&done.vk);
+            }
+            Some((fingerprint, result)) => {
+                let outcome = match result {
+                    Ok(()) => Outcome::Ready,
+                    Err(reason) => Outcome::Failed { reason, retry_at: Instant::now() + RETRY_AFTER },
+                };
+                self.installed.insert(done.vk, Installed { fingerprint, outcome });
+            }
+        }
+        self.reconcile();
+    }
+
+    /// Plans and starts what the plan says, then publishes the replica states.
+    fn reconcile(&mut self) {
+        let plan = plan(&self.desired, &self.installed, &self.in_flight, Instant::now());
+        // Defaults first: a removal must find unversioned traffic already moved away.
+        for (key, version) in &plan.defaults {
+            self.manager.set_default_version(key, *version);
+        }
+        for action in plan.actions {
+            match action {
+                Action::Install(vk, want) => self.start_install(vk, want),
+                Action::Remove(vk) => self.start_remove(vk),
+            }
+        }
+        self.publish();
+    }
+
+    fn start_install(&mut self, vk: VersionKey, want: DesiredVersion) {
+        let fingerprint = want.fingerprint();
+        self.in_flight.insert(vk.clone(), InFlight::Installing(fingerprint.clone()));
+        let (manager, cache) = (self.manager.clone(), self.cache.clone());
+        tracing::info!(key = %vk.key, version = vk.version, sha256 = %want.artifact.sha256, "installing model version");
+        self.tasks.spawn(async move {
+            let started = Instant::now();
+            let result = AssertUnwindSafe(install(&manager, &cache, &vk, &want))
+                .catch_unwind()
+                .await
+                .unwrap_or_else(|_| Err("the install task panicked".into()));
+            let ms = started.elapsed().as_millis();
+            match &result {
+                Ok(()) => tracing::info!(key = %vk.key, version = vk.version, ms, "model version ready"),
+                Err(reason) => tracing::warn!(key = %vk.key, version = vk.version, %reason, "model version failed"),
+            }
+            Done { vk, installed: Some((fingerprint, result)) }
+        });
+    }
+
+    fn start_remove(&mut self, vk: VersionKey) {
+        self.in_flight.insert(vk.clone(), InFlight::Removing);
+        let manager = self.manager.clone();
+        self.tasks.spawn(async move {
+            manager.remove_version(&vk.key, vk.version).await;
+            tracing::info!(key = %vk.key, version = vk.version, "model version unloaded");
+            Done { vk, installed: None }
+        });
+    }
+
+    fn publish(&self) {
+        let replicas = replica_states(&self.assignments, &self.invalid, &self.installed, &self.in_flight, &self.served);
+        let status = WorkerStatus { applied_generation: self.generation, replicas };
+        self.status.send_if_modified(|current| {
+            let changed = *current != status;
+            if changed {
+                *current = status;
+            }
+            changed
+        });
+    }
+}
+
+/// Fetches the artifact and loads the version.
+async fn install(
+    manager: &ModelManager,
+    cache: &ArtifactCache,
+    vk: &VersionKey,
+    want: &DesiredVersion,
+) -> Result<(), String> {
+    let prepared = cache.prepare(&want.artifact, &want.model_name, vk.version, &want.config_json).await?;
+    manager
+        .install_version(&vk.key, &want.model_name, vk.version, prepared.file, prepared.config)
+        .await
+        .map_err(|e| e.message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assignment(replica: &str, tenant: &str, model: &str, version: i64, serving: bool) -> agent::Assignment {
+        agent::Assignment {
+            replica_id: replica.into(),
+            deployment_id: "d".into(),
+            tenant_id: tenant.into(),
+            tenant_name: "acme".into(),
+            model_name: model.into(),
+            version,
+            slice_id: "cpu-0".into(),
+            artifact: Some(agent::Artifact {
+                key: format!("{tenant}/{model}/{version}"),
+                sha256: format!("{version:064}"),
+                size_bytes: 1,
+                format: "onnx".into(),
+            }),
+            config_json: String::new(),
+            serving,
+        }
+    }
+
+    fn vk(key: &str, version: i64) -> VersionKey {
+        VersionKey { key: key.into(), version }
+    }
+
+    fn ready(want: &DesiredVersion) -> Installed {
+        Installed { fingerprint: want.fingerprint(), outcome: Outcome::Ready }
+    }
+
+    #[test]
+    fn desired_groups_replicas_by_version_and_refuses_bad_ones() {
+        let mut r2 = assignment("r2", "t1", "m", 1, true);
+        r2.config_json = "{\"max_batch_size\": 2}".into();
+        let mut bad = assignment("r4", "t1", "../m", 1, true);
+        bad.version = 3;
+        let set = [assignment("r1", "t1", "m", 1, false), r2, assignment("r3", "t2", "m", 1, false), bad];
+        let (versions, invalid) = desired(&set);
+        assert_eq!(versions.keys().cloned().collect::<Vec<_>>(), [vk("t1/m", 1), vk("t2/m", 1)]);
+        let shared = &versions[&vk("t1/m", 1)];
+        assert!(shared.serving);
+        assert_eq!(shared.config_json, "{\"max_batch_size\": 2}", "the serving replica's config wins");
+        assert!(!versions[&vk("t2/m", 1)].serving);
+        assert!(invalid["r4"].contains("invalid model name"));
+    }
+
+    #[test]
+    fn plan_installs_removes_and_sets_defaults() {
+        let now = Instant::now();
+        let set = [
+            assignment("a", "t", "m", 1, true),
+            assignment("b", "t", "m", 2, false),
+            assignment("c", "t", "n", 5, false),
+        ];
+        let (want, _) = desired(&set);
+        let fresh = plan(&want, &BTreeMap::new(), &BTreeMap::new(), now);
+        let installs: Vec<&VersionKey> = fresh
+            .actions
+            .iter()
+            .map(|a| match a {
+                Action::Install(vk, _) => vk,
+                Action::Remove(vk) => panic!("nothing to remove, got {vk:?}"),
+            })
+            .collect();
+        assert_eq!(installs, [&vk("t/m", 1), &vk("t/m", 2), &vk("t/n", 5)]);
+        assert_eq!(fresh.defaults, [("t/m".to_string(), Some(1)), ("t/n".to_string(), None)]);
+
+        let mut installed: BTreeMap<VersionKey, Installed> = want.iter().map(|(k, w)| (k.clone(), ready(w))).collect();
+        installed.insert(vk("t/old", 1), ready(&want[&vk("t/n", 5)]));
+        installed.insert(vk("t/going", 1), ready(&want[&vk("t/n", 5)]));
+        let in_flight = BTreeMap::from([(vk("t/going", 1), InFlight::Removing)]);
+        let steady = plan(&want, &installed, &in_flight, now);
+        assert_eq!(steady.actions, [Action::Remove(vk("t/old", 1))]);
+    }
+
+    #[test]
+    fn plan_reinstalls_changed_versions_retries_failures_and_waits_for_in_flight_work() {
+        let now = Instant::now();
+        let (want, _) = desired(&[assignment("a", "t", "m", 1, true)]);
+        let key = vk("t/m", 1);
+        let mut changed = ready(&want[&key]);
+        changed.fingerprint.config_json = "{}".into();
+        let installed = BTreeMap::from([(key.clone(), changed)]);
+        assert_eq!(plan(&want, &installed, &BTreeMap::new(), now).actions.len(), 1);
+        let busy = BTreeMap::from([(key.clone(), InFlight::Installing(want[&key].fingerprint()))]);
+        assert!(plan(&want, &installed, &busy, now).actions.is_empty());
+
+        let failed = Installed {
+            fingerprint: want[&key].fingerprint(),
+            outcome: Outcome::Failed { reason: "bad".into(), retry_at: now + RETRY_AFTER },
+        };
+        let installed = BTreeMap::from([(key.clone(), failed)]);
+        assert!(plan(&want, &installed, &BTreeMap::new(), now).actions.is_empty());
+        assert_eq!(plan(&want, &installed, &BTreeMap::new(), now + RETRY_AFTER).actions.len(), 1);
+    }
+
+    #[test]
+    fn replica_states_follow_installs() {
+        let now = Instant::now();
+        let set = [
+            assignment("new", "t", "m", 2, false),
+            assignment("old", "t", "m", 1, false),
+            assignment("bad", "t", "n", 1, true),
+            assignment("wait", "t", "o", 1, true),
+        ];
+        let (want, invalid) = desired(&set);
+        let mut installed: BTreeMap<VersionKey, Installed> =
+            [vk("t/m", 1), vk("t/m", 2)].into_iter().map(|k| (k.clone(), ready(&want[&k]))).collect();
+        let failure = Outcome::Failed { reason: "no such file".into(), retry_at: now };
+        installed.insert(vk("t/n", 1), Installed { fingerprint: want[&vk("t/n", 1)].fingerprint(), outcome: failure });
+        let served = HashSet::from(["old".to_string()]);
+        let states = replica_states(&set, &invalid, &installed, &BTreeMap::new(), &served);
+        let summary: Vec<(&str, ReplicaState, &str)> =
+            states.iter().map(|s| (s.replica_id.as_str(), s.state(), s.reason.as_str())).collect();
+        assert_eq!(
+            summary,
+            [
+                ("new", ReplicaState::Ready, ""),
+                ("old", ReplicaState::Draining, ""),
+                ("bad", ReplicaState::Failed, "no such file"),
+                ("wait", ReplicaState::Loading, ""),
+            ]
+        );
+        let retrying = BTreeMap::from([(vk("t/n", 1), InFlight::Installing(want[&vk("t/n", 1)].fingerprint()))]);
+        let states = replica_states(&set, &invalid, &installed, &retrying, &served);
+        assert_eq!(states[2].state(), ReplicaState::Loading);
+    }
+}

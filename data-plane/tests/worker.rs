@@ -1,0 +1,402 @@
+//! `tessera worker` against an in-process fake control plane: registration, artifact fetch,
+//! loading, heartbeats, tenant-scoped authenticated inference, unloading, and serving on while
+//! the control plane is gone.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tessera_data_plane::onnx_builder;
+use tessera_data_plane::server::BoundAddrs;
+use tessera_data_plane::worker::{self, WorkerConfig, WorkerToken};
+use tessera_protocol::agent::worker_agent_server::{WorkerAgent, WorkerAgentServer};
+use tessera_protocol::agent::{self, control_message, worker_message};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+const TOKEN: &str = "worker-secret";
+const TENANT_A: &str = "0190a0a0-0000-7000-8000-00000000000a";
+const TENANT_B: &str = "0190a0a0-0000-7000-8000-00000000000b";
+
+/// The control plane as far as one worker can tell.
+struct Fake {
+    artifacts: HashMap<String, Vec<u8>>,
+    registered: watch::Sender<Option<agent::Register>>,
+    heartbeat: watch::Sender<Option<agent::Heartbeat>>,
+    /// What the fake wants the worker to hold; every change is sent down the session.
+    assignments: watch::Sender<agent::Assignments>,
+    fetches: AtomicUsize,
+    /// Ends open sessions (so the server can stop).
+    stop: CancellationToken,
+}
+
+fn check_token<T>(request: &Request<T>) -> Result<(), Status> {
+    let presented = request.metadata().get("authorization").and_then(|v| v.to_str().ok());
+    if presented == Some(&format!("Bearer {TOKEN}")) {
+        Ok(())
+    } else {
+        Err(Status::unauthenticated("a valid worker token is required (--worker-token)"))
+    }
+}
+
+type Stream<T> = Pin<Box<dyn futures::Stream<Item = Result<T, Status>> + Send>>;
+
+type Outbox = mpsc::Sender<Result<agent::ControlMessage, Status>>;
+
+async fn send(tx: &Outbox, kind: control_message::Kind) {
+    let _ = tx.send(Ok(agent::ControlMessage { kind: Some(kind) })).await;
+}
+
+/// One worker session: answers Register with Registered and the wanted set, records
+/// heartbeats, sends every change of the wanted set, ends when the fake stops.
+async fn run_session(fake: Arc<Fake>, mut inbound: tonic::Streaming<agent::WorkerMessage>, tx: Outbox) {
+    let mut wanted = fake.assignments.subscribe();
+    loop {
+        tokio::select! {
+            () = fake.stop.cancelled() => break,
+            message = inbound.message() => {
+                let Ok(Some(message)) = message else { break };
+                match message.kind {
+                    Some(worker_message::Kind::Register(r)) => {
+                        let worker_id = r.worker_id.clone();
+                        let registered = agent::Registered { worker_id, heartbeat_interval_ms: 100 };
+                        fake.registered.send_replace(Some(r));
+                        send(&tx, control_message::Kind::Registered(registered)).await;
+                        let set = wanted.borrow_and_update().clone();
+                        send(&tx, control_message::Kind::Assignments(set)).await;
+                    }
+                    Some(worker_message::Kind::Heartbeat(h)) => {
+                        fake.heartbeat.send_replace(Some(h));
+                    }
+                    None => {}
+                }
+            }
+            changed = wanted.changed() => {
+                if changed.is_err() {
+                    break;
+                }
+                let set = wanted.borrow_and_update().clone();
+                send(&tx, control_message::Kind::Assignments(set)).await;
+            }
+        }
+    }
+}
+
+/// The gRPC service over the shared fake.
+struct Service(Arc<Fake>);
+
+#[tonic::async_trait]
+impl WorkerAgent for Service {
+    type SessionStream = ReceiverStream<Result<agent::ControlMessage, Status>>;
+    type FetchArtifactStream = Stream<agent::ArtifactChunk>;
+
+    async fn session(
+        &self,
+        request: Request<tonic::Streaming<agent::WorkerMessage>>,
+    ) -> Result<Response<Self::SessionStream>, Status> {
+        check_token(&request)?;
+        let (tx, rx) = mpsc::channel(16);
+        tokio::spawn(run_session(self.0.clone(), request.into_inner(), tx));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn authenticate_key(
+        &self,
+        request: Request<agent::AuthenticateKeyRequest>,
+    ) -> Result<Response<agent::AuthenticateKeyResponse>, Status> {
+        check_token(&request)?;
+        let tenant = match request.get_ref().api_key.as_str() {
+            "tsk_a" => TENANT_A,
+            "tsk_b" => TENANT_B,
+            _ => return Err(Status::not_found("unknown, revoked or expired API key")),
+        };
+        Ok(Response::new(agent::AuthenticateKeyResponse {
+            tenant_id: tenant.into(),
+            tenant_name: "tenant".into(),
+            role: "inference".into(),
+            expires_at: 0,
+        }))
+    }
+
+    async fn get_token_keys(
+        &self,
+        request: Request<agent::GetTokenKeysRequest>,
+    ) -> Result<Response<agent::GetTokenKeysResponse>, Status> {
+        check_token(&request)?;
+        Ok(Response::new(agent::GetTokenKeysResponse {
+            jwks_json: r#"{"keys": []}"#.into(),
+            issuer: "tessera".into(),
+            audience: "tessera".into(),
+        }))
+    }
+
+    async fn fetch_artifact(
+        &self,
+        request: Request<agent::FetchArtifactRequest>,
+    ) -> Result<Response<Self::FetchArtifactStream>, Status> {
+        check_token(&request)?;
+        self.0.fetches.fetch_add(1, Ordering::SeqCst);
+        let bytes =
+            self.0.artifacts.get(&request.get_ref().key).cloned().ok_or_else(|| Status::not_found("no such key"))?;
+        let chunks: Vec<Result<agent::ArtifactChunk, Status>> =
+            bytes.chunks(100).map(|c| Ok(agent::ArtifactChunk { data: bytes::Bytes::copy_from_slice(c) })).collect();
+        Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
+}
+
+struct FakeServer {
+    fake: Arc<Fake>,
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start_fake(model: &[u8]) -> FakeServer {
+    let fake = Arc::new(Fake {
+        artifacts: HashMap::from([(format!("{TENANT_A}/add_sub/1.onnx"), model.to_vec())]),
+        registered: watch::channel(None).0,
+        heartbeat: watch::channel(None).0,
+        assignments: watch::channel(agent::Assignments::default()).0,
+        fetches: AtomicUsize::new(0),
+        stop: CancellationToken::new(),
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let (service, stop) = (WorkerAgentServer::new(Service(fake.clone())), fake.stop.clone());
+    let task = tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
+            .await
+            .expect("fake control plane serves");
+    });
+    FakeServer { fake, url, task }
+}
+
+/// A replica of tenant A's `add_sub` at `version`, all versions built from `model`.
+fn replica(model: &[u8], id: &str, version: i64, serving: bool) -> agent::Assignment {
+    agent::Assignment {
+        replica_id: id.into(),
+        deployment_id: "deployment-1".into(),
+        tenant_id: TENANT_A.into(),
+        tenant_name: "a".into(),
+        model_name: "add_sub".into(),
+        version,
+        slice_id: "cpu-0".into(),
+        artifact: Some(agent::Artifact {
+            key: format!("{TENANT_A}/add_sub/1.onnx"),
+            sha256: hex::encode(Sha256::digest(model)),
+            size_bytes: model.len() as u64,
+            format: "onnx".into(),
+        }),
+        config_json: r#"{"instance_group": [{"count": 1, "kind": "KIND_CPU"}]}"#.into(),
+        serving,
+    }
+}
+
+fn set(generation: u64, assignments: Vec<agent::Assignment>) -> agent::Assignments {
+    agent::Assignments { generation, assignments }
+}
+
+/// Waits until the latest heartbeat satisfies `done`.
+async fn heartbeat_until(fake: &Fake, what: &str, done: impl Fn(&agent::Heartbeat) -> bool) -> agent::Heartbeat {
+    let mut rx = fake.heartbeat.subscribe();
+    let wait = async {
+        loop {
+            if let Some(h) = rx.borrow_and_update().as_ref().filter(|h| done(h)) {
+                return h.clone();
+            }
+            rx.changed().await.expect("fake alive");
+        }
+    };
+    match tokio::time::timeout(Duration::from_secs(60), wait).await {
+        Ok(h) => h,
+        Err(_) => panic!("no heartbeat showed {what}; last: {:?}", rx.borrow()),
+    }
+}
+
+fn state_of(h: &agent::Heartbeat, replica: &str) -> Option<agent::ReplicaState> {
+    h.replicas.iter().find(|r| r.replica_id == replica).map(|r| r.state())
+}
+
+fn replica_state(h: &agent::Heartbeat) -> Option<agent::ReplicaState> {
+    state_of(h, "replica-1")
+}
+
+async fn infer(http: &str, key: Option<&str>) -> (u16, Value) {
+    infer_at(http, "/v2/models/add_sub/infer", key).await
+}
+
+/// The version that answers `path`, or the HTTP status when it fails.
+async fn answering_version(http: &str, path: &str) -> Result<String, u16> {
+    match infer_at(http, path, Some("tsk_a")).await {
+        (200, body) => Ok(body["model_version"].as_str().unwrap_or_default().to_string()),
+        (status, _) => Err(status),
+    }
+}
+
+/// Polls until `path` answers `want`.
+async fn until_answer(http: &str, path: &str, want: Result<&str, u16>) {
+    let want = want.map(str::to_string);
+    let poll = async {
+        while answering_version(http, path).await != want {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), poll)
+        .await
+        .unwrap_or_else(|_| panic!("{path} never answered {want:?}"));
+}
+
+/// One gRPC inference with `key` as the bearer credential.
+async fn grpc_infer(grpc: std::net::SocketAddr, key: &str) -> Result<(), tonic::Code> {
+    use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use tessera_protocol::inference::model_infer_request::InferInputTensor;
+    use tessera_protocol::inference::{InferTensorContents, ModelInferRequest};
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{grpc}")).await.expect("grpc connect");
+    let tensor = |name: &str| InferInputTensor {
+        name: name.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        contents: Some(InferTensorContents { fp32_contents: vec![1.0; 16], ..Default::default() }),
+        ..Default::default()
+    };
+    let message = ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
+        ..Default::default()
+    };
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().expect("ascii"));
+    client.model_infer(request).await.map(|_| ()).map_err(|s| s.code())
+}
+
+async fn infer_at(http: &str, path: &str, key: Option<&str>) -> (u16, Value) {
+    let a: Vec<f32> = (0..16).map(|i| i as f32).collect();
+    let body = json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": a},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": vec![1.0f32; 16]},
+    ]});
+    let mut request = reqwest::Client::new().post(format!("{http}{path}")).json(&body);
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.expect("http request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_registers_loads_serves_unloads_and_outlives_the_control_plane() {
+    let model = onnx_builder::add_sub();
+    let server = start_fake(&model).await;
+    let fake = server.fake.clone();
+    fake.assignments.send_replace(set(1, vec![replica(&model, "replica-1", 1, true)]));
+
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut config = WorkerConfig::local(&server.url, WorkerToken::new(TOKEN), data.path());
+    config.key_cache_ttl = Duration::from_millis(500);
+    let shutdown = CancellationToken::new();
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<BoundAddrs>();
+    let worker = tokio::spawn(worker::run(config, shutdown.clone(), move |b| {
+        let _ = bound_tx.send(b);
+    }));
+    let bound = bound_rx.await.expect("worker bound its listeners");
+    let http = format!("http://{}", bound.http.expect("http on"));
+
+    // Registered with its endpoints and CPU slices, then the replica becomes ready.
+    let heartbeat =
+        heartbeat_until(&fake, "replica READY", |h| replica_state(h) == Some(agent::ReplicaState::Ready)).await;
+    assert_eq!(heartbeat.applied_generation, 1);
+    let register = fake.registered.borrow().clone().expect("registered");
+    assert_eq!(register.http_endpoint, http);
+    assert_eq!(register.slices.len(), 2);
+    assert!(register.slices.iter().all(|s| s.profile == "cpu" && s.memory_bytes > 0));
+    let worker_id = std::fs::read_to_string(data.path().join("worker-id")).expect("worker id kept");
+    assert_eq!(worker_id.trim(), register.worker_id);
+
+    // Tenant A's key reaches its model; tenant B's does not see it; no key is refused.
+    let (status, body) = infer(&http, Some("tsk_a")).await;
+    assert_eq!(status, 200, "{body}");
+    let out = body["outputs"].as_array().expect("outputs").iter().find(|o| o["name"] == "OUTPUT0").expect("OUTPUT0");
+    assert_eq!(out["data"][3], json!(4.0));
+    let (status, body) = infer(&http, Some("tsk_b")).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(infer(&http, None).await.0, 401);
+    let grpc = bound.grpc.expect("grpc on");
+    assert_eq!(grpc_infer(grpc, "tsk_a").await, Ok(()));
+    assert_eq!(grpc_infer(grpc, "tsk_b").await, Err(tonic::Code::NotFound));
+    assert_eq!(grpc_infer(grpc, "tsk_nope").await, Err(tonic::Code::Unauthenticated));
+    assert_eq!(infer(&http, Some("tsk_nope")).await.0, 401);
+
+    // An empty set unloads the model.
+    fake.assignments.send_replace(agent::Assignments { generation: 2, assignments: Vec::new() });
+    heartbeat_until(&fake, "generation 2 with no replicas", |h| h.applied_generation == 2 && h.replicas.is_empty())
+        .await;
+    let unloaded = async {
+        while infer(&http, Some("tsk_a")).await.0 != 404 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), unloaded).await.expect("model unloaded");
+
+    // Assigned again: loaded from the cache, not fetched a second time.
+    fake.assignments.send_replace(set(3, vec![replica(&model, "replica-1", 1, true)]));
+    heartbeat_until(&fake, "READY at generation 3", |h| {
+        h.applied_generation == 3 && replica_state(h) == Some(agent::ReplicaState::Ready)
+    })
+    .await;
+    assert_eq!(fake.fetches.load(Ordering::SeqCst), 1);
+
+    // A rollout: version 2 warms up without taking unversioned traffic, then takes it over
+    // while version 1 drains.
+    const LATEST: &str = "/v2/models/add_sub/infer";
+    let warm = vec![replica(&model, "replica-1", 1, true), replica(&model, "replica-2", 2, false)];
+    fake.assignments.send_replace(set(4, warm));
+    heartbeat_until(&fake, "version 2 warm", |h| {
+        h.applied_generation == 4 && state_of(h, "replica-2") == Some(agent::ReplicaState::Ready)
+    })
+    .await;
+    assert_eq!(answering_version(&http, LATEST).await, Ok("1".into()));
+    assert_eq!(answering_version(&http, "/v2/models/add_sub/versions/2/infer").await, Ok("2".into()));
+    let switched = vec![replica(&model, "replica-1", 1, false), replica(&model, "replica-2", 2, true)];
+    fake.assignments.send_replace(set(5, switched));
+    heartbeat_until(&fake, "version 1 draining", |h| {
+        h.applied_generation == 5 && replica_state(h) == Some(agent::ReplicaState::Draining)
+    })
+    .await;
+    assert_eq!(answering_version(&http, LATEST).await, Ok("2".into()));
+
+    // A set replaced while its install may still run: the newest set wins.
+    let with_three = vec![replica(&model, "replica-2", 2, true), replica(&model, "replica-3", 3, true)];
+    fake.assignments.send_replace(set(6, with_three));
+    heartbeat_until(&fake, "generation 6", |h| h.applied_generation == 6).await;
+    fake.assignments.send_replace(set(7, vec![replica(&model, "replica-2", 2, true)]));
+    heartbeat_until(&fake, "only version 2 at generation 7", |h| {
+        h.applied_generation == 7
+            && h.replicas.len() == 1
+            && state_of(h, "replica-2") == Some(agent::ReplicaState::Ready)
+    })
+    .await;
+    until_answer(&http, "/v2/models/add_sub/versions/1/infer", Err(404)).await;
+    until_answer(&http, "/v2/models/add_sub/versions/3/infer", Err(404)).await;
+    assert_eq!(answering_version(&http, LATEST).await, Ok("2".into()));
+    assert_eq!(fake.fetches.load(Ordering::SeqCst), 1);
+
+    // The control plane goes away: the worker keeps serving, with the key it had cached
+    // (its re-check fails as unavailable, which keeps the cached answer).
+    fake.stop.cancel();
+    tokio::time::timeout(Duration::from_secs(10), server.task).await.expect("fake stops").expect("fake task");
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (status, body) = infer(&http, Some("tsk_a")).await;
+    assert_eq!(status, 200, "{body}");
+
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(30), worker).await.expect("worker stops");
+    result.expect("worker task").expect("worker exits cleanly");
+}
