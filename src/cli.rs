@@ -40,8 +40,35 @@ pub enum Command {
     Bench(BenchCommand),
     /// Control plane: tenant registry, auth, model versions, audit, quotas, REST API `/v1`.
     ControlPlane(tessera_control_plane::ControlPlaneArgs),
+    /// Worker: registers its slices with a control plane, loads what it assigns, serves inference.
+    Worker(tessera_data_plane::worker::WorkerArgs),
     /// Print the control plane's OpenAPI document (what `openapi/openapi.json` holds).
     Openapi,
+    /// Everything on one machine in one process: control plane (SQLite), a worker, a demo
+    /// tenant with the demo model deployed; prints keys and examples. State in `--data-dir`.
+    Dev(crate::dev::DevArgs),
+    /// Check an API key against a control plane and save URL, key and tenant for the verbs below.
+    Login(crate::client::login::LoginArgs),
+    /// Models: `push FILE --model NAME` uploads a version.
+    #[command(subcommand)]
+    Models(crate::client::models::ModelsCommand),
+    /// Create or update a model's deployment (replicas on workers).
+    Deploy(crate::client::deploy::DeployArgs),
+    /// Deployments: `list`, `get NAME`.
+    #[command(subcommand)]
+    Deployments(crate::client::deploy::DeploymentsCommand),
+    /// One KServe v2 JSON inference against a worker; prints the JSON answer.
+    Infer(crate::client::infer::InferArgs),
+}
+
+impl Command {
+    /// Whether this is a client verb (quiet logs; errors as one line).
+    pub fn is_client(&self) -> bool {
+        matches!(
+            self,
+            Command::Login(_) | Command::Models(_) | Command::Deploy(_) | Command::Deployments(_) | Command::Infer(_)
+        )
+    }
 }
 
 /// `tessera serve` flags (tritonserver's names where they exist).
@@ -157,10 +184,10 @@ impl ServeArgs {
     }
 }
 
-/// Sets up `tracing` output, filtered by `RUST_LOG` (default `info`).
-pub fn init_logging(format: LogFormat) {
+/// Sets up `tracing` output, filtered by `RUST_LOG` (else `default_filter`).
+pub fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,ort=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
@@ -195,6 +222,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             );
             Ok(())
         }
+        Command::Worker(args) => {
+            let config = args.into_config();
+            tracing::info!(?config, "starting tessera worker");
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            tessera_data_plane::worker::run(config, shutdown, |_| {}).await
+        }
         Command::ControlPlane(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -204,6 +238,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", tessera_control_plane::openapi_json());
             Ok(())
         }
+        Command::Dev(args) => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            crate::dev::run(args, shutdown).await
+        }
+        Command::Login(args) => crate::client::login::run(args).await,
+        Command::Models(command) => crate::client::models::run(command).await,
+        Command::Deploy(args) => crate::client::deploy::run_deploy(args).await,
+        Command::Deployments(command) => crate::client::deploy::run_deployments(command).await,
+        Command::Infer(args) => crate::client::infer::run(args).await,
     }
 }
 

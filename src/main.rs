@@ -1,13 +1,17 @@
 //! The `tessera` binary: parses the command line and starts a role.
 
 mod cli;
+mod client;
+mod dev;
 mod loadgen;
 
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
-    cli::init_logging(cli.log_format);
+    let client = cli.command.is_client();
+    // Client verbs talk to people: warnings only, and an error is the one line below.
+    cli::init_logging(cli.log_format, if client { "warn" } else { "info,ort=warn" });
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -18,7 +22,9 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(cli::run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "tessera failed");
+            if !client {
+                tracing::error!(error = format!("{e:#}"), "tessera failed");
+            }
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }

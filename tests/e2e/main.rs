@@ -2,4 +2,5 @@
 //! One test binary for the whole workspace (build once, run many).
 
 mod control_plane;
+mod dev;
 mod serve;

@@ -5,13 +5,14 @@ mod batching;
 mod bench;
 mod grpc;
 mod http;
-mod onnx;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
+
+use tessera_data_plane::onnx_builder as onnx;
 
 /// A running `tessera serve` over its own temporary repository.
 pub struct TestServer {

@@ -1,0 +1,115 @@
+//! `tessera infer`: one KServe v2 JSON inference against a worker, with the caller's key.
+//! The worker is `--url`/`TESSERA_INFERENCE_URL`, or the first ready replica of the model's
+//! deployment as the control plane reports it.
+
+use std::io::Read;
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use super::api::{ApiClient, segment};
+use super::deploy;
+use super::settings::{ConfigFile, ConnectionArgs, config_path};
+
+/// `tessera infer` flags.
+#[derive(Debug, clap::Args)]
+pub struct InferArgs {
+    /// Model name (in your tenant).
+    #[arg(long)]
+    pub model: String,
+    /// Model version (default: the one the deployment serves).
+    #[arg(long)]
+    pub version: Option<i64>,
+    /// The request: KServe v2 JSON (`{"inputs": [...]}`), `@file.json`, or `-` for stdin
+    /// (the default).
+    #[arg(long, default_value = "-")]
+    pub input: String,
+    /// Worker URL (KServe v2 HTTP), e.g. `http://127.0.0.1:8000`; default: looked up in the
+    /// model's deployment.
+    #[arg(long, env = "TESSERA_INFERENCE_URL")]
+    pub url: Option<String>,
+    /// Control plane URL, to look the worker up.
+    #[arg(long, env = "TESSERA_URL")]
+    pub control_plane: Option<String>,
+    /// API key (`tsk_…`) or access token.
+    #[arg(long = "key", alias = "api-key", env = "TESSERA_API_KEY", hide_env_values = true)]
+    pub key: Option<String>,
+    /// Tenant (to look the deployment up).
+    #[arg(long, env = "TESSERA_TENANT")]
+    pub tenant: Option<String>,
+}
+
+/// The request body `--input` names, checked to be a JSON object.
+fn read_request(input: &str) -> anyhow::Result<Value> {
+    let text = if input == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).context("read the request from stdin")?;
+        text
+    } else if let Some(path) = input.strip_prefix('@') {
+        std::fs::read_to_string(path).with_context(|| format!("read {path}"))?
+    } else {
+        input.to_string()
+    };
+    let value: Value = serde_json::from_str(&text).context("the request is not JSON")?;
+    if !value.get("inputs").is_some_and(Value::is_array) {
+        bail!("the request must be a KServe v2 JSON object with an \"inputs\" array");
+    }
+    Ok(value)
+}
+
+/// The worker to call: the flag, else the model's deployment's first ready replica.
+async fn worker_url(args: &InferArgs, key: &str) -> anyhow::Result<String> {
+    if let Some(url) = &args.url {
+        return Ok(deploy::endpoint_url(url));
+    }
+    let connection =
+        ConnectionArgs { url: args.control_plane.clone(), key: Some(key.to_string()), tenant: args.tenant.clone() };
+    let settings = connection.resolve()?;
+    let api = ApiClient::new(&settings.url, &settings.key);
+    let (deployments, _) =
+        deploy::list(&api, &settings.tenant).await.context("find the model's worker (or pass --url)")?;
+    let Some(d) = deployments.iter().find(|d| d.model == args.model) else {
+        bail!("model {} has no deployment in tenant {} (deploy it, or pass --url)", args.model, settings.tenant);
+    };
+    d.http_endpoint().with_context(|| format!("deployment {} has no ready replica yet: {}", d.name, d.summary()))
+}
+
+/// Runs `tessera infer`.
+pub async fn run(args: InferArgs) -> anyhow::Result<()> {
+    let request = read_request(&args.input)?;
+    let key = match &args.key {
+        Some(key) => key.clone(),
+        None => ConfigFile::load(&config_path()?)?
+            .api_key
+            .context("no API key: run `tessera login --url URL --key KEY` or set TESSERA_API_KEY")?,
+    };
+    let url = worker_url(&args, &key).await?;
+    let path = match args.version {
+        Some(v) => format!("/v2/models/{}/versions/{v}/infer", segment(&args.model)),
+        None => format!("/v2/models/{}/infer", segment(&args.model)),
+    };
+    let worker = ApiClient::new(&url, &key);
+    let answer: Value = worker
+        .send(worker.request(reqwest::Method::POST, &path).json(&request))
+        .await
+        .with_context(|| format!("infer with {} at {url}", args.model))?;
+    println!("{}", serde_json::to_string_pretty(&answer)?);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_need_an_inputs_array() {
+        assert!(read_request(r#"{"inputs": []}"#).is_ok());
+        assert!(read_request(r#"{"outputs": []}"#).is_err());
+        assert!(read_request("not json").is_err());
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r.json");
+        std::fs::write(&path, r#"{"inputs": [{"name": "INPUT0"}]}"#).expect("write");
+        let request = read_request(&format!("@{}", path.display())).expect("from a file");
+        assert_eq!(request["inputs"][0]["name"], "INPUT0");
+    }
+}
