@@ -161,6 +161,10 @@ main() {
   fi
   run_stage "pytest" run_pytest "$@" || true
 
+  # --- Deployments: control plane + worker processes on Postgres, tritonclient -------
+  run_stage "pytest deployments" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
+    "$VENV/bin/python" -m pytest tests/python_deploy -q -p no:cacheprovider || true
+
   # --- Control plane, Python side: generated client, schemathesis, S3 (moto) ----
   local cp_venv
   if cp_venv="$("$TESSERA_ROOT/scripts/setup-python-cp.sh" | tail -n1)" && [[ -x "$cp_venv/bin/python" ]]; then
