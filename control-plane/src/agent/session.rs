@@ -186,7 +186,8 @@ fn assignment(r: AssignmentRow) -> Assignment {
 }
 
 async fn heartbeat(app: &App, worker_id: &str, hb: Heartbeat) -> crate::error::Result<()> {
-    app.registry.conn().await?.heartbeat(worker_id, now()).await?;
+    let applied = i64::try_from(hb.applied_generation).unwrap_or(i64::MAX);
+    app.registry.conn().await?.heartbeat(worker_id, now(), applied).await?;
     let reports = reported_states(&hb);
     let changed = app.registry.report_states(worker_id, &reports).await?;
     if !changed.is_empty() {

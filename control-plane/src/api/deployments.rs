@@ -308,8 +308,13 @@ impl DeploymentUpdate {
 
 /// The deployment's state and serving version, from its replicas: `failed` if a replica of
 /// the target failed, `pending` if one cannot be placed (or none exist yet), `ready` when
-/// all target replicas are ready and serving, else `progressing`.
-pub fn deployment_state(d: &DeploymentRow, replicas: &[ReplicaRow]) -> (&'static str, Option<i64>) {
+/// all target replicas are ready and serving on workers that `applied` their assignments,
+/// else `progressing`.
+pub fn deployment_state(
+    d: &DeploymentRow,
+    replicas: &[ReplicaRow],
+    applied: impl Fn(&ReplicaRow) -> bool,
+) -> (&'static str, Option<i64>) {
     let serving_version = replicas.iter().filter(|r| r.serving && r.state == "ready").map(|r| r.version).max();
     let current: Vec<&ReplicaRow> = replicas
         .iter()
@@ -319,7 +324,9 @@ pub fn deployment_state(d: &DeploymentRow, replicas: &[ReplicaRow]) -> (&'static
         "failed"
     } else if current.iter().any(|r| r.state == "pending") || (current.is_empty() && d.replicas > 0) {
         "pending"
-    } else if current.len() as i64 == d.replicas && current.iter().all(|r| r.state == "ready" && r.serving) {
+    } else if current.len() as i64 == d.replicas
+        && current.iter().all(|r| r.state == "ready" && r.serving && applied(r))
+    {
         "ready"
     } else {
         "progressing"
@@ -333,7 +340,12 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
     let replicas = conn.replicas(d.tenant_id, d.id).await?;
     let size = conn.version(d.tenant_id, d.model_id, d.version).await?.map_or(0, |v| v.size_bytes);
     drop(conn);
-    let (state, serving_version) = deployment_state(&d, &replicas);
+    // "Ready" waits until each worker has applied its latest assignment set: before that,
+    // unversioned requests may still reach what the worker served before the switch.
+    let applied = |r: &ReplicaRow| {
+        r.worker_id.as_ref().and_then(|w| workers.get(w)).is_some_and(|w| w.applied_generation >= w.generation)
+    };
+    let (state, serving_version) = deployment_state(&d, &replicas, applied);
     let replica_status = replicas
         .into_iter()
         .map(|r| {
@@ -601,16 +613,22 @@ mod tests {
 
     #[test]
     fn states_follow_the_replicas() {
-        assert_eq!(deployment_state(&deployment(1, 1), &[]), ("pending", None));
-        assert_eq!(deployment_state(&deployment(1, 1), &[replica(1, "loading", true)]), ("progressing", None));
-        assert_eq!(deployment_state(&deployment(1, 1), &[replica(1, "ready", true)]), ("ready", Some(1)));
+        assert_eq!(deployment_state(&deployment(1, 1), &[], |_| true), ("pending", None));
+        assert_eq!(
+            deployment_state(&deployment(1, 1), &[replica(1, "loading", true)], |_| true),
+            ("progressing", None)
+        );
+        assert_eq!(deployment_state(&deployment(1, 1), &[replica(1, "ready", true)], |_| true), ("ready", Some(1)));
         // A rollout: v1 serves while v2 loads, then v2 fails.
         let rolling = [replica(1, "ready", true), replica(2, "loading", false)];
-        assert_eq!(deployment_state(&deployment(2, 1), &rolling), ("progressing", Some(1)));
+        assert_eq!(deployment_state(&deployment(2, 1), &rolling, |_| true), ("progressing", Some(1)));
         let failed = [replica(1, "ready", true), replica(2, "failed", false)];
-        assert_eq!(deployment_state(&deployment(2, 1), &failed), ("failed", Some(1)));
+        assert_eq!(deployment_state(&deployment(2, 1), &failed, |_| true), ("failed", Some(1)));
         let switched = [replica(1, "draining", false), replica(2, "ready", true)];
-        assert_eq!(deployment_state(&deployment(2, 1), &switched), ("ready", Some(2)));
-        assert_eq!(deployment_state(&deployment(1, 0), &[]), ("ready", None));
+        assert_eq!(deployment_state(&deployment(2, 1), &switched, |_| true), ("ready", Some(2)));
+        assert_eq!(deployment_state(&deployment(1, 0), &[], |_| true), ("ready", None));
+        // Not ready until the worker applied the set that made the replica serve.
+        let ready = [replica(1, "ready", true)];
+        assert_eq!(deployment_state(&deployment(1, 1), &ready, |_| false), ("progressing", Some(1)));
     }
 }

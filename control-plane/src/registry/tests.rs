@@ -457,8 +457,11 @@ async fn tick(r: &Registry) -> std::collections::BTreeSet<String> {
     let mut tx = r.begin().await.unwrap();
     tx.lock_scheduling().await.unwrap();
     let snapshot = tx.scheduling_snapshot().await.unwrap();
-    let settings =
-        crate::scheduler::plan::Settings { lost_after: Duration::from_secs(10), drain: Duration::from_secs(3) };
+    let settings = crate::scheduler::plan::Settings {
+        lost_after: Duration::from_secs(10),
+        drain: Duration::from_secs(3),
+        leader_since: None,
+    };
     let plan = crate::scheduler::plan::plan(&snapshot, now(), &settings, &mut Uuid::now_v7);
     let touched = tx.apply_plan(&plan, &snapshot).await.unwrap();
     tx.commit().await.unwrap();
@@ -498,8 +501,8 @@ async fn workers_get_assignments_and_report_states() {
         assert_eq!((replicas[0].state.as_str(), replicas[0].worker_id.as_deref()), ("ready", Some("w1")));
         let kinds: Vec<String> = c.deployment_events(a, d.id, 10).await.unwrap().into_iter().map(|e| e.kind).collect();
         assert_eq!(kinds, ["created", "placed", "ready"]);
-        assert!(c.heartbeat("w1", now()).await.unwrap());
-        assert!(!c.heartbeat("nobody", now()).await.unwrap());
+        assert!(c.heartbeat("w1", now(), 1).await.unwrap());
+        assert!(!c.heartbeat("nobody", now(), 1).await.unwrap());
         drop(c);
 
         r.delete_deployment(&actor(), a, "d").await.unwrap();

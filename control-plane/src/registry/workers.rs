@@ -48,6 +48,8 @@ pub struct WorkerRow {
     pub state: String,
     /// Assignment generation: grows with every change to the worker's replicas.
     pub generation: i64,
+    /// The generation the worker last reported as applied.
+    pub applied_generation: i64,
     /// First (or latest) registration.
     pub registered_at: OffsetDateTime,
     /// Last heartbeat.
@@ -130,7 +132,7 @@ macro_rules! select_workers {
     ($rest:literal) => {
         concat!(
             "SELECT id, http_endpoint, grpc_endpoint, metrics_endpoint, slices, labels, version, state, generation, ",
-            "registered_at, last_heartbeat_at FROM workers ",
+            "applied_generation, registered_at, last_heartbeat_at FROM workers ",
             $rest
         )
     };
@@ -192,14 +194,15 @@ impl Conn {
         Ok(n > 0)
     }
 
-    /// Records a heartbeat; a worker marked lost that still beats is ready again. False when
-    /// the worker is not registered.
-    pub async fn heartbeat(&mut self, id: &str, at: OffsetDateTime) -> Result<bool> {
+    /// Records a heartbeat and the assignment generation the worker has applied; a worker
+    /// marked lost that still beats is ready again. False when the worker is not registered.
+    pub async fn heartbeat(&mut self, id: &str, at: OffsetDateTime, applied_generation: i64) -> Result<bool> {
         let n = exec!(self, "worker.heartbeat", |c| sqlx::query(
-            "UPDATE workers SET last_heartbeat_at = $2, state = 'ready' WHERE id = $1"
+            "UPDATE workers SET last_heartbeat_at = $2, state = 'ready', applied_generation = $3 WHERE id = $1"
         )
         .bind(id)
         .bind(at)
+        .bind(applied_generation)
         .execute(c))?;
         Ok(n > 0)
     }

@@ -135,6 +135,10 @@ pub struct Settings {
     pub lost_after: Duration,
     /// How long old replicas drain after a switch.
     pub drain: Duration,
+    /// When this control plane became the scheduling leader. Silence before it does not
+    /// count: after a control-plane outage workers need a heartbeat interval to reconnect,
+    /// and declaring every one of them lost would move every replica for nothing.
+    pub leader_since: Option<OffsetDateTime>,
 }
 
 /// A replica to create.
@@ -319,7 +323,8 @@ fn live_workers<'a>(
         if w.state != "ready" {
             continue;
         }
-        let silent = now - w.last_heartbeat_at;
+        let heard = settings.leader_since.map_or(w.last_heartbeat_at, |t| t.max(w.last_heartbeat_at));
+        let silent = now - heard;
         if silent > settings.lost_after {
             out.lost_workers.push(w.id.clone());
             continue;
@@ -580,7 +585,7 @@ mod tests {
     }
 
     fn settings() -> Settings {
-        Settings { lost_after: Duration::from_secs(10), drain: Duration::from_secs(3) }
+        Settings { lost_after: Duration::from_secs(10), drain: Duration::from_secs(3), leader_since: None }
     }
 
     fn ids() -> impl FnMut() -> Uuid {
@@ -720,6 +725,21 @@ mod tests {
         assert_eq!(p.changes, [moved]);
         assert!(p.events.iter().any(|e| e.kind == "worker_lost"));
         assert!(p.events.iter().any(|e| e.kind == "rescheduled"));
+    }
+
+    #[test]
+    fn a_new_leader_gives_workers_time_to_reconnect() {
+        let d = deployment(1, tenant(1), 1, 1);
+        let mut w1 = worker("w1", 2, 4);
+        // Silent for 11 s because the control plane was down; it became leader 1 s ago.
+        w1.last_heartbeat_at = now() - Duration::from_secs(11);
+        let replicas = vec![replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "ready")];
+        let snap = snapshot(vec![w1, worker("w2", 2, 4)], vec![d], replicas);
+        let settings = Settings { leader_since: Some(now() - Duration::from_secs(1)), ..settings() };
+        let p = plan(&snap, now(), &settings, &mut ids());
+        assert!(p.lost_workers.is_empty() && p.changes.is_empty(), "{p:?}");
+        let settings = Settings { leader_since: Some(now() - Duration::from_secs(11)), ..settings };
+        assert_eq!(plan(&snap, now(), &settings, &mut ids()).lost_workers, ["w1"]);
     }
 
     #[test]

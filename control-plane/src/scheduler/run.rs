@@ -74,7 +74,8 @@ pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
         Backend::Sqlite => Leadership::Always,
         Backend::Postgres => Leadership::Postgres { url: app.config.database_url.expose().to_string(), conn: None },
     };
-    let settings = Settings { lost_after: app.config.worker_lost_after, drain: app.config.drain };
+    let mut settings =
+        Settings { lost_after: app.config.worker_lost_after, drain: app.config.drain, leader_since: None };
     let mut interval = tokio::time::interval(app.config.scheduler_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -84,7 +85,12 @@ pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
             () = app.signals.scheduler_woken() => {}
         }
         if !leadership.check().await {
+            settings.leader_since = None;
             continue;
+        }
+        if settings.leader_since.is_none() {
+            tracing::info!("this control plane schedules (leader)");
+            settings.leader_since = Some(now());
         }
         match tick(&app, &settings).await {
             Ok(true) => app.signals.assignments_changed(),

@@ -45,6 +45,8 @@ struct FakeWorker {
     inbound: tonic::Streaming<ControlMessage>,
     /// Replica ids reported ready by the heartbeat task.
     ready: Arc<Mutex<Vec<String>>>,
+    /// Generation of the last assignment set read (reported as applied).
+    applied: Arc<std::sync::atomic::AtomicU64>,
     beats: tokio::task::JoinHandle<()>,
     _outbound: mpsc::Sender<WorkerMessage>,
 }
@@ -84,7 +86,8 @@ impl FakeWorker {
             other => panic!("expected Registered first, got {other:?}"),
         }
         let ready = Arc::new(Mutex::new(Vec::<String>::new()));
-        let (list, mut beat_tx) = (ready.clone(), tx.clone());
+        let applied = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (list, mut beat_tx, seen) = (ready.clone(), tx.clone(), applied.clone());
         let beats = tokio::spawn(async move {
             loop {
                 let replicas = list
@@ -97,14 +100,15 @@ impl FakeWorker {
                         reason: String::new(),
                     })
                     .collect();
-                let hb = Heartbeat { applied_generation: 0, replicas };
+                let applied_generation = seen.load(std::sync::atomic::Ordering::Relaxed);
+                let hb = Heartbeat { applied_generation, replicas };
                 if beat_tx.send(WorkerMessage { kind: Some(worker_message::Kind::Heartbeat(hb)) }).await.is_err() {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
-        FakeWorker { id: id.into(), http, inbound, ready, beats, _outbound: tx }
+        FakeWorker { id: id.into(), http, inbound, ready, applied, beats, _outbound: tx }
     }
 
     /// Reads assignment sets until one satisfies `want`; returns it.
@@ -121,6 +125,7 @@ impl FakeWorker {
             };
             assert!(a.generation > last_generation, "generations only grow");
             last_generation = a.generation;
+            self.applied.store(a.generation, std::sync::atomic::Ordering::Relaxed);
             if want(&a.assignments) {
                 return a.assignments;
             }
