@@ -220,6 +220,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 args.slices,
                 took.as_secs_f64() * 1e3
             );
+            let (placed, took) =
+                tessera_control_plane::scheduler::plan::benchmark_tick(args.workers, args.slices, args.replicas);
+            println!(
+                "one scheduler tick (placement, rendered configs, events) placed {placed} of {} replicas in {:.1} ms",
+                args.replicas,
+                took.as_secs_f64() * 1e3
+            );
             Ok(())
         }
         Command::Worker(args) => {

@@ -213,7 +213,7 @@ class Cluster:
         if self.cp:
             self.cp.terminate()
 
-    def start_worker(self, index: Optional[int] = None) -> int:
+    def start_worker(self, index: Optional[int] = None, wait_registered: bool = True) -> int:
         if index is None:
             index = len(self.workers)
             self.workers.append(None)
@@ -229,7 +229,10 @@ class Cluster:
             *self.worker_args,
         ]
         w = Proc(f"worker{index}", cmd, self.workdir / f"worker{index}.log")
-        w.wait_for(lambda: w.saw("registered with the control plane"), "worker registration")
+        if wait_registered:
+            w.wait_for(lambda: w.saw("registered with the control plane"), "worker registration")
+        else:
+            w.wait_for(lambda: "http" in w.addrs and "grpc" in w.addrs, "worker listening")
         self.workers[index] = w
         return index
 

@@ -157,7 +157,18 @@ def test_killed_worker_replicas_move_and_workers_survive_the_control_plane(make_
         np.testing.assert_allclose(infer_http(r["http_endpoint"], acme["inference"], "adder", X), X + 1.0)
         np.testing.assert_allclose(infer_grpc(r["grpc_endpoint"], token, "adder", X), X + 1.0)
 
+    # A worker restarted during the outage serves its saved assignments from its artifact
+    # cache, and verifies access tokens with the token keys it saved.
+    index = cluster.worker_by_http(r["http_endpoint"])
+    cluster.workers[index].terminate()
+    cluster.start_worker(index, wait_registered=False)
+    restarted = cluster.workers[index]
+    restarted.wait_for(lambda: restarted.saw("model version ready"), "saved assignments loaded")
+    endpoint = f"http://{restarted.addrs['http']}"
+    np.testing.assert_allclose(infer_http(endpoint, token, "adder", X), X + 1.0)
+
     # Back up: the workers reconnect and the deployment is still ready where it was.
     cluster.start_control_plane()
-    again = cluster.wait_ready("acme", acme["tenant-admin"], "adder", timeout_s=30)
+    again = cluster.wait_ready("acme", acme["tenant-admin"], "adder", timeout_s=30,
+                               pred=lambda d: d["replica_status"][0]["http_endpoint"] == endpoint)
     assert again["replica_status"][0]["worker_id"] == r["worker_id"]

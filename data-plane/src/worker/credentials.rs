@@ -5,6 +5,7 @@
 //! else (unreachable, timed out, internal errors) is [`SourceError::Unavailable`], which lets the
 //! authenticator keep answers it cached (static stability).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -22,12 +23,51 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct ControlPlaneCredentials {
     client: AgentClient,
     timeout: Duration,
+    /// Where the last token keys are kept (public keys only), for a restart while the control
+    /// plane is unreachable.
+    saved_keys: Option<PathBuf>,
 }
 
 impl ControlPlaneCredentials {
     /// Looks credentials up through `client`.
     pub fn new(client: AgentClient) -> Self {
-        Self { client, timeout: LOOKUP_TIMEOUT }
+        Self { client, timeout: LOOKUP_TIMEOUT, saved_keys: None }
+    }
+
+    /// Also keeps the token keys in `path`, and answers from it when the control plane cannot
+    /// be asked: access tokens then verify after a restart during an outage.
+    pub fn with_saved_token_keys(mut self, path: PathBuf) -> Self {
+        self.saved_keys = Some(path);
+        self
+    }
+
+    async fn token_keys_saved_or_fetched(&self) -> Result<TokenKeys, SourceError> {
+        let Some(path) = &self.saved_keys else { return self.get_token_keys().await };
+        match self.get_token_keys().await {
+            Ok(keys) => {
+                let doc =
+                    serde_json::json!({ "jwks": keys.jwks_json, "issuer": keys.issuer, "audience": keys.audience });
+                let tmp = path.with_extension("json.tmp");
+                let written = std::fs::write(&tmp, doc.to_string()).and_then(|()| std::fs::rename(&tmp, path));
+                if let Err(e) = written {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot save the token keys");
+                }
+                Ok(keys)
+            }
+            Err(SourceError::Unavailable(reason)) => {
+                let saved = std::fs::read(path).ok().and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok());
+                let field = |v: &serde_json::Value, k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+                match saved.as_ref().and_then(|v| Some((field(v, "jwks")?, field(v, "issuer")?, field(v, "audience")?)))
+                {
+                    Some((jwks_json, issuer, audience)) => {
+                        tracing::info!(%reason, "control plane unreachable; using the saved token keys");
+                        Ok(TokenKeys { jwks_json, issuer, audience })
+                    }
+                    None => Err(SourceError::Unavailable(reason)),
+                }
+            }
+            Err(rejected) => Err(rejected),
+        }
     }
 
     async fn authenticate_key(&self, api_key: &str) -> Result<KeyInfo, SourceError> {
@@ -57,7 +97,7 @@ impl CredentialSource for ControlPlaneCredentials {
     }
 
     fn token_keys(&self) -> BoxFuture<'_, Result<TokenKeys, SourceError>> {
-        self.get_token_keys().boxed()
+        self.token_keys_saved_or_fetched().boxed()
     }
 }
 

@@ -13,6 +13,7 @@ pub mod config;
 pub mod credentials;
 pub mod inventory;
 pub mod reconcile;
+pub mod saved;
 pub mod session;
 
 use std::net::SocketAddr;
@@ -53,7 +54,10 @@ pub async fn run(
     std::fs::create_dir_all(&repository_dir).context("create the repository directory")?;
     let repository = Repository::open(&repository_dir).map_err(anyhow::Error::msg)?;
     let manager = Arc::new(ModelManager::new(repository, ControlMode::Explicit));
-    let credentials = Arc::new(credentials::ControlPlaneCredentials::new(client.clone()));
+    let credentials = Arc::new(
+        credentials::ControlPlaneCredentials::new(client.clone())
+            .with_saved_token_keys(config.data_dir.join("token-keys.json")),
+    );
     let authenticator = Arc::new(Authenticator::new(credentials, config.key_cache_ttl));
     let state = Arc::new(ServerState::new(manager.clone(), false, config.max_input_size).with_auth(authenticator));
 
@@ -65,7 +69,8 @@ pub async fn run(
         BoundAddrs { http: Some(config.http_addr), grpc: Some(config.grpc_addr), metrics: Some(config.metrics_addr) };
     let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
     on_bound(listeners.bound);
-    let reconciler = reconcile::Reconciler::start(manager, Arc::new(cache), shutdown.clone());
+    let saved = saved::SavedAssignments::in_dir(&config.data_dir);
+    let reconciler = reconcile::Reconciler::start(manager, Arc::new(cache), Some(saved), shutdown.clone());
     state.mark_started();
 
     let register = registration(&worker_id, &config.advertise_host, listeners.bound, &inventory);

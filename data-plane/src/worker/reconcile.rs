@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::cache::ArtifactCache;
+use super::saved::SavedAssignments;
 use crate::manager::{ModelManager, scoped_key};
 use crate::repository::valid_model_name;
 
@@ -255,12 +256,29 @@ pub struct Reconciler {
     commands: mpsc::Sender<agent::Assignments>,
     /// Replaced by the actor after every change.
     status: watch::Receiver<WorkerStatus>,
+    /// Where applied sets are kept across restarts.
+    saved: Option<SavedAssignments>,
 }
 
 impl Reconciler {
-    /// Starts the actor; it stops when `shutdown` is cancelled.
-    pub fn start(manager: Arc<ModelManager>, cache: Arc<ArtifactCache>, shutdown: CancellationToken) -> Self {
+    /// Starts the actor, first applying the set saved by the previous run, if any; every set
+    /// applied afterwards is saved. The actor stops when `shutdown` is cancelled.
+    pub fn start(
+        manager: Arc<ModelManager>,
+        cache: Arc<ArtifactCache>,
+        saved: Option<SavedAssignments>,
+        shutdown: CancellationToken,
+    ) -> Self {
         let (commands, receiver) = mpsc::channel(8);
+        if let Some(set) = saved.as_ref().and_then(SavedAssignments::load) {
+            tracing::info!(
+                generation = set.generation,
+                replicas = set.assignments.len(),
+                "restoring saved assignments"
+            );
+            // The channel is empty and has room: this cannot fail.
+            let _ = commands.try_send(set);
+        }
         let (status_tx, status) = watch::channel(WorkerStatus::default());
         let executor = Executor {
             manager,
@@ -276,11 +294,16 @@ impl Reconciler {
             status: status_tx,
         };
         tokio::spawn(executor.run(receiver, shutdown));
-        Self { commands, status }
+        Self { commands, status, saved }
     }
 
-    /// Hands a complete assignment set to the actor.
+    /// Hands a complete assignment set to the actor (and saves it for the next start).
     pub async fn apply(&self, assignments: agent::Assignments) {
+        if let Some(saved) = &self.saved
+            && let Err(e) = saved.save(&assignments)
+        {
+            tracing::warn!(error = %e, "cannot save the assignments; a restart without the control plane serves nothing");
+        }
         if self.commands.send(assignments).await.is_err() {
             tracing::debug!("reconciler stopped; assignments dropped");
         }
