@@ -60,6 +60,10 @@ pub struct DevArgs {
     /// How long to wait for the demo deployment to become ready, in seconds.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout_secs: u64,
+    /// Built web console to serve at `/` (`scripts/setup-web.sh` builds `web/dist`); default:
+    /// `web/dist` here or in the source tree, when built.
+    #[arg(long, env = "TESSERA_CONSOLE_DIR")]
+    pub console_dir: Option<PathBuf>,
 }
 
 /// Secrets generated at first start and kept in `secrets.json`.
@@ -146,7 +150,11 @@ fn control_plane_config(
         &secrets.worker_token,
     ])
     .map_err(|e| anyhow::anyhow!("configure the control plane: {e}"))?;
-    Ok(flags.args.into_config())
+    let mut config = flags.args.into_config();
+    if let Some(dir) = &args.console_dir {
+        config.console_dir = Some(dir.clone());
+    }
+    Ok(config)
 }
 
 /// A reachable form of a bound address (`0.0.0.0` becomes `127.0.0.1`).
@@ -215,6 +223,8 @@ struct Running {
     credentials: DevCredentials,
     deployment: deploy::Deployment,
     secrets_file: PathBuf,
+    /// The console directory in effect, when it holds a built console.
+    console: Option<PathBuf>,
 }
 
 /// Runs `tessera dev` until `shutdown` is cancelled (Ctrl-C).
@@ -226,7 +236,9 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let (ended_tx, mut ended) = mpsc::channel(2);
     let (bound_tx, bound_rx) = oneshot::channel();
     let stop = CancellationToken::new();
-    let run = tessera_control_plane::run_with(control_plane_config(&args, &dir, &secrets)?, stop.clone(), |addr| {
+    let config = control_plane_config(&args, &dir, &secrets)?;
+    let console = config.console_dir.clone().filter(|d| d.join("index.html").is_file());
+    let run = tessera_control_plane::run_with(config, stop.clone(), |addr| {
         let _ = bound_tx.send(addr);
     });
     let control_plane = Service::spawn("control plane", stop, run, ended_tx.clone());
@@ -237,7 +249,8 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         r = start(&args, &dir, &secrets, bound_rx, &mut worker, ended_tx) => r.map(Some),
     };
     let outcome = match started {
-        Ok(Some(running)) => {
+        Ok(Some(mut running)) => {
+            running.console = console;
             print_banner(&running);
             tokio::select! {
                 () = shutdown.cancelled() => Ok(()),
@@ -289,6 +302,7 @@ async fn start(
         credentials,
         deployment,
         secrets_file: dir.join("secrets.json"),
+        console: None,
     })
 }
 
@@ -402,7 +416,7 @@ fn summary_section(r: &Running) -> String {
 
   REST API      http://{cp}/v1
   API docs      http://{cp}/docs
-  console       http://{cp}/  (not built yet: the web console comes in a later release)
+  console       {console}
   worker        KServe v2 HTTP {http}, gRPC {grpc}, metrics http://{metrics}/metrics
 
   tenant            {tenant}
@@ -414,6 +428,7 @@ fn summary_section(r: &Running) -> String {
   deployment {deployment}
 ",
         dir = r.data_dir.display(),
+        console = console_line(r.control_plane, r.console.is_some()),
         http = shown(w.http),
         grpc = shown(w.grpc),
         metrics = shown(w.metrics),
@@ -423,6 +438,15 @@ fn summary_section(r: &Running) -> String {
         secrets = r.secrets_file.display(),
         deployment = r.deployment.summary(),
     )
+}
+
+/// Where the console is, or how to build it.
+fn console_line(control_plane: SocketAddr, built: bool) -> String {
+    if built {
+        format!("http://{control_plane}/  (sign in with the tenant-admin key)")
+    } else {
+        "not built: run scripts/setup-web.sh, then restart tessera dev".to_string()
+    }
 }
 
 /// The demo request with curl, on one line.
@@ -516,6 +540,13 @@ mod tests {
         assert!(py.contains("InferenceServerClient(\"127.0.0.1:8000\")"), "{py}");
         assert!(py.contains("headers = {\"Authorization\": \"Bearer tsk_k\"}"), "{py}");
         assert!(py.ends_with("\nEOF"), "{py}");
+    }
+
+    #[test]
+    fn the_console_line_says_where_or_how_to_build() {
+        let cp: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
+        assert!(console_line(cp, true).starts_with("http://127.0.0.1:8080/ "));
+        assert!(console_line(cp, false).contains("scripts/setup-web.sh"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -94,6 +95,13 @@ pub struct ControlPlaneArgs {
     /// How often the scheduler runs, in milliseconds (it also runs on every change).
     #[arg(long, env = "TESSERA_SCHEDULER_INTERVAL_MS", default_value_t = 500)]
     pub scheduler_interval_ms: u64,
+    /// Days usage is kept per minute; older minutes are folded into hourly rows (totals kept).
+    #[arg(long, env = "TESSERA_USAGE_MINUTE_RETENTION_DAYS", default_value_t = 14)]
+    pub usage_minute_retention_days: u64,
+    /// Directory of the built web console (`web/dist`), served at `/`. Default: `web/dist`
+    /// under the working directory or in the source tree, if built; else the console is off.
+    #[arg(long, env = "TESSERA_CONSOLE_DIR")]
+    pub console_dir: Option<PathBuf>,
 }
 
 /// Everything the control plane needs to run.
@@ -131,6 +139,10 @@ pub struct Config {
     pub drain: Duration,
     /// Scheduler period.
     pub scheduler_interval: Duration,
+    /// How long usage is kept per minute before the retention job folds it into hours.
+    pub usage_minute_retention: Duration,
+    /// Web console directory; `None`: the console is off.
+    pub console_dir: Option<PathBuf>,
 }
 
 impl ControlPlaneArgs {
@@ -153,6 +165,8 @@ impl ControlPlaneArgs {
             worker_lost_after: Duration::from_millis(self.worker_lost_after_ms.max(100)),
             drain: Duration::from_millis(self.drain_ms),
             scheduler_interval: Duration::from_millis(self.scheduler_interval_ms.max(10)),
+            usage_minute_retention: Duration::from_secs(self.usage_minute_retention_days.max(1) * 86_400),
+            console_dir: self.console_dir.filter(|d| !d.as_os_str().is_empty()).or_else(crate::console::default_dir),
         }
     }
 }

@@ -23,6 +23,8 @@ pub enum QuotaName {
     StorageBytes,
     /// Deployment replicas, over all deployments.
     Replicas,
+    /// Spend in the current calendar month, cents.
+    MonthlySpendCents,
 }
 
 impl QuotaName {
@@ -33,6 +35,7 @@ impl QuotaName {
             QuotaName::Versions => "versions",
             QuotaName::StorageBytes => "storage_bytes",
             QuotaName::Replicas => "replicas",
+            QuotaName::MonthlySpendCents => "monthly_spend_cents",
         }
     }
 
@@ -42,6 +45,7 @@ impl QuotaName {
             QuotaName::Versions => "quota_exceeded.versions",
             QuotaName::StorageBytes => "quota_exceeded.storage_bytes",
             QuotaName::Replicas => "quota_exceeded.replicas",
+            QuotaName::MonthlySpendCents => "quota_exceeded.monthly_spend_cents",
         }
     }
 }
@@ -83,7 +87,7 @@ pub enum Error {
         message: String,
     },
     /// A tenant quota would be exceeded.
-    #[error("quota '{}' exceeded: limit {limit}, would be {requested}", quota.as_str())]
+    #[error("{}", quota_message(*quota, *limit, *requested))]
     QuotaExceeded {
         /// Which quota.
         quota: QuotaName,
@@ -107,6 +111,18 @@ pub enum Error {
     /// Anything else that is our fault.
     #[error("{0}")]
     Internal(String),
+}
+
+/// The message of a quota error. Spend is not asked for by a request, so its message says what
+/// was spent and what is refused until the month ends or the quota is raised.
+fn quota_message(quota: QuotaName, limit: i64, requested: i64) -> String {
+    match quota {
+        QuotaName::MonthlySpendCents => format!(
+            "quota 'monthly_spend_cents' exceeded: {requested} cents spent this month reached the limit of {limit}; \
+             new deployments and scale-ups are refused until next month or a higher quota"
+        ),
+        _ => format!("quota '{}' exceeded: limit {limit}, would be {requested}", quota.as_str()),
+    }
 }
 
 impl Error {
@@ -280,6 +296,10 @@ mod tests {
         let e = Error::QuotaExceeded { quota: QuotaName::StorageBytes, limit: 10, requested: 11 };
         assert_eq!(e.code(), "quota_exceeded.storage_bytes");
         assert_eq!(e.kind().http_status(), StatusCode::CONFLICT);
+        assert_eq!(e.to_string(), "quota 'storage_bytes' exceeded: limit 10, would be 11");
+        let spend = Error::QuotaExceeded { quota: QuotaName::MonthlySpendCents, limit: 100, requested: 120 };
+        assert_eq!(spend.code(), "quota_exceeded.monthly_spend_cents");
+        assert!(spend.to_string().contains("120 cents spent this month reached the limit of 100"));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Tessera's control plane: the tenant registry (Postgres or SQLite), API keys and access
 //! tokens, model versions in an object store, aliases, quotas, the hash-chained audit trail,
-//! deployments and their scheduler, the agent gRPC service workers connect to, and the `/v1`
-//! REST API with its OpenAPI document (REST and gRPC share one listener).
+//! deployments and their scheduler, usage metering, prices and invoices, the agent gRPC service
+//! workers connect to, and the `/v1` REST API with its OpenAPI document (REST and gRPC share one
+//! listener).
 //!
 //! [`run`] is the whole service; `tessera control-plane` parses [`ControlPlaneArgs`] and calls
 //! it, and tests and `tessera dev` call it the same way.
@@ -12,12 +13,14 @@ pub mod app;
 pub mod archive;
 pub mod auth;
 pub mod config;
+pub mod console;
 pub mod error;
 pub mod metrics;
 pub mod registry;
 pub mod scheduler;
 pub mod store;
 pub mod types;
+pub mod usage;
 
 use std::net::SocketAddr;
 
@@ -61,11 +64,13 @@ pub async fn run_with(
     // Background parts stop with `shutdown`, or when the server stops on its own.
     let stop = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler::run::run_scheduler(app.clone(), stop.clone()));
+    let retention = tokio::spawn(usage::run_retention(app.clone(), stop.clone()));
     let router = api::router(app.clone()).merge(agent::routes(app, stop.clone()));
     let service = router.into_make_service_with_connect_info::<SocketAddr>();
     let served = axum::serve(listener, service).with_graceful_shutdown(stop.clone().cancelled_owned()).await;
     stop.cancel();
     let _ = scheduler.await;
+    let _ = retention.await;
     served.context("serve http")?;
     registry.close().await;
     tracing::info!("control plane stopped");

@@ -3,7 +3,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 
 /// The control plane's metric registry.
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
@@ -24,6 +24,93 @@ static HTTP_RESPONSES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     REGISTRY.register(Box::new(c.clone())).expect("metric registered once");
     c
 });
+
+/// Scheduler ticks by outcome (`idle`: nothing to do, `applied`, `error`); only the leader ticks.
+static SCHEDULER_TICKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    let opts = Opts::new("tessera_scheduler_ticks_total", "Scheduler ticks run by this control plane, by outcome.");
+    let c = IntCounterVec::new(opts, &["outcome"]).expect("valid counter definition");
+    REGISTRY.register(Box::new(c.clone())).expect("metric registered once");
+    c
+});
+
+/// Duration of whole scheduler ticks (read, plan, apply).
+static SCHEDULER_TICK_SECONDS: LazyLock<Histogram> = LazyLock::new(|| {
+    let opts = HistogramOpts::new("tessera_scheduler_tick_duration_seconds", "Duration of scheduler ticks.")
+        .buckets(vec![0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]);
+    let h = Histogram::with_opts(opts).expect("valid histogram definition");
+    REGISTRY.register(Box::new(h.clone())).expect("metric registered once");
+    h
+});
+
+/// Replicas by state as of the leader's last tick.
+static REPLICAS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    let opts = Opts::new("tessera_replicas", "Deployment replicas by state, as of the last scheduler tick.");
+    let g = IntGaugeVec::new(opts, &["state"]).expect("valid gauge definition");
+    REGISTRY.register(Box::new(g.clone())).expect("metric registered once");
+    g
+});
+
+/// Workers by state as of the leader's last tick.
+static WORKERS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    let opts = Opts::new("tessera_workers", "Registered workers by state, as of the last scheduler tick.");
+    let g = IntGaugeVec::new(opts, &["state"]).expect("valid gauge definition");
+    REGISTRY.register(Box::new(g.clone())).expect("metric registered once");
+    g
+});
+
+/// Replicas the scheduler could not place (one per unplaceable decision).
+static PLACEMENT_FAILURES: LazyLock<IntCounter> = LazyLock::new(|| {
+    let c = IntCounter::new("tessera_scheduler_placement_failures_total", "Replica placements that found no slice.")
+        .expect("valid counter definition");
+    REGISTRY.register(Box::new(c.clone())).expect("metric registered once");
+    c
+});
+
+/// Usage records received, by outcome (`stored`, `duplicate`).
+static USAGE_RECORDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    let opts = Opts::new("tessera_usage_records_total", "Usage records received from workers, by outcome.");
+    let c = IntCounterVec::new(opts, &["outcome"]).expect("valid counter definition");
+    REGISTRY.register(Box::new(c.clone())).expect("metric registered once");
+    c
+});
+
+/// Replica and worker states the gauges always show (so a state that empties reads 0).
+const REPLICA_STATES: &[&str] = &["pending", "scheduled", "loading", "ready", "failed", "draining"];
+const WORKER_STATES: &[&str] = &["ready", "lost"];
+
+/// Records one scheduler tick: its outcome, duration, placement failures, and the replica and
+/// worker states it saw.
+pub fn observe_tick<'a>(
+    outcome: &'static str,
+    elapsed: Duration,
+    placement_failures: u64,
+    replica_states: impl IntoIterator<Item = &'a str>,
+    worker_states: impl IntoIterator<Item = &'a str>,
+) {
+    SCHEDULER_TICKS.with_label_values(&[outcome]).inc();
+    SCHEDULER_TICK_SECONDS.observe(elapsed.as_secs_f64());
+    PLACEMENT_FAILURES.inc_by(placement_failures);
+    set_counts(&REPLICAS, REPLICA_STATES, replica_states);
+    set_counts(&WORKERS, WORKER_STATES, worker_states);
+}
+
+/// Sets one gauge per known state to how often it occurs; unknown states count as `other`.
+fn set_counts<'a>(gauge: &IntGaugeVec, known: &[&str], states: impl IntoIterator<Item = &'a str>) {
+    let mut counts: std::collections::BTreeMap<&str, i64> = known.iter().map(|s| (*s, 0)).collect();
+    for s in states {
+        let label = if known.contains(&s) { s } else { "other" };
+        *counts.entry(label).or_insert(0) += 1;
+    }
+    for (state, n) in counts {
+        gauge.with_label_values(&[state]).set(n);
+    }
+}
+
+/// Records one usage delivery.
+pub fn observe_usage(stored: u64, duplicates: u64) {
+    USAGE_RECORDS.with_label_values(&["stored"]).inc_by(stored);
+    USAGE_RECORDS.with_label_values(&["duplicate"]).inc_by(duplicates);
+}
 
 /// Records one registry query.
 pub fn observe_query(label: &'static str, elapsed: Duration, ok: bool) {
@@ -46,4 +133,36 @@ pub fn observe_response(method: &str, route: &str, status: u16) {
 pub fn render() -> String {
     let encoder = prometheus::TextEncoder::new();
     encoder.encode_to_string(&REGISTRY.gather()).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_gauges_count_every_known_state_and_lump_the_rest() {
+        let gauge = IntGaugeVec::new(Opts::new("t_states", "test"), &["state"]).unwrap();
+        set_counts(&gauge, REPLICA_STATES, ["ready", "ready", "pending", "weird"]);
+        let read = |s: &str| gauge.with_label_values(&[s]).get();
+        assert_eq!((read("ready"), read("pending"), read("failed"), read("other")), (2, 1, 0, 1));
+        set_counts(&gauge, REPLICA_STATES, ["pending"]);
+        assert_eq!((read("ready"), read("pending")), (0, 1), "a state that empties reads 0");
+    }
+
+    #[test]
+    fn ticks_and_usage_show_in_the_text() {
+        observe_tick("idle", Duration::from_millis(3), 2, ["ready"], ["ready", "lost"]);
+        observe_usage(5, 1);
+        let text = render();
+        for needle in [
+            "tessera_scheduler_ticks_total{outcome=\"idle\"}",
+            "tessera_scheduler_tick_duration_seconds_bucket",
+            "tessera_scheduler_placement_failures_total",
+            "tessera_replicas{state=\"ready\"}",
+            "tessera_workers{state=\"lost\"} 1",
+            "tessera_usage_records_total{outcome=\"duplicate\"}",
+        ] {
+            assert!(text.contains(needle), "{needle} missing");
+        }
+    }
 }

@@ -18,6 +18,7 @@ pub mod scheduler;
 pub mod server;
 pub mod stats;
 pub mod tensor;
+pub mod usage;
 pub mod worker;
 
 pub use server::{BoundAddrs, ServeConfig, run};

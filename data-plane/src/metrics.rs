@@ -13,6 +13,7 @@ use axum::routing::get;
 use parking_lot::Mutex;
 use tessera_protocol::inference::{ModelStatistics, StatisticDuration};
 
+use crate::model::LoadedModel;
 use crate::server::ServerState;
 use crate::stats::{FailReason, Histogram, ModelStats};
 
@@ -30,11 +31,12 @@ pub fn router(server: Arc<ServerState>) -> Router {
 }
 
 async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResponse {
-    let loaded = state.server.manager.all_ready();
+    let loaded = loaded_models(&state.server);
     let models: Vec<ModelMetrics<'_>> = loaded
         .iter()
-        .map(|m| ModelMetrics {
+        .map(|(tenant, m)| ModelMetrics {
             snapshot: m.stats.snapshot(&m.spec.name, &m.version.to_string()),
+            tenant: tenant.as_deref(),
             stats: &m.stats,
             pending: m.pending(),
         })
@@ -51,13 +53,37 @@ async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResp
         utilization
     };
     render_system(&mut text, cpu, MemInfo::read());
+    if let Some(meter) = state.server.meter() {
+        let backlog = crate::usage::spool::backlog_bytes(meter.dir()).ok();
+        render_usage(&mut text, meter.write_errors(), backlog);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+}
+
+/// Every ready model version, with its tenant id on a multi-tenant server (workers), where a
+/// key without a tenant is left out rather than shown tenant-less.
+fn loaded_models(server: &ServerState) -> Vec<(Option<String>, Arc<LoadedModel>)> {
+    if !server.is_multi_tenant() {
+        return server.manager.all_ready().into_iter().map(|m| (None, m)).collect();
+    }
+    let mut out = Vec::new();
+    for (key, versions) in server.manager.installed() {
+        let Some((tenant, _)) = key.split_once('/').filter(|(tenant, _)| !tenant.is_empty()) else { continue };
+        for version in versions {
+            if let Ok(m) = server.manager.get(&key, Some(version)) {
+                out.push((Some(tenant.to_string()), m));
+            }
+        }
+    }
+    out
 }
 
 /// One model version's numbers for a scrape.
 pub struct ModelMetrics<'a> {
     /// Counters as the statistics extension reports them.
     pub snapshot: ModelStatistics,
+    /// Tenant id on workers (a `tenant` label first); `None` for `serve`.
+    pub tenant: Option<&'a str>,
     /// Live statistics (failure reasons, histograms).
     pub stats: &'a ModelStats,
     /// Requests waiting in the queue.
@@ -123,8 +149,12 @@ fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
 
-fn labels(s: &ModelStatistics) -> String {
-    format!("model=\"{}\",version=\"{}\"", escape(&s.name), escape(&s.version))
+fn labels(m: &ModelMetrics<'_>) -> String {
+    let (name, version) = (escape(&m.snapshot.name), escape(&m.snapshot.version));
+    match m.tenant {
+        Some(tenant) => format!("tenant=\"{}\",model=\"{name}\",version=\"{version}\"", escape(tenant)),
+        None => format!("model=\"{name}\",version=\"{version}\""),
+    }
 }
 
 /// Renders the per-model families for the given model versions.
@@ -133,19 +163,14 @@ pub fn render(models: &[ModelMetrics<'_>]) -> String {
     for family in FAMILIES {
         header(&mut out, family.name, family.help, "counter");
         for m in models {
-            let _ = writeln!(out, "{}{{{}}} {}", family.name, labels(&m.snapshot), (family.value)(&m.snapshot));
+            let _ = writeln!(out, "{}{{{}}} {}", family.name, labels(m), (family.value)(&m.snapshot));
         }
     }
     header(&mut out, "nv_inference_request_failure", "Number of failed inference requests, all batch sizes", "counter");
     for m in models {
         for reason in FailReason::ALL {
             let n = m.stats.failures(reason);
-            let _ = writeln!(
-                out,
-                "nv_inference_request_failure{{{},reason=\"{}\"}} {n}",
-                labels(&m.snapshot),
-                reason.as_str()
-            );
+            let _ = writeln!(out, "nv_inference_request_failure{{{},reason=\"{}\"}} {n}", labels(m), reason.as_str());
         }
     }
     header(
@@ -155,7 +180,7 @@ pub fn render(models: &[ModelMetrics<'_>]) -> String {
         "gauge",
     );
     for m in models {
-        let _ = writeln!(out, "nv_inference_pending_request_count{{{}}} {}", labels(&m.snapshot), m.pending);
+        let _ = writeln!(out, "nv_inference_pending_request_count{{{}}} {}", labels(m), m.pending);
     }
     type Pick = fn(&ModelStats) -> &Histogram;
     let histograms: [(&str, &str, Pick); 2] = [
@@ -168,7 +193,7 @@ pub fn render(models: &[ModelMetrics<'_>]) -> String {
         header(&mut out, name, help, "histogram");
         for m in models {
             let (buckets, sum) = pick(m.stats).snapshot();
-            let l = labels(&m.snapshot);
+            let l = labels(m);
             let mut count = 0;
             for (bound, cumulative) in buckets {
                 let le = bound.map_or_else(|| "+Inf".to_string(), |b| b.to_string());
@@ -192,6 +217,16 @@ fn render_system(out: &mut String, cpu: Option<f64>, mem: Option<MemInfo>) {
         let _ = writeln!(out, "nv_cpu_memory_total_bytes {}", mem.total);
         header(out, "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", "gauge");
         let _ = writeln!(out, "nv_cpu_memory_used_bytes {}", mem.total.saturating_sub(mem.available));
+    }
+}
+
+fn render_usage(out: &mut String, write_errors: u64, backlog: Option<u64>) {
+    header(out, "tessera_usage_spool_write_errors_total", "Usage records that could not be spooled (lost)", "counter");
+    let _ = writeln!(out, "tessera_usage_spool_write_errors_total {write_errors}");
+    if let Some(bytes) = backlog {
+        let help = "Spooled usage bytes the control plane has not acknowledged yet";
+        header(out, "tessera_usage_spool_backlog_bytes", help, "gauge");
+        let _ = writeln!(out, "tessera_usage_spool_backlog_bytes {bytes}");
     }
 }
 
@@ -258,7 +293,8 @@ mod tests {
         stats.latency_us.observe(2);
         stats.record_execution(Execution { batch_size: 3, input_ns: 0, infer_ns: 0, output_ns: 0 });
         stats.record_failure_reason(FailReason::Rejected);
-        let models = [ModelMetrics { snapshot: stats.snapshot("add_sub", "1"), stats: &stats, pending: 5 }];
+        let models =
+            [ModelMetrics { snapshot: stats.snapshot("add_sub", "1"), tenant: None, stats: &stats, pending: 5 }];
         let text = render(&models);
         let l = "model=\"add_sub\",version=\"1\"";
         for line in [
@@ -274,6 +310,24 @@ mod tests {
         ] {
             assert!(text.contains(&line), "missing {line} in\n{text}");
         }
+    }
+
+    #[test]
+    fn on_workers_every_model_series_carries_the_tenant_first() {
+        let stats = ModelStats::default();
+        stats.success.record(1_000);
+        let models =
+            [ModelMetrics { snapshot: stats.snapshot("m", "2"), tenant: Some("t-1"), stats: &stats, pending: 0 }];
+        let text = render(&models);
+        let series: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert!(series.len() > 20, "{text}");
+        for line in series {
+            assert!(line.contains("{tenant=\"t-1\",model=\"m\",version=\"2\""), "{line}");
+        }
+        let mut out = String::new();
+        render_usage(&mut out, 3, Some(96));
+        assert!(out.contains("tessera_usage_spool_write_errors_total 3"));
+        assert!(out.contains("tessera_usage_spool_backlog_bytes 96"));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::manager::{ControlMode, ModelManager, scoped_key};
 use crate::model::LoadedModel;
 use crate::repository::Repository;
+use crate::usage::Meter;
 
 /// Extensions this server implements, as listed in server metadata.
 pub const EXTENSIONS: &[&str] =
@@ -70,6 +71,8 @@ pub struct ServerState {
     started: AtomicBool,
     /// Checks callers' credentials; `None` (`serve`) leaves every endpoint open.
     auth: Option<Arc<Authenticator>>,
+    /// Spools billable requests (workers); `None` (`serve`) meters nothing.
+    meter: Option<Arc<Meter>>,
 }
 
 impl ServerState {
@@ -84,6 +87,7 @@ impl ServerState {
             live: AtomicBool::new(true),
             started: AtomicBool::new(false),
             auth: None,
+            meter: None,
         }
     }
 
@@ -92,6 +96,22 @@ impl ServerState {
     pub fn with_auth(mut self, authenticator: Arc<Authenticator>) -> Self {
         self.auth = Some(authenticator);
         self
+    }
+
+    /// Meters every inference request that reaches a tenant's model (workers).
+    pub fn with_meter(mut self, meter: Arc<Meter>) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
+    /// The usage meter, on workers.
+    pub fn meter(&self) -> Option<&Meter> {
+        self.meter.as_deref()
+    }
+
+    /// Whether model keys are tenant-scoped (`<tenant>/<model>`): authentication is on.
+    pub fn is_multi_tenant(&self) -> bool {
+        self.auth.is_some()
     }
 
     /// Server liveness.

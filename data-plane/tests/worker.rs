@@ -2,10 +2,10 @@
 //! loading, heartbeats, tenant-scoped authenticated inference, unloading, and serving on while
 //! the control plane is gone.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -32,6 +32,16 @@ struct Fake {
     /// What the fake wants the worker to hold; every change is sent down the session.
     assignments: watch::Sender<agent::Assignments>,
     fetches: AtomicUsize,
+    /// Usage stored, each key once (as the control plane's `usage_records` table).
+    usage: parking_lot::Mutex<BTreeMap<String, agent::UsageRecord>>,
+    /// Usage records received again under a key already stored (replays).
+    usage_replays: AtomicUsize,
+    /// While set, usage is stored but the answer is an error (the acknowledgment is lost).
+    lose_usage_acks: AtomicBool,
+    /// Answers lost so.
+    usage_acks_lost: AtomicUsize,
+    /// While set, `ReportUsage` fails without storing anything (control plane down).
+    refuse_usage: AtomicBool,
     /// Ends open sessions (so the server can stop).
     stop: CancellationToken,
 }
@@ -148,6 +158,31 @@ impl WorkerAgent for Service {
             bytes.chunks(100).map(|c| Ok(agent::ArtifactChunk { data: bytes::Bytes::copy_from_slice(c) })).collect();
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
     }
+
+    async fn report_usage(
+        &self,
+        request: Request<agent::ReportUsageRequest>,
+    ) -> Result<Response<agent::ReportUsageResponse>, Status> {
+        check_token(&request)?;
+        if self.0.refuse_usage.load(Ordering::SeqCst) {
+            return Err(Status::unavailable("usage ingestion is down"));
+        }
+        let mut acknowledged = Vec::new();
+        let mut stored = self.0.usage.lock();
+        for record in request.into_inner().records {
+            acknowledged.push(record.key.clone());
+            if stored.contains_key(&record.key) {
+                self.0.usage_replays.fetch_add(1, Ordering::SeqCst);
+            } else {
+                stored.insert(record.key.clone(), record);
+            }
+        }
+        if self.0.lose_usage_acks.load(Ordering::SeqCst) {
+            self.0.usage_acks_lost.fetch_add(1, Ordering::SeqCst);
+            return Err(Status::unavailable("connection reset before the answer"));
+        }
+        Ok(Response::new(agent::ReportUsageResponse { acknowledged }))
+    }
 }
 
 struct FakeServer {
@@ -163,6 +198,11 @@ async fn start_fake(model: &[u8]) -> FakeServer {
         heartbeat: watch::channel(None).0,
         assignments: watch::channel(agent::Assignments::default()).0,
         fetches: AtomicUsize::new(0),
+        usage: Default::default(),
+        usage_replays: AtomicUsize::new(0),
+        lose_usage_acks: AtomicBool::new(false),
+        usage_acks_lost: AtomicUsize::new(0),
+        refuse_usage: AtomicBool::new(false),
         stop: CancellationToken::new(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -399,4 +439,264 @@ async fn worker_registers_loads_serves_unloads_and_outlives_the_control_plane() 
     shutdown.cancel();
     let result = tokio::time::timeout(Duration::from_secs(30), worker).await.expect("worker stops");
     result.expect("worker task").expect("worker exits cleanly");
+}
+
+/// Tenant A's `add_sub` version 1 with batching on (up to 8 rows).
+fn batching_replica(model: &[u8]) -> agent::Assignment {
+    let mut r = replica(model, "replica-1", 1, true);
+    r.config_json = r#"{"max_batch_size": 8, "instance_group": [{"count": 1, "kind": "KIND_CPU"}]}"#.into();
+    r
+}
+
+/// One HTTP inference of `rows` rows of `width` values (16 fits the model; anything else fails).
+async fn infer_rows(http: &str, key: &str, rows: usize, width: usize) -> u16 {
+    let data = vec![1.0f32; rows * width];
+    let body = json!({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [rows, width], "data": data},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [rows, width], "data": data},
+    ]});
+    let url = format!("{http}/v2/models/add_sub/infer");
+    let response = reqwest::Client::new().post(url).bearer_auth(key).json(&body).send().await.expect("http request");
+    response.status().as_u16()
+}
+
+/// One gRPC inference of `width` values.
+async fn grpc_infer_width(grpc: std::net::SocketAddr, key: &str, width: usize) -> Result<(), tonic::Code> {
+    use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use tessera_protocol::inference::model_infer_request::InferInputTensor;
+    use tessera_protocol::inference::{InferTensorContents, ModelInferRequest};
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{grpc}")).await.expect("grpc connect");
+    let tensor = |name: &str| InferInputTensor {
+        name: name.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, width as i64],
+        contents: Some(InferTensorContents { fp32_contents: vec![1.0; width], ..Default::default() }),
+        ..Default::default()
+    };
+    let message = ModelInferRequest {
+        model_name: "add_sub".into(),
+        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
+        ..Default::default()
+    };
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().expect("ascii"));
+    client.model_infer(request).await.map(|_| ()).map_err(|s| s.code())
+}
+
+/// One `ModelStreamInfer` stream of requests of these widths; whether each answer succeeded.
+async fn grpc_stream(grpc: std::net::SocketAddr, key: &str, widths: &[usize]) -> Vec<bool> {
+    use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use tessera_protocol::inference::model_infer_request::InferInputTensor;
+    use tessera_protocol::inference::{InferTensorContents, ModelInferRequest};
+    let mut client = GrpcInferenceServiceClient::connect(format!("http://{grpc}")).await.expect("grpc connect");
+    let message = |width: usize| {
+        let tensor = |name: &str| InferInputTensor {
+            name: name.into(),
+            datatype: "FP32".into(),
+            shape: vec![1, width as i64],
+            contents: Some(InferTensorContents { fp32_contents: vec![1.0; width], ..Default::default() }),
+            ..Default::default()
+        };
+        ModelInferRequest {
+            model_name: "add_sub".into(),
+            inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
+            ..Default::default()
+        }
+    };
+    let messages: Vec<ModelInferRequest> = widths.iter().map(|w| message(*w)).collect();
+    let mut request = tonic::Request::new(futures::stream::iter(messages));
+    request.metadata_mut().insert("authorization", format!("Bearer {key}").parse().expect("ascii"));
+    let mut answers = client.model_stream_infer(request).await.expect("stream opens").into_inner();
+    let mut out = Vec::new();
+    while let Some(answer) = answers.message().await.expect("stream answer") {
+        out.push(answer.error_message.is_empty());
+    }
+    out
+}
+
+/// What clients saw: successful requests, failed ones, rows of the successful ones.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    requests: u64,
+    failures: u64,
+    inferences: u64,
+}
+
+impl Seen {
+    fn add(&mut self, other: Seen) {
+        self.requests += other.requests;
+        self.failures += other.failures;
+        self.inferences += other.inferences;
+    }
+}
+
+/// A mix of requests on `http` and `grpc` (unary and streaming): successes of 1 and 3 rows,
+/// wrong shapes (failures), and requests that never reach tenant A's model (another tenant, no
+/// key: not billable).
+async fn traffic(http: &str, grpc: std::net::SocketAddr, rounds: usize) -> Seen {
+    let mut seen = Seen::default();
+    for _ in 0..rounds {
+        assert_eq!(infer_rows(http, "tsk_a", 1, 16).await, 200);
+        assert_eq!(infer_rows(http, "tsk_a", 3, 16).await, 200);
+        assert_eq!(infer_rows(http, "tsk_a", 1, 15).await, 400);
+        assert_eq!(grpc_infer_width(grpc, "tsk_a", 16).await, Ok(()));
+        assert_eq!(grpc_infer_width(grpc, "tsk_a", 7).await, Err(tonic::Code::InvalidArgument));
+        assert_eq!(grpc_stream(grpc, "tsk_a", &[16, 5, 16]).await, [true, false, true]);
+        assert_eq!(infer_rows(http, "tsk_b", 1, 16).await, 404);
+        assert_eq!(infer_rows(http, "tsk_nope", 1, 16).await, 401);
+        seen.add(Seen { requests: 5, failures: 3, inferences: 7 });
+    }
+    seen
+}
+
+/// Stored usage of tenant A's `add_sub` version 1.
+fn stored(fake: &Fake) -> Seen {
+    let usage = fake.usage.lock();
+    let mut seen = Seen::default();
+    for r in usage.values() {
+        assert_eq!((r.tenant_id.as_str(), r.model_name.as_str(), r.version), (TENANT_A, "add_sub", 1), "{r:?}");
+        assert_eq!(r.slice_profile, "cpu");
+        assert_eq!(r.minute % 60, 0);
+        seen.add(Seen { requests: r.requests, failures: r.failures, inferences: r.inferences });
+    }
+    seen
+}
+
+async fn stored_until(fake: &Fake, want: Seen) {
+    let wait = async {
+        while stored(fake) != want {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(20), wait).await.is_err() {
+        panic!("stored usage {:?} never became {want:?}", stored(fake));
+    }
+}
+
+/// A worker on its own runtime, so it can be stopped abruptly (every task dropped at once, no
+/// final shipment), as a SIGKILL would.
+struct KillableWorker {
+    bound: BoundAddrs,
+    kill: tokio::sync::oneshot::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+fn start_killable(
+    config: WorkerConfig,
+) -> (tokio::sync::oneshot::Receiver<BoundAddrs>, impl FnOnce(BoundAddrs) -> KillableWorker) {
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<BoundAddrs>();
+    let (kill, kill_rx) = tokio::sync::oneshot::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        runtime.block_on(async move {
+            let never = CancellationToken::new();
+            tokio::select! {
+                result = worker::run(config, never, move |b| { let _ = bound_tx.send(b); }) => {
+                    result.expect("worker runs until killed");
+                }
+                _ = kill_rx => {}
+            }
+        });
+        runtime.shutdown_background();
+    });
+    (bound_rx, move |bound| KillableWorker { bound, kill, thread })
+}
+
+async fn metrics_text(bound: &BoundAddrs) -> String {
+    let url = format!("http://{}/metrics", bound.metrics.expect("metrics on"));
+    reqwest::get(url).await.expect("scrape").text().await.expect("text")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_matches_what_clients_saw_across_an_abrupt_restart() {
+    let model = onnx_builder::add_sub();
+    let server = start_fake(&model).await;
+    let fake = server.fake.clone();
+    fake.assignments.send_replace(set(1, vec![batching_replica(&model)]));
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut config = WorkerConfig::local(&server.url, WorkerToken::new(TOKEN), data.path());
+    config.usage_ship_interval = Duration::from_millis(100);
+
+    // First run: usage is delivered as it accrues.
+    let (bound_rx, started) = start_killable(config.clone());
+    let first = started(bound_rx.await.expect("worker bound"));
+    heartbeat_until(&fake, "replica READY", |h| replica_state(h) == Some(agent::ReplicaState::Ready)).await;
+    let (http, grpc) = (format!("http://{}", first.bound.http.expect("http")), first.bound.grpc.expect("grpc"));
+    let mut seen = traffic(&http, grpc, 4).await;
+    stored_until(&fake, seen).await;
+
+    // The control plane stores the next ones but its answers are lost: the worker keeps
+    // resending the same range.
+    fake.lose_usage_acks.store(true, Ordering::SeqCst);
+    seen.add(traffic(&http, grpc, 2).await);
+    let lost = async {
+        while fake.usage_acks_lost.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), lost).await.expect("usage sent while acks are lost");
+    // Then it goes down altogether; what follows stays in the spool.
+    fake.refuse_usage.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = stored(&fake);
+    seen.add(traffic(&http, grpc, 3).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(stored(&fake), before, "nothing reached a control plane that is down");
+
+    // Killed: no drain, no final shipment.
+    let _ = first.kill.send(());
+    first.thread.join().expect("worker thread");
+
+    // The control plane is back; a new run on the same data directory ships the rest once.
+    fake.lose_usage_acks.store(false, Ordering::SeqCst);
+    fake.refuse_usage.store(false, Ordering::SeqCst);
+    let shutdown = CancellationToken::new();
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<BoundAddrs>();
+    let second = tokio::spawn(worker::run(config, shutdown.clone(), move |b| {
+        let _ = bound_tx.send(b);
+    }));
+    let bound = bound_rx.await.expect("second worker bound");
+    stored_until(&fake, seen).await;
+    assert!(fake.usage_replays.load(Ordering::SeqCst) > 0, "the unacknowledged range was replayed under its keys");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(stored(&fake), seen, "nothing counted twice");
+
+    // Executions, compute time and reserved slice time arrive too.
+    let http = format!("http://{}", bound.http.expect("http"));
+    seen.add(traffic(&http, bound.grpc.expect("grpc"), 1).await);
+    stored_until(&fake, seen).await;
+
+    // Worker metrics: every model series carries the tenant, never an empty one.
+    let text = metrics_text(&bound).await;
+    let labels = format!("{{tenant=\"{TENANT_A}\",model=\"add_sub\",version=\"1\"");
+    for family in ["nv_inference_request_success", "nv_inference_count", "nv_inference_request_failure"] {
+        assert!(text.contains(&format!("{family}{labels}")), "{family} with tenant labels in\n{text}");
+    }
+    assert!(text.contains(&format!("tessera_inference_request_duration_us_bucket{labels},le=\"")), "{text}");
+    assert!(text.contains(&format!("tessera_inference_batch_size_bucket{labels},le=\"")), "{text}");
+    assert!(text.contains("\ntessera_usage_spool_backlog_bytes "), "{text}");
+    for line in text.lines().filter(|l| l.contains("model=\"")) {
+        assert!(line.contains(&format!("tenant=\"{TENANT_A}\"")), "tenant-less series: {line}");
+    }
+
+    shutdown.cancel();
+    let result = tokio::time::timeout(Duration::from_secs(30), second).await.expect("worker stops");
+    result.expect("worker task").expect("worker exits cleanly");
+    // The final shipment at shutdown brings the last execution and slice records.
+    let usage = fake.usage.lock();
+    let executions: u64 = usage.values().map(|r| r.executions).sum();
+    let compute: f64 = usage.values().map(|r| r.compute_seconds).sum();
+    let slice: f64 = usage.values().map(|r| r.slice_seconds).sum();
+    let batches: u64 = usage.values().flat_map(|r| r.batch_size_counts.iter()).sum();
+    assert!(
+        executions > 0 && compute > 0.0 && slice > 0.0,
+        "executions {executions}, compute {compute}, slice {slice}"
+    );
+    assert_eq!(batches, executions, "every execution has a batch size");
+    assert!(usage.values().all(|r| r.latency_counts.len() == 17 && r.batch_size_counts.len() == 10));
+    let latencies: u64 = usage.values().flat_map(|r| r.latency_counts.iter()).sum();
+    assert_eq!(latencies, seen.requests + seen.failures, "one latency per metered request");
+    drop(usage);
+    fake.stop.cancel();
 }

@@ -1,6 +1,6 @@
 //! The agent gRPC service workers call (`tessera.agent.v1.WorkerAgent`), served on the REST
 //! listener: sessions (registration, heartbeats, assignments), API key lookups for workers'
-//! inference endpoints, the token keys, and artifact downloads.
+//! inference endpoints, the token keys, artifact downloads and usage reports.
 //!
 //! Every call must carry `authorization: Bearer <worker token>` (`--worker-token`), checked in
 //! constant time by an interceptor before any method runs.
@@ -17,7 +17,7 @@ use sha2::Sha256;
 use tessera_protocol::agent::worker_agent_server::{WorkerAgent, WorkerAgentServer};
 use tessera_protocol::agent::{
     ArtifactChunk, AuthenticateKeyRequest, AuthenticateKeyResponse, ControlMessage, FetchArtifactRequest,
-    GetTokenKeysRequest, GetTokenKeysResponse, WorkerMessage,
+    GetTokenKeysRequest, GetTokenKeysResponse, ReportUsageRequest, ReportUsageResponse, WorkerMessage,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
@@ -152,6 +152,15 @@ impl WorkerAgent for AgentService {
         let chunks = self.app.store.get_chunks(&key, ARTIFACT_CHUNK_BYTES).await?;
         let stream = chunks.map(|c| c.map(|data| ArtifactChunk { data }).map_err(Status::from));
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn report_usage(
+        &self,
+        request: Request<ReportUsageRequest>,
+    ) -> Result<Response<ReportUsageResponse>, Status> {
+        let records = request.into_inner().records;
+        let acknowledged = crate::usage::ingest(&self.app.registry, &records).await?;
+        Ok(Response::new(ReportUsageResponse { acknowledged }))
     }
 }
 

@@ -221,7 +221,7 @@ pub struct DeploymentEventList {
 }
 
 /// Checks a slice profile name: `cpu`, `gpu` or `mig-<profile>`.
-fn check_profile(profile: &str) -> Result<()> {
+pub(super) fn check_profile(profile: &str) -> Result<()> {
     let mig_ok = profile.strip_prefix("mig-").is_some_and(|p| {
         !p.is_empty() && p.len() <= 32 && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.')
     });
@@ -404,7 +404,8 @@ async fn view_one(app: &AppState, d: DeploymentRow) -> Result<Deployment> {
     responses(
         (status = 201, description = "Created; replicas are placed shortly.", body = Deployment),
         (status = 409, description = "The name is taken (`already_exists`), the model is already deployed \
-                                      (`model_deployed`) or the replica quota is full (`quota_exceeded.replicas`).",
+                                      (`model_deployed`), the replica quota is full (`quota_exceeded.replicas`) \
+                                      or the month's spend reached its quota (`quota_exceeded.monthly_spend_cents`).",
          body = crate::error::ErrorBody)))]
 pub async fn handle_deployment_create(
     State(app): State<AppState>,
@@ -474,7 +475,9 @@ pub async fn handle_deployment_get(
     params(("tenant" = String, Path, description = "Tenant name"), ("deployment" = String, Path, description = "Deployment name")),
     responses(
         (status = 200, description = "The deployment.", body = Deployment),
-        (status = 409, description = "The replica quota is full (`quota_exceeded.replicas`).", body = crate::error::ErrorBody)))]
+        (status = 409, description = "The replica quota is full (`quota_exceeded.replicas`), or more replicas were \
+                                      asked for after the month's spend reached its quota \
+                                      (`quota_exceeded.monthly_spend_cents`).", body = crate::error::ErrorBody)))]
 pub async fn handle_deployment_update(
     State(app): State<AppState>,
     caller: Caller,

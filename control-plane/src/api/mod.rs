@@ -6,6 +6,7 @@
 
 mod aliases;
 mod audit;
+mod billing;
 mod deployments;
 mod extract;
 mod idempotency;
@@ -13,6 +14,7 @@ mod keys;
 mod models;
 mod session;
 mod tenants;
+mod usage;
 mod users;
 mod versions;
 mod workers;
@@ -45,9 +47,10 @@ pub type AppState = Arc<App>;
 #[openapi(
     info(
         title = "Tessera control plane",
-        description = "Tenants, API keys, models, versions, aliases, deployments, quotas and the audit trail of a Tessera \
-                       inference service. Every `/v1` route takes `Authorization: Bearer <API key or access token>`; \
-                       errors are `{\"error\": {\"code\", \"message\"}}`; a resource in another tenant is 404.",
+        description = "Tenants, API keys, models, versions, aliases, deployments, quotas, usage, invoices and the \
+                       audit trail of a Tessera inference service. Every `/v1` route takes \
+                       `Authorization: Bearer <API key or access token>`; errors are \
+                       `{\"error\": {\"code\", \"message\"}}`; a resource in another tenant is 404.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
     security(("bearer" = [])),
@@ -60,6 +63,8 @@ pub type AppState = Arc<App>;
         (name = "users", description = "A tenant's users, owners of API keys"),
         (name = "models", description = "Models, versions and aliases"),
         (name = "deployments", description = "Deployments of models onto workers, their replicas and events; workers"),
+        (name = "usage", description = "A tenant's usage and metrics, from what workers meter"),
+        (name = "billing", description = "Prices (platform admins set them) and a tenant's monthly invoices"),
         (name = "audit", description = "The tenant's audit trail"),
         (name = "service", description = "Health")
     )
@@ -147,6 +152,11 @@ fn api_router() -> OpenApiRouter<AppState> {
         ))
         .routes(routes!(deployments::handle_deployment_events))
         .routes(routes!(workers::handle_worker_list))
+        .routes(routes!(usage::handle_usage))
+        .routes(routes!(usage::handle_metrics))
+        .routes(routes!(billing::handle_prices_get, billing::handle_prices_set))
+        .routes(routes!(billing::handle_invoice_query))
+        .routes(routes!(billing::handle_invoice_get))
         .routes(routes!(audit::handle_audit_list))
         .routes(routes!(audit::handle_audit_verify))
 }
@@ -179,10 +189,11 @@ fn to_json(doc: &OpenApiDoc) -> String {
 pub fn router(app: AppState) -> Router {
     let (api, doc) = api_router().split_for_parts();
     let doc_json = Arc::new(to_json(&finish_doc(doc)));
+    let console = crate::console::Console::open(app.config.console_dir.as_deref());
     api.route("/v1/openapi.json", get(move || serve_openapi(doc_json.clone())))
         .route("/docs", get(serve_docs))
         .route("/metrics", get(|| async { crate::metrics::render() }))
-        .fallback(|| async { Error::NotFound("route") })
+        .fallback(move |req: Request| console.clone().respond(req))
         .layer(middleware::from_fn_with_state(app.clone(), idempotency::idempotency))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         .layer(middleware::from_fn(request_context))

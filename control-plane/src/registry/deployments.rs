@@ -346,12 +346,18 @@ impl Conn {
         }
     }
 
-    async fn check_replica_quota(&mut self, tenant_id: Uuid, delta: i64) -> Result<()> {
-        if delta <= 0 {
+    /// Refuses `delta` more replicas over the replica quota, and any growth (or, with
+    /// `creating`, any new deployment) once the month's spend reached its quota.
+    async fn check_replica_quota(&mut self, tenant_id: Uuid, delta: i64, creating: bool) -> Result<()> {
+        if delta <= 0 && !creating {
             return Ok(());
         }
         let limits = self.quota(tenant_id).await?;
+        limits.check_spend(self.month_spend_cents(tenant_id, now()).await?)?;
         let used = self.replica_usage(tenant_id).await?;
+        if delta <= 0 {
+            return Ok(());
+        }
         limits.check(QuotaName::Replicas, used.saturating_add(delta))
     }
 }
@@ -378,7 +384,7 @@ impl Registry {
             return Err(Error::conflict("model_deployed", message));
         }
         let version = tx.resolve_version(tenant_id, model.id, &spec.version).await?;
-        tx.check_replica_quota(tenant_id, spec.replicas).await?;
+        tx.check_replica_quota(tenant_id, spec.replicas, true).await?;
         let at = now();
         let row = DeploymentRow {
             id: Uuid::now_v7(),
@@ -467,7 +473,7 @@ impl Registry {
         if respec {
             after.spec_generation += 1;
         }
-        tx.check_replica_quota(tenant_id, after.replicas - before.replicas).await?;
+        tx.check_replica_quota(tenant_id, after.replicas - before.replicas, false).await?;
         after.updated_at = now();
         exec!(tx, "deployment.update", |c| sqlx::query(
             "UPDATE deployments SET version = $3, alias = $4, profile = $5, replicas = $6, instance_count = $7, \

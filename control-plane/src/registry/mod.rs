@@ -17,10 +17,12 @@ mod deployments;
 mod idempotency;
 mod keys;
 mod models;
+mod prices;
 mod quotas;
 mod scheduling;
 mod signing;
 mod tenants;
+mod usage;
 mod users;
 mod workers;
 
@@ -40,9 +42,11 @@ pub use deployments::{DeploymentEventRow, DeploymentPatch, DeploymentRow, Deploy
 pub use idempotency::IdempotencyClaim;
 pub use keys::{ApiKeyRow, NewApiKey};
 pub use models::{AliasRow, ModelRow, NewVersion, UploadRow, VersionRow};
+pub use prices::PriceRow;
 pub use quotas::{QuotaLimits, QuotaRow, QuotaUsage};
 pub use signing::SigningKeyRow;
 pub use tenants::TenantRow;
+pub use usage::{HOUR, MINUTE, UsageFilter, UsageRecordRow, UsageStored, UsageTotalsRow, add_counts, hour_key};
 pub use users::{NewUser, UserRow};
 pub use workers::{AssignmentRow, ChangedReplica, NewWorker, ReportedState, SliceRecord, WorkerRow};
 

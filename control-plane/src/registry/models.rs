@@ -250,6 +250,7 @@ impl Conn {
             QuotaName::Versions => usage.versions,
             QuotaName::StorageBytes => usage.storage_bytes,
             QuotaName::Replicas => usage.replicas,
+            QuotaName::MonthlySpendCents => return limits.check_spend(self.month_spend_cents(tenant_id, now()).await?),
         };
         limits.check(quota, current.saturating_add(added))
     }

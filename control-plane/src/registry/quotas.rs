@@ -1,8 +1,9 @@
 //! Tenant quotas: limits set by platform admins, usage counted from the registry.
 //!
 //! Models, versions, storage bytes and replicas are enforced here, inside the creating transaction
-//! after [`Conn::lock_tenant`]. Slices are enforced by the scheduler's placer; requests per second and monthly spend are
-//! stored for the scheduler, gateway and billing to enforce.
+//! after [`Conn::lock_tenant`]; so is monthly spend (on deployment creates and scale-ups, from the
+//! month's invoice so far). Slices are enforced by the scheduler's placer; requests per second are
+//! stored for the gateway to enforce.
 
 use std::collections::BTreeMap;
 
@@ -37,7 +38,8 @@ pub struct QuotaLimits {
     /// Most inference requests per second.
     #[schema(minimum = 0)]
     pub requests_per_second: i64,
-    /// Most spend per calendar month, in cents.
+    /// Most spend per calendar month (UTC), in cents; 0 is unlimited. Once the month's invoice
+    /// reaches it, new deployments and scale-ups are refused (`quota_exceeded.monthly_spend_cents`).
     #[schema(minimum = 0)]
     pub monthly_spend_cents: i64,
     /// Most slices per slice profile (e.g. `{"cpu": 8, "mig-1g.10gb": 2}`).
@@ -81,6 +83,16 @@ impl QuotaLimits {
         Ok(())
     }
 
+    /// Fails with `quota_exceeded.monthly_spend_cents` when `spent` (this month, cents) has
+    /// reached a non-zero monthly spend limit.
+    pub fn check_spend(&self, spent: i64) -> Result<()> {
+        let limit = self.monthly_spend_cents;
+        if limit > 0 && spent >= limit {
+            return Err(Error::QuotaExceeded { quota: QuotaName::MonthlySpendCents, limit, requested: spent });
+        }
+        Ok(())
+    }
+
     /// Fails with the quota's code if `requested` goes over the limit of `quota`.
     pub fn check(&self, quota: QuotaName, requested: i64) -> Result<()> {
         let limit = match quota {
@@ -88,6 +100,8 @@ impl QuotaLimits {
             QuotaName::Versions => self.versions,
             QuotaName::StorageBytes => self.storage_bytes,
             QuotaName::Replicas => self.replicas,
+            // Spend is refused once it *reaches* the limit (0 = unlimited): see `check_spend`.
+            QuotaName::MonthlySpendCents => return self.check_spend(requested),
         };
         if requested > limit {
             return Err(Error::QuotaExceeded { quota, limit, requested });
@@ -227,6 +241,15 @@ mod tests {
         assert!(q.check(QuotaName::Models, 2).is_ok());
         let e = q.check(QuotaName::Models, 3).unwrap_err();
         assert_eq!(e.code(), "quota_exceeded.models");
+    }
+
+    #[test]
+    fn spend_is_refused_once_it_reaches_the_limit_and_zero_is_unlimited() {
+        let q = QuotaLimits { monthly_spend_cents: 100, ..QuotaLimits::default() };
+        assert!(q.check_spend(99).is_ok());
+        assert_eq!(q.check_spend(100).unwrap_err().code(), "quota_exceeded.monthly_spend_cents");
+        let unlimited = QuotaLimits { monthly_spend_cents: 0, ..QuotaLimits::default() };
+        assert!(unlimited.check_spend(i64::MAX).is_ok());
     }
 
     #[test]

@@ -512,3 +512,148 @@ async fn workers_get_assignments_and_report_states() {
     })
     .await;
 }
+
+fn usage(key: &str, tenant: Uuid, minute: i64, requests: i64, slice_us: i64) -> UsageRecordRow {
+    UsageRecordRow {
+        key: key.into(),
+        worker_id: "w1".into(),
+        tenant_id: tenant,
+        model_name: "m".into(),
+        version: 1,
+        slice_profile: "cpu".into(),
+        period_start: minute,
+        period_seconds: MINUTE,
+        requests,
+        failures: 1,
+        inferences: requests * 2,
+        executions: requests,
+        compute_us: 7,
+        slice_us,
+        bytes_in: 10,
+        bytes_out: 20,
+        latency_counts: sqlx::types::Json(vec![requests, 1, 0]),
+        latency_sum_us: 100,
+        batch_size_counts: sqlx::types::Json(vec![0, requests]),
+    }
+}
+
+fn everything(from: i64, to: i64) -> UsageFilter {
+    UsageFilter { from, to, model: None, version: None }
+}
+
+#[tokio::test]
+async fn usage_keys_are_stored_once_and_reads_are_scoped() {
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let b = tenant(&r, "b", QuotaLimits::default()).await;
+        let batch = [usage("k1", a, 60, 3, 1_000_000), usage("k2", a, 60, 4, 2_000_000), usage("k1", a, 60, 99, 0)];
+        assert_eq!(r.store_usage(&batch).await.unwrap(), UsageStored { stored: 2, duplicates: 1 });
+        assert_eq!(r.store_usage(&batch[..2]).await.unwrap(), UsageStored { stored: 0, duplicates: 2 }, "a replay");
+        let mut c = r.conn().await.unwrap();
+        let totals = c.usage_totals(a, &everything(0, 120)).await.unwrap();
+        assert_eq!(totals.len(), 1);
+        assert_eq!((totals[0].requests, totals[0].failures, totals[0].slice_us), (7, 2, 3_000_000));
+        assert!(c.usage_totals(b, &everything(0, 120)).await.unwrap().is_empty());
+        assert!(c.usage_totals(a, &everything(120, 180)).await.unwrap().is_empty());
+        let other_model = UsageFilter { model: Some("x".into()), ..everything(0, 120) };
+        assert!(c.usage_totals(a, &other_model).await.unwrap().is_empty());
+        let records = c.usage_records(a, &everything(0, 120)).await.unwrap();
+        assert_eq!(records.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["k1", "k2"]);
+        assert_eq!(records[0].latency_counts.0, [3, 1, 0]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn retention_folds_old_minutes_into_hours_keeping_totals_and_keys() {
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let old = [usage("o1", a, 3600, 1, 10), usage("o2", a, 3660, 2, 20), usage("o3", a, 7200, 4, 40)];
+        r.store_usage(&old).await.unwrap();
+        r.store_usage(&[usage("new", a, 90_000, 8, 80)]).await.unwrap();
+        let before = r.conn().await.unwrap().usage_totals(a, &everything(0, 100_000)).await.unwrap();
+        let sum = |rows: &[UsageTotalsRow]| {
+            rows.iter()
+                .fold((0, 0, 0, 0), |s, t| (s.0 + t.requests, s.1 + t.failures, s.2 + t.slice_us, s.3 + t.inferences))
+        };
+        // Everything before 80,000 s is old; folding in batches of 2 still folds all three.
+        assert_eq!(r.fold_usage(80_000, 2).await.unwrap(), 2);
+        assert_eq!(r.fold_usage(80_000, 2).await.unwrap(), 1);
+        assert_eq!(r.fold_usage(80_000, 2).await.unwrap(), 0);
+        let mut c = r.conn().await.unwrap();
+        let after = c.usage_totals(a, &everything(0, 100_000)).await.unwrap();
+        assert_eq!(sum(&after), sum(&before), "totals are exact");
+        let rows = c.usage_records(a, &everything(0, 100_000)).await.unwrap();
+        let shape: Vec<_> = rows.iter().map(|r| (r.period_start, r.period_seconds, r.requests)).collect();
+        assert_eq!(shape, [(3600, HOUR, 3), (7200, HOUR, 4), (90_000, MINUTE, 8)]);
+        assert_eq!(rows[0].latency_counts.0, [3, 2, 0], "histograms merge");
+        assert_eq!(rows[0].key, hour_key(a, "m", 1, "cpu", 3600));
+        drop(c);
+        // A late replay of a folded record is still a duplicate; a late new record folds into its hour.
+        assert_eq!(r.store_usage(&[usage("o1", a, 3600, 1, 10)]).await.unwrap().duplicates, 1);
+        r.store_usage(&[usage("late", a, 3720, 5, 50)]).await.unwrap();
+        assert_eq!(r.fold_usage(80_000, 10).await.unwrap(), 1);
+        let rows = r.conn().await.unwrap().usage_records(a, &everything(0, 4000)).await.unwrap();
+        assert_eq!((rows.len(), rows[0].requests, rows[0].slice_us), (1, 8, 80));
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn prices_are_audited_and_spend_quota_refuses_new_deployments() {
+    on_both(|r| async move {
+        let platform = r.create_tenant(&actor(), &name("platform"), "P", true, &QuotaLimits::default()).await.unwrap();
+        let a = tenant(&r, "a", QuotaLimits { monthly_spend_cents: 100, ..QuotaLimits::default() }).await;
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        r.create_version(&actor(), &m, version(1)).await.unwrap();
+        r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Latest, 1)).await.unwrap();
+        let prices = [PriceRow {
+            slice_profile: "cpu".into(),
+            effective_from: 0,
+            per_slice_hour_micro_cents: 100 * 1_000_000,
+            per_1000_inferences_micro_cents: 0,
+        }];
+        assert_eq!(r.set_prices(&actor(), &prices).await.unwrap(), prices);
+        let dup = r.set_prices(&actor(), &[prices[0].clone(), prices[0].clone()]).await.unwrap_err();
+        assert_eq!(dup.code(), "duplicate_price");
+        assert_eq!(r.conn().await.unwrap().prices().await.unwrap(), prices, "a refused write changes nothing");
+        let events = r.conn().await.unwrap().audit_events(platform.id, &AuditFilter::default(), 10).await.unwrap();
+        assert_eq!(events[0].action, "prices.update");
+
+        // An hour of slice this month at 100 c/h: the quota of 100 c is reached.
+        let minute = now().unix_timestamp() / 60 * 60;
+        r.store_usage(&[usage("spent", a, minute, 1, 3_600_000_000)]).await.unwrap();
+        assert_eq!(r.conn().await.unwrap().month_spend_cents(a, now()).await.unwrap(), 100);
+        let grow = DeploymentPatch { replicas: Some(2), ..DeploymentPatch::default() };
+        let e = r.update_deployment(&actor(), a, "d", grow).await.unwrap_err();
+        assert_eq!(e.code(), "quota_exceeded.monthly_spend_cents");
+        let shrink = DeploymentPatch { replicas: Some(0), ..DeploymentPatch::default() };
+        r.update_deployment(&actor(), a, "d", shrink).await.unwrap();
+        let m2 = r.create_model(&actor(), a, &name("m2"), "").await.unwrap();
+        r.create_version(&actor(), &m2, version(1)).await.unwrap();
+        let e = r.create_deployment(&actor(), a, &name("d2"), "m2", spec(VersionRef::Latest, 0)).await.unwrap_err();
+        assert_eq!(e.code(), "quota_exceeded.monthly_spend_cents");
+        let unlimited = QuotaLimits { monthly_spend_cents: 0, ..QuotaLimits::default() };
+        r.set_quota(&actor(), a, &unlimited).await.unwrap();
+        r.create_deployment(&actor(), a, &name("d2"), "m2", spec(VersionRef::Latest, 1)).await.unwrap();
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_retention_run_folds_only_minutes_past_the_retention() {
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let day = 86_400;
+        let now_unix = 100 * day;
+        let batch = [usage("old", a, now_unix - 15 * day, 1, 1), usage("recent", a, now_unix - day, 2, 2)];
+        r.store_usage(&batch).await.unwrap();
+        let retention = Duration::from_secs(14 * day as u64);
+        assert_eq!(crate::usage::fold_old_minutes(&r, now_unix, retention).await.unwrap(), 1);
+        assert_eq!(crate::usage::fold_old_minutes(&r, now_unix, retention).await.unwrap(), 0);
+        let rows = r.conn().await.unwrap().usage_records(a, &everything(0, now_unix)).await.unwrap();
+        let kinds: Vec<_> = rows.iter().map(|r| (r.period_seconds, r.requests)).collect();
+        assert_eq!(kinds, [(HOUR, 1), (MINUTE, 2)]);
+    })
+    .await;
+}

@@ -92,23 +92,59 @@ pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
             tracing::info!("this control plane schedules (leader)");
             settings.leader_since = Some(now());
         }
-        match tick(&app, &settings).await {
-            Ok(true) => app.signals.assignments_changed(),
-            Ok(false) => {}
+        let started = std::time::Instant::now();
+        let outcome = tick(&app, &settings).await;
+        let label = match &outcome {
+            Ok(t) if t.applied => "applied",
+            Ok(_) => "idle",
+            Err(_) => "error",
+        };
+        let seen = outcome.as_ref().ok();
+        crate::metrics::observe_tick(
+            label,
+            started.elapsed(),
+            seen.map_or(0, |t| t.placement_failures),
+            seen.into_iter().flat_map(|t| t.replica_states.iter().map(String::as_str)),
+            seen.into_iter().flat_map(|t| t.worker_states.iter().map(String::as_str)),
+        );
+        match outcome {
+            Ok(t) if t.changed => app.signals.assignments_changed(),
+            Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "scheduler tick failed"),
         }
     }
     tracing::info!("scheduler stopped");
 }
 
-/// One tick; true when some worker's assignments changed.
-async fn tick(app: &App, settings: &Settings) -> crate::error::Result<bool> {
+/// What a tick did and saw, for the loop and the metrics.
+#[derive(Debug, Default)]
+struct Ticked {
+    /// A plan was applied.
+    applied: bool,
+    /// Some worker's assignments changed.
+    changed: bool,
+    /// Replicas that found no slice in this tick's plan.
+    placement_failures: u64,
+    /// Replica states in the snapshot the tick read.
+    replica_states: Vec<String>,
+    /// Worker states in the snapshot the tick read.
+    worker_states: Vec<String>,
+}
+
+/// One tick.
+async fn tick(app: &App, settings: &Settings) -> crate::error::Result<Ticked> {
     let mut tx = app.registry.begin().await?;
     tx.lock_scheduling().await?;
     let snapshot = tx.scheduling_snapshot().await?;
     let decided = plan(&snapshot, now(), settings, &mut uuid::Uuid::now_v7);
+    let mut ticked = Ticked {
+        placement_failures: decided.events.iter().filter(|e| e.kind == "unplaceable").count() as u64,
+        replica_states: snapshot.replicas.iter().map(|r| r.state.clone()).collect(),
+        worker_states: snapshot.workers.iter().map(|w| w.state.clone()).collect(),
+        ..Ticked::default()
+    };
     if decided.is_empty() {
-        return Ok(false);
+        return Ok(ticked);
     }
     for id in &decided.lost_workers {
         tracing::warn!(worker_id = %id, "worker lost: no heartbeat");
@@ -121,5 +157,7 @@ async fn tick(app: &App, settings: &Settings) -> crate::error::Result<bool> {
         workers = touched.len(),
         "scheduler applied a plan"
     );
-    Ok(!touched.is_empty())
+    ticked.applied = true;
+    ticked.changed = !touched.is_empty();
+    Ok(ticked)
 }

@@ -4,8 +4,10 @@ mod convert;
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
 use futures::stream::{FuturesOrdered, StreamExt};
+use prost::Message as _;
 use tessera_protocol::health::health_check_response::ServingStatus;
 use tessera_protocol::health::health_server::{Health, HealthServer};
 use tessera_protocol::health::{HealthCheckRequest, HealthCheckResponse};
@@ -21,6 +23,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{Principal, Role};
 use crate::error::Error;
 use crate::server::ServerState;
+use crate::usage::Outcome;
 
 type GrpcResult<T> = Result<Response<T>, Status>;
 
@@ -54,15 +57,32 @@ struct InferenceService {
 }
 
 impl InferenceService {
+    /// One inference; on workers metered once the model resolved in the caller's tenant (see
+    /// `crate::usage`), before the response is handed back.
     async fn infer(
         state: &ServerState,
         caller: Option<&Principal>,
         req: ModelInferRequest,
     ) -> Result<ModelInferResponse, Error> {
+        let started = state.meter().map(|_| Instant::now());
         let v = crate::manager::parse_version(&req.model_name, Some(&req.model_version))?;
         let loaded = state.model(caller, &req.model_name, v)?;
-        let request = convert::infer_request(req)?;
-        Ok(convert::infer_response(loaded.infer(request).await?))
+        let bytes_in = started.map_or(0, |_| req.encoded_len() as u64);
+        let result = async {
+            let request = convert::infer_request(req)?;
+            let rows = crate::usage::batch_rows(&loaded.spec, &request);
+            Ok::<_, Error>((convert::infer_response(loaded.infer(request).await?), rows))
+        }
+        .await;
+        if let (Some(meter), Some(caller), Some(started)) = (state.meter(), caller, started) {
+            let (success, rows, bytes_out) = match &result {
+                Ok((response, rows)) => (true, *rows, response.encoded_len() as u64),
+                Err(_) => (false, 0, 0),
+            };
+            let outcome = Outcome { started, success, rows, bytes_in, bytes_out };
+            meter.record_request(&caller.tenant_id, &loaded.spec.name, loaded.version, outcome);
+        }
+        result.map(|(response, _)| response)
     }
 
     /// The caller, from the `authorization` metadata, when the server requires authentication.

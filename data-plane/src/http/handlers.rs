@@ -1,6 +1,7 @@
 //! KServe v2 REST handlers: thin wrappers that parse, call the model manager, and encode.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
@@ -14,7 +15,9 @@ use serde_json::{Value, json};
 use super::{Caller, codec};
 use crate::error::{Error, ErrorKind, Result};
 use crate::manager::parse_version;
+use crate::model::LoadedModel;
 use crate::server::ServerState;
+use crate::usage::{Outcome, batch_rows};
 
 type AppState = State<Arc<ServerState>>;
 
@@ -71,7 +74,8 @@ pub async fn handle_model_stats(s: &ServerState, c: Caller, path: Option<ModelPa
     Ok(Json(crate::stats::to_json(&stats)))
 }
 
-/// `POST /v2/models/{m}[/versions/{v}]/infer`.
+/// `POST /v2/models/{m}[/versions/{v}]/infer`. On workers, metered once the model resolved in
+/// the caller's tenant (see `crate::usage`).
 pub async fn handle_infer(
     s: &ServerState,
     c: Caller,
@@ -79,16 +83,40 @@ pub async fn handle_infer(
     headers: &HeaderMap,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
+    let started = s.meter().map(|_| Instant::now());
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     let v = parse_version(&model, version.as_deref())?;
+    let loaded = s.model(c.principal(), &model, v)?;
+    let result = run_infer(&loaded, headers, &body).await;
+    if let (Some(meter), Some(caller), Some(started)) = (s.meter(), c.principal(), started) {
+        let (success, rows, bytes_out) = match &result {
+            Ok(done) => (true, done.rows, done.bytes_out),
+            Err(_) => (false, 0, 0),
+        };
+        let outcome = Outcome { started, success, rows, bytes_in: body.len() as u64, bytes_out };
+        meter.record_request(&caller.tenant_id, &loaded.spec.name, loaded.version, outcome);
+    }
+    result.map(|done| done.response)
+}
+
+/// A successful inference: the response and what metering needs of it.
+struct Inferred {
+    response: Response,
+    rows: u32,
+    bytes_out: u64,
+}
+
+/// Decodes the body, runs it on `loaded` and encodes the answer.
+async fn run_infer(loaded: &LoadedModel, headers: &HeaderMap, body: &Bytes) -> Result<Inferred> {
     let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
-    let (json, tail) = codec::split_body(&body, header_length)?;
+    let (json, tail) = codec::split_body(body, header_length)?;
     let request = codec::decode_request(&json, &tail)?;
     let choice = codec::BinaryChoice::of(&request);
-    let loaded = s.model(c.principal(), &model, v)?;
+    let rows = batch_rows(&loaded.spec, &request);
     let response = loaded.infer(request).await?;
     let binary = choice.flags(&response);
     let encoded = codec::encode_response(&response, &binary)?;
+    let bytes_out = encoded.body.iter().map(|b| b.len() as u64).sum();
     let mut resp = Response::new(Body::new(super::body::ChunkedBytes::new(encoded.body)));
     let headers = resp.headers_mut();
     match encoded.header_length {
@@ -100,7 +128,7 @@ pub async fn handle_infer(
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
     }
-    Ok(resp)
+    Ok(Inferred { response: resp, rows, bytes_out })
 }
 
 /// Maps a body-reading failure: over the limit is 413, anything else 400.

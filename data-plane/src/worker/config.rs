@@ -47,7 +47,7 @@ pub struct WorkerArgs {
     /// Stable worker id; default: generated once and kept in the data directory.
     #[arg(long, env = "TESSERA_WORKER_ID", value_parser = parse_worker_id)]
     pub worker_id: Option<String>,
-    /// Directory for the worker id and the artifact cache (`cache/`).
+    /// Directory for the worker id, the artifact cache (`cache/`) and the usage spool (`usage/`).
     #[arg(long, env = "TESSERA_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     /// HTTP port; 0 picks a free one.
@@ -83,10 +83,16 @@ pub struct WorkerArgs {
     /// Seconds an API key lookup is cached before it is checked again.
     #[arg(long, env = "TESSERA_KEY_CACHE_SECS", default_value_t = 60)]
     pub key_cache_secs: u64,
+    /// Milliseconds between usage shipments to the control plane (the spool under
+    /// `<data-dir>/usage/` keeps what is not acknowledged yet).
+    #[arg(long, env = "TESSERA_USAGE_SHIP_INTERVAL_MS", default_value_t = DEFAULT_USAGE_SHIP_INTERVAL_MS)]
+    pub usage_ship_interval_ms: u64,
 }
 
 /// Default `--data-dir`.
 pub const DEFAULT_DATA_DIR: &str = "./.tessera-worker";
+/// Default `--usage-ship-interval-ms`.
+pub const DEFAULT_USAGE_SHIP_INTERVAL_MS: u64 = 2_000;
 /// Default `--cpu-slices`.
 pub const DEFAULT_CPU_SLICES: u32 = 2;
 
@@ -99,7 +105,7 @@ pub struct WorkerConfig {
     pub worker_token: WorkerToken,
     /// Fixed worker id; `None` = the one kept in the data directory.
     pub worker_id: Option<String>,
-    /// Data directory (worker id, `cache/`, `repository/`).
+    /// Data directory (worker id, `cache/`, `repository/`, `usage/`).
     pub data_dir: PathBuf,
     /// HTTP listen address.
     pub http_addr: SocketAddr,
@@ -119,6 +125,8 @@ pub struct WorkerConfig {
     pub key_cache_ttl: Duration,
     /// Largest accepted inference request (HTTP body, gRPC message).
     pub max_input_size: usize,
+    /// Time between usage shipments.
+    pub usage_ship_interval: Duration,
 }
 
 impl WorkerConfig {
@@ -139,6 +147,7 @@ impl WorkerConfig {
             inventory: None,
             key_cache_ttl: Duration::from_secs(60),
             max_input_size: DEFAULT_MAX_INPUT_SIZE,
+            usage_ship_interval: Duration::from_millis(DEFAULT_USAGE_SHIP_INTERVAL_MS),
         }
     }
 }
@@ -160,6 +169,7 @@ impl WorkerArgs {
             inventory: self.inventory,
             key_cache_ttl: Duration::from_secs(self.key_cache_secs),
             max_input_size: DEFAULT_MAX_INPUT_SIZE,
+            usage_ship_interval: Duration::from_millis(self.usage_ship_interval_ms.max(1)),
         }
     }
 }
@@ -206,6 +216,7 @@ mod tests {
         assert_eq!(config.advertise_host, "127.0.0.1");
         assert_eq!(config.cpu_slices, 2);
         assert_eq!(config.key_cache_ttl, Duration::from_secs(60));
+        assert_eq!(config.usage_ship_interval, Duration::from_secs(2));
         assert_eq!(config.data_dir, PathBuf::from("./.tessera-worker"));
         assert!(!format!("{config:?}").contains("s3cret"), "the token is redacted");
     }

@@ -3,8 +3,10 @@
 //! The worker registers its slices with the control plane over the agent protocol, fetches the
 //! artifacts of its assignments into a local cache, loads them into the engine under each
 //! tenant's namespace, reports their states in heartbeats, and serves the KServe v2 HTTP and
-//! gRPC endpoints with bearer-credential checks. When the control plane is away it keeps
-//! serving what it has (static stability).
+//! gRPC endpoints with bearer-credential checks. Every billable request is spooled to
+//! `<data-dir>/usage/` before it is answered (`crate::usage`, [`metering`]) and shipped to the
+//! control plane with retries ([`usage_ship`]). When the control plane is away it keeps serving
+//! what it has and spooling what it serves (static stability).
 
 pub mod archive;
 pub mod cache;
@@ -12,9 +14,11 @@ pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod inventory;
+pub mod metering;
 pub mod reconcile;
 pub mod saved;
 pub mod session;
+pub mod usage_ship;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -30,9 +34,14 @@ use crate::auth::Authenticator;
 use crate::manager::{ControlMode, ModelManager};
 use crate::repository::Repository;
 use crate::server::{BoundAddrs, Listeners, ServerState};
+use crate::usage::Meter;
 
 /// File in the data directory that keeps the generated worker id.
 const WORKER_ID_FILE: &str = "worker-id";
+/// Directory in the data directory that holds the usage spool.
+const USAGE_DIR: &str = "usage";
+/// How long the last usage shipment at shutdown may take.
+const FINAL_SHIP: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Runs a worker until `shutdown` is cancelled; `on_bound` hears the bound addresses.
 pub async fn run(
@@ -59,7 +68,14 @@ pub async fn run(
             .with_saved_token_keys(config.data_dir.join("token-keys.json")),
     );
     let authenticator = Arc::new(Authenticator::new(credentials, config.key_cache_ttl));
-    let state = Arc::new(ServerState::new(manager.clone(), false, config.max_input_size).with_auth(authenticator));
+    let usage_dir = config.data_dir.join(USAGE_DIR);
+    let meter =
+        Arc::new(Meter::open(&usage_dir).with_context(|| format!("open the usage spool in {}", usage_dir.display()))?);
+    let state = Arc::new(
+        ServerState::new(manager.clone(), false, config.max_input_size)
+            .with_auth(authenticator)
+            .with_meter(meter.clone()),
+    );
 
     let source: Arc<dyn cache::ArtifactSource> = Arc::new(client.clone());
     let cache = cache::ArtifactCache::open(config.data_dir.join("cache"), source)
@@ -70,7 +86,16 @@ pub async fn run(
     let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
     on_bound(listeners.bound);
     let saved = saved::SavedAssignments::in_dir(&config.data_dir);
-    let reconciler = reconcile::Reconciler::start(manager, Arc::new(cache), Some(saved), shutdown.clone());
+    let metering = Arc::new(metering::Metering::new(meter, &inventory));
+    let on_apply: reconcile::OnApply = {
+        let metering = metering.clone();
+        Arc::new(move |assignments| metering.assigned(assignments))
+    };
+    let reconciler =
+        reconcile::Reconciler::start(manager.clone(), Arc::new(cache), Some(saved), Some(on_apply), shutdown.clone());
+    let sampling = tokio::spawn(metering.clone().run(manager.clone(), shutdown.clone()));
+    let shipper = usage_ship::Shipper::new(usage_dir, worker_id.clone(), client.clone());
+    let shipping = tokio::spawn(shipper.run(config.usage_ship_interval, shutdown.clone()));
     state.mark_started();
 
     let register = registration(&worker_id, &config.advertise_host, listeners.bound, &inventory);
@@ -84,6 +109,18 @@ pub async fn run(
     );
     session::run(client, register, reconciler, shutdown.clone()).await;
     listeners.drain(&state).await;
+    // In-flight requests are spooled now; add the last execution deltas and slice time, then
+    // try once more to deliver everything (what is left ships after the next start).
+    if let Ok(sampler) = sampling.await {
+        metering.flush(sampler, &manager);
+    }
+    if let Ok(mut shipper) = shipping.await {
+        match tokio::time::timeout(FINAL_SHIP, shipper.ship_all(&CancellationToken::new())).await {
+            Ok(Ok(())) => tracing::info!("usage delivered"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "usage not delivered; it ships after the next start"),
+            Err(_) => tracing::warn!("usage not delivered in time; it ships after the next start"),
+        }
+    }
     Ok(())
 }
 

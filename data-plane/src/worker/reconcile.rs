@@ -249,6 +249,10 @@ pub struct WorkerStatus {
     pub replicas: Vec<agent::ReplicaStatus>,
 }
 
+/// Hears every assignment set the actor applies, before any of its installs start (the worker's
+/// usage meter labels versions and times slices from it).
+pub type OnApply = Arc<dyn Fn(&[agent::Assignment]) + Send + Sync>;
+
 /// Handle to the reconciling actor.
 #[derive(Clone)]
 pub struct Reconciler {
@@ -262,11 +266,13 @@ pub struct Reconciler {
 
 impl Reconciler {
     /// Starts the actor, first applying the set saved by the previous run, if any; every set
-    /// applied afterwards is saved. The actor stops when `shutdown` is cancelled.
+    /// applied afterwards is saved. `on_apply` hears each set applied. The actor stops when
+    /// `shutdown` is cancelled.
     pub fn start(
         manager: Arc<ModelManager>,
         cache: Arc<ArtifactCache>,
         saved: Option<SavedAssignments>,
+        on_apply: Option<OnApply>,
         shutdown: CancellationToken,
     ) -> Self {
         let (commands, receiver) = mpsc::channel(8);
@@ -292,6 +298,7 @@ impl Reconciler {
             served: HashSet::new(),
             tasks: JoinSet::new(),
             status: status_tx,
+            on_apply,
         };
         tokio::spawn(executor.run(receiver, shutdown));
         Self { commands, status, saved }
@@ -337,6 +344,7 @@ struct Executor {
     /// Installs and removals; dropping the set (shutdown) abandons them.
     tasks: JoinSet<Done>,
     status: watch::Sender<WorkerStatus>,
+    on_apply: Option<OnApply>,
 }
 
 impl Executor {
@@ -382,6 +390,9 @@ impl Executor {
             versions = desired.len(),
             "assignments received"
         );
+        if let Some(hook) = &self.on_apply {
+            hook(&set.assignments);
+        }
         (self.generation, self.assignments, self.desired, self.invalid) =
             (set.generation, set.assignments, desired, invalid);
         self.reconcile();

@@ -21,13 +21,13 @@ use tonic::transport::Channel;
 
 use super::{Opts, TestApp};
 
-const TOKEN: &str = "worker-secret-for-tests";
+pub(super) const TOKEN: &str = "worker-secret-for-tests";
 
 /// Adds the worker token to every call.
-type AddToken = Box<dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync>;
-type Client = WorkerAgentClient<InterceptedService<Channel, AddToken>>;
+pub(super) type AddToken = Box<dyn Fn(tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> + Send + Sync>;
+pub(super) type Client = WorkerAgentClient<InterceptedService<Channel, AddToken>>;
 
-async fn client(app: &TestApp, token: &str) -> Client {
+pub(super) async fn client(app: &TestApp, token: &str) -> Client {
     let channel =
         Channel::from_shared(app.url.clone()).expect("url").connect().await.expect("connect to the agent service");
     let value: MetadataValue<_> = format!("Bearer {token}").parse().expect("header value");
@@ -268,7 +268,7 @@ async fn workers_receive_deployments_report_ready_and_lose_replicas_when_silent(
     w2.beats.abort();
 }
 
-fn args() -> [&'static str; 10] {
+pub(super) fn args() -> [&'static str; 10] {
     [
         "--worker-token",
         TOKEN,

@@ -13,6 +13,7 @@ mod flows;
 mod openapi;
 mod tenancy;
 mod uploads;
+mod usage;
 mod users;
 
 use std::io::{BufRead, BufReader};
