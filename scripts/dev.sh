@@ -16,6 +16,10 @@ export ORT_DYLIB_PATH
 # The venv (linked at ./.venv) runs the printed tritonclient example.
 "$TESSERA_ROOT/scripts/setup-python.sh" >/dev/null || die "scripts/setup-python.sh failed"
 
+# The web console (web/dist), served by the control plane at /.
+"$TESSERA_ROOT/scripts/setup-web.sh" >/dev/null \
+  || log "scripts/setup-web.sh failed: tessera dev runs without the web console"
+
 log "building tessera (release)"
 cargo build --release --bin tessera
 

@@ -165,6 +165,10 @@ main() {
   run_stage "pytest deployments" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
     "$VENV/bin/python" -m pytest tests/python_deploy -q -p no:cacheprovider || true
 
+  # --- Web console: vitest, then Playwright (chromium) against a real tessera dev -----
+  run_stage "web console" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
+    "$TESSERA_ROOT/scripts/test-web.sh" || true
+
   # --- Control plane, Python side: generated client, schemathesis, S3 (moto) ----
   local cp_venv
   if cp_venv="$("$TESSERA_ROOT/scripts/setup-python-cp.sh" | tail -n1)" && [[ -x "$cp_venv/bin/python" ]]; then

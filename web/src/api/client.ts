@@ -1,0 +1,79 @@
+// The typed API client: openapi-fetch over the types generated from openapi/openapi.json
+// (`npm run gen`), so a changed API breaks `npm run build`. Every call carries the session's
+// access token; errors become [`ApiError`] with the API's code and message.
+
+import createClient from 'openapi-fetch';
+import type { paths } from './schema';
+
+/** An API failure: HTTP status plus the `{"error": {"code", "message"}}` body when there is one. */
+export class ApiError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+  ) {
+    super(message);
+    this.name = 'ApiError';
+  }
+}
+
+type TokenSource = () => string | null;
+type Unauthorized = () => void;
+
+let tokenSource: TokenSource = () => null;
+let onUnauthorized: Unauthorized = () => {};
+
+/** Wires the client to the session: where the bearer token comes from, what a 401 does. */
+export function configureClient(source: TokenSource, unauthorized: Unauthorized): void {
+  tokenSource = source;
+  onUnauthorized = unauthorized;
+}
+
+/** The client every page uses (same origin as the console). */
+export const api = createClient<paths>({ baseUrl: location.origin });
+
+api.use({
+  onRequest({ request }) {
+    const token = tokenSource();
+    if (token && !request.headers.has('Authorization')) request.headers.set('Authorization', `Bearer ${token}`);
+    return request;
+  },
+});
+
+interface Outcome<T> {
+  data?: T;
+  error?: unknown;
+  response: Response;
+}
+
+/** The data of a call, or an [`ApiError`] thrown; a 401 also ends the session. */
+export async function ok<T>(call: Promise<Outcome<T>>): Promise<T> {
+  let outcome: Outcome<T>;
+  try {
+    outcome = await call;
+  } catch (e) {
+    throw new ApiError(0, 'network', `The control plane did not answer (${e instanceof Error ? e.message : String(e)}).`);
+  }
+  const { data, error, response } = outcome;
+  if (response.ok && data !== undefined) return data;
+  const detail = errorDetail(error);
+  if (response.status === 401) onUnauthorized();
+  throw new ApiError(response.status, detail.code, detail.message ?? `${response.status} ${response.statusText}`);
+}
+
+function errorDetail(body: unknown): { code: string; message?: string } {
+  if (typeof body === 'object' && body !== null && 'error' in body) {
+    const e = (body as { error: unknown }).error;
+    if (typeof e === 'object' && e !== null) {
+      const { code, message } = e as { code?: unknown; message?: unknown };
+      return { code: typeof code === 'string' ? code : 'error', message: typeof message === 'string' ? message : undefined };
+    }
+  }
+  return { code: 'error' };
+}
+
+/** A message for any thrown value. */
+export function messageOf(e: unknown): string {
+  if (e instanceof ApiError) return e.status ? `${e.message} (${e.status} ${e.code})` : e.message;
+  return e instanceof Error ? e.message : String(e);
+}

@@ -1,0 +1,252 @@
+// Data shaping: API documents into what the pages draw. Pure functions: unit-tested.
+
+import type { components } from './api/schema';
+
+type S = components['schemas'];
+export type Model = S['Model'];
+export type Deployment = S['Deployment'];
+export type Replica = S['ReplicaStatus'];
+export type MetricsPoint = S['MetricsPoint'];
+export type Invoice = S['Invoice'];
+export type InvoiceLine = S['InvoiceLine'];
+export type Quotas = S['Quotas'];
+export type AuditEvent = S['AuditEvent'];
+
+/** A column the models table sorts by. */
+export type ModelSortKey = 'name' | 'latest_version' | 'updated_at';
+/** Sort direction. */
+export type SortDir = 'asc' | 'desc';
+
+/** Models whose name or description contains `query` (any case), sorted by `key`. */
+export function filterAndSortModels(models: Model[], query: string, key: ModelSortKey, dir: SortDir): Model[] {
+  const q = query.trim().toLowerCase();
+  const kept = q
+    ? models.filter((m) => m.name.toLowerCase().includes(q) || m.description.toLowerCase().includes(q))
+    : models.slice();
+  const sign = dir === 'asc' ? 1 : -1;
+  kept.sort((a, b) => {
+    const primary = compareBy(a, b, key);
+    return primary !== 0 ? sign * primary : a.name.localeCompare(b.name);
+  });
+  return kept;
+}
+
+function compareBy(a: Model, b: Model, key: ModelSortKey): number {
+  switch (key) {
+    case 'name':
+      return a.name.localeCompare(b.name);
+    case 'latest_version':
+      return a.latest_version - b.latest_version;
+    case 'updated_at':
+      return Date.parse(a.updated_at) - Date.parse(b.updated_at);
+  }
+}
+
+/** Replicas of one slice. */
+export interface SliceGroup {
+  slice: string | null;
+  replicas: Replica[];
+}
+
+/** Replicas of one worker (`worker` null: not placed yet), by slice. */
+export interface WorkerGroup {
+  worker: string | null;
+  slices: SliceGroup[];
+}
+
+/** A deployment's replicas grouped by worker, then slice; placed workers by id, unplaced last. */
+export function replicasByWorker(replicas: Replica[]): WorkerGroup[] {
+  const workers = new Map<string | null, Map<string | null, Replica[]>>();
+  for (const r of replicas) {
+    const w = r.worker_id ?? null;
+    const slices = workers.get(w) ?? new Map<string | null, Replica[]>();
+    workers.set(w, slices);
+    const s = r.slice_id ?? null;
+    slices.set(s, [...(slices.get(s) ?? []), r]);
+  }
+  const byIdNullLast = (a: string | null, b: string | null) =>
+    a === b ? 0 : a === null ? 1 : b === null ? -1 : a.localeCompare(b);
+  return [...workers.entries()]
+    .sort(([a], [b]) => byIdNullLast(a, b))
+    .map(([worker, slices]) => ({
+      worker,
+      slices: [...slices.entries()]
+        .sort(([a], [b]) => byIdNullLast(a, b))
+        .map(([slice, rs]) => ({ slice, replicas: rs.slice().sort((x, y) => x.index - y.index || x.version - y.version) })),
+    }));
+}
+
+/** Counts of replicas by state, e.g. `{ready: 2, loading: 1}`. */
+export function countStates(replicas: Replica[]): Record<string, number> {
+  const counts: Record<string, number> = {};
+  for (const r of replicas) counts[r.state] = (counts[r.state] ?? 0) + 1;
+  return counts;
+}
+
+/** A time range the metrics page offers. */
+export type RangeKey = '15m' | '1h' | '6h' | '24h' | '7d';
+
+/** The ranges, with labels. */
+export const RANGES: { key: RangeKey; label: string }[] = [
+  { key: '15m', label: 'Last 15 minutes' },
+  { key: '1h', label: 'Last hour' },
+  { key: '6h', label: 'Last 6 hours' },
+  { key: '24h', label: 'Last 24 hours' },
+  { key: '7d', label: 'Last 7 days' },
+];
+
+const RANGE_MS: Record<RangeKey, number> = {
+  '15m': 15 * 60_000,
+  '1h': 3_600_000,
+  '6h': 6 * 3_600_000,
+  '24h': 86_400_000,
+  '7d': 7 * 86_400_000,
+};
+
+/** Query of `GET /metrics` for a range ending now: minute steps up to a day, hours beyond; `to`
+ *  is the end of the current step so the step in progress shows. */
+export function rangeQuery(range: RangeKey, now: Date): { from: string; to: string; step: 'minute' | 'hour' } {
+  const step = RANGE_MS[range] > 86_400_000 ? 'hour' : 'minute';
+  const stepMs = step === 'hour' ? 3_600_000 : 60_000;
+  const to = Math.floor(now.getTime() / stepMs) * stepMs + stepMs;
+  const from = to - RANGE_MS[range];
+  return { from: new Date(from).toISOString(), to: new Date(to).toISOString(), step };
+}
+
+/** Chart series from metrics points: x in epoch ms; latencies in milliseconds; null where a step
+ *  had no traffic (latency, batch size) so lines break instead of dropping to zero. */
+export interface MetricsSeries {
+  times: number[];
+  requestRate: number[];
+  errorRate: number[];
+  p50: (number | null)[];
+  p95: (number | null)[];
+  p99: (number | null)[];
+  batch: (number | null)[];
+  totalRequests: number;
+  totalFailures: number;
+}
+
+/** Shapes `GET /metrics` points (oldest first) into [`MetricsSeries`]. */
+export function metricsSeries(points: MetricsPoint[]): MetricsSeries {
+  const ms = (us: number | null | undefined) => (us === null || us === undefined ? null : us / 1000);
+  return {
+    times: points.map((p) => Date.parse(p.start)),
+    requestRate: points.map((p) => p.request_rate),
+    errorRate: points.map((p) => p.error_rate),
+    p50: points.map((p) => ms(p.p50_us)),
+    p95: points.map((p) => ms(p.p95_us)),
+    p99: points.map((p) => ms(p.p99_us)),
+    batch: points.map((p) => p.mean_batch_size ?? null),
+    totalRequests: points.reduce((n, p) => n + p.requests + p.failures, 0),
+    totalFailures: points.reduce((n, p) => n + p.failures, 0),
+  };
+}
+
+/** Invoice lines of one model, with their subtotal. */
+export interface InvoiceGroup {
+  model: string;
+  lines: InvoiceLine[];
+  subtotalCents: number;
+}
+
+/** An invoice's lines grouped by model (in the invoice's order), each with its subtotal. */
+export function invoiceByModel(invoice: Invoice): InvoiceGroup[] {
+  const groups: InvoiceGroup[] = [];
+  for (const line of invoice.lines) {
+    let g = groups.find((x) => x.model === line.model);
+    if (!g) {
+      g = { model: line.model, lines: [], subtotalCents: 0 };
+      groups.push(g);
+    }
+    g.lines.push(line);
+    g.subtotalCents += line.amount_cents;
+  }
+  return groups;
+}
+
+/** `YYYY-MM` of `now` (UTC), and the `count - 1` months before it, newest first. */
+export function recentPeriods(now: Date, count: number): string[] {
+  const periods: string[] = [];
+  let y = now.getUTCFullYear();
+  let m = now.getUTCMonth();
+  for (let i = 0; i < count; i++) {
+    periods.push(`${y}-${String(m + 1).padStart(2, '0')}`);
+    m -= 1;
+    if (m < 0) {
+      m = 11;
+      y -= 1;
+    }
+  }
+  return periods;
+}
+
+/** One row of the quotas table. */
+export interface QuotaRow {
+  name: string;
+  limit: number;
+  used: number | null;
+  unit: 'count' | 'bytes' | 'cents' | 'per_second';
+  share: number | null;
+}
+
+/** Quotas with their current use; `share` is use over limit (null where not measured or the
+ *  limit is 0). `spentCents` is the month's invoice total so far, when known. Slices per
+ *  profile follow the scalar limits. */
+export function quotaRows(q: Quotas, spentCents: number | null = null): QuotaRow[] {
+  const row = (name: string, limit: number, used: number | null, unit: QuotaRow['unit']): QuotaRow => ({
+    name,
+    limit,
+    used,
+    unit,
+    share: used === null || limit <= 0 ? null : used / limit,
+  });
+  const rows = [
+    row('models', q.limits.models, q.usage.models, 'count'),
+    row('versions', q.limits.versions, q.usage.versions, 'count'),
+    row('storage', q.limits.storage_bytes, q.usage.storage_bytes, 'bytes'),
+    row('replicas', q.limits.replicas, q.usage.replicas, 'count'),
+    row('requests per second', q.limits.requests_per_second, null, 'per_second'),
+    row('monthly spend', q.limits.monthly_spend_cents, spentCents, 'cents'),
+  ];
+  const slices = Object.entries(q.limits.slices ?? {}).sort(([a], [b]) => a.localeCompare(b));
+  for (const [profile, limit] of slices) rows.push(row(`slices: ${profile}`, limit, null, 'count'));
+  return rows;
+}
+
+/** Top-level fields that differ between an audit event's `before` and `after`. */
+export function changedFields(before: unknown, after: unknown): string[] {
+  const b = isObject(before) ? before : {};
+  const a = isObject(after) ? after : {};
+  const keys = new Set([...Object.keys(b), ...Object.keys(a)]);
+  return [...keys].filter((k) => JSON.stringify(b[k]) !== JSON.stringify(a[k])).sort();
+}
+
+function isObject(v: unknown): v is Record<string, unknown> {
+  return typeof v === 'object' && v !== null && !Array.isArray(v);
+}
+
+/** Claims of a Tessera access token that the console uses. */
+export interface Claims {
+  sub: string;
+  tenant: string;
+  tenant_name: string;
+  role: string;
+  exp: number;
+  iat: number;
+}
+
+/** The claims of a JWT (payload only: the server verifies signatures, the console only reads
+ *  who it is). Throws on a malformed token. */
+export function decodeClaims(jwt: string): Claims {
+  const parts = jwt.split('.');
+  if (parts.length !== 3) throw new Error('malformed token');
+  const b64 = parts[1].replace(/-/g, '+').replace(/_/g, '/');
+  const padded = b64 + '='.repeat((4 - (b64.length % 4)) % 4);
+  const json = new TextDecoder().decode(Uint8Array.from(atob(padded), (c) => c.charCodeAt(0)));
+  const c = JSON.parse(json) as Partial<Claims>;
+  if (typeof c.tenant_name !== 'string' || typeof c.role !== 'string' || typeof c.exp !== 'number') {
+    throw new Error('token without tenant, role or expiry');
+  }
+  return c as Claims;
+}

@@ -1,0 +1,238 @@
+// The console in a real browser against a real `tessera dev`: sign in, models, versions,
+// moving an alias and its audit entry, deployments, charts from real traffic, invoices, roles,
+// a narrow window. Each test saves a screenshot under web/test-results/.
+
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import type { Browser, BrowserContext, Page } from 'playwright-core';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { call, eventually, hasRoute, launchBrowser, openPage, screenshot, sendTraffic, signIn, startDev, type Dev } from './harness';
+
+let dev: Dev;
+let browser: Browser;
+let context: BrowserContext | undefined;
+let errors: string[] = [];
+/** Whether this control plane meters usage (issue 6): its routes exist. */
+let metered = false;
+
+const model = 'simple';
+
+beforeAll(async () => {
+  dev = await startDev();
+  browser = await launchBrowser();
+  const t = `/v1/tenants/${dev.tenant}`;
+  // Seed through the REST API: a second version of the demo model (same bytes and config as
+  // version 1) and a second model, so there is something to promote, search and sort.
+  const v1 = await call<{ config: unknown }>(dev, dev.adminKey, 'GET', `${t}/models/${model}/versions/1`);
+  const versions = await call<{ versions: unknown[] }>(dev, dev.adminKey, 'GET', `${t}/models/${model}/versions`);
+  if (versions.versions.length < 2) {
+    const bytes = new Uint8Array(readFileSync(join(dev.dataDir, 'models/simple.onnx')));
+    await call(dev, dev.adminKey, 'POST', `${t}/models/${model}/versions?format=onnx`, bytes, {
+      'Content-Type': 'application/octet-stream',
+      'X-Model-Config': JSON.stringify(v1.config ?? {}),
+    });
+  }
+  await call(dev, dev.adminKey, 'POST', `${t}/models`, { name: 'classifier', description: 'an image classifier (no versions yet)' });
+  metered = (await hasRoute(dev, dev.adminKey, `${t}/metrics`)) && (await hasRoute(dev, dev.adminKey, `${t}/invoices`));
+  if (!metered) {
+    console.warn('\n!!! This control plane has no usage/metrics/invoice routes (issue 6 not in this build): the chart and invoice tests are SKIPPED.\n');
+  }
+});
+
+afterAll(async () => {
+  await browser?.close();
+  await dev?.stop();
+});
+
+afterEach(async () => {
+  await context?.close();
+  context = undefined;
+  expect(errors, 'the console logged errors').toEqual([]);
+});
+
+async function page(key: string, width = 1280, height = 900, path = '/'): Promise<Page> {
+  const opened = await openPage(browser, width, height);
+  context = opened.context;
+  errors = opened.errors;
+  await signIn(opened.page, dev, key, path);
+  return opened.page;
+}
+
+describe('console', () => {
+  it('signs in with a key and lists, searches and sorts models', async () => {
+    const p = await page(dev.adminKey);
+    await expect.poll(() => p.getByTestId('who').textContent()).toContain('tenant-admin');
+    const rows = p.locator('main table tbody tr');
+    await rows.first().waitFor();
+    expect(await rows.allTextContents()).toHaveLength(2);
+    await p.getByRole('button', { name: /Latest version/ }).click();
+    await p.getByRole('button', { name: /Latest version/ }).click();
+    await expect.poll(async () => (await rows.first().textContent()) ?? '').toContain(model);
+    await p.getByPlaceholder('Search by name or description').fill('image');
+    await expect.poll(() => rows.count()).toBe(1);
+    expect(await rows.first().textContent()).toContain('classifier');
+    await screenshot(p, '01-models-search');
+    expect(await p.evaluate(() => Object.keys(localStorage).length + document.cookie.length)).toBe(0);
+  });
+
+  it('opens a model and shows its versions and aliases', async () => {
+    const p = await page(dev.adminKey);
+    await p.getByRole('link', { name: model, exact: true }).click();
+    const versions = p.getByTestId('versions');
+    await versions.waitFor();
+    expect(await versions.locator('tbody tr').count()).toBe(2);
+    const v1 = versions.locator('tr[data-version="1"]');
+    expect(await v1.textContent()).toMatch(/[0-9a-f]{12}/);
+    expect(await v1.textContent()).toContain('onnx');
+    expect(await p.getByTestId('alias-production-version').textContent()).toBe('1');
+    await v1.getByText('JSON').click();
+    await screenshot(p, '02-model-versions');
+  });
+
+  it('moves an alias after confirming, and the audit trail shows it', async () => {
+    const p = await page(dev.adminKey, 1280, 900, `/t/${dev.tenant}/models/${model}`);
+    await p.getByTestId('aliases').waitFor();
+    await p.locator('tr[data-alias="production"]').getByRole('button', { name: 'Move' }).click();
+    const dialog = p.getByRole('dialog');
+    await dialog.waitFor();
+    expect(await dialog.textContent()).toContain('instead of version 1');
+    await screenshot(p, '03-alias-confirm');
+    await dialog.getByRole('button', { name: 'Promote' }).click();
+    await expect.poll(() => p.getByTestId('alias-production-version').textContent()).toBe('2');
+    const mover = p.locator('tr[data-alias="production"] select');
+    expect(await mover.inputValue()).toBe('1');
+    await screenshot(p, '04-alias-moved');
+    await p.getByRole('link', { name: 'Audit trail' }).click();
+    await p.getByLabel('Action').fill('alias.set');
+    await p.getByRole('button', { name: 'Filter' }).click();
+    const entry = p.locator('tr[data-action="alias.set"]').first();
+    await entry.waitFor();
+    expect(await entry.textContent()).toContain('version: 1 → 2');
+    expect(await p.getByTestId('chain').textContent()).toContain('Chain intact');
+    await screenshot(p, '05-audit-alias-set');
+    // Roll back from the model page, confirmed in the dialog.
+    await p.getByRole('link', { name: 'Models' }).click();
+    await p.getByRole('link', { name: model, exact: true }).click();
+    await p.getByRole('button', { name: 'Roll back to 1' }).click();
+    await p.getByRole('dialog').getByRole('button', { name: 'Roll back' }).click();
+    await expect.poll(() => p.getByTestId('alias-production-version').textContent()).toBe('1');
+  });
+
+  it('shows the deployment with replicas per worker and slice, and its events', async () => {
+    const p = await page(dev.adminKey);
+    await p.getByRole('link', { name: 'Deployments' }).click();
+    await p.getByRole('link', { name: model, exact: true }).first().click();
+    await p.getByTestId('worker-group').first().waitFor();
+    expect(await p.getByTestId('worker-group').first().textContent()).toMatch(/Slice \S+/);
+    await p.getByTestId('events').waitFor();
+    expect(await p.getByTestId('events').textContent()).toContain('placed');
+    await screenshot(p, '06-deployment');
+  });
+
+  it('draws charts from real inference traffic', async (ctx) => {
+    if (!metered) {
+      console.warn('SKIPPED: charts need the usage/metrics routes of issue 6, missing from this build');
+      ctx.skip();
+    }
+    const t = `/v1/tenants/${dev.tenant}`;
+    await eventually('the rolled-back deployment to serve version 1', 120_000, async () => {
+      const d = await call<{ state: string; serving_version?: number | null; replica_status: { state: string }[] }>(dev, dev.adminKey, 'GET', `${t}/deployments/${model}`);
+      return d.state === 'ready' && d.serving_version === 1 && d.replica_status.every((r) => r.state === 'ready') ? true : undefined;
+    });
+    expect(await sendTraffic(dev, model, 40, 3)).toBe(40);
+    await eventually('metered requests to reach the control plane', 60_000, async () => {
+      const m = await call<{ points: { requests: number }[] }>(dev, dev.adminKey, 'GET', `${t}/metrics?model=${model}`);
+      return m.points.reduce((n, x) => n + x.requests, 0) >= 40 ? true : undefined;
+    });
+    const p = await page(dev.adminKey, 1280, 900, `/t/${dev.tenant}/metrics?model=${model}&range=15m`);
+    const chart = p.getByTestId('chart-Request rate');
+    await chart.waitFor();
+    const d = await chart.locator('path.series').getAttribute('d');
+    expect(d ?? '').toMatch(/^M/);
+    expect(await p.getByTestId('metrics-summary').textContent()).toMatch(/4\d requests, [1-9]\d* failed/);
+    expect(await p.getByTestId('chart-Latency').locator('path.series').count()).toBe(3);
+    await screenshot(p, '07-metrics-charts');
+  });
+
+  it('shows the month’s invoice from metered usage and prices', async (ctx) => {
+    if (!metered) {
+      console.warn('SKIPPED: invoices need the usage/billing routes of issue 6, missing from this build');
+      ctx.skip();
+    }
+    const now = new Date();
+    const monthStart = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1)).toISOString().replace('.000Z', 'Z');
+    await call(dev, dev.platformKey, 'PUT', '/v1/prices', {
+      prices: [{ slice_profile: 'cpu', per_slice_hour_cents: 1000, per_1000_inferences_cents: 5000, effective_from: monthStart }],
+    });
+    await sendTraffic(dev, model, 16);
+    const t = `/v1/tenants/${dev.tenant}`;
+    await eventually('an invoice with a non-zero total', 60_000, async () => {
+      const inv = await call<{ total_cents: number }>(dev, dev.adminKey, 'GET', `${t}/invoices`);
+      return inv.total_cents > 0 ? true : undefined;
+    });
+    const p = await page(dev.adminKey);
+    await p.getByRole('link', { name: 'Usage & invoices' }).click();
+    await p.getByTestId('invoice').waitFor();
+    expect(await p.getByTestId('invoice').textContent()).toContain('Inferences');
+    expect(await p.getByTestId('invoice-total').textContent()).toMatch(/^\$\d+\.\d\d$/);
+    await p.getByTestId('usage').waitFor();
+    await screenshot(p, '08-invoice');
+  });
+
+  it('shows quotas with current use', async () => {
+    const p = await page(dev.adminKey);
+    await p.getByRole('link', { name: 'Quotas' }).click();
+    await p.getByTestId('quotas').waitFor();
+    expect(await p.getByTestId('quotas').textContent()).toContain('models');
+    await screenshot(p, '09-quotas');
+  });
+
+  it('gives a viewer read-only pages: promote disabled, no audit trail', async () => {
+    const created = await call<{ key: string }>(dev, dev.adminKey, 'POST', `/v1/tenants/${dev.tenant}/api-keys`, { name: 'console viewer', role: 'viewer' });
+    const p = await page(created.key);
+    expect(await p.getByRole('link', { name: 'Audit trail' }).count()).toBe(0);
+    await p.getByRole('link', { name: model, exact: true }).click();
+    await p.getByTestId('versions').waitFor();
+    expect(await p.getByTestId('versions').getByRole('button', { name: 'Promote' }).first().isDisabled()).toBe(true);
+    await screenshot(p, '10-viewer');
+  });
+
+  it('shows platform admins the tenants and the workers with their slices', async () => {
+    const p = await page(dev.platformKey);
+    await p.getByRole('link', { name: 'Workers' }).click();
+    await p.getByTestId('worker').first().waitFor();
+    expect(await p.getByTestId('worker').first().textContent()).toContain('cpu');
+    // The slice holding the demo replica names its tenant.
+    expect(await p.getByTestId('worker').first().textContent()).toContain(dev.tenant);
+    await screenshot(p, '11-workers');
+    await p.getByRole('link', { name: 'Tenants' }).click();
+    await p.getByTestId('tenants').waitFor();
+    expect(await p.getByTestId('tenants').textContent()).toContain(dev.tenant);
+    await screenshot(p, '12-tenants');
+  });
+
+  it('works in a narrow window, the menu opening from a button', async () => {
+    const p = await page(dev.adminKey, 390, 844);
+    expect(await p.getByRole('link', { name: 'Deployments' }).isVisible()).toBe(false);
+    await p.getByRole('button', { name: 'Menu' }).click();
+    await p.getByRole('link', { name: 'Deployments' }).click();
+    await p.getByRole('heading', { name: 'Deployments' }).waitFor();
+    const overflow = await p.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    expect(overflow).toBeLessThanOrEqual(0);
+    await screenshot(p, '13-narrow');
+  });
+
+  it('refuses a wrong key with a message', async () => {
+    const opened = await openPage(browser);
+    context = opened.context;
+    const p = opened.page;
+    await p.goto(dev.url);
+    await p.getByLabel('API key').fill('tsk_not_a_key');
+    await p.getByRole('button', { name: 'Sign in' }).click();
+    await p.getByRole('alert').waitFor();
+    expect(await p.getByRole('alert').textContent()).toContain('401');
+    await screenshot(p, '14-signin-refused');
+    // The refused token exchange is the one expected console error (a 401 resource load).
+    errors = opened.errors.filter((e) => !e.includes('401'));
+  });
+});
