@@ -147,6 +147,7 @@ impl Error {
             Error::Conflict { .. } => ErrorKind::Conflict,
             Error::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
+            Error::Database(e) if registry_unreachable(e) => ErrorKind::Unavailable,
             Error::Database(_) | Error::Store(_) | Error::Internal(_) => ErrorKind::Internal,
         }
     }
@@ -164,6 +165,7 @@ impl Error {
     pub fn body(&self) -> ErrorBody {
         let message = match self.kind() {
             ErrorKind::Internal => "internal error".to_string(),
+            ErrorKind::Unavailable => "the registry database is unreachable; try again shortly".to_string(),
             _ => self.to_string(),
         };
         let field = match self {
@@ -195,6 +197,8 @@ pub enum ErrorKind {
     PayloadTooLarge,
     /// 500.
     Internal,
+    /// 503: the registry database cannot be reached (retrying later helps).
+    Unavailable,
 }
 
 impl ErrorKind {
@@ -211,6 +215,7 @@ impl ErrorKind {
             ErrorKind::Conflict | ErrorKind::QuotaExceeded => StatusCode::CONFLICT,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -225,7 +230,7 @@ impl ErrorKind {
             ErrorKind::QuotaExceeded | ErrorKind::PayloadTooLarge => tonic::Code::ResourceExhausted,
             // A worker treats anything but UNAUTHENTICATED as "control plane unavailable" and
             // keeps its cached answers, which is right for a failing registry too.
-            ErrorKind::Internal => tonic::Code::Unavailable,
+            ErrorKind::Internal | ErrorKind::Unavailable => tonic::Code::Unavailable,
         }
     }
 
@@ -240,7 +245,23 @@ impl ErrorKind {
             ErrorKind::QuotaExceeded => "quota_exceeded",
             ErrorKind::PayloadTooLarge => "payload_too_large",
             ErrorKind::Internal => "internal",
+            ErrorKind::Unavailable => "unavailable",
         }
+    }
+}
+
+/// Whether a registry error means the database cannot be reached (down, refusing connections,
+/// shutting down, out of connections) rather than a bug or bad data.
+fn registry_unreachable(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => true,
+        // SQLSTATE classes 08 (connection exception), 53 (insufficient resources), 57
+        // (operator intervention: shutdown, "cannot connect now"), and 55000 as Postgres raises
+        // it for a database that does not allow connections.
+        sqlx::Error::Database(db) => {
+            db.code().is_some_and(|c| c.starts_with("08") || c.starts_with("53") || c.starts_with("57") || c == "55000")
+        }
+        _ => false,
     }
 }
 
@@ -266,8 +287,10 @@ pub struct ErrorDetail {
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
         let code = e.kind().grpc_code();
-        if e.kind() == ErrorKind::Internal {
-            tracing::error!(error = %e, "agent call failed");
+        match e.kind() {
+            ErrorKind::Internal => tracing::error!(error = %e, "agent call failed"),
+            ErrorKind::Unavailable => tracing::warn!(error = %e, "agent call failed: registry unreachable"),
+            _ => {}
         }
         tonic::Status::new(code, e.body().error.message)
     }
@@ -276,10 +299,15 @@ impl From<Error> for tonic::Status {
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = self.kind().http_status();
-        if status.is_server_error() {
-            tracing::error!(error = %self, "request failed");
+        match self.kind() {
+            ErrorKind::Unavailable => tracing::warn!(error = %self, "request failed: registry unreachable"),
+            _ if status.is_server_error() => tracing::error!(error = %self, "request failed"),
+            _ => {}
         }
         let mut response = (status, Json(self.body())).into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+        }
         if status == StatusCode::UNAUTHORIZED {
             response.headers_mut().insert(http::header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
         }
@@ -290,6 +318,18 @@ impl IntoResponse for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreachable_registry_is_503_and_unavailable() {
+        let e = Error::Database(sqlx::Error::PoolTimedOut);
+        assert_eq!(e.kind().http_status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(e.kind().grpc_code(), tonic::Code::Unavailable);
+        assert_eq!(e.code(), "unavailable");
+        let response = e.into_response();
+        assert_eq!(response.headers().get(http::header::RETRY_AFTER).map(|v| v.as_bytes()), Some(&b"1"[..]));
+        let other = Error::Database(sqlx::Error::RowNotFound);
+        assert_eq!(other.kind().http_status(), StatusCode::INTERNAL_SERVER_ERROR);
+    }
 
     #[test]
     fn quota_code_names_the_quota() {

@@ -172,3 +172,34 @@ def test_killed_worker_replicas_move_and_workers_survive_the_control_plane(make_
     again = cluster.wait_ready("acme", acme["tenant-admin"], "adder", timeout_s=30,
                                pred=lambda d: d["replica_status"][0]["http_endpoint"] == endpoint)
     assert again["replica_status"][0]["worker_id"] == r["worker_id"]
+
+
+def test_workers_keep_serving_while_postgres_is_down(make_cluster):
+    cluster = make_cluster(2)
+    acme = cluster.create_tenant("acme")
+    cluster.push_version("acme", acme["tenant-admin"], "adder", marker_model(1.0))
+    deploy(cluster, "acme", acme["tenant-admin"], replicas=1)
+    r = cluster.wait_ready("acme", acme["tenant-admin"], "adder")["replica_status"][0]
+    token = cluster.token(acme["inference"])
+    np.testing.assert_allclose(infer_http(r["http_endpoint"], acme["inference"], "adder", X), X + 1.0)
+
+    # The registry's database refuses connections and drops the open ones: the control plane
+    # is up but cannot read or write anything.
+    cluster._psql(f"ALTER DATABASE {cluster.db_name} ALLOW_CONNECTIONS false")
+    cluster._psql(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{cluster.db_name}'")
+    try:
+        with pytest.raises(ApiError) as e:
+            cluster.api("GET", "/v1/tenants/acme/deployments/adder", acme["tenant-admin"])
+        assert e.value.status == 503, e.value
+        time.sleep(3)  # longer than the worker-lost timeout: nobody may be declared lost for it
+        for _ in range(5):
+            np.testing.assert_allclose(infer_http(r["http_endpoint"], acme["inference"], "adder", X), X + 1.0)
+            np.testing.assert_allclose(infer_grpc(r["grpc_endpoint"], token, "adder", X), X + 1.0)
+    finally:
+        cluster._psql(f"ALTER DATABASE {cluster.db_name} ALLOW_CONNECTIONS true")
+
+    # Back: the replica stays where it was (the outage did not make its worker "lost").
+    again = cluster.wait_ready("acme", acme["tenant-admin"], "adder", timeout_s=30)
+    assert again["replica_status"][0]["worker_id"] == r["worker_id"]
+    events = cluster.api("GET", "/v1/tenants/acme/deployments/adder/events", acme["tenant-admin"])["events"]
+    assert not any(e["kind"] == "worker_lost" for e in events), events
