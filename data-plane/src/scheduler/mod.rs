@@ -251,8 +251,13 @@ fn run_instance(session: &Mutex<OnnxSession>, shared: &Shared, batches: &crossbe
 /// Runs one batch on `session`, records its statistics and answers every request in it.
 fn run_batch(session: &mut OnnxSession, spec: &ModelSpec, stats: &ModelStats, batch: Vec<Pending>) {
     let start = Instant::now();
-    match execute(session, spec, &batch) {
-        Ok((per_request, timings)) => {
+    match execute(session, spec, &batch, start) {
+        Ok((per_request, mut timings)) => {
+            // Compute covers the whole execution, as in Triton: gathering the batch's inputs
+            // before the run counts as compute input, splitting outputs per request after it
+            // as compute output (not as unaccounted overhead).
+            let elapsed = nanos(start.elapsed());
+            timings.output_ns = elapsed.saturating_sub(timings.input_ns + timings.infer_ns);
             let items: usize = batch.iter().map(|p| p.request.batch_size).sum();
             stats.record_execution(Execution {
                 batch_size: items as u64,
@@ -298,6 +303,7 @@ fn execute(
     session: &mut OnnxSession,
     spec: &ModelSpec,
     batch: &[Pending],
+    start: Instant,
 ) -> Result<(PerRequest, crate::backend::onnx::RunTimings)> {
     let parts: Vec<Vec<&InputTensor>> =
         (0..spec.inputs.len()).map(|i| batch.iter().filter_map(|p| p.request.inputs[i].as_ref()).collect()).collect();
@@ -305,7 +311,9 @@ fn execute(
     wanted.sort_unstable();
     wanted.dedup();
     let rows: usize = batch.iter().map(|p| p.request.batch_size).sum();
-    let (outputs, timings) = session.run(spec, &parts, rows, &wanted).map_err(Error::internal)?;
+    let run_start = Instant::now();
+    let (outputs, mut timings) = session.run(spec, &parts, rows, &wanted).map_err(Error::internal)?;
+    timings.input_ns += nanos(run_start - start);
     if batch.len() == 1 {
         let only = &batch[0].request.outputs;
         let pick = only.iter().filter_map(|o| wanted.iter().position(|w| w == o).map(|i| outputs[i].clone())).collect();
