@@ -7,6 +7,11 @@ mod loadgen;
 
 use clap::Parser;
 
+/// mimalloc instead of glibc malloc: request buffers are allocated on one thread and freed on
+/// another, which glibc handles with lock-protected arenas and frequent consolidation.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
     let client = cli.command.is_client();

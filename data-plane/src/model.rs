@@ -11,7 +11,7 @@ use crate::infer::{InferRequest, InferResponse, ValidInferRequest};
 use crate::model_spec::{ModelSpec, complete_and_check};
 use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchingConfig;
-use crate::stats::{FailReason, ModelStats};
+use crate::stats::{FailReason, ModelStats, nanos};
 use tessera_protocol::inference::ModelConfig;
 
 /// A model version ready to serve.
@@ -67,22 +67,34 @@ impl LoadedModel {
     }
 
     /// Runs one request: check it, queue it for a free instance, await the outputs.
+    ///
+    /// A request's duration starts once it passed the checks, as in Triton (which validates a
+    /// request before it captures the request start), so the statistics' "overhead" compares
+    /// like with like; a request that fails the checks is timed from its arrival.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
-        let arrived = Instant::now();
-        let result = self.infer_inner(request, arrived).await;
-        if result.is_err() {
-            self.stats.fail.record(crate::stats::nanos(arrived.elapsed()));
-        }
-        result
-    }
-
-    async fn infer_inner(&self, request: InferRequest, arrived: Instant) -> Result<InferResponse> {
-        let valid = ValidInferRequest::new(request, &self.spec).inspect_err(|_| {
-            self.stats.record_failure_reason(FailReason::Other);
-        })?;
+        let received = Instant::now();
+        let valid = match ValidInferRequest::new(request, &self.spec) {
+            Ok(valid) => valid,
+            Err(e) => {
+                self.stats.record_failure_reason(FailReason::Other);
+                self.stats.fail.record(nanos(received.elapsed()));
+                return Err(e);
+            }
+        };
+        let started = Instant::now();
         let id = valid.id.clone();
-        let outputs = self.scheduler.submit(valid, arrived).await?;
-        Ok(InferResponse { model_name: self.spec.name.clone(), model_version: self.version.to_string(), id, outputs })
+        match self.scheduler.submit(valid, started).await {
+            Ok(outputs) => Ok(InferResponse {
+                model_name: self.spec.name.clone(),
+                model_version: self.version.to_string(),
+                id,
+                outputs,
+            }),
+            Err(e) => {
+                self.stats.fail.record(nanos(started.elapsed()));
+                Err(e)
+            }
+        }
     }
 
     /// Requests waiting for an instance.
