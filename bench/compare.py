@@ -8,18 +8,24 @@ path given:
     .venv/bin/python bench/compare.py --tessera BIN --perf-analyzer PA \
         [--triton LAUNCHER] [--suite quick|full] [--no-triton] ...
 
-What it does, in order, never running two servers at once:
+What it does, in order:
   1. writes a model repository (tests/python/gen_models.py: add_sub, mlp) and
      gives every model the same settings for both servers: one KIND_CPU
      instance (--instances), `intra_op_thread_count` (--threads), and
      dynamic batching on mlp (--max-queue-delay-us; --no-dynamic-batching);
   2. raw ONNX Runtime in-process (`tessera bench ort`, same thread count);
-  3. `tessera serve`, then Triton, each: checks add_sub and mlp answers over
-     HTTP and gRPC against onnxruntime, then runs perf_analyzer for every
-     scenario x protocol (HTTP binary tensors, gRPC);
-  4. raw ONNX Runtime again at each batch size the servers' batchers formed
-     (so "x raw" compares a server with the engine doing the same batches);
-  5. prints one table (aligned text, then the same as markdown) on stdout.
+  3. starts `tessera serve` and Triton side by side (an idle server costs
+     nothing measurable) and checks add_sub and mlp answers over HTTP and gRPC
+     against onnxruntime on each;
+  4. for every scenario x protocol, --rounds times, runs perf_analyzer against
+     each server back to back (the order alternates between rounds), each run
+     followed at once by raw ONNX Runtime at the batch size that server just
+     formed. Shared cloud machines drift by tens of percent within minutes, so
+     every ratio compares measurements taken seconds apart: "x Triton" is the
+     median over rounds of tessera / Triton in the same round, "x raw ORT" the
+     median of server / the raw run right after it;
+  5. prints one table (aligned text, then the same as markdown) on stdout, each
+     number the median over rounds.
 
 perf_analyzer measures in windows (time windows of --window-ms by default,
 or count windows) until 3 in a row agree within --stability percent; a run
@@ -29,7 +35,10 @@ not used: its throughput is quantised to whole seconds.) Server-side columns com
 section, which it derives from the statistics extension (deltas over the run):
 queue, compute (input + infer + output) and overhead (request time minus
 queue and compute). "batch" is inferences / executions: the batch size the
-server actually ran.
+server actually ran. "srv CPU" and "client CPU" are the CPU time (user +
+system, from /proc and getrusage) the server's processes and perf_analyzer
+spent per inference over the whole run: on two shared cores their sum bounds
+the throughput either server can reach.
 
 Progress goes to stderr. Exits 1 if a response check or perf_analyzer fails
 (servers are stopped first), 2 if a server failed to start (the table is
@@ -44,10 +53,12 @@ import io
 import json
 import os
 import re
+import resource
 import shlex
 import signal
 import socket
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -119,6 +130,12 @@ class Row:
     server_request_us: Optional[float] = None
     inference_count: Optional[int] = None
     execution_count: Optional[int] = None
+    server_cpu_us: Optional[float] = None  # per inference, the server's processes
+    client_cpu_us: Optional[float] = None  # per inference, perf_analyzer
+    rounds: int = 1
+    vs_triton: Optional[float] = None  # median over rounds of the paired ratio (tessera rows)
+    vs_raw: Optional[float] = None  # median over rounds of server / adjacent raw ORT
+    raw_batch: Optional[int] = None  # the batch size of that raw reference
     note: str = ""
     command: str = ""
     extra: Dict[str, object] = field(default_factory=dict)
@@ -219,6 +236,34 @@ class Server:
                 return
             time.sleep(0.2)
         raise self.fail(f"not ready after {timeout:.0f}s")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of every live process in the server's process group (Triton's
+        Python backend stubs included)."""
+        if not self.proc:
+            return 0.0
+        total = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # exited meanwhile
+            # After the command name: state, ppid, pgrp, ...; utime and stime are fields 14 and 15.
+            if int(fields[2]) == self.proc.pid:
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def inferences(self, model: str) -> Optional[int]:
+        """The model's inference count from the statistics extension (None if unreadable)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.http}/v2/models/{model}/stats", timeout=5) as r:
+                stats = json.load(r)
+            return sum(int(v.get("inference_count", 0)) for v in stats.get("model_stats", []))
+        except Exception:
+            return None
 
     def stop(self) -> None:
         if not self.proc or self.proc.poll() is not None:
@@ -376,6 +421,7 @@ def measure(args, server: Server, proto: str, sc: Scenario, tmp: Path, label: st
     url = server.http if proto == "http" else server.grpc
     csv_path = tmp / "pa.csv"
     note = ""
+    n0, cpu0, ru0 = server.inferences(sc.model), server.cpu_seconds(), resource.getrusage(resource.RUSAGE_CHILDREN)
     for attempt, (stability, trials) in enumerate(((args.stability, args.max_trials), (1000, 4))):
         if csv_path.exists():
             csv_path.unlink()
@@ -394,6 +440,9 @@ def measure(args, server: Server, proto: str, sc: Scenario, tmp: Path, label: st
         tail = "\n".join("    " + line for line in out.strip().splitlines()[-25:])
         raise BenchError(f"{label}: perf_analyzer failed (exit {p.returncode}); a request failed or the "
                          f"server answered wrongly\n  command: {shlex.join(cmd)}\n  output:\n{tail}")
+    ru1, cpu1, n1 = resource.getrusage(resource.RUSAGE_CHILDREN), server.cpu_seconds(), server.inferences(sc.model)
+    done = (n1 - n0) if n0 is not None and n1 is not None else 0
+    client_cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     rows = list(csv.DictReader(io.StringIO(csv_path.read_text())))
     if not rows:
         raise BenchError(f"{label}: perf_analyzer wrote no CSV rows\n  command: {shlex.join(cmd)}")
@@ -414,6 +463,8 @@ def measure(args, server: Server, proto: str, sc: Scenario, tmp: Path, label: st
         compute_infer_us=srv.get("compute_infer", num("Server Compute Infer")),
         overhead_us=srv.get("overhead"), server_request_us=srv.get("request_us"),
         inference_count=srv.get("inference_count"), execution_count=srv.get("execution_count"),
+        server_cpu_us=(cpu1 - cpu0) * 1e6 / done if done > 0 else None,
+        client_cpu_us=client_cpu * 1e6 / done if done > 0 else None,
         note=note, command=shlex.join(cmd),
     )
 
@@ -441,9 +492,9 @@ def raw_ort(args, repo: Path, model: str, batch: int, note: str = "") -> Row:
 # the table
 # ---------------------------------------------------------------------------
 
-COLUMNS = ["Scenario", "Server", "Proto", "infer/s", "p50 µs", "p99 µs",
-           "queue µs", "compute µs", "overhead µs", "batch", "× Triton", "× raw ORT"]
-RIGHT = {"infer/s", "p50 µs", "p99 µs", "queue µs", "compute µs", "overhead µs", "batch", "× Triton", "× raw ORT"}
+COLUMNS = ["Scenario", "Server", "Proto", "infer/s", "p50 µs", "p99 µs", "queue µs", "compute µs",
+           "overhead µs", "batch", "srv CPU µs", "client CPU µs", "× Triton", "× raw ORT"]
+RIGHT = set(COLUMNS) - {"Scenario", "Server", "Proto"}
 
 
 def fmt_num(v, digits=0) -> str:
@@ -456,6 +507,31 @@ def raw_key(model: str, batch: float) -> tuple:
     return (model, max(1, min(MAX_BATCH.get(model, 1), int(round(batch)))))
 
 
+def median(values) -> Optional[float]:
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
+
+
+def summarize(runs: List[Row]) -> Row:
+    """One row per scenario x protocol x server: every number the median over its rounds."""
+    first = runs[0]
+    inf, ex = median(r.inference_count for r in runs), median(r.execution_count for r in runs)
+    batches = [r.raw_batch for r in runs if r.raw_batch]
+    return Row(
+        scenario=first.scenario, server=first.server, protocol=first.protocol, model=first.model, batch=first.batch,
+        concurrency=first.concurrency, infer_per_sec=median(r.infer_per_sec for r in runs) or 0.0,
+        p50_us=median(r.p50_us for r in runs), p99_us=median(r.p99_us for r in runs),
+        queue_us=median(r.queue_us for r in runs), compute_us=median(r.compute_us for r in runs),
+        compute_infer_us=median(r.compute_infer_us for r in runs), overhead_us=median(r.overhead_us for r in runs),
+        server_request_us=median(r.server_request_us for r in runs),
+        inference_count=int(inf) if inf else None, execution_count=int(ex) if ex else None,
+        server_cpu_us=median(r.server_cpu_us for r in runs), client_cpu_us=median(r.client_cpu_us for r in runs),
+        rounds=len(runs), vs_triton=median(r.vs_triton for r in runs), vs_raw=median(r.vs_raw for r in runs),
+        raw_batch=statistics.mode(batches) if batches else None,
+        note=" ".join(sorted({r.note for r in runs if r.note})), command=first.command,
+    )
+
+
 def columns_for(rows: List[Row]) -> List[str]:
     """The table's columns; "× Triton" only when Triton rows exist."""
     if any(r.server == "triton" for r in rows):
@@ -464,26 +540,19 @@ def columns_for(rows: List[Row]) -> List[str]:
 
 
 def table_rows(rows: List[Row]) -> List[List[str]]:
-    raw = {(r.model, r.batch): r for r in rows if r.server == "raw ORT"}
-    triton = {(r.scenario, r.protocol): r for r in rows if r.server == "triton"}
     out = []
     for r in rows:
         if r.server == "raw ORT":
             out.append([f"{r.model} b{r.batch}" + (f" ({r.note})" if r.note else ""), f"raw ORT ({r.extra.get('threads')} thr)",
                         "in-proc", fmt_num(r.infer_per_sec), fmt_num(r.p50_us), fmt_num(r.p99_us),
-                        "—", "—", "—", str(r.batch), "", ""])
+                        "—", "—", "—", str(r.batch), "—", "—", "", ""])
             continue
-        vs_triton = ""
-        t = triton.get((r.scenario, r.protocol))
-        if r.server == "tessera" and t and t.infer_per_sec:
-            vs_triton = f"{r.infer_per_sec / t.infer_per_sec:.2f}×"
-        formed = r.formed_batch or r.batch
-        ref = raw.get(raw_key(r.model, formed))
-        vs_raw = f"{r.infer_per_sec / ref.infer_per_sec:.2f}× (b{ref.batch})" if ref and ref.infer_per_sec else ""
+        vs_triton = f"{r.vs_triton:.2f}×" if r.vs_triton else ""
+        vs_raw = f"{r.vs_raw:.2f}× (b{r.raw_batch})" if r.vs_raw and r.raw_batch else ""
         out.append([r.scenario + (" " + r.note if r.note else ""), r.server, r.protocol, fmt_num(r.infer_per_sec),
                     fmt_num(r.p50_us), fmt_num(r.p99_us), fmt_num(r.queue_us), fmt_num(r.compute_us),
                     fmt_num(r.overhead_us), fmt_num(r.formed_batch, 1) if r.formed_batch else str(r.batch),
-                    vs_triton, vs_raw])
+                    fmt_num(r.server_cpu_us), fmt_num(r.client_cpu_us), vs_triton, vs_raw])
     return out
 
 
@@ -542,7 +611,9 @@ def parse_args(argv=None):
     ap.add_argument("--max-queue-delay-us", type=int, default=0, help="mlp dynamic_batching max_queue_delay_microseconds (default 0)")
     ap.add_argument("--no-dynamic-batching", action="store_true", help="leave dynamic_batching out of mlp's config")
     ap.add_argument("--protocols", default="http,grpc", help="comma-separated subset of http,grpc")
-    ap.add_argument("--raw-seconds", type=float, default=3.0, help="seconds per raw ONNX Runtime measurement")
+    ap.add_argument("--raw-seconds", type=float, default=2.0, help="seconds per raw ONNX Runtime measurement (default 2)")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="measurements per scenario x protocol x server, servers alternating; the table shows medians (default 2)")
     ap.add_argument("--pa-mode", choices=("time", "count"), default="time",
                     help="perf_analyzer windows: time_windows of --window-ms (default) or count_windows of --window-requests")
     ap.add_argument("--window-ms", type=int, default=1000, help="--measurement-interval in time mode (default 1000)")
@@ -561,6 +632,9 @@ def main(argv=None) -> int:
     use_triton = args.suite == "full" and not args.no_triton
     if use_triton and not args.triton:
         print("compare.py: --triton LAUNCHER is needed for the full suite (or pass --no-triton)", file=sys.stderr)
+        return 1
+    if args.rounds < 1:
+        print("compare.py: --rounds must be at least 1", file=sys.stderr)
         return 1
     protocols = [p for p in args.protocols.split(",") if p]
     if not protocols or any(p not in PROTOCOLS for p in protocols):
@@ -585,10 +659,11 @@ def main(argv=None) -> int:
         tmp = Path(tmp_ctx.name)
     repo = tmp / "repo"
     rows: List[Row] = []
+    runs: List[Row] = []  # every round's measurement; rows gets their medians
     failures: List[str] = []
     load_before = os.getloadavg()
-    running: Optional[Server] = None
-    total = len(RAW[args.suite]) + len(servers) * len(scenarios) * len(protocols)
+    running: List[Server] = []
+    total = len(RAW[args.suite]) + len(servers) * len(scenarios) * len(protocols) * args.rounds
     step = 0
     rc = 0
     try:
@@ -606,54 +681,62 @@ def main(argv=None) -> int:
             rows.append(row)
             progress(f"    {row.infer_per_sec:,.0f} infer/s, p50 {row.p50_us:,.0f} µs")
 
+        started: List[Server] = []
         for name in servers:
             server: Server
             if name == "tessera":
                 server = TesseraServer(args.tessera, repo, tmp / "tessera.log")
             else:
                 server = TritonServer(args.triton, repo, tmp / "triton.log")
-            running = server
+            running.append(server)
             try:
                 server.start()
                 server.wait_ready(120 if name == "triton" else 60)
             except ServerStartError as e:
                 server.stop()
-                running = None
                 msg = str(e)
                 progress("ERROR: " + msg)
                 tail = [ln.strip() for ln in log_tail(server.log, 200).splitlines() if ln.strip()]
                 errs = [ln for ln in tail if re.match(r"^E\d{4}|error", ln, re.I)]
                 failures.append(msg.splitlines()[0] + (f"; log: {(errs or tail)[-1][:300]}" if tail else ""))
-                step += len(scenarios) * len(protocols)
                 rc = max(rc, 2)
                 continue
             progress(f"{name} ready: http {server.http}, grpc {server.grpc}")
             check_responses(server, repo)
-            for sc in scenarios:
-                for proto in protocols:
-                    step += 1
-                    label = f"{name} {proto} {sc.name}"
-                    progress(f"({step}/{total}) {label} (batch {sc.batch}, concurrency {sc.concurrency})")
-                    row = measure(args, server, proto, sc, tmp, label)
-                    if server.exited() is not None:
-                        raise BenchError(f"{name} exited during {label}\n{log_tail(server.log)}")
-                    rows.append(row)
-                    fb = f", batch formed {row.formed_batch:.1f}" if row.formed_batch else ""
-                    progress(f"    {row.infer_per_sec:,.0f} infer/s, p50 {fmt_num(row.p50_us)} µs, "
-                             f"p99 {fmt_num(row.p99_us)} µs, overhead {fmt_num(row.overhead_us)} µs{fb}")
-            server.stop()
-            running = None
+            started.append(server)
 
-        # Raw ONNX Runtime at each batch size the batchers formed (when not measured yet).
-        have = {(r.model, r.batch) for r in rows if r.server == "raw ORT"}
-        for r in list(rows):
-            if r.server == "raw ORT" or not r.formed_batch:
-                continue
-            key = raw_key(r.model, r.formed_batch)
-            if key not in have:
-                have.add(key)
-                progress(f"raw ONNX Runtime {key[0]} batch {key[1]} (a batch size a server formed)")
-                rows.append(raw_ort(args, repo, key[0], key[1], note="formed"))
+        for sc in scenarios:
+            for proto in protocols:
+                for rnd in range(args.rounds):
+                    order = started if rnd % 2 == 0 else list(reversed(started))
+                    paired: Dict[str, Row] = {}
+                    for server in order:
+                        step += 1
+                        label = f"{server.name} {proto} {sc.name}"
+                        progress(f"({step}/{total}) {label} (batch {sc.batch}, concurrency {sc.concurrency}), "
+                                 f"round {rnd + 1}/{args.rounds}")
+                        row = measure(args, server, proto, sc, tmp, label)
+                        if server.exited() is not None:
+                            raise BenchError(f"{server.name} exited during {label}\n{log_tail(server.log)}")
+                        # The engine alone at the batch size the server just ran, seconds later.
+                        model, batch = raw_key(sc.model, row.formed_batch or sc.batch)
+                        raw = raw_ort(args, repo, model, batch, note="adjacent")
+                        row.raw_batch = batch
+                        row.vs_raw = row.infer_per_sec / raw.infer_per_sec if raw.infer_per_sec else None
+                        row.extra["raw_adjacent"] = raw.__dict__
+                        paired[server.name] = row
+                        runs.append(row)
+                        fb = f", batch formed {row.formed_batch:.1f}" if row.formed_batch else ""
+                        progress(f"    {row.infer_per_sec:,.0f} infer/s, p50 {fmt_num(row.p50_us)} µs, "
+                                 f"p99 {fmt_num(row.p99_us)} µs, overhead {fmt_num(row.overhead_us)} µs{fb}; "
+                                 f"raw ORT b{batch} {raw.infer_per_sec:,.0f} infer/s")
+                    t, tr = paired.get("tessera"), paired.get("triton")
+                    if t and tr and tr.infer_per_sec:
+                        t.vs_triton = t.infer_per_sec / tr.infer_per_sec
+        groups: Dict[tuple, List[Row]] = {}
+        for r in runs:
+            groups.setdefault((r.scenario, r.protocol, r.server), []).append(r)
+        rows.extend(summarize(g) for g in groups.values())
     except BenchError as e:
         progress("FAILED: " + str(e))
         rc = 1
@@ -661,8 +744,8 @@ def main(argv=None) -> int:
         progress("interrupted")
         rc = 130
     finally:
-        if running is not None:
-            running.stop()
+        for server in running:
+            server.stop()
 
     if rc == 1 or rc == 130:
         if tmp_ctx is None:
@@ -688,9 +771,13 @@ def main(argv=None) -> int:
         + "; perf_analyzer "
         + (f"time_windows {args.window_ms} ms" if args.pa_mode == "time" else f"count_windows {args.window_requests} requests")
         + f", stable within {args.stability}% over 3 windows, HTTP binary tensors / gRPC, sync, random data",
+        f"every server number is the median of {args.rounds} round(s); servers run back to back in each round "
+        "(alternating order), each run followed by raw ONNX Runtime at the batch size it formed",
         "columns: queue/compute/overhead = server-side average per request from the statistics extension "
-        "(perf_analyzer's Server section); batch = inferences per execution; × raw ORT = throughput / "
-        "raw in-process ONNX Runtime at the batch size the server executed (bN)",
+        "(perf_analyzer's Server section); batch = inferences per execution; srv/client CPU = CPU time per "
+        "inference of the server's processes and of perf_analyzer; × Triton = median of tessera / Triton in "
+        "the same round; × raw ORT = median of throughput / the raw in-process ONNX Runtime run right after "
+        "it at the batch size the server executed (bN)",
     ]
     for f in failures:
         header.append(f"NOTE: {f}")
@@ -702,7 +789,8 @@ def main(argv=None) -> int:
     print(md)
     sys.stdout.flush()
     if args.json:
-        Path(args.json).write_text(json.dumps([r.__dict__ | {"formed_batch": r.formed_batch} for r in rows], indent=2))
+        every = rows + [r for r in runs if r not in rows]
+        Path(args.json).write_text(json.dumps([r.__dict__ | {"formed_batch": r.formed_batch} for r in every], indent=2))
     if tmp_ctx is not None:
         tmp_ctx.cleanup()
     return rc
