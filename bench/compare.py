@@ -70,6 +70,8 @@ from typing import Dict, List, Optional
 ROOT = Path(__file__).resolve().parent.parent
 GEN_MODELS = ROOT / "tests" / "python" / "gen_models.py"
 MAX_BATCH = {"add_sub": 8, "mlp": 32}
+# FP32 inputs per batch-1 sample, as tests/python/gen_models.py writes the models.
+INPUTS = {"add_sub": {"INPUT0": 16, "INPUT1": 16}, "mlp": {"INPUT0": 256}}
 
 T0 = time.monotonic()
 
@@ -169,6 +171,21 @@ def write_repository(repo: Path, args) -> None:
             extra.append(f"dynamic_batching {{{delay}}}")
         text = cfg.read_text()
         cfg.write_text(text.rstrip("\n") + "\n" + "\n".join(extra) + "\n")
+
+
+def write_input_data(root: Path) -> None:
+    """perf_analyzer's input data: one raw FP32 file per input, uniform in [-1, 1) like the raw
+    ONNX Runtime runs' inputs. perf_analyzer's default "random" data is random bit patterns
+    (values up to 3e38, most MLP outputs NaN), which slows the engine's arithmetic by about a
+    tenth and would make the servers run different numbers than the raw baseline."""
+    import numpy as np
+
+    rng = np.random.default_rng(2024)
+    for model, inputs in INPUTS.items():
+        folder = root / model
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, count in inputs.items():
+            (folder / name).write_bytes(rng.uniform(-1.0, 1.0, count).astype("<f4").tobytes())
 
 
 # ---------------------------------------------------------------------------
@@ -407,6 +424,7 @@ UNSTABLE = "Failed to obtain stable measurement"
 def pa_command(args, url: str, proto: str, sc: Scenario, csv_path: Path, stability: int, trials: int) -> List[str]:
     cmd = [args.perf_analyzer, "-m", sc.model, "-u", url, "-i", proto, "-b", str(sc.batch),
            "--concurrency-range", str(sc.concurrency), "-f", str(csv_path),
+           "--input-data", str(csv_path.parent / "input-data" / sc.model),
            "--warmup-request-count", str(max(100, 20 * sc.concurrency)),
            "--stability-percentage", str(stability), "--max-trials", str(trials)]
     if args.pa_mode == "time":
@@ -673,6 +691,7 @@ def main(argv=None) -> int:
             import shutil
             shutil.rmtree(repo)
         write_repository(repo, args)
+        write_input_data(tmp / "input-data")
 
         for model, batch in RAW[args.suite]:
             step += 1
@@ -770,7 +789,8 @@ def main(argv=None) -> int:
            f"dynamic_batching (max_queue_delay_microseconds {args.max_queue_delay_us})")
         + "; perf_analyzer "
         + (f"time_windows {args.window_ms} ms" if args.pa_mode == "time" else f"count_windows {args.window_requests} requests")
-        + f", stable within {args.stability}% over 3 windows, HTTP binary tensors / gRPC, sync, random data",
+        + f", stable within {args.stability}% over 3 windows, HTTP binary tensors / gRPC, sync, "
+        "FP32 inputs uniform in [-1, 1) (perf_analyzer --input-data; the raw runs use the same distribution)",
         f"every server number is the median of {args.rounds} round(s); servers run back to back in each round "
         "(alternating order), each run followed by raw ONNX Runtime at the batch size it formed",
         "columns: queue/compute/overhead = server-side average per request from the statistics extension "
