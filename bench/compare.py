@@ -630,8 +630,8 @@ def parse_args(argv=None):
     ap.add_argument("--no-dynamic-batching", action="store_true", help="leave dynamic_batching out of mlp's config")
     ap.add_argument("--protocols", default="http,grpc", help="comma-separated subset of http,grpc")
     ap.add_argument("--raw-seconds", type=float, default=2.0, help="seconds per raw ONNX Runtime measurement (default 2)")
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="measurements per scenario x protocol x server, servers alternating; the table shows medians (default 2)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="measurements per scenario x protocol x server, servers alternating; the table shows medians (default 3)")
     ap.add_argument("--pa-mode", choices=("time", "count"), default="time",
                     help="perf_analyzer windows: time_windows of --window-ms (default) or count_windows of --window-requests")
     ap.add_argument("--window-ms", type=int, default=1000, help="--measurement-interval in time mode (default 1000)")

@@ -10,8 +10,8 @@
 #                   over HTTP and gRPC (about 30 s after set-up and build)
 #   --suite full    (default) raw mlp b1/b8 and add_sub b1; tessera and
 #                   Triton: add_sub c1, mlp c1/c4/c16, mlp -b 8 c8, over HTTP
-#                   and gRPC, each twice with the servers alternating (about
-#                   6 minutes)
+#                   and gRPC, each three times with the servers alternating
+#                   (about 8 minutes)
 #   --no-triton     full suite without Triton
 #   --no-build      use the existing release binary (no cargo build)
 #   --threads N     intra-op threads for raw ORT and every model instance (1)
