@@ -1,10 +1,10 @@
 //! Command-line interface: one subcommand per role, flags named as tritonserver names them.
 
-use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+use tessera_data_plane::listen::ListenArgs;
 use tessera_data_plane::manager::ControlMode;
 use tessera_data_plane::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
 use tokio_util::sync::CancellationToken;
@@ -77,24 +77,9 @@ pub struct ServeArgs {
     /// Model repository directory (Triton layout).
     #[arg(long, alias = "model-store", env = "TESSERA_MODEL_REPOSITORY")]
     pub model_repository: PathBuf,
-    /// HTTP port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_HTTP_PORT", default_value_t = 8000)]
-    pub http_port: u16,
-    /// gRPC port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_GRPC_PORT", default_value_t = 8001)]
-    pub grpc_port: u16,
-    /// Metrics port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_METRICS_PORT", default_value_t = 8002)]
-    pub metrics_port: u16,
-    /// Address the HTTP endpoint binds.
-    #[arg(long, env = "TESSERA_HTTP_ADDRESS", default_value = "0.0.0.0")]
-    pub http_address: IpAddr,
-    /// Address the gRPC endpoint binds.
-    #[arg(long, env = "TESSERA_GRPC_ADDRESS", default_value = "0.0.0.0")]
-    pub grpc_address: IpAddr,
-    /// Address the metrics endpoint binds.
-    #[arg(long, env = "TESSERA_METRICS_ADDRESS", default_value = "0.0.0.0")]
-    pub metrics_address: IpAddr,
+    /// Ports and bind addresses of the HTTP, gRPC and metrics endpoints.
+    #[command(flatten)]
+    pub listen: ListenArgs,
     /// Serve HTTP.
     #[arg(long, env = "TESSERA_ALLOW_HTTP", default_value_t = true, action = ArgAction::Set)]
     pub allow_http: bool,
@@ -164,12 +149,11 @@ pub struct PlacementBenchArgs {
 
 impl ServeArgs {
     fn into_config(self) -> ServeConfig {
-        let addr = |allow: bool, ip: IpAddr, port: u16| allow.then(|| SocketAddr::new(ip, port));
         ServeConfig {
             model_repository: self.model_repository,
-            http_addr: addr(self.allow_http, self.http_address, self.http_port),
-            grpc_addr: addr(self.allow_grpc, self.grpc_address, self.grpc_port),
-            metrics_addr: addr(self.allow_metrics, self.metrics_address, self.metrics_port),
+            http_addr: self.allow_http.then(|| self.listen.http()),
+            grpc_addr: self.allow_grpc.then(|| self.listen.grpc()),
+            metrics_addr: self.allow_metrics.then(|| self.listen.metrics()),
             control_mode: match self.model_control_mode {
                 Mode::None => ControlMode::None,
                 Mode::Poll => ControlMode::Poll,

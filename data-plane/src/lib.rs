@@ -8,6 +8,7 @@ pub mod error;
 pub mod grpc;
 pub mod http;
 pub mod infer;
+pub mod listen;
 pub mod manager;
 pub mod metrics;
 pub mod model;

@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::listen::ListenArgs;
 use crate::server::DEFAULT_MAX_INPUT_SIZE;
 
 /// The credential a worker presents to the control plane; never printed.
@@ -50,24 +51,9 @@ pub struct WorkerArgs {
     /// Directory for the worker id, the artifact cache (`cache/`) and the usage spool (`usage/`).
     #[arg(long, env = "TESSERA_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
-    /// HTTP port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_HTTP_PORT", default_value_t = 8000)]
-    pub http_port: u16,
-    /// gRPC port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_GRPC_PORT", default_value_t = 8001)]
-    pub grpc_port: u16,
-    /// Metrics port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_METRICS_PORT", default_value_t = 8002)]
-    pub metrics_port: u16,
-    /// Address the HTTP endpoint binds.
-    #[arg(long, env = "TESSERA_HTTP_ADDRESS", default_value = "0.0.0.0")]
-    pub http_address: IpAddr,
-    /// Address the gRPC endpoint binds.
-    #[arg(long, env = "TESSERA_GRPC_ADDRESS", default_value = "0.0.0.0")]
-    pub grpc_address: IpAddr,
-    /// Address the metrics endpoint binds.
-    #[arg(long, env = "TESSERA_METRICS_ADDRESS", default_value = "0.0.0.0")]
-    pub metrics_address: IpAddr,
+    /// Ports and bind addresses of the HTTP, gRPC and metrics endpoints.
+    #[command(flatten)]
+    pub listen: ListenArgs,
     /// Host name or address clients reach this worker at (the endpoints sent when registering).
     #[arg(long, env = "TESSERA_ADVERTISE_HOST", default_value = "127.0.0.1")]
     pub advertise_host: String,
@@ -160,9 +146,9 @@ impl WorkerArgs {
             worker_token: self.worker_token,
             worker_id: self.worker_id,
             data_dir: self.data_dir,
-            http_addr: SocketAddr::new(self.http_address, self.http_port),
-            grpc_addr: SocketAddr::new(self.grpc_address, self.grpc_port),
-            metrics_addr: SocketAddr::new(self.metrics_address, self.metrics_port),
+            http_addr: self.listen.http(),
+            grpc_addr: self.listen.grpc(),
+            metrics_addr: self.listen.metrics(),
             advertise_host: self.advertise_host,
             cpu_slices: self.cpu_slices,
             slice_memory_bytes: self.slice_memory_bytes,

@@ -6,14 +6,12 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { call, eventually, hasRoute, launchBrowser, openPage, screenshot, sendTraffic, signIn, startDev, type Dev } from './harness';
+import { call, eventually, launchBrowser, openPage, screenshot, sendTraffic, signIn, startDev, type Dev } from './harness';
 
 let dev: Dev;
 let browser: Browser;
 let context: BrowserContext | undefined;
 let errors: string[] = [];
-/** Whether this control plane meters usage (issue 6): its routes exist. */
-let metered = false;
 
 const model = 'simple';
 
@@ -33,10 +31,6 @@ beforeAll(async () => {
     });
   }
   await call(dev, dev.adminKey, 'POST', `${t}/models`, { name: 'classifier', description: 'an image classifier (no versions yet)' });
-  metered = (await hasRoute(dev, dev.adminKey, `${t}/metrics`)) && (await hasRoute(dev, dev.adminKey, `${t}/invoices`));
-  if (!metered) {
-    console.warn('\n!!! This control plane has no usage/metrics/invoice routes (issue 6 not in this build): the chart and invoice tests are SKIPPED.\n');
-  }
 });
 
 afterAll(async () => {
@@ -129,11 +123,7 @@ describe('console', () => {
     await screenshot(p, '06-deployment');
   });
 
-  it('draws charts from real inference traffic', async (ctx) => {
-    if (!metered) {
-      console.warn('SKIPPED: charts need the usage/metrics routes of issue 6, missing from this build');
-      ctx.skip();
-    }
+  it('draws charts from real inference traffic', async () => {
     const t = `/v1/tenants/${dev.tenant}`;
     await eventually('the rolled-back deployment to serve version 1', 120_000, async () => {
       const d = await call<{ state: string; serving_version?: number | null; replica_status: { state: string }[] }>(dev, dev.adminKey, 'GET', `${t}/deployments/${model}`);
@@ -154,11 +144,7 @@ describe('console', () => {
     await screenshot(p, '07-metrics-charts');
   });
 
-  it('shows the month’s invoice from metered usage and prices', async (ctx) => {
-    if (!metered) {
-      console.warn('SKIPPED: invoices need the usage/billing routes of issue 6, missing from this build');
-      ctx.skip();
-    }
+  it('shows the month’s invoice from metered usage and prices', async () => {
     const now = new Date();
     const monthStart = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1)).toISOString().replace('.000Z', 'Z');
     await call(dev, dev.platformKey, 'PUT', '/v1/prices', {

@@ -100,12 +100,6 @@ export async function call<T = unknown>(dev: Dev, key: string, method: string, p
   return (text ? JSON.parse(text) : undefined) as T;
 }
 
-/** Whether the control plane has a route (404 `route`-style answers mean it does not). */
-export async function hasRoute(dev: Dev, key: string, path: string): Promise<boolean> {
-  const res = await fetch(`${dev.url}${path}`, { headers: { Authorization: `Bearer ${key}` } });
-  return res.status !== 404 && res.status !== 405;
-}
-
 /** Sends `n` demo inference requests (and `bad` malformed ones) to the worker; returns the
  *  number answered 200. */
 export async function sendTraffic(dev: Dev, model: string, n: number, bad = 0): Promise<number> {

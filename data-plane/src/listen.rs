@@ -1,0 +1,43 @@
+//! Flags of the HTTP, gRPC and metrics listeners, shared by `tessera serve` and `tessera worker`.
+
+use std::net::{IpAddr, SocketAddr};
+
+/// Ports and bind addresses of the three endpoints (tritonserver's flag names).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenArgs {
+    /// HTTP port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_HTTP_PORT", default_value_t = 8000)]
+    pub http_port: u16,
+    /// gRPC port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_GRPC_PORT", default_value_t = 8001)]
+    pub grpc_port: u16,
+    /// Metrics port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_METRICS_PORT", default_value_t = 8002)]
+    pub metrics_port: u16,
+    /// Address the HTTP endpoint binds.
+    #[arg(long, env = "TESSERA_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    pub http_address: IpAddr,
+    /// Address the gRPC endpoint binds.
+    #[arg(long, env = "TESSERA_GRPC_ADDRESS", default_value = "0.0.0.0")]
+    pub grpc_address: IpAddr,
+    /// Address the metrics endpoint binds.
+    #[arg(long, env = "TESSERA_METRICS_ADDRESS", default_value = "0.0.0.0")]
+    pub metrics_address: IpAddr,
+}
+
+impl ListenArgs {
+    /// Where the HTTP endpoint binds.
+    pub fn http(&self) -> SocketAddr {
+        SocketAddr::new(self.http_address, self.http_port)
+    }
+
+    /// Where the gRPC endpoint binds.
+    pub fn grpc(&self) -> SocketAddr {
+        SocketAddr::new(self.grpc_address, self.grpc_port)
+    }
+
+    /// Where the metrics endpoint binds.
+    pub fn metrics(&self) -> SocketAddr {
+        SocketAddr::new(self.metrics_address, self.metrics_port)
+    }
+}
