@@ -1,6 +1,7 @@
 //! The KServe v2 gRPC endpoint: `inference.GRPCInferenceService` and `grpc.health.v1.Health`.
 
 mod convert;
+mod socket;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -36,7 +37,9 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
     let health = HealthServer::new(HealthService { state });
     // Nagle off on every accepted socket: otherwise replies above a few KB stall ~40 ms on
     // delayed ACKs (the builder's own nodelay flag does not reach a listener we bound).
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = tonic::transport::server::TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(|accepted| accepted.map(socket::Socket::new));
     let result = tonic::transport::Server::builder()
         .add_service(inference)
         .add_service(health)
