@@ -42,11 +42,11 @@ pub(super) async fn client(app: &TestApp, token: &str) -> Client {
 struct FakeWorker {
     id: String,
     http: String,
-    inbound: tonic::Streaming<ControlMessage>,
+    /// Control messages, read off the session by a task that also marks each assignment set
+    /// applied as it arrives (a real worker applies every set, whether or not a test looks).
+    inbound: mpsc::UnboundedReceiver<ControlMessage>,
     /// Replica ids reported ready by the heartbeat task.
     ready: Arc<Mutex<Vec<String>>>,
-    /// Generation of the last assignment set read (reported as applied).
-    applied: Arc<std::sync::atomic::AtomicU64>,
     beats: tokio::task::JoinHandle<()>,
     _outbound: mpsc::Sender<WorkerMessage>,
 }
@@ -76,8 +76,8 @@ impl FakeWorker {
             ..Register::default()
         };
         tx.send(WorkerMessage { kind: Some(worker_message::Kind::Register(register)) }).await.expect("queue register");
-        let mut inbound = c.session(rx).await.expect("open a session").into_inner();
-        let first = inbound.message().await.expect("a reply").expect("not closed");
+        let mut session = c.session(rx).await.expect("open a session").into_inner();
+        let first = session.message().await.expect("a reply").expect("not closed");
         match first.kind {
             Some(control_message::Kind::Registered(r)) => {
                 assert_eq!(r.worker_id, id);
@@ -108,7 +108,18 @@ impl FakeWorker {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         });
-        FakeWorker { id: id.into(), http, inbound, ready, applied, beats, _outbound: tx }
+        let (forward, inbound) = mpsc::unbounded();
+        tokio::spawn(async move {
+            while let Ok(Some(message)) = session.message().await {
+                if let Some(control_message::Kind::Assignments(a)) = &message.kind {
+                    applied.store(a.generation, std::sync::atomic::Ordering::Relaxed);
+                }
+                if forward.unbounded_send(message).is_err() {
+                    break;
+                }
+            }
+        });
+        FakeWorker { id: id.into(), http, inbound, ready, beats, _outbound: tx }
     }
 
     /// Reads assignment sets until one satisfies `want`; returns it.
@@ -116,16 +127,14 @@ impl FakeWorker {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         let mut last_generation = 0;
         loop {
-            let next = tokio::time::timeout_at(deadline, self.inbound.message()).await;
+            let next = tokio::time::timeout_at(deadline, self.inbound.next()).await;
             let message = next.unwrap_or_else(|_| panic!("{}: no matching assignments in time", self.id));
-            let Some(ControlMessage { kind: Some(control_message::Kind::Assignments(a)) }) =
-                message.expect("session alive")
-            else {
+            let message = message.unwrap_or_else(|| panic!("{}: session closed", self.id));
+            let ControlMessage { kind: Some(control_message::Kind::Assignments(a)) } = message else {
                 continue;
             };
             assert!(a.generation > last_generation, "generations only grow");
             last_generation = a.generation;
-            self.applied.store(a.generation, std::sync::atomic::Ordering::Relaxed);
             if want(&a.assignments) {
                 return a.assignments;
             }
