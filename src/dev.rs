@@ -48,15 +48,9 @@ pub struct DevArgs {
     /// Address of the control plane (REST API, docs, console); port 0 picks a free one.
     #[arg(long, env = "TESSERA_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// Worker KServe v2 HTTP port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_HTTP_PORT", default_value_t = 8000)]
-    pub http_port: u16,
-    /// Worker gRPC port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_GRPC_PORT", default_value_t = 8001)]
-    pub grpc_port: u16,
-    /// Worker metrics port; 0 picks a free one.
-    #[arg(long, env = "TESSERA_METRICS_PORT", default_value_t = 8002)]
-    pub metrics_port: u16,
+    /// Worker ports (HTTP, gRPC, metrics), bound on the control plane's address.
+    #[command(flatten)]
+    pub ports: tessera_data_plane::listen::PortArgs,
     /// How long to wait for the demo deployment to become ready, in seconds.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout_secs: u64,
@@ -167,9 +161,7 @@ fn worker_config(args: &DevArgs, dir: &Path, control_plane: SocketAddr, secrets:
     let mut config = WorkerConfig::local(format!("http://{control_plane}"), token, dir.join("worker"));
     // The worker listens where the control plane does (loopback by default).
     let ip = args.listen.ip();
-    config.http_addr = SocketAddr::new(ip, args.http_port);
-    config.grpc_addr = SocketAddr::new(ip, args.grpc_port);
-    config.metrics_addr = SocketAddr::new(ip, args.metrics_port);
+    [config.http_addr, config.grpc_addr, config.metrics_addr] = args.ports.on(ip);
     config.advertise_host = reachable(SocketAddr::new(ip, 0)).ip().to_string();
     config
 }

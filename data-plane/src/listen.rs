@@ -2,9 +2,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-/// Ports and bind addresses of the three endpoints (tritonserver's flag names).
+/// Ports of the three endpoints (tritonserver's flag names); `tessera dev` takes only these.
 #[derive(Debug, Clone, clap::Args)]
-pub struct ListenArgs {
+pub struct PortArgs {
     /// HTTP port; 0 picks a free one.
     #[arg(long, env = "TESSERA_HTTP_PORT", default_value_t = 8000)]
     pub http_port: u16,
@@ -14,6 +14,20 @@ pub struct ListenArgs {
     /// Metrics port; 0 picks a free one.
     #[arg(long, env = "TESSERA_METRICS_PORT", default_value_t = 8002)]
     pub metrics_port: u16,
+}
+
+impl PortArgs {
+    /// The HTTP, gRPC and metrics addresses on one IP.
+    pub fn on(&self, ip: IpAddr) -> [SocketAddr; 3] {
+        [self.http_port, self.grpc_port, self.metrics_port].map(|port| SocketAddr::new(ip, port))
+    }
+}
+
+/// Ports and bind addresses of the three endpoints (tritonserver's flag names).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenArgs {
+    #[command(flatten)]
+    pub ports: PortArgs,
     /// Address the HTTP endpoint binds.
     #[arg(long, env = "TESSERA_HTTP_ADDRESS", default_value = "0.0.0.0")]
     pub http_address: IpAddr,
@@ -28,16 +42,16 @@ pub struct ListenArgs {
 impl ListenArgs {
     /// Where the HTTP endpoint binds.
     pub fn http(&self) -> SocketAddr {
-        SocketAddr::new(self.http_address, self.http_port)
+        SocketAddr::new(self.http_address, self.ports.http_port)
     }
 
     /// Where the gRPC endpoint binds.
     pub fn grpc(&self) -> SocketAddr {
-        SocketAddr::new(self.grpc_address, self.grpc_port)
+        SocketAddr::new(self.grpc_address, self.ports.grpc_port)
     }
 
     /// Where the metrics endpoint binds.
     pub fn metrics(&self) -> SocketAddr {
-        SocketAddr::new(self.metrics_address, self.metrics_port)
+        SocketAddr::new(self.metrics_address, self.ports.metrics_port)
     }
 }
