@@ -103,7 +103,11 @@ impl Scheduler {
         let Some(pending) = self.try_run_now(pending) else {
             return Self::wait(outputs, &self.shared.spec.name).await;
         };
-        let pushed = self.shared.queue.lock().push(pending, &self.shared.spec.name);
+        let mut dropped = Vec::new();
+        let pushed = self.shared.queue.lock().push(pending, &self.shared.spec.name, &mut dropped);
+        for d in dropped {
+            drop_request(&self.shared, d);
+        }
         if let Err(e) = pushed {
             self.shared.stats.record_failure_reason(FailReason::Rejected);
             return Err(e);
@@ -223,7 +227,11 @@ fn drop_request(shared: &Shared, dropped: Dropped) {
             // The client may be gone already; nothing to do then.
             let _ = p.reply.send(Err(Error::unavailable("Request timeout expired")));
         }
-        Dropped::Cancelled(_) => shared.stats.record_failure_reason(FailReason::Canceled),
+        Dropped::Cancelled(p) => {
+            // Nobody waits for an answer to record this failure, so it is recorded here.
+            shared.stats.record_failure_reason(FailReason::Canceled);
+            shared.stats.fail.record(nanos(p.arrived.elapsed()));
+        }
     }
 }
 

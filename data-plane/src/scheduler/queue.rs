@@ -104,8 +104,13 @@ impl BatchQueue {
 
     /// Queues a request at the level its `priority` parameter names, applying the level's
     /// policy; a full level refuses at once (the request is dropped with the error).
-    pub fn push(&mut self, mut pending: Pending, model: &str) -> Result<()> {
+    pub fn push(&mut self, mut pending: Pending, model: &str, dropped: &mut Vec<Dropped>) -> Result<()> {
         let level = self.level_of(&pending.request)?;
+        if self.levels[level].len() >= self.config.policies[level].max_queue_size {
+            // Requests whose clients left still hold places until the batcher next looks; a
+            // new request must not be refused for them.
+            self.drop_cancelled(level, dropped);
+        }
         let policy = &self.config.policies[level];
         if self.levels[level].len() >= policy.max_queue_size {
             return Err(Error::unavailable(format!("Exceeds maximum queue size for model '{model}'")));
@@ -117,6 +122,18 @@ impl BatchQueue {
         }
         self.levels[level].push_back(pending);
         Ok(())
+    }
+
+    /// Moves the requests of `level` whose clients left into `dropped`.
+    fn drop_cancelled(&mut self, level: usize, dropped: &mut Vec<Dropped>) {
+        for p in std::mem::take(&mut self.levels[level]) {
+            if p.reply.is_closed() {
+                self.with_deadline -= usize::from(p.deadline.is_some());
+                dropped.push(Dropped::Cancelled(p));
+            } else {
+                self.levels[level].push_back(p);
+            }
+        }
     }
 
     fn level_of(&self, request: &ValidInferRequest) -> Result<usize> {
@@ -195,15 +212,14 @@ impl BatchQueue {
 
     /// Removes cancelled requests and handles timeouts.
     fn sweep(&mut self, now: Instant, dropped: &mut Vec<Dropped>) {
-        let check_deadlines = self.with_deadline > 0;
         for level in 0..self.levels.len() {
+            self.drop_cancelled(level, dropped);
+            if self.with_deadline == 0 {
+                continue;
+            }
             let on_timeout = self.config.policies[level].on_timeout;
-            let queue = std::mem::take(&mut self.levels[level]);
-            for p in queue {
-                if p.reply.is_closed() {
-                    self.with_deadline -= usize::from(p.deadline.is_some());
-                    dropped.push(Dropped::Cancelled(p));
-                } else if check_deadlines && p.deadline.is_some_and(|d| now >= d) {
+            for p in std::mem::take(&mut self.levels[level]) {
+                if p.deadline.is_some_and(|d| now >= d) {
                     self.with_deadline -= 1;
                     match on_timeout {
                         OnTimeout::Reject => dropped.push(Dropped::TimedOut(p)),
@@ -284,17 +300,19 @@ mod tests {
     struct Harness {
         queue: BatchQueue,
         receivers: Vec<oneshot::Receiver<Result<Vec<OutputTensor>>>>,
+        /// What pushes let go of.
+        dropped: Vec<Dropped>,
     }
 
     impl Harness {
         fn new(config: BatchingConfig) -> Self {
-            Self { queue: BatchQueue::new(config), receivers: Vec::new() }
+            Self { queue: BatchQueue::new(config), receivers: Vec::new(), dropped: Vec::new() }
         }
 
         fn push(&mut self, req: ValidInferRequest) -> std::result::Result<(), Error> {
             let (tx, rx) = oneshot::channel();
             self.receivers.push(rx);
-            self.queue.push(Pending::new(req, Instant::now(), tx), "m")
+            self.queue.push(Pending::new(req, Instant::now(), tx), "m", &mut self.dropped)
         }
 
         fn batch_sizes(&mut self) -> Vec<usize> {
@@ -373,6 +391,21 @@ mod tests {
         let err = h.push(request(1, 4, &[])).expect_err("full");
         assert!(err.message.contains("Exceeds maximum queue size"));
         assert_eq!(crate::error::codes_for(err.kind).0.as_u16(), 503);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_queue_lets_go_of_cancelled_requests_before_refusing() {
+        let mut c = config(&[], 0);
+        c.policies[1].max_queue_size = 2;
+        let mut h = Harness::new(c);
+        h.push(request(1, 4, &[])).expect("1");
+        h.push(request(1, 4, &[])).expect("2");
+        h.receivers.remove(0);
+        h.push(request(1, 4, &[])).expect("the cancelled request's place is free");
+        assert_eq!(h.dropped.len(), 1);
+        assert!(matches!(h.dropped[0], Dropped::Cancelled(_)));
+        assert_eq!(h.queue.len(), 2);
+        h.push(request(1, 4, &[])).expect_err("full again");
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,6 +6,7 @@ use super::TestServer;
 
 const BATCHING: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 30000 }\n";
 const TINY_QUEUE: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 400000 default_queue_policy { max_queue_size: 2 } }\n";
+const LONG_DELAY: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 1000000 }\n";
 const SHORT_TIMEOUT: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 5000000 default_queue_policy { default_timeout_microseconds: 50000 } }\n";
 
 fn request(i: usize) -> Value {
@@ -109,4 +110,57 @@ async fn a_request_that_waits_past_its_timeout_is_rejected_over_http_and_grpc() 
     let err = client.model_infer(request).await.expect_err("times out");
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert!(err.message().contains("Request timeout expired"));
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_before_its_request_runs_is_dropped_from_the_queue() {
+    use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+    use tessera_protocol::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
+    use tokio::io::AsyncWriteExt;
+
+    let s = TestServer::start_with(&[("long_delay", LONG_DELAY)], &[]);
+    // HTTP: a raw connection that sends a whole request, then closes while the batcher waits
+    // out its one-second delay for more.
+    let addr = s.http.trim_start_matches("http://").to_string();
+    let body = request(0).to_string();
+    let head = format!(
+        "POST /v2/models/long_delay/infer HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let mut http = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    http.write_all(format!("{head}{body}").as_bytes()).await.expect("send");
+    // gRPC: a call whose future is dropped (the client cancels the stream).
+    let mut client = GrpcInferenceServiceClient::connect(s.grpc.clone()).await.expect("connect");
+    let tensor = |n: &str| InferInputTensor {
+        name: n.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    let grpc_request = ModelInferRequest {
+        model_name: "long_delay".into(),
+        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
+        raw_input_contents: vec![vec![0u8; 64].into(), vec![0u8; 64].into()],
+        ..Default::default()
+    };
+    let call = tokio::time::timeout(std::time::Duration::from_millis(300), client.model_infer(grpc_request)).await;
+    assert!(call.is_err(), "the call waits in the queue, so the client gives up first: {call:?}");
+    drop(http);
+
+    // Both leave the queue as cancelled when the batcher next looks, and neither runs.
+    let failure = "nv_inference_request_failure{model=\"long_delay\",version=\"1\",reason=\"CANCELED\"} 2";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
+        if metrics.contains(failure) || std::time::Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert!(metrics.contains(failure), "{metrics}");
+    assert!(metrics.contains("nv_inference_pending_request_count{model=\"long_delay\",version=\"1\"} 0"), "{metrics}");
+    let m = stats(&s, "long_delay").await;
+    assert_eq!(m["inference_count"], 0, "{m}");
+    assert_eq!(m["execution_count"], 0, "{m}");
+    assert_eq!(m["inference_stats"]["fail"]["count"], 2, "{m}");
 }
