@@ -1,6 +1,10 @@
 //! Dynamic batching, queue policy and their statistics and metrics, end to end.
 
+use std::time::{Duration, Instant};
+
 use serde_json::{Value, json};
+use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tessera_protocol::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
 
 use super::TestServer;
 
@@ -18,6 +22,22 @@ fn request(i: usize) -> Value {
             {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": vec![1.0f32; 16]},
         ]
     })
+}
+
+/// A one-row gRPC request of zeros for the two-input test models.
+fn grpc_request(model: &str) -> ModelInferRequest {
+    let tensor = |n: &str| InferInputTensor {
+        name: n.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    ModelInferRequest {
+        model_name: model.into(),
+        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
+        raw_input_contents: vec![vec![0u8; 64].into(), vec![0u8; 64].into()],
+        ..Default::default()
+    }
 }
 
 async fn infer_many(server: &TestServer, model: &str, n: usize) -> Vec<(u16, Value)> {
@@ -83,39 +103,22 @@ async fn a_full_queue_rejects_at_once_with_503() {
 
 #[tokio::test]
 async fn a_request_that_waits_past_its_timeout_is_rejected_over_http_and_grpc() {
-    use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-    use tessera_protocol::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
-
     let s = TestServer::start_with(&[("short_timeout", SHORT_TIMEOUT)], &[]);
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let results = infer_many(&s, "short_timeout", 2).await;
     for (status, body) in &results {
         assert_eq!(*status, 503, "{body}");
         assert!(body["error"].as_str().is_some_and(|e| e.contains("Request timeout expired")), "{body}");
     }
-    assert!(started.elapsed() < std::time::Duration::from_secs(4), "rejected at the timeout, not the delay");
+    assert!(started.elapsed() < Duration::from_secs(4), "rejected at the timeout, not the delay");
     let mut client = GrpcInferenceServiceClient::connect(s.grpc.clone()).await.expect("connect");
-    let tensor = |n: &str| InferInputTensor {
-        name: n.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    let request = ModelInferRequest {
-        model_name: "short_timeout".into(),
-        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
-        raw_input_contents: vec![vec![0u8; 64].into(), vec![0u8; 64].into()],
-        ..Default::default()
-    };
-    let err = client.model_infer(request).await.expect_err("times out");
+    let err = client.model_infer(grpc_request("short_timeout")).await.expect_err("times out");
     assert_eq!(err.code(), tonic::Code::Unavailable);
     assert!(err.message().contains("Request timeout expired"));
 }
 
 #[tokio::test]
 async fn a_client_that_leaves_before_its_request_runs_is_dropped_from_the_queue() {
-    use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-    use tessera_protocol::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
     use tokio::io::AsyncWriteExt;
 
     let s = TestServer::start_with(&[("long_delay", LONG_DELAY)], &[]);
@@ -131,31 +134,19 @@ async fn a_client_that_leaves_before_its_request_runs_is_dropped_from_the_queue(
     http.write_all(format!("{head}{body}").as_bytes()).await.expect("send");
     // gRPC: a call whose future is dropped (the client cancels the stream).
     let mut client = GrpcInferenceServiceClient::connect(s.grpc.clone()).await.expect("connect");
-    let tensor = |n: &str| InferInputTensor {
-        name: n.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    let grpc_request = ModelInferRequest {
-        model_name: "long_delay".into(),
-        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
-        raw_input_contents: vec![vec![0u8; 64].into(), vec![0u8; 64].into()],
-        ..Default::default()
-    };
-    let call = tokio::time::timeout(std::time::Duration::from_millis(300), client.model_infer(grpc_request)).await;
+    let call = tokio::time::timeout(Duration::from_millis(300), client.model_infer(grpc_request("long_delay"))).await;
     assert!(call.is_err(), "the call waits in the queue, so the client gives up first: {call:?}");
     drop(http);
 
     // Both leave the queue as cancelled when the batcher next looks, and neither runs.
     let failure = "nv_inference_request_failure{model=\"long_delay\",version=\"1\",reason=\"CANCELED\"} 2";
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(10);
     let metrics = loop {
         let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
-        if metrics.contains(failure) || std::time::Instant::now() > deadline {
+        if metrics.contains(failure) || Instant::now() > deadline {
             break metrics;
         }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(metrics.contains(failure), "{metrics}");
     assert!(metrics.contains("nv_inference_pending_request_count{model=\"long_delay\",version=\"1\"} 0"), "{metrics}");
