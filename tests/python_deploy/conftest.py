@@ -203,7 +203,7 @@ class Cluster:
             "--database-url", self.db_url,
             "--object-store", str(self.workdir / "artifacts"),
             "--bootstrap-admin-key", self.admin_key,
-            "--worker-token", self.worker_token,
+            f"--worker-token={self.worker_token}",
             *CONTROL_PLANE_TIMINGS,
         ]
         self.cp = Proc("control-plane", cmd, self.workdir / "control-plane.log")
@@ -220,7 +220,7 @@ class Cluster:
         cmd = [
             tessera_bin(), "worker",
             "--control-plane", self.url,
-            "--worker-token", self.worker_token,
+            f"--worker-token={self.worker_token}",
             "--data-dir", str(self.workdir / f"worker{index}"),
             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
