@@ -12,7 +12,8 @@
 //! **Records.** Each such request appends one fixed-size record (labels id, finish time,
 //! success, batch rows, latency, bytes in and out) to the current spool file with a single
 //! `write` under the spool lock, before the response leaves: the page cache keeps it through a
-//! SIGKILL (no fsync per request). Tenant, model, version and slice profile are interned per
+//! SIGKILL (no fsync per request; the worker syncs the spool to disk every second, off the
+//! request path, so a power loss loses at most that second). Tenant, model, version and slice profile are interned per
 //! file (a labels record precedes an id's first use). Executions, compute time and batch sizes
 //! come from each loaded version's statistics: the worker samples their deltas every second
 //! and when a version goes away, and appends them as execution records (exact over time; only
@@ -92,6 +93,13 @@ impl Meter {
     /// The spool directory.
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Forces everything spooled so far onto the disk (blocks: call it off the request path).
+    pub fn sync(&self) -> io::Result<()> {
+        // The lock is held only to collect the files; appends go on while they sync.
+        let files = self.writer.lock().take_unsynced();
+        files.iter().try_for_each(|f| f.sync_data())
     }
 
     /// Spool appends that failed (disk full, ...): that usage is lost.

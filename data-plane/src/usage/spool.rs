@@ -95,7 +95,10 @@ impl Cursor {
 pub struct SpoolWriter {
     dir: PathBuf,
     rotate_at: u64,
-    file: File,
+    /// The current file (shared with whoever syncs it outside the writer's lock).
+    file: Arc<File>,
+    /// Files sealed since the last [`SpoolWriter::take_unsynced`].
+    sealed: Vec<Arc<File>>,
     seq: u64,
     len: u64,
     /// Labels ids of the current file, by the address of the `Arc` (held here, so an address is
@@ -120,7 +123,16 @@ impl SpoolWriter {
         );
         let seq = last.max(shipped) + 1;
         let file = create(dir, seq)?;
-        Ok(Self { dir: dir.to_path_buf(), rotate_at, file, seq, len: 0, ids: HashMap::new(), damaged: false })
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            rotate_at,
+            file: Arc::new(file),
+            sealed: Vec::new(),
+            seq,
+            len: 0,
+            ids: HashMap::new(),
+            damaged: false,
+        })
     }
 
     /// Appends the record `make` builds for the labels' id, with one `write` (the labels'
@@ -142,7 +154,7 @@ impl SpoolWriter {
         };
         let record = encode(&make(id)).ok_or_else(|| io::Error::other("record cannot be framed"))?;
         bytes.extend_from_slice(&record);
-        match (&self.file).write(&bytes) {
+        match self.file.as_ref().write(&bytes) {
             Ok(n) if n == bytes.len() => {
                 self.len += n as u64;
                 self.ids.entry(address).or_insert_with(|| (labels.clone(), id));
@@ -161,12 +173,23 @@ impl SpoolWriter {
 
     /// Seals the current file and starts the next.
     fn rotate(&mut self) -> io::Result<()> {
-        self.file = create(&self.dir, self.seq + 1)?;
+        let next = Arc::new(create(&self.dir, self.seq + 1)?);
+        self.sealed.push(std::mem::replace(&mut self.file, next));
         self.seq += 1;
         self.len = 0;
         self.ids.clear();
         self.damaged = false;
         Ok(())
+    }
+}
+
+impl SpoolWriter {
+    /// The files written since the previous call (those sealed meanwhile and the current one),
+    /// to be synced to disk outside the writer's lock.
+    pub fn take_unsynced(&mut self) -> Vec<Arc<File>> {
+        let mut files = std::mem::take(&mut self.sealed);
+        files.push(self.file.clone());
+        files
     }
 }
 
@@ -265,6 +288,21 @@ mod tests {
         let mut again = SpoolWriter::open(dir.path(), 200).expect("reopen");
         again.append(&b, request).expect("append");
         assert_eq!(files(dir.path()).expect("list").len(), 3);
+    }
+
+    #[test]
+    fn files_to_sync_are_the_sealed_ones_and_the_current_one_once_each() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut writer = SpoolWriter::open(dir.path(), 1).expect("open");
+        let labels = labels("m");
+        writer.append(&labels, |_| request(1)).expect("append");
+        writer.append(&labels, |_| request(2)).expect("append, rotating");
+        let files = writer.take_unsynced();
+        assert_eq!(files.len(), 2, "the sealed file and the current one");
+        for file in &files {
+            file.sync_data().expect("sync");
+        }
+        assert_eq!(writer.take_unsynced().len(), 1, "only the current file is left to sync");
     }
 
     #[test]

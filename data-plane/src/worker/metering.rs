@@ -90,16 +90,33 @@ impl Metering {
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return sampler,
-                _ = samples.tick() => sampler.sample(&manager, &self.meter),
+                _ = samples.tick() => {
+                    sampler.sample(&manager, &self.meter);
+                    self.sync_spool().await;
+                }
                 _ = slices.tick() => self.tick_slices(),
             }
         }
     }
 
-    /// At shutdown, after in-flight requests finished: the last execution deltas and slice time.
-    pub fn flush(&self, mut sampler: ExecutionSampler, manager: &ModelManager) {
+    /// Syncs the spool to disk on a blocking thread (a slow disk must not stall the runtime).
+    async fn sync_spool(&self) {
+        let meter = self.meter.clone();
+        match tokio::task::spawn_blocking(move || meter.sync()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, dir = %self.meter.dir().display(), "cannot sync the usage spool to disk")
+            }
+            Err(e) => tracing::warn!(error = %e, "the usage spool sync did not finish"),
+        }
+    }
+
+    /// At shutdown, after in-flight requests finished: the last execution deltas and slice time,
+    /// synced to disk.
+    pub async fn flush(&self, mut sampler: ExecutionSampler, manager: &ModelManager) {
         sampler.sample(manager, &self.meter);
         self.tick_slices();
+        self.sync_spool().await;
     }
 }
 

@@ -112,7 +112,7 @@ pub async fn run(
     // In-flight requests are spooled now; add the last execution deltas and slice time, then
     // try once more to deliver everything (what is left ships after the next start).
     if let Ok(sampler) = sampling.await {
-        metering.flush(sampler, &manager);
+        metering.flush(sampler, &manager).await;
     }
     if let Ok(mut shipper) = shipping.await {
         match tokio::time::timeout(FINAL_SHIP, shipper.ship_all(&CancellationToken::new())).await {
