@@ -99,7 +99,14 @@ impl Meter {
     pub fn sync(&self) -> io::Result<()> {
         // The lock is held only to collect the files; appends go on while they sync.
         let files = self.writer.lock().take_unsynced();
-        files.iter().try_for_each(|f| f.sync_data())
+        // Every file gets its sync even when one fails; the first error is reported.
+        let mut result = Ok(());
+        for file in &files {
+            if let Err(e) = file.sync_data() {
+                result = result.and(Err(e));
+            }
+        }
+        result
     }
 
     /// Spool appends that failed (disk full, ...): that usage is lost.

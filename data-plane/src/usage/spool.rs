@@ -171,6 +171,14 @@ impl SpoolWriter {
         }
     }
 
+    /// The files written since the previous call (those sealed meanwhile and the current one),
+    /// to be synced to disk outside the writer's lock.
+    pub fn take_unsynced(&mut self) -> Vec<Arc<File>> {
+        let mut files = std::mem::take(&mut self.sealed);
+        files.push(self.file.clone());
+        files
+    }
+
     /// Seals the current file and starts the next.
     fn rotate(&mut self) -> io::Result<()> {
         let next = Arc::new(create(&self.dir, self.seq + 1)?);
@@ -180,16 +188,6 @@ impl SpoolWriter {
         self.ids.clear();
         self.damaged = false;
         Ok(())
-    }
-}
-
-impl SpoolWriter {
-    /// The files written since the previous call (those sealed meanwhile and the current one),
-    /// to be synced to disk outside the writer's lock.
-    pub fn take_unsynced(&mut self) -> Vec<Arc<File>> {
-        let mut files = std::mem::take(&mut self.sealed);
-        files.push(self.file.clone());
-        files
     }
 }
 
