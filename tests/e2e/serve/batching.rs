@@ -3,10 +3,10 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
+use tessera_protocol::inference::ModelInferRequest;
 use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
-use tessera_protocol::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
 
-use super::TestServer;
+use super::{TestServer, raw_infer_request};
 
 const BATCHING: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 30000 }\n";
 const TINY_QUEUE: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 400000 default_queue_policy { max_queue_size: 2 } }\n";
@@ -26,18 +26,7 @@ fn request(i: usize) -> Value {
 
 /// A one-row gRPC request of zeros for the two-input test models.
 fn grpc_request(model: &str) -> ModelInferRequest {
-    let tensor = |n: &str| InferInputTensor {
-        name: n.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    ModelInferRequest {
-        model_name: model.into(),
-        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
-        raw_input_contents: vec![vec![0u8; 64].into(), vec![0u8; 64].into()],
-        ..Default::default()
-    }
+    raw_infer_request(model, "", &[0.0; 16], &[0.0; 16])
 }
 
 async fn infer_many(server: &TestServer, model: &str, n: usize) -> Vec<(u16, Value)> {

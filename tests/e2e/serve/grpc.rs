@@ -5,7 +5,7 @@ use tessera_protocol::inference::model_infer_request::InferInputTensor;
 use tessera_protocol::inference::*;
 use tonic::transport::Channel;
 
-use super::{TestServer, f32_bytes, f32_values};
+use super::{TestServer, f32_values, raw_infer_request};
 
 async fn connect(s: &TestServer) -> GrpcInferenceServiceClient<Channel> {
     GrpcInferenceServiceClient::connect(s.grpc.clone()).await.expect("connect")
@@ -28,19 +28,7 @@ impl WithContents for InferInputTensor {
 }
 
 fn raw_request(id: &str, a: &[f32], b: &[f32]) -> ModelInferRequest {
-    let tensor = |name: &str| InferInputTensor {
-        name: name.into(),
-        datatype: "FP32".into(),
-        shape: vec![1, 16],
-        ..Default::default()
-    };
-    ModelInferRequest {
-        model_name: "add_sub".into(),
-        id: id.into(),
-        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
-        raw_input_contents: vec![f32_bytes(a).into(), f32_bytes(b).into()],
-        ..Default::default()
-    }
+    raw_infer_request("add_sub", id, a, b)
 }
 
 #[tokio::test]

@@ -13,6 +13,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use tessera_data_plane::onnx_builder as onnx;
+use tessera_protocol::inference::ModelInferRequest;
+use tessera_protocol::inference::model_infer_request::InferInputTensor;
 
 /// A running `tessera serve` over its own temporary repository.
 pub struct TestServer {
@@ -129,6 +131,24 @@ impl TestServer {
         let take =
             |u: Option<String>, what: &str| u.unwrap_or_else(|| panic!("no {what} address; log:\n{}", log.join("\n")));
         Self { http: take(http, "http"), grpc: take(grpc, "grpc"), metrics: take(metrics, "metrics"), child, _dir: dir }
+    }
+}
+
+/// A gRPC request for one row of the two-input test models (`INPUT0`, `INPUT1`: FP32 [1, 16]),
+/// with its tensors as raw contents.
+pub fn raw_infer_request(model: &str, id: &str, a: &[f32], b: &[f32]) -> ModelInferRequest {
+    let tensor = |name: &str| InferInputTensor {
+        name: name.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        ..Default::default()
+    };
+    ModelInferRequest {
+        model_name: model.into(),
+        id: id.into(),
+        inputs: vec![tensor("INPUT0"), tensor("INPUT1")],
+        raw_input_contents: vec![f32_bytes(a).into(), f32_bytes(b).into()],
+        ..Default::default()
     }
 }
 
