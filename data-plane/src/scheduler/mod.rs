@@ -97,11 +97,11 @@ impl Scheduler {
     /// Success statistics are recorded by the instance when the response is ready (as Triton
     /// times it), not when this task wakes to pick it up.
     pub async fn submit(&self, request: ValidInferRequest, arrived: Instant) -> Result<Vec<OutputTensor>> {
-        let (reply, outputs) = oneshot::channel();
+        let (reply, mut outputs) = oneshot::channel();
         let mut pending = Pending::new(request, Instant::now(), reply);
         pending.arrived = arrived;
         let Some(pending) = self.try_run_now(pending) else {
-            return Self::wait(outputs, &self.shared.spec.name).await;
+            return wait(&mut outputs, &self.shared.spec.name).await;
         };
         let mut dropped = Vec::new();
         let pushed = self.shared.queue.lock().push(pending, &self.shared.spec.name, &mut dropped);
@@ -112,12 +112,9 @@ impl Scheduler {
             self.shared.stats.record_failure_reason(FailReason::Rejected);
             return Err(e);
         }
+        let waiting = Waiting { outputs, shared: &self.shared, answered: false };
         self.shared.notify.notify_one();
-        Self::wait(outputs, &self.shared.spec.name).await
-    }
-
-    async fn wait(outputs: oneshot::Receiver<Result<Vec<OutputTensor>>>, model: &str) -> Result<Vec<OutputTensor>> {
-        outputs.await.map_err(|_| Error::unavailable(format!("model '{model}' stopped before answering")))?
+        waiting.answer().await
     }
 
     /// The fast path: with nothing queued, a free instance and no reason to wait (no batching
@@ -157,6 +154,41 @@ impl Scheduler {
     /// Requests waiting in the queue.
     pub fn pending(&self) -> usize {
         self.shared.queue.lock().len()
+    }
+}
+
+/// A queued request's wait for its answer. A client that leaves drops this; the batcher is then
+/// told at once, so the request leaves the queue (and the pending count) now rather than when the
+/// batcher next looks, which with a long batching delay could be much later.
+struct Waiting<'a> {
+    outputs: Answer,
+    shared: &'a Shared,
+    answered: bool,
+}
+
+impl Waiting<'_> {
+    async fn answer(mut self) -> Result<Vec<OutputTensor>> {
+        let answer = wait(&mut self.outputs, &self.shared.spec.name).await;
+        self.answered = true;
+        answer
+    }
+}
+
+/// The answer to a request handed to the scheduler.
+async fn wait(outputs: &mut Answer, model: &str) -> Result<Vec<OutputTensor>> {
+    outputs.await.map_err(|_| Error::unavailable(format!("model '{model}' stopped before answering")))?
+}
+
+/// Where a request's outputs arrive.
+type Answer = oneshot::Receiver<Result<Vec<OutputTensor>>>;
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            // Closed before the notify, so the batcher finds the request cancelled.
+            self.outputs.close();
+            self.shared.notify.notify_one();
+        }
     }
 }
 

@@ -10,7 +10,8 @@ use super::{TestServer, raw_infer_request};
 
 const BATCHING: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 30000 }\n";
 const TINY_QUEUE: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 400000 default_queue_policy { max_queue_size: 2 } }\n";
-const LONG_DELAY: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 1000000 }\n";
+/// Batches wait a minute for company: a request that leaves this queue sooner was let go, not run.
+const LONG_DELAY: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 60000000 }\n";
 const SHORT_TIMEOUT: &str = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 5000000 default_queue_policy { default_timeout_microseconds: 50000 } }\n";
 
 fn request(i: usize) -> Value {
@@ -112,7 +113,7 @@ async fn a_client_that_leaves_before_its_request_runs_is_dropped_from_the_queue(
 
     let s = TestServer::start_with(&[("long_delay", LONG_DELAY)], &[]);
     // HTTP: a raw connection that sends a whole request, then closes while the batcher waits
-    // out its one-second delay for more.
+    // out its one-minute delay for more.
     let addr = s.http.trim_start_matches("http://").to_string();
     let body = request(0).to_string();
     let head = format!(
@@ -127,7 +128,8 @@ async fn a_client_that_leaves_before_its_request_runs_is_dropped_from_the_queue(
     assert!(call.is_err(), "the call waits in the queue, so the client gives up first: {call:?}");
     drop(http);
 
-    // Both leave the queue as cancelled when the batcher next looks, and neither runs.
+    // Both leave the queue as cancelled as soon as their clients leave, not when the delay
+    // ends, and neither runs.
     let failure = "nv_inference_request_failure{model=\"long_delay\",version=\"1\",reason=\"CANCELED\"} 2";
     let deadline = Instant::now() + Duration::from_secs(10);
     let metrics = loop {
