@@ -784,7 +784,8 @@ def main(argv=None) -> int:
         f"Tessera benchmark, suite {args.suite}, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, commit {git_describe()}",
         f"machine: {os.cpu_count()} CPUs; load average before {load_before[0]:.2f}, after {load_after[0]:.2f} "
         f"(client and server share the machine)",
-        f"settings: {args.threads} intra-op thread(s), {args.instances} KIND_CPU instance(s) per model; mlp "
+        f"settings: servers on their default flags (tessera's --busy-poll-us 200 included); "
+        f"{args.threads} intra-op thread(s), {args.instances} KIND_CPU instance(s) per model; mlp "
         + ("without dynamic batching" if args.no_dynamic_batching else
            f"dynamic_batching (max_queue_delay_microseconds {args.max_queue_delay_us})")
         + "; perf_analyzer "

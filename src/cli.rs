@@ -184,6 +184,7 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
+            args.listen.enable_busy_poll();
             let config = args.into_config();
             tracing::info!(?config, "starting tessera serve");
             let shutdown = CancellationToken::new();
@@ -214,6 +215,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Worker(args) => {
+            args.listen.enable_busy_poll();
             let config = args.into_config();
             tracing::info!(?config, "starting tessera worker");
             let shutdown = CancellationToken::new();
@@ -230,6 +232,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Dev(args) => {
+            tessera_data_plane::busy_poll::enable(Duration::from_micros(
+                tessera_data_plane::busy_poll::DEFAULT_WINDOW_US,
+            ));
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
             crate::dev::run(args, shutdown).await

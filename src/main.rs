@@ -17,7 +17,11 @@ fn main() -> std::process::ExitCode {
     let client = cli.command.is_client();
     // Client verbs talk to people: warnings only, and an error is the one line below.
     cli::init_logging(cli.log_format, if client { "warn" } else { "info,ort=warn" });
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .on_thread_park(tessera_data_plane::busy_poll::before_park)
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: failed to start the async runtime: {e}");

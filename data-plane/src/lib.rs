@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod backend;
 pub mod bench;
+pub mod busy_poll;
 pub mod error;
 pub mod grpc;
 pub mod http;

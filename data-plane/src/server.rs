@@ -359,6 +359,7 @@ impl Listeners {
                 if let Err(e) = tcp.set_nodelay(true) {
                     tracing::debug!(error = %e, "cannot set TCP_NODELAY");
                 }
+                crate::busy_poll::watch(tcp);
             });
             tasks.spawn(async move {
                 let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());

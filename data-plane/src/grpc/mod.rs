@@ -37,9 +37,12 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
     let health = HealthServer::new(HealthService { state });
     // Nagle off on every accepted socket: otherwise replies above a few KB stall ~40 ms on
     // delayed ACKs (the builder's own nodelay flag does not reach a listener we bound).
-    let incoming = tonic::transport::server::TcpIncoming::from(listener)
-        .with_nodelay(Some(true))
-        .map(|accepted| accepted.map(socket::Socket::new));
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)).map(|accepted| {
+        accepted.map(|tcp| {
+            crate::busy_poll::watch(&tcp);
+            socket::Socket::new(tcp)
+        })
+    });
     let result = tonic::transport::Server::builder()
         .add_service(inference)
         .add_service(health)

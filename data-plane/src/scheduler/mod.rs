@@ -97,6 +97,7 @@ impl Scheduler {
     /// Success statistics are recorded by the instance when the response is ready (as Triton
     /// times it), not when this task wakes to pick it up.
     pub async fn submit(&self, request: ValidInferRequest, arrived: Instant) -> Result<Vec<OutputTensor>> {
+        let _in_flight = crate::busy_poll::InFlight::start();
         let (reply, mut outputs) = oneshot::channel();
         let mut pending = Pending::new(request, Instant::now(), reply);
         pending.arrived = arrived;
