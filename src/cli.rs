@@ -232,9 +232,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Dev(args) => {
-            tessera_data_plane::busy_poll::enable(Duration::from_micros(
-                tessera_data_plane::busy_poll::DEFAULT_WINDOW_US,
-            ));
+            tessera_data_plane::busy_poll::enable(tessera_data_plane::busy_poll::DEFAULT_WINDOW);
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
             crate::dev::run(args, shutdown).await

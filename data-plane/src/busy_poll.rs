@@ -19,6 +19,8 @@ use nix::sys::epoll::{Epoll, EpollCreateFlags, EpollEvent, EpollFlags, EpollTime
 /// Default window; a closed-loop client's turn-around (reading a response, sending the next
 /// request) takes some tens to a couple hundred microseconds.
 pub const DEFAULT_WINDOW_US: u64 = 200;
+/// [`DEFAULT_WINDOW_US`] as a duration (what `tessera dev` uses).
+pub const DEFAULT_WINDOW: Duration = Duration::from_micros(DEFAULT_WINDOW_US);
 
 /// The process's poller, set once at start by the serving roles.
 static ACTIVE: OnceLock<BusyPoll> = OnceLock::new();

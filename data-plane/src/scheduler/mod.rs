@@ -175,14 +175,6 @@ impl Waiting<'_> {
     }
 }
 
-/// The answer to a request handed to the scheduler.
-async fn wait(outputs: &mut Answer, model: &str) -> Result<Vec<OutputTensor>> {
-    outputs.await.map_err(|_| Error::unavailable(format!("model '{model}' stopped before answering")))?
-}
-
-/// Where a request's outputs arrive.
-type Answer = oneshot::Receiver<Result<Vec<OutputTensor>>>;
-
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         if !self.answered {
@@ -192,6 +184,14 @@ impl Drop for Waiting<'_> {
         }
     }
 }
+
+/// The answer to a request handed to the scheduler.
+async fn wait(outputs: &mut Answer, model: &str) -> Result<Vec<OutputTensor>> {
+    outputs.await.map_err(|_| Error::unavailable(format!("model '{model}' stopped before answering")))?
+}
+
+/// Where a request's outputs arrive.
+type Answer = oneshot::Receiver<Result<Vec<OutputTensor>>>;
 
 /// Forms batches: waits until something is queued, then for a free instance, then for the
 /// queue policy to say go, so a batch forms as late (and as full) as the policy allows.
