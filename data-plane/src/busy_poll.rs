@@ -130,6 +130,11 @@ impl InFlight {
         IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
         Self(())
     }
+
+    /// Whether no request is in flight anywhere in the process.
+    pub fn none() -> bool {
+        IN_FLIGHT.load(Ordering::Relaxed) == 0
+    }
 }
 
 impl Drop for InFlight {

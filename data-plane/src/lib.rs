@@ -16,6 +16,7 @@ pub mod model;
 pub mod model_spec;
 pub mod onnx_builder;
 pub mod repository;
+pub mod rewake;
 pub mod scheduler;
 pub mod server;
 pub mod stats;

@@ -354,19 +354,8 @@ impl Listeners {
 
         let tasks = tokio_util::task::TaskTracker::new();
         if let Some(listener) = http {
-            let (router, token) = (crate::http::router(state.clone()), shutdown.clone());
-            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-                }
-                crate::busy_poll::watch(tcp);
-            });
-            tasks.spawn(async move {
-                let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
-                if let Err(e) = serve.await {
-                    tracing::error!(error = %e, "http server failed");
-                }
-            });
+            let router = crate::http::router(state.clone());
+            tasks.spawn(crate::http::serve(listener, router, shutdown.clone()));
         }
         if let Some(listener) = grpc {
             tasks.spawn(crate::grpc::serve(listener, state.clone(), shutdown.clone()));

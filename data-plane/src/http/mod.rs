@@ -4,6 +4,7 @@ mod body;
 mod caller;
 mod codec;
 mod handlers;
+mod serve;
 
 use std::sync::Arc;
 
@@ -14,6 +15,7 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 pub use caller::Caller;
 use handlers::*;
+pub use serve::serve;
 
 use crate::server::ServerState;
 
