@@ -1,6 +1,7 @@
 //! Tessera's data plane: the model repository, ONNX Runtime backend, and the KServe v2 HTTP and
 //! gRPC inference servers behind `tessera serve`.
 
+pub mod accept;
 pub mod auth;
 pub mod backend;
 pub mod bench;

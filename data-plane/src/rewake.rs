@@ -102,6 +102,20 @@ impl<F: Future> Future for Rewake<F> {
     }
 }
 
+/// A hyper executor that spawns each task (an HTTP/2 stream's) on Tokio wrapped in [`Rewake`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RewakeExecutor;
+
+impl<F> hyper::rt::Executor<F> for RewakeExecutor
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, future: F) {
+        tokio::spawn(Rewake::new(future));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::AtomicUsize;

@@ -1,6 +1,7 @@
 //! The KServe v2 gRPC endpoint: `inference.GRPCInferenceService` and `grpc.health.v1.Health`.
 
 mod convert;
+mod serve;
 mod socket;
 
 use std::pin::Pin;
@@ -19,6 +20,7 @@ use tessera_protocol::inference::repository_index_response::ModelIndex;
 use tessera_protocol::inference::*;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Principal, Role};
@@ -35,22 +37,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
         .max_decoding_message_size(limit)
         .max_encoding_message_size(i32::MAX as usize);
     let health = HealthServer::new(HealthService { state });
-    // Nagle off on every accepted socket: otherwise replies above a few KB stall ~40 ms on
-    // delayed ACKs (the builder's own nodelay flag does not reach a listener we bound).
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)).map(|accepted| {
-        accepted.map(|tcp| {
-            crate::busy_poll::watch(&tcp);
-            socket::Socket::new(tcp)
-        })
-    });
-    let result = tonic::transport::Server::builder()
-        .add_service(inference)
-        .add_service(health)
-        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
-        .await;
-    if let Err(e) = result {
-        tracing::error!(error = %e, "grpc server failed");
-    }
+    serve::serve(listener, Routes::new(inference).add_service(health), shutdown).await;
 }
 
 /// Parses a gRPC version string ("" means the policy's latest).

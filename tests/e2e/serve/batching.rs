@@ -146,3 +146,67 @@ async fn a_client_that_leaves_before_its_request_runs_is_dropped_from_the_queue(
     assert_eq!(m["execution_count"], 0, "{m}");
     assert_eq!(m["inference_stats"]["fail"]["count"], 2, "{m}");
 }
+
+/// A unary ModelInfer call over a bare HTTP/2 connection with the given `grpc-timeout` header;
+/// returns the `grpc-status` and `grpc-message` of the trailers-only answer. (tonic's client
+/// enforces `grpc-timeout` itself, so it could not show that the server does.)
+async fn infer_with_grpc_timeout(server: &TestServer, timeout: &str) -> (String, String) {
+    use http_body_util::{BodyExt, Full};
+    use prost::Message;
+
+    let addr = server.grpc.trim_start_matches("http://").to_string();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let io = hyper_util::rt::TokioIo::new(tcp);
+    let executor = hyper_util::rt::TokioExecutor::new();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(executor, io).await.expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    let message = grpc_request("long_delay").encode_to_vec();
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    frame.extend_from_slice(&message);
+    let request = http::Request::post(format!("http://{addr}/inference.GRPCInferenceService/ModelInfer"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("grpc-timeout", timeout)
+        .body(Full::new(bytes::Bytes::from(frame)))
+        .expect("a request");
+    let response = sender.send_request(request).await.expect("an answer");
+    let mut headers = response.headers().clone();
+    let body = response.into_body().collect().await.expect("the body");
+    if let Some(trailers) = body.trailers() {
+        headers.extend(trailers.clone());
+    }
+    let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    (text("grpc-status"), text("grpc-message"))
+}
+
+#[tokio::test]
+async fn a_grpc_deadline_ends_the_call_on_the_server_and_frees_its_queue_place() {
+    let s = TestServer::start_with(&[("long_delay", LONG_DELAY)], &[]);
+
+    // The request waits for its batch's one-minute delay; the server ends it at 200 ms.
+    let started = Instant::now();
+    let (status, message) = infer_with_grpc_timeout(&s, "200m").await;
+    assert_eq!(status, "4", "DEADLINE_EXCEEDED: {message}");
+    assert!(message.contains("grpc-timeout"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(10), "answered at the deadline, not at the batch delay");
+
+    // A malformed deadline is refused up front (INVALID_ARGUMENT), naming the header.
+    let (status, message) = infer_with_grpc_timeout(&s, "soon").await;
+    assert_eq!(status, "3", "INVALID_ARGUMENT: {message}");
+    assert!(message.contains("grpc-timeout"), "{message}");
+
+    // The expired request left the queue (the batcher sweeps it out just after) and never ran.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = stats(&s, "long_delay").await;
+        if m["inference_stats"]["fail"]["count"] == 1 || Instant::now() > deadline {
+            break m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(m["inference_stats"]["fail"]["count"], 1, "{m}");
+    assert_eq!(m["inference_count"], 0, "{m}");
+    let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
+    assert!(metrics.contains("nv_inference_pending_request_count{model=\"long_delay\",version=\"1\"} 0"), "{metrics}");
+}
