@@ -184,7 +184,7 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
-            args.listen.enable_busy_poll();
+            args.listen.apply_process_settings();
             let config = args.into_config();
             tracing::info!(?config, "starting tessera serve");
             let shutdown = CancellationToken::new();
@@ -215,7 +215,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Worker(args) => {
-            args.listen.enable_busy_poll();
+            args.listen.apply_process_settings();
             let config = args.into_config();
             tracing::info!(?config, "starting tessera worker");
             let shutdown = CancellationToken::new();
@@ -233,6 +233,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Dev(args) => {
             tessera_data_plane::busy_poll::enable(tessera_data_plane::busy_poll::DEFAULT_WINDOW);
+            tessera_data_plane::priority::set_instance_nice(tessera_data_plane::priority::DEFAULT_INSTANCE_NICE);
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
             crate::dev::run(args, shutdown).await

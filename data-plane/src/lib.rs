@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod model;
 pub mod model_spec;
 pub mod onnx_builder;
+pub mod priority;
 pub mod repository;
 pub mod rewake;
 pub mod scheduler;

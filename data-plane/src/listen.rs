@@ -42,6 +42,12 @@ pub struct ListenArgs {
     /// 0 turns it off.
     #[arg(long, env = "TESSERA_BUSY_POLL_US", default_value_t = crate::busy_poll::DEFAULT_WINDOW_US)]
     pub busy_poll_us: u64,
+    /// Nice value of model instance threads (-20 to 19), so that network threads waking on
+    /// their cores do not keep preempting executions; below 0 needs CAP_SYS_NICE (without it
+    /// they stay at normal priority); 0 leaves them alone.
+    #[arg(long, env = "TESSERA_INSTANCE_NICE", default_value_t = crate::priority::DEFAULT_INSTANCE_NICE,
+          value_parser = clap::value_parser!(i32).range(-20..=19), allow_negative_numbers = true)]
+    pub instance_nice: i32,
 }
 
 impl ListenArgs {
@@ -60,8 +66,10 @@ impl ListenArgs {
         SocketAddr::new(self.metrics_address, self.ports.metrics_port)
     }
 
-    /// Turns on busy-polling of client connections for this process, per `--busy-poll-us`.
-    pub fn enable_busy_poll(&self) {
+    /// Applies the process-wide serving settings: busy-polling of client connections
+    /// (`--busy-poll-us`) and the priority of instance threads (`--instance-nice`).
+    pub fn apply_process_settings(&self) {
         crate::busy_poll::enable(std::time::Duration::from_micros(self.busy_poll_us));
+        crate::priority::set_instance_nice(self.instance_nice);
     }
 }

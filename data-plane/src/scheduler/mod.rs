@@ -273,6 +273,7 @@ fn drop_request(shared: &Shared, dropped: Dropped) {
 /// now (Triton's "when an instance frees up, form a batch"), so a busy instance never idles
 /// waiting for the batcher task; when the policy says wait, the batcher takes over.
 fn run_instance(session: &Mutex<OnnxSession>, shared: &Shared, batches: &crossbeam_channel::Receiver<Dispatch>) {
+    crate::priority::apply_to_instance_thread();
     while let Ok(dispatch) = batches.recv() {
         let Dispatch { mut batch, _permit } = dispatch;
         loop {

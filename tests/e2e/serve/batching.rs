@@ -210,3 +210,33 @@ async fn a_grpc_deadline_ends_the_call_on_the_server_and_frees_its_queue_place()
     let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
     assert!(metrics.contains("nv_inference_pending_request_count{model=\"long_delay\",version=\"1\"} 0"), "{metrics}");
 }
+
+/// Threads of a process by name (`comm`), each with its nice value.
+fn thread_nice_values(pid: u32) -> Vec<(String, i64)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the server's threads");
+    tasks
+        .filter_map(|task| {
+            let stat = std::fs::read_to_string(task.ok()?.path().join("stat")).ok()?;
+            // `pid (comm) state ...`: comm may hold spaces, so split after its closing parenthesis;
+            // nice is the 19th field, the 17th after the comm.
+            let (head, rest) = stat.rsplit_once(')')?;
+            let comm = head.split_once('(')?.1.to_string();
+            let nice = rest.split_whitespace().nth(16)?.parse().ok()?;
+            Some((comm, nice))
+        })
+        .collect()
+}
+
+#[test]
+fn instance_threads_take_the_configured_nice_value_and_network_threads_do_not() {
+    let config = "max_batch_size: 8\ninstance_group [{ count: 2, kind: KIND_CPU }]\n";
+    // A higher nice value needs no privilege, so this runs as any user.
+    let s = TestServer::start_with(&[("niced", config)], &["--instance-nice", "7"]);
+    let threads = thread_nice_values(s.child.id());
+    let instances: Vec<_> = threads.iter().filter(|(comm, _)| comm.starts_with("niced-v1-")).collect();
+    assert_eq!(instances.len(), 2, "{threads:?}");
+    assert!(instances.iter().all(|(_, nice)| *nice == 7), "{threads:?}");
+    let workers: Vec<_> = threads.iter().filter(|(comm, _)| comm == "tokio-rt-worker").collect();
+    assert!(!workers.is_empty(), "{threads:?}");
+    assert!(workers.iter().all(|(_, nice)| *nice != 7), "{threads:?}");
+}
