@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use bytes::Bytes;
+use ort::environment::ThreadManager;
 use ort::memory::Allocator;
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
@@ -77,6 +78,29 @@ fn io_info(name: &str, ty: &ValueType) -> IoInfo {
     IoInfo { name: name.to_string(), datatype, shape }
 }
 
+/// Starts ONNX Runtime's intra-op pool threads (all but the one running the session, which is
+/// the instance thread) as named threads with the instance priority (see [`crate::priority`]).
+struct IntraOpThreads;
+
+impl ThreadManager for IntraOpThreads {
+    type Thread = std::thread::JoinHandle<()>;
+
+    fn create(&self, work: impl FnOnce() + Send + 'static) -> ort::Result<Self::Thread> {
+        let run = move || {
+            crate::priority::apply_to_instance_thread();
+            work();
+        };
+        std::thread::Builder::new()
+            .name("ort-intra-op".to_string())
+            .spawn(run)
+            .map_err(|e| ort::Error::new(format!("failed to start an intra-op thread: {e}")))
+    }
+
+    fn join(thread: Self::Thread) -> ort::Result<()> {
+        thread.join().map_err(|_| ort::Error::new("an intra-op thread panicked"))
+    }
+}
+
 impl OnnxSession {
     /// Loads `path` with `intra_threads` intra-op threads; `spinning` lets idle ORT threads spin
     /// (lower latency, but they burn cores the network threads need on small machines).
@@ -94,6 +118,8 @@ impl OnnxSession {
             .with_intra_op_spinning(spinning)
             .map_err(|e| fail(e.to_string()))?
             .with_inter_op_spinning(spinning)
+            .map_err(|e| fail(e.to_string()))?
+            .with_thread_manager(IntraOpThreads)
             .map_err(|e| fail(e.to_string()))?
             .commit_from_file(path)
             .map_err(|e| fail(e.to_string()))?;

@@ -228,14 +228,32 @@ fn thread_nice_values(pid: u32) -> Vec<(String, i64)> {
 }
 
 #[test]
-fn instance_threads_take_the_configured_nice_value_and_network_threads_do_not() {
-    let config = "max_batch_size: 8\ninstance_group [{ count: 2, kind: KIND_CPU }]\n";
+fn instance_and_intra_op_threads_take_the_configured_nice_value_and_network_threads_do_not() {
+    let config = "max_batch_size: 8\ninstance_group [{ count: 2, kind: KIND_CPU }]\n\
+                  parameters { key: \"intra_op_thread_count\" value: { string_value: \"2\" } }\n";
     // A higher nice value needs no privilege, so this runs as any user.
     let s = TestServer::start_with(&[("niced", config)], &["--instance-nice", "7"]);
-    let threads = thread_nice_values(s.child.id());
+    // Models load after the listeners open, and a new thread sets its priority as it starts:
+    // wait until both instances of the model are up and every thread has settled.
+    let settled = |threads: &[(String, i64)]| {
+        let instances = threads.iter().filter(|(comm, _)| comm.starts_with("niced-v1-")).count();
+        let pool_or_instance =
+            threads.iter().filter(|(comm, _)| !matches!(comm.as_str(), "tessera" | "tokio-rt-worker"));
+        instances == 2 && pool_or_instance.clone().all(|(_, nice)| *nice == 7)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut threads = thread_nice_values(s.child.id());
+    while !settled(&threads) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+        threads = thread_nice_values(s.child.id());
+    }
     let instances: Vec<_> = threads.iter().filter(|(comm, _)| comm.starts_with("niced-v1-")).collect();
     assert_eq!(instances.len(), 2, "{threads:?}");
     assert!(instances.iter().all(|(_, nice)| *nice == 7), "{threads:?}");
+    // Each instance runs with one pool thread of ONNX Runtime's beside it.
+    let pool: Vec<_> = threads.iter().filter(|(comm, _)| comm == "ort-intra-op").collect();
+    assert!(pool.len() >= 2, "{threads:?}");
+    assert!(pool.iter().all(|(_, nice)| *nice == 7), "{threads:?}");
     let workers: Vec<_> = threads.iter().filter(|(comm, _)| comm == "tokio-rt-worker").collect();
     assert!(!workers.is_empty(), "{threads:?}");
     assert!(workers.iter().all(|(_, nice)| *nice != 7), "{threads:?}");
