@@ -17,11 +17,12 @@ use tokio_util::task::TaskTracker;
 use crate::rewake::Rewake;
 
 /// Accepts on `listener` until `shutdown`, running `connection` for each accepted stream (with
-/// TCP_NODELAY set and the stream registered for busy-polling); then stops accepting and
-/// returns once every connection task has ended. `endpoint` names the listener in logs.
+/// TCP_NODELAY set and the stream registered for busy-polling) and a clone of `shutdown`; then
+/// stops accepting and returns once every connection task has ended. `endpoint` names the
+/// listener in logs.
 pub async fn serve<F, Fut>(listener: TcpListener, endpoint: &'static str, shutdown: CancellationToken, connection: F)
 where
-    F: Fn(TcpStream) -> Fut,
+    F: Fn(TcpStream, CancellationToken) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let connections = TaskTracker::new();
@@ -47,7 +48,7 @@ where
             tracing::debug!(endpoint, error = %e, "cannot set TCP_NODELAY");
         }
         crate::busy_poll::watch(&tcp);
-        connections.spawn(Rewake::new(connection(tcp)));
+        connections.spawn(Rewake::new(connection(tcp, shutdown.clone())));
     }
     drop(listener);
     connections.close();

@@ -25,9 +25,7 @@ use crate::rewake::RewakeExecutor;
 /// connection finish its calls in progress, and returns once all are closed.
 pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken) {
     let routes = routes.prepare();
-    let accepting = shutdown.clone();
-    crate::accept::serve(listener, "grpc", accepting, move |tcp| connection(tcp, routes.clone(), shutdown.clone()))
-        .await;
+    crate::accept::serve(listener, "grpc", shutdown, |tcp, shutdown| connection(tcp, routes.clone(), shutdown)).await;
 }
 
 /// Serves one connection; on shutdown it finishes the calls in progress and closes.

@@ -13,9 +13,7 @@ use crate::rewake::RewakeExecutor;
 /// Serves `router` on `listener` until `shutdown`; then stops accepting, lets every open
 /// connection finish its request in progress, and returns once all are closed.
 pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) {
-    let accepting = shutdown.clone();
-    crate::accept::serve(listener, "http", accepting, move |tcp| connection(tcp, router.clone(), shutdown.clone()))
-        .await;
+    crate::accept::serve(listener, "http", shutdown, |tcp, shutdown| connection(tcp, router.clone(), shutdown)).await;
 }
 
 /// Serves one connection; on shutdown it finishes the request in progress and closes.

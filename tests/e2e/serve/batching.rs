@@ -237,9 +237,8 @@ fn instance_and_intra_op_threads_take_the_configured_nice_value_and_network_thre
     // wait until both instances of the model are up and every thread has settled.
     let settled = |threads: &[(String, i64)]| {
         let instances = threads.iter().filter(|(comm, _)| comm.starts_with("niced-v1-")).count();
-        let pool_or_instance =
-            threads.iter().filter(|(comm, _)| !matches!(comm.as_str(), "tessera" | "tokio-rt-worker"));
-        instances == 2 && pool_or_instance.clone().all(|(_, nice)| *nice == 7)
+        let network = |comm: &str| matches!(comm, "tessera" | "tokio-rt-worker");
+        instances == 2 && threads.iter().filter(|(comm, _)| !network(comm)).all(|(_, nice)| *nice == 7)
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let mut threads = thread_nice_values(s.child.id());
