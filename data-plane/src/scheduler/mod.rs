@@ -110,7 +110,11 @@ impl Scheduler {
             drop_request(&self.shared, d);
         }
         if let Err(e) = pushed {
-            self.shared.stats.record_failure_reason(FailReason::Rejected);
+            // A full queue is Triton's REJECTED; a malformed priority or timeout is the
+            // client's mistake, counted with the other invalid requests.
+            let reason =
+                if e.kind == crate::error::ErrorKind::InvalidArg { FailReason::Other } else { FailReason::Rejected };
+            self.shared.stats.record_failure_reason(reason);
             return Err(e);
         }
         let waiting = Waiting { outputs, shared: &self.shared, answered: false };

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::policy::{BatchingConfig, OnTimeout};
 use crate::error::{Error, Result};
-use crate::infer::{ParamValue, ValidInferRequest};
+use crate::infer::ValidInferRequest;
 use crate::tensor::OutputTensor;
 
 /// Where a request's outputs (or error) go.
@@ -106,6 +106,7 @@ impl BatchQueue {
     /// policy; a full level refuses at once (the request is dropped with the error).
     pub fn push(&mut self, mut pending: Pending, model: &str, dropped: &mut Vec<Dropped>) -> Result<()> {
         let level = self.level_of(&pending.request)?;
+        let requested = requested_timeout_us(&pending.request)?;
         if self.levels[level].len() >= self.config.policies[level].max_queue_size {
             // Requests whose clients left still hold places until the batcher next looks; a
             // new request must not be refused for them.
@@ -115,7 +116,6 @@ impl BatchQueue {
         if self.levels[level].len() >= policy.max_queue_size {
             return Err(Error::unavailable(format!("Exceeds maximum queue size for model '{model}'")));
         }
-        let requested = pending.request.parameters.get("timeout").and_then(ParamValue::as_u64).unwrap_or(0);
         pending.deadline = policy.timeout_for(requested).map(|t| pending.enqueued + t);
         if pending.deadline.is_some() {
             self.with_deadline += 1;
@@ -258,10 +258,21 @@ impl BatchQueue {
     }
 }
 
+/// The request's `timeout` parameter in microseconds (0 when absent). A malformed value is
+/// refused rather than ignored, so a client never believes a timeout applies when it does not.
+fn requested_timeout_us(request: &ValidInferRequest) -> Result<u64> {
+    match request.parameters.get("timeout") {
+        None => Ok(0),
+        Some(t) => t
+            .as_u64()
+            .ok_or_else(|| Error::invalid("parameter 'timeout' must be a non-negative integer (microseconds)")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::infer::Parameters;
+    use crate::infer::{ParamValue, Parameters};
     use crate::scheduler::policy::QueuePolicy;
     use crate::tensor::InputTensor;
     use bytes::Bytes;
@@ -379,6 +390,18 @@ mod tests {
         assert_eq!(step.batch[0].items(), 2, "level 1 first");
         let err = h.push(request(1, 4, &[("priority", ParamValue::Int(3))])).expect_err("no level 3");
         assert!(err.message.contains("priority 3"), "{}", err.message);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_malformed_timeout_is_refused_not_ignored() {
+        let mut h = Harness::new(config(&[], 0));
+        for bad in [ParamValue::Int(-5), ParamValue::Double(1.5), ParamValue::Str("abc".into())] {
+            let err = h.push(request(1, 4, &[("timeout", bad)])).expect_err("malformed timeout");
+            assert!(err.message.contains("parameter 'timeout'"), "{}", err.message);
+            assert_eq!(crate::error::codes_for(err.kind).0.as_u16(), 400);
+        }
+        assert!(h.queue.is_empty(), "nothing was queued");
+        h.push(request(1, 4, &[("timeout", ParamValue::Uint(10))])).expect("a valid timeout");
     }
 
     #[tokio::test(start_paused = true)]

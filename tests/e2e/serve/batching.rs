@@ -257,3 +257,52 @@ fn instance_and_intra_op_threads_take_the_configured_nice_value_and_network_thre
     assert!(!workers.is_empty(), "{threads:?}");
     assert!(workers.iter().all(|(_, nice)| *nice != 7), "{threads:?}");
 }
+
+#[tokio::test]
+async fn malformed_priority_and_timeout_parameters_are_refused_over_http_and_grpc() {
+    use tessera_protocol::inference::InferParameter;
+    use tessera_protocol::inference::infer_parameter::ParameterChoice;
+
+    let s = TestServer::start_with(&[("batch_add", BATCHING)], &[]);
+    let client = reqwest::Client::new();
+    let url = format!("{}/v2/models/batch_add/infer", s.http);
+    let bad = [
+        ("timeout", json!(-5), "parameter 'timeout'"),
+        ("timeout", json!("soon"), "parameter 'timeout'"),
+        ("timeout", json!(1.5), "parameter 'timeout'"),
+        ("priority", json!(-1), "parameter 'priority'"),
+        ("priority", json!(2), "priority 2 is out of range"),
+    ];
+    for (name, value, message) in &bad {
+        let mut body = request(0);
+        body["parameters"] = json!({ *name: value });
+        let resp = client.post(&url).json(&body).send().await.expect("request");
+        let status = resp.status().as_u16();
+        let answer: Value = resp.json().await.expect("json");
+        assert_eq!(status, 400, "{name}={value}: {answer}");
+        assert!(answer["error"].as_str().is_some_and(|e| e.contains(message)), "{name}={value}: {answer}");
+    }
+
+    let mut grpc = GrpcInferenceServiceClient::connect(s.grpc.clone()).await.expect("connect");
+    let mut call = grpc_request("batch_add");
+    let choice = ParameterChoice::StringParam("soon".into());
+    call.parameters.insert("timeout".into(), InferParameter { parameter_choice: Some(choice) });
+    let err = grpc.model_infer(call).await.expect_err("a malformed timeout");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("parameter 'timeout'"), "{}", err.message());
+
+    // A well-formed timeout still runs; the refusals are the client's mistakes (OTHER), not
+    // queue rejections.
+    let mut body = request(1);
+    body["parameters"] = json!({ "timeout": 1_000_000 });
+    let resp = client.post(&url).json(&body).send().await.expect("request");
+    assert_eq!(resp.status().as_u16(), 200);
+    let m = stats(&s, "batch_add").await;
+    assert_eq!(m["inference_stats"]["fail"]["count"], bad.len() + 1, "{m}");
+    assert_eq!(m["inference_stats"]["success"]["count"], 1, "{m}");
+    let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
+    let failures =
+        |reason: &str| format!("nv_inference_request_failure{{model=\"batch_add\",version=\"1\",reason=\"{reason}\"}}");
+    assert!(metrics.contains(&format!("{} {}", failures("OTHER"), bad.len() + 1)), "{metrics}");
+    assert!(metrics.contains(&format!("{} 0", failures("REJECTED"))), "{metrics}");
+}
