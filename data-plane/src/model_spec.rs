@@ -275,6 +275,10 @@ fn names(infos: &[IoInfo]) -> String {
     format!("[{}]", names.join(", "))
 }
 
+/// Most instances one model version may run: each is a session (a copy of the model's weights in
+/// memory) and a dedicated thread.
+pub const MAX_INSTANCES: usize = 64;
+
 fn instance_count(config: &ModelConfig) -> Result<usize, String> {
     let mut count = 0usize;
     for group in &config.instance_group {
@@ -288,9 +292,15 @@ fn instance_count(config: &ModelConfig) -> Result<usize, String> {
         if group.count < 0 {
             return Err(format!("instance group count must be >= 0, got {}", group.count));
         }
-        count += usize::try_from(group.count.max(1)).unwrap_or(1);
+        // Proto3 cannot tell an unset count from 0; Triton reads both as 1.
+        count = count.saturating_add(usize::try_from(group.count.max(1)).unwrap_or(1));
     }
-    Ok(count.clamp(1, 64))
+    if count > MAX_INSTANCES {
+        return Err(format!(
+            "instance groups ask for {count} instances; a model version may have at most {MAX_INSTANCES}"
+        ));
+    }
+    Ok(count.max(1))
 }
 
 /// Intra-op threads per instance: the `intra_op_thread_count` parameter, else the cores shared out.
@@ -389,6 +399,13 @@ mod tests {
             .insert("intra_op_thread_count".into(), inference::ModelParameter { string_value: "3".into() });
         let spec = complete_and_check(config.clone(), "m", &add_sub_io(), 4).expect("ok");
         assert_eq!(spec.intra_op_threads, 3);
+        config.instance_group[0].count = 0;
+        let spec = complete_and_check(config.clone(), "m", &add_sub_io(), 4).expect("ok");
+        assert_eq!(spec.instance_count, 1, "an unset count means one, as in Triton");
+        config.instance_group[0].count = 100_000;
+        let err = complete_and_check(config.clone(), "m", &add_sub_io(), 4).expect_err("too many");
+        assert!(err.contains("100000 instances") && err.contains("at most 64"), "{err}");
+        config.instance_group[0].count = 1;
         config.instance_group[0].kind = Kind::Gpu as i32;
         let err = complete_and_check(config, "m", &add_sub_io(), 4).expect_err("no gpu");
         assert!(err.contains("KIND_GPU"), "{err}");
