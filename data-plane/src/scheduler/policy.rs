@@ -12,6 +12,11 @@ use tessera_protocol::inference::{ModelConfig, ModelQueuePolicy};
 /// to bite in normal use, small enough that a stuck model cannot exhaust memory.
 pub const SAFETY_QUEUE_CAP: usize = 65_536;
 
+/// Most priority levels a model may declare: each level is a queue the batcher scans for every
+/// batch (Triton sets one up per level too), so a config asking for millions would exhaust memory
+/// at load instead of failing with a reason.
+pub const MAX_PRIORITY_LEVELS: u64 = 256;
+
 /// What happens to a request that waited past its timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnTimeout {
@@ -117,6 +122,9 @@ impl BatchingConfig {
         }
         preferred.sort_unstable();
         preferred.dedup();
+        if db.priority_levels > MAX_PRIORITY_LEVELS {
+            return Err(format!("priority_levels {} is above the limit of {MAX_PRIORITY_LEVELS}", db.priority_levels));
+        }
         let levels = usize::try_from(db.priority_levels).unwrap_or(0).max(1);
         let default_priority = match db.default_priority_level {
             0 if db.priority_levels == 0 => 1,
@@ -199,10 +207,18 @@ dynamic_batching {
             "max_batch_size: 0 dynamic_batching { }",
             "max_batch_size: 4 dynamic_batching { priority_levels: 2 default_priority_level: 3 }",
             "max_batch_size: 4 dynamic_batching { priority_levels: 2 }",
+            // Would allocate a queue per level: billions of them.
+            "max_batch_size: 4 dynamic_batching { priority_levels: 1000000000 default_priority_level: 1 }",
+            "max_batch_size: 4 dynamic_batching { priority_levels: 18446744073709551615 default_priority_level: 1 }",
         ] {
             let config = from_pbtxt(text).expect("parses");
             assert!(BatchingConfig::from_config(&config).is_err(), "{text}");
         }
+        let most = format!(
+            "max_batch_size: 4 dynamic_batching {{ priority_levels: {MAX_PRIORITY_LEVELS} default_priority_level: 1 }}"
+        );
+        let b = BatchingConfig::from_config(&from_pbtxt(&most).expect("parses")).expect("the limit itself is fine");
+        assert_eq!(b.policies.len(), MAX_PRIORITY_LEVELS as usize);
     }
 
     #[test]
