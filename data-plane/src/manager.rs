@@ -137,7 +137,10 @@ impl ModelManager {
             .ok_or_else(|| Error::not_found(format!("Request for unknown model: '{name}' is not found")))?;
         match version {
             None => entry.latest_ready().cloned().ok_or_else(|| {
-                let reason = entry.reason.clone().unwrap_or_else(|| "no version is ready".into());
+                let reason = entry.reason.clone().unwrap_or_else(|| match entry_failure(entry) {
+                    Some(why) => format!("no version is ready ({why})"),
+                    None => "no version is ready".into(),
+                });
                 Error::unavailable(format!("model '{name}' is not ready: {reason}"))
             }),
             Some(v) => match entry.versions.get(&v) {
@@ -256,11 +259,20 @@ impl ModelManager {
         }
         let _guard = self.control.lock().await;
         let (repo, owned, cores) = (self.repository.clone(), name.to_string(), self.cores);
-        let entry = tokio::task::spawn_blocking(move || load_entry(&repo, &owned, config, cores))
-            .await
-            .map_err(|e| Error::internal(format!("model load task failed: {e}")))?;
+        let fingerprint = self.repository.fingerprint(name);
+        let entry = match tokio::task::spawn_blocking(move || load_entry(&repo, &owned, config, cores)).await {
+            Ok(entry) => entry,
+            // A load that panicked (a bug, or ONNX Runtime failing hard) still leaves a row
+            // saying why, instead of a model with no state.
+            Err(e) => {
+                tracing::error!(model = name, error = %e, "model load panicked");
+                ModelEntry { fingerprint, ..ModelEntry::unavailable(format!("model load failed unexpectedly: {e}")) }
+            }
+        };
         let failure = entry_failure(&entry);
-        self.models.write().insert(name.to_string(), entry);
+        let mut models = self.models.write();
+        let merged = merge_reload(models.remove(name), entry, name);
+        models.insert(name.to_string(), merged);
         match failure {
             Some(reason) => Err(Error::invalid(format!("failed to load '{name}': {reason}"))),
             None => Ok(()),
@@ -390,6 +402,31 @@ fn entry_failure(entry: &ModelEntry) -> Option<String> {
         VersionSlot::Failed(r) => Some(format!("version {v}: {r}")),
         VersionSlot::Ready(_) => None,
     })
+}
+
+/// The entry to keep after a (re)load of `name` produced `new`: Triton's rule that a reload which
+/// fails leaves what was serving unchanged. A new entry with no ready version (bad config, every
+/// version failed, a version directory still being copied) keeps the old entry if that one
+/// serves; otherwise the new one goes in, with any version that failed to reload but was
+/// serving before kept as it was. The new fingerprint is kept either way, so polling retries
+/// only once the files change again.
+fn merge_reload(old: Option<ModelEntry>, mut new: ModelEntry, name: &str) -> ModelEntry {
+    let Some(mut old) = old.filter(|o| o.versions.values().any(|s| matches!(s, VersionSlot::Ready(_)))) else {
+        return new;
+    };
+    new.default_version = old.default_version;
+    if !new.versions.values().any(|s| matches!(s, VersionSlot::Ready(_))) {
+        tracing::warn!(model = name, "reload failed; the versions that were serving keep serving");
+        old.fingerprint = new.fingerprint;
+        return old;
+    }
+    for (v, slot) in &mut new.versions {
+        if let (VersionSlot::Failed(reason), Some(VersionSlot::Ready(serving))) = (&*slot, old.versions.get(v)) {
+            tracing::warn!(model = name, version = v, %reason, "reload of this version failed; it keeps serving");
+            *slot = VersionSlot::Ready(serving.clone());
+        }
+    }
+    new
 }
 
 /// Loads one model's selected versions. Blocking: runs ONNX Runtime session creation.

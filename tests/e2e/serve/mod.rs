@@ -3,6 +3,7 @@
 
 mod batching;
 mod bench;
+mod control;
 mod grpc;
 mod http;
 
@@ -70,6 +71,11 @@ output [
 }
 
 impl TestServer {
+    /// The server's model repository, for tests that change it while it runs.
+    pub fn repository(&self) -> std::path::PathBuf {
+        self._dir.path().join("models")
+    }
+
     /// Starts the server over the standard repository with extra flags.
     pub fn start(extra: &[&str]) -> Self {
         Self::start_with(&[], extra)
