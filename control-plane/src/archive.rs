@@ -139,6 +139,9 @@ impl Walk {
                 let parsed = tessera_protocol::model_config::from_pbtxt(&text).map_err(|e| {
                     Error::invalid("config.pbtxt", format!("config.pbtxt is not a valid model config: {e}"))
                 })?;
+                // Workers join this name to the version directory: a path would reach outside it.
+                tessera_protocol::model_config::model_filename(&parsed, "model.onnx")
+                    .map_err(|e| Error::invalid("config.pbtxt", e))?;
                 Some(tessera_protocol::model_config::to_json_value(&parsed))
             }
         };
@@ -323,6 +326,9 @@ pub(crate) mod tests {
         assert!(message(tar(&[("m/1/sub/model.onnx", onnx)])).contains("no .onnx model file"));
         let bad_config = tar(&[("config.pbtxt", b"max_batch_size: \"many\""), ("model.onnx", onnx)]);
         assert!(matches!(bad_config, Err(Error::InvalidInput { field: Some(f), .. }) if f == "config.pbtxt"));
+        let outside =
+            tar(&[("config.pbtxt", b"default_model_filename: \"../../t2/m/1/model.onnx\""), ("model.onnx", onnx)]);
+        assert!(message(outside).contains("default_model_filename"));
         assert!(
             message(inspect_tar(Cursor::new(b"not a tar at all, just text".repeat(40)))).contains("could not be read")
         );

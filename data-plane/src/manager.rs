@@ -443,7 +443,10 @@ fn load_entry(repo: &Repository, name: &str, config: Option<ModelConfig>, cores:
     }
     let mut entry = ModelEntry { fingerprint, ..Default::default() };
     for v in versions {
-        let file = repo.model_file(name, v, &config);
+        let file = match repo.model_file(name, v, &config) {
+            Ok(file) => file,
+            Err(reason) => return ModelEntry { fingerprint: entry.fingerprint, ..ModelEntry::unavailable(reason) },
+        };
         let slot = match LoadedModel::load(name, v, &file, config.clone(), cores) {
             Ok(m) => VersionSlot::Ready(Arc::new(m)),
             Err(reason) => {

@@ -80,14 +80,11 @@ impl Repository {
         versions
     }
 
-    /// The model file of one version.
-    pub fn model_file(&self, name: &str, version: i64, config: &ModelConfig) -> PathBuf {
-        let file = if config.default_model_filename.is_empty() {
-            DEFAULT_MODEL_FILENAME
-        } else {
-            &config.default_model_filename
-        };
-        self.root.join(name).join(version.to_string()).join(file)
+    /// The model file of one version; refused when the config's `default_model_filename` is
+    /// not a plain file name.
+    pub fn model_file(&self, name: &str, version: i64, config: &ModelConfig) -> Result<PathBuf, String> {
+        let file = model_config::model_filename(config, DEFAULT_MODEL_FILENAME)?;
+        Ok(self.root.join(name).join(version.to_string()).join(file))
     }
 
     /// A cheap fingerprint of everything that would change what gets loaded (for polling).
@@ -191,7 +188,9 @@ mod tests {
         assert_eq!(repo.versions_on_disk("m"), vec![1, 10]);
         let config = repo.read_config("m").expect("config");
         assert_eq!(config.max_batch_size, 8);
-        assert!(repo.model_file("m", 1, &config).ends_with("m/1/net.onnx"));
+        assert!(repo.model_file("m", 1, &config).expect("a file name").ends_with("m/1/net.onnx"));
+        let outside = ModelConfig { default_model_filename: "../../other/1/model.onnx".into(), ..config.clone() };
+        assert!(repo.model_file("m", 1, &outside).expect_err("a path").contains("default_model_filename"));
         std::fs::write(m.join("config.pbtxt"), "max_batch_size: {").expect("write");
         assert!(repo.read_config("m").expect_err("bad").contains("config.pbtxt"));
         assert!(!repo.contains("../m") && !repo.contains(".hidden"));

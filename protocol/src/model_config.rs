@@ -76,6 +76,21 @@ pub fn to_json_value(cfg: &ModelConfig) -> serde_json::Value {
         .expect("serializing into serde_json::Value cannot fail: all map keys are strings")
 }
 
+/// The model file name a config names in `default_model_filename`, or `fallback` when it names
+/// none. It is joined to a version directory, so only a plain file name is accepted: a path
+/// (`../other/1/model.onnx`, `/etc/...`) would load a file from outside the model, on a worker
+/// possibly another tenant's.
+pub fn model_filename<'a>(config: &'a ModelConfig, fallback: &'a str) -> Result<&'a str, String> {
+    let name = config.default_model_filename.as_str();
+    if name.is_empty() {
+        return Ok(fallback);
+    }
+    if name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
+        return Err(format!("default_model_filename must be a file name in the version directory, not '{name}'"));
+    }
+    Ok(name)
+}
+
 /// Rewrites `field [ {...} ]` as `field: [ {...} ]`.
 ///
 /// The text-format spec (and protobuf's C++ parser, which Triton uses) lets a
@@ -212,6 +227,7 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 
 #[cfg(test)]
 mod tests {
+
     use serde_json::json;
 
     use super::*;
@@ -406,5 +422,16 @@ parameters {
         assert_eq!(line_column("ab\ncd", 4), (2, 2));
         assert_eq!(line_column("é\nx", 1), (1, 1));
         assert_eq!(line_column("x", 99), (1, 2));
+    }
+
+    #[test]
+    fn model_filename_is_a_plain_file_name() {
+        let with = |name: &str| ModelConfig { default_model_filename: name.into(), ..Default::default() };
+        assert_eq!(model_filename(&with(""), "model.onnx"), Ok("model.onnx"));
+        assert_eq!(model_filename(&with("net.onnx"), "model.onnx"), Ok("net.onnx"));
+        for bad in ["../other/1/model.onnx", "/etc/model.onnx", "a/b.onnx", "..", ".", "a\\b", "nul\0"] {
+            let err = model_filename(&with(bad), "model.onnx").expect_err(bad);
+            assert!(err.contains("default_model_filename"), "{err}");
+        }
     }
 }

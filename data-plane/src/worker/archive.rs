@@ -171,11 +171,10 @@ pub fn find_model(root: &Path, version: i64) -> Result<ModelDir, String> {
     } else {
         None
     };
-    let filename = config
-        .as_ref()
-        .map(|c| c.default_model_filename.as_str())
-        .filter(|f| !f.is_empty())
-        .unwrap_or(DEFAULT_MODEL_FILENAME);
+    let filename = match &config {
+        Some(c) => tessera_protocol::model_config::model_filename(c, DEFAULT_MODEL_FILENAME)?,
+        None => DEFAULT_MODEL_FILENAME,
+    };
     let model_file = model_file(&dir, version, filename)?;
     Ok(ModelDir { model_file, config })
 }
@@ -353,5 +352,9 @@ pub(crate) mod tests {
         assert!(find_model(other.path(), 1).expect_err("ambiguous").contains("several"));
         let empty = tempfile::tempdir().expect("tempdir");
         assert!(find_model(empty.path(), 1).expect_err("none").contains("no model.onnx"));
+        // A config naming a path outside the model (another tenant's cached model) is refused.
+        std::fs::write(empty.path().join("config.pbtxt"), "default_model_filename: \"../../t2/m/1/model.onnx\"")
+            .expect("write");
+        assert!(find_model(empty.path(), 1).expect_err("a path").contains("default_model_filename"));
     }
 }
