@@ -13,6 +13,10 @@ pub const FLOAT: i32 = 1;
 pub const INT32: i32 = 6;
 /// ONNX element type `STRING` (Triton's `BYTES`).
 pub const STRING: i32 = 8;
+/// ONNX element type `INT64`.
+const INT64: i32 = 7;
+/// ONNX `AttributeProto.AttributeType` `TENSOR`.
+const ATTRIBUTE_TENSOR: i32 = 4;
 
 /// ONNX IR version written into every model (ONNX 1.10+, read by every supported ORT).
 const IR_VERSION: i64 = 8;
@@ -61,6 +65,28 @@ struct NodeProto {
     name: String,
     #[prost(string, tag = "4")]
     op_type: String,
+    #[prost(message, repeated, tag = "5")]
+    attribute: Vec<AttributeProto>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct AttributeProto {
+    #[prost(string, tag = "1")]
+    name: String,
+    #[prost(message, optional, tag = "5")]
+    t: Option<TensorProto>,
+    #[prost(int32, tag = "20")]
+    r#type: i32,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct TensorProto {
+    #[prost(int64, repeated, tag = "1")]
+    dims: Vec<i64>,
+    #[prost(int32, tag = "2")]
+    data_type: i32,
+    #[prost(int64, repeated, tag = "7")]
+    int64_data: Vec<i64>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -124,6 +150,16 @@ fn node(op: &str, inputs: &[&str], output: &str) -> NodeProto {
         output: vec![output.into()],
         name: format!("{op}_{output}"),
         op_type: op.into(),
+        attribute: Vec::new(),
+    }
+}
+
+/// A `Constant` node producing an INT64 tensor of shape `dims` (`[]` = a scalar).
+fn int64_constant(output: &str, dims: &[i64], values: &[i64]) -> NodeProto {
+    let value = TensorProto { dims: dims.to_vec(), data_type: INT64, int64_data: values.to_vec() };
+    NodeProto {
+        attribute: vec![AttributeProto { name: "value".into(), t: Some(value), r#type: ATTRIBUTE_TENSOR }],
+        ..node("Constant", &[], output)
     }
 }
 
@@ -165,6 +201,29 @@ pub fn simple() -> Vec<u8> {
 /// to 8 requests a batch, as in Triton's quickstart repository.
 pub fn simple_config() -> serde_json::Value {
     serde_json::json!({ "max_batch_size": 8 })
+}
+
+/// `OUTPUT0 = INPUT0` (FP32 `[-1, 16]`), computed the long way so that a run takes time in
+/// proportion to its batch size: every row is copied `copies` times and the copies are added
+/// and subtracted back `rounds` times. For tests that need executions of known relative length
+/// (concurrent instances finishing out of order) without sleeping in the server.
+pub fn busy(copies: i64, rounds: usize) -> Vec<u8> {
+    let t = |n: &str| value(n, FLOAT, &[-1, 16]);
+    let mut nodes = vec![
+        int64_constant("copies", &[3], &[copies, 1, 1]),
+        int64_constant("first", &[], &[0]),
+        // [batch, 16] broadcast to [copies, batch, 16].
+        node("Expand", &["INPUT0", "copies"], "spread"),
+    ];
+    let mut last = "spread".to_string();
+    for i in 0..rounds {
+        let (up, down) = (format!("up{i}"), format!("down{i}"));
+        nodes.push(node("Add", &[&last, "spread"], &up));
+        nodes.push(node("Sub", &[&up, "spread"], &down));
+        last = down;
+    }
+    nodes.push(node("Gather", &[&last, "first"], "OUTPUT0"));
+    model(GraphProto { name: "busy".into(), node: nodes, input: vec![t("INPUT0")], output: vec![t("OUTPUT0")] })
 }
 
 /// `OUTPUT0 = INPUT0` for one element type, shape `[-1, -1]`.
@@ -211,6 +270,16 @@ mod tests {
     fn add_sub_and_identity_keep_their_types() {
         assert!(decode(&add_sub()).input.iter().all(|v| elem_type(v) == FLOAT));
         assert_eq!(elem_type(&decode(&identity(STRING)).output[0]), STRING);
+    }
+
+    #[test]
+    fn busy_spreads_its_input_and_gathers_one_copy_back() {
+        let graph = decode(&busy(100, 3));
+        let ops: Vec<_> = graph.node.iter().map(|n| n.op_type.as_str()).collect();
+        assert_eq!(ops, ["Constant", "Constant", "Expand", "Add", "Sub", "Add", "Sub", "Add", "Sub", "Gather"]);
+        let copies = graph.node[0].attribute[0].t.as_ref().expect("a tensor");
+        assert_eq!((copies.dims.as_slice(), copies.int64_data.as_slice()), (&[3][..], &[100, 1, 1][..]));
+        assert_eq!(graph.node.last().map(|n| n.output[0].as_str()), Some("OUTPUT0"));
     }
 
     #[test]

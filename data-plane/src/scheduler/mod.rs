@@ -2,8 +2,10 @@
 //! forms batches when an instance is free; instances run them on dedicated OS threads, each
 //! owning its ONNX Runtime session, and split the outputs back per request.
 
+pub mod order;
 pub mod policy;
 pub mod queue;
+mod timer;
 
 use std::sync::Arc;
 
@@ -18,6 +20,7 @@ use crate::infer::ValidInferRequest;
 use crate::model_spec::ModelSpec;
 use crate::stats::{Execution, FailReason, ModelStats, nanos};
 use crate::tensor::{InputTensor, OutputTensor, row_offsets, slice_rows};
+use order::{Delivery, Reorder, Ticket};
 use policy::BatchingConfig;
 use queue::{BatchQueue, Dropped, Pending};
 
@@ -29,11 +32,22 @@ struct Shared {
     notify: Notify,
     spec: Arc<ModelSpec>,
     stats: Arc<ModelStats>,
+    /// Set with `preserve_ordering`: answers wait here for the batches formed before theirs.
+    order: Option<Arc<Reorder>>,
+}
+
+impl Shared {
+    /// The place in the order of the batch numbered `seq` (`None` without ordering).
+    fn ticket(&self, seq: u64) -> Option<Ticket> {
+        self.order.as_ref().map(|o| o.ticket(seq))
+    }
 }
 
 /// A batch on its way to an instance, holding that instance's permit.
 struct Dispatch {
     batch: Vec<Pending>,
+    /// Its place in the order of answers, with `preserve_ordering`.
+    ticket: Option<Ticket>,
     /// Returned to the batcher when the run ends, so the next batch forms only then.
     _permit: OwnedSemaphorePermit,
 }
@@ -70,11 +84,13 @@ impl Scheduler {
         label: &str,
     ) -> Result<Self, String> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|e| format!("no async runtime: {e}"))?;
+        let order = config.preserve_ordering.then(|| Arc::new(Reorder::default()));
         let shared = Arc::new(Shared {
             queue: Mutex::new(BatchQueue::new(config)),
             notify: Notify::new(),
             spec: spec.clone(),
             stats: stats.clone(),
+            order,
         });
         let permits = Arc::new(Semaphore::new(sessions.len()));
         let sessions: Arc<Vec<Mutex<OnnxSession>>> = Arc::new(sessions.into_iter().map(Mutex::new).collect());
@@ -138,12 +154,12 @@ impl Scheduler {
         if self.runs_fast() {
             // A free permit means some instance is idle; its session is unlocked or about to be.
             if let Some(mut session) = self.sessions.iter().find_map(|s| s.try_lock()) {
-                run_batch(&mut session, &self.shared.spec, &self.shared.stats, vec![pending]);
+                run_batch(&mut session, &self.shared, vec![pending], None);
                 drop(permit);
                 return None;
             }
         }
-        match self.batches.send(Dispatch { batch: vec![pending], _permit: permit }) {
+        match self.batches.send(Dispatch { batch: vec![pending], ticket: None, _permit: permit }) {
             Ok(()) => None,
             // Instances are gone (unloading): hand the request back to the queue path.
             Err(crossbeam_channel::SendError(d)) => d.batch.into_iter().next(),
@@ -226,7 +242,8 @@ async fn batcher_task(
                 drop_request(&shared, dropped);
             }
             if !step.batch.is_empty() {
-                if batches.send(Dispatch { batch: step.batch, _permit: held }).is_err() {
+                let ticket = shared.ticket(step.seq);
+                if batches.send(Dispatch { batch: step.batch, ticket, _permit: held }).is_err() {
                     return;
                 }
                 break;
@@ -237,7 +254,7 @@ async fn batcher_task(
             permit = Some(held);
             let wake = async {
                 match step.wake_at {
-                    Some(at) => tokio::time::sleep_until(at).await,
+                    Some(at) => timer::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
@@ -250,11 +267,12 @@ async fn batcher_task(
     }
 }
 
-/// Skipping the queue is only invisible when the policy would send a lone request at once.
+/// Skipping the queue is only invisible when the policy would send a lone request at once (with
+/// no delay it does, preferred sizes or not) and no answer order has to be kept.
 fn config_allows_fast_path(queue: &BatchQueue) -> bool {
     let c = queue.config();
     let no_timeouts = c.policies.iter().all(|p| p.default_timeout.is_none());
-    c.max_queue_delay.is_zero() && c.priority_levels == 1 && no_timeouts && (c.preferred.is_empty() || !c.dynamic)
+    c.max_queue_delay.is_zero() && c.priority_levels == 1 && no_timeouts && !c.preserve_ordering
 }
 
 fn drop_request(shared: &Shared, dropped: Dropped) {
@@ -279,9 +297,9 @@ fn drop_request(shared: &Shared, dropped: Dropped) {
 fn run_instance(session: &Mutex<OnnxSession>, shared: &Shared, batches: &crossbeam_channel::Receiver<Dispatch>) {
     crate::priority::apply_to_instance_thread();
     while let Ok(dispatch) = batches.recv() {
-        let Dispatch { mut batch, _permit } = dispatch;
+        let Dispatch { mut batch, mut ticket, _permit } = dispatch;
         loop {
-            run_batch(&mut session.lock(), &shared.spec, &shared.stats, batch);
+            run_batch(&mut session.lock(), shared, batch, ticket);
             let step = shared.queue.lock().next_batch(Instant::now());
             for dropped in step.dropped {
                 drop_request(shared, dropped);
@@ -289,13 +307,16 @@ fn run_instance(session: &Mutex<OnnxSession>, shared: &Shared, batches: &crossbe
             if step.batch.is_empty() {
                 break;
             }
+            ticket = shared.ticket(step.seq);
             batch = step.batch;
         }
     }
 }
 
-/// Runs one batch on `session`, records its statistics and answers every request in it.
-fn run_batch(session: &mut OnnxSession, spec: &ModelSpec, stats: &ModelStats, batch: Vec<Pending>) {
+/// Runs one batch on `session`, records its statistics and answers every request in it (in its
+/// turn, when the batch has a ticket).
+fn run_batch(session: &mut OnnxSession, shared: &Shared, batch: Vec<Pending>, ticket: Option<Ticket>) {
+    let (spec, stats) = (&*shared.spec, &*shared.stats);
     let start = Instant::now();
     match execute(session, spec, &batch, start) {
         Ok((per_request, mut timings)) => {
@@ -325,16 +346,26 @@ fn run_batch(session: &mut OnnxSession, spec: &ModelSpec, stats: &ModelStats, ba
                     stats.latency_us.observe(ns / 1_000);
                 }
             }
-            for (pending, outputs) in batch.into_iter().zip(per_request) {
-                // A closed receiver means the client left mid-run; nothing to do then.
-                let _ = pending.reply.send(outputs);
-            }
+            deliver(ticket, batch.into_iter().map(|p| p.reply).zip(per_request).collect());
         }
         Err(e) => {
             tracing::warn!(model = %spec.name, error = %e.message, requests = batch.len(), "execution failed");
-            for pending in batch {
+            for _ in &batch {
                 stats.record_failure_reason(FailReason::Backend);
-                let _ = pending.reply.send(Err(e.clone()));
+            }
+            deliver(ticket, batch.into_iter().map(|p| (p.reply, Err(e.clone()))).collect());
+        }
+    }
+}
+
+/// Sends a batch's answers: now, or in the batch's turn when it has a ticket.
+fn deliver(ticket: Option<Ticket>, answers: Vec<Delivery>) {
+    match ticket {
+        Some(ticket) => ticket.answer(answers),
+        None => {
+            for (reply, answer) in answers {
+                // A closed receiver means the client left mid-run; nothing to do then.
+                let _ = reply.send(answer);
             }
         }
     }

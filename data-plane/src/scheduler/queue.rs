@@ -66,6 +66,9 @@ pub struct Step {
     pub dropped: Vec<Dropped>,
     /// When to look again if nothing was sent (oldest request's delay or a deadline).
     pub wake_at: Option<Instant>,
+    /// The batch's place among all batches formed from this queue (0, 1, 2, ...), by which
+    /// `preserve_ordering` releases responses.
+    pub seq: u64,
 }
 
 /// Pending requests of one model version, by priority level.
@@ -78,13 +81,15 @@ pub struct BatchQueue {
     delayed: VecDeque<Pending>,
     /// Requests that carry a deadline (skip deadline scans when 0).
     with_deadline: usize,
+    /// Batches formed so far: the next batch's `seq`.
+    formed: u64,
 }
 
 impl BatchQueue {
     /// An empty queue.
     pub fn new(config: BatchingConfig) -> Self {
         let levels = (0..config.priority_levels).map(|_| VecDeque::new()).collect();
-        Self { config, levels, delayed: VecDeque::new(), with_deadline: 0 }
+        Self { config, levels, delayed: VecDeque::new(), with_deadline: 0, formed: 0 }
     }
 
     /// The scheduling settings.
@@ -180,7 +185,11 @@ impl BatchQueue {
         };
         let take = self.decide(&sizes, closed, oldest, now);
         match take {
-            Some(n) => step.batch = self.pop_front(n),
+            Some(n) => {
+                step.batch = self.pop_front(n);
+                step.seq = self.formed;
+                self.formed += 1;
+            }
             None => {
                 let deadline = self.iter().filter_map(|p| p.deadline).min();
                 let delay_end = oldest + self.config.max_queue_delay;
@@ -190,24 +199,41 @@ impl BatchQueue {
         step
     }
 
-    /// How many requests (a prefix) to send now, or `None` to wait for more.
+    /// How many requests (a prefix) to send now, or `None` to wait for more. Triton's rules
+    /// (`GetDynamicBatch`), with no preferred sizes meaning `max_batch_size` as Triton
+    /// normalises it:
+    /// - before the delay is up, the largest prefix of a preferred size goes at once, or, when
+    ///   the queue holds more than the largest preferred size and no prefix is preferred, the
+    ///   prefix that stays within it;
+    /// - everything that fits goes once the batch cannot grow (closed, or at the largest
+    ///   preferred size), the delay is up, or there is no delay.
     fn decide(&self, sizes: &[usize], closed: bool, oldest: Instant, now: Instant) -> Option<usize> {
         let all = sizes.len();
-        if !self.config.dynamic || closed {
+        let c = &self.config;
+        if !c.dynamic {
             return Some(all);
         }
-        let total = sizes[all - 1];
-        let preferred = &self.config.preferred;
-        if preferred.contains(&total) && preferred.last() == Some(&total) {
-            return Some(all);
+        let largest = c.preferred.last().copied().unwrap_or(c.max_batch_size);
+        let preferred =
+            |size: usize| if c.preferred.is_empty() { size == largest } else { c.preferred.contains(&size) };
+        let mut best = None;
+        for (i, &size) in sizes.iter().enumerate() {
+            if i > 0 && size > largest {
+                best = best.or(Some(i));
+                break;
+            }
+            if preferred(size) {
+                best = Some(i + 1);
+            }
         }
-        let expired = now >= oldest + self.config.max_queue_delay;
-        if !expired {
-            return None;
+        let no_delay = c.max_queue_delay.is_zero();
+        let expired = !no_delay && now >= oldest + c.max_queue_delay;
+        if let Some(n) = best
+            && !expired
+        {
+            return Some(n);
         }
-        // Delay is up: send the largest prefix of a preferred size, else everything queued.
-        let best = sizes.iter().rposition(|s| preferred.contains(s));
-        Some(best.map_or(all, |i| i + 1))
+        (closed || sizes[all - 1] >= largest || expired || no_delay).then_some(all)
     }
 
     /// Removes cancelled requests and handles timeouts.
@@ -355,7 +381,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn largest_preferred_size_is_sent_when_reached_or_after_the_delay() {
+    async fn a_reachable_preferred_size_goes_at_once_and_the_delay_sends_the_rest() {
         let mut h = Harness::new(config(&[2, 4], 50));
         for _ in 0..4 {
             h.push(request(1, 4, &[])).expect("queued");
@@ -364,11 +390,54 @@ mod tests {
         for _ in 0..3 {
             h.push(request(1, 4, &[])).expect("queued");
         }
-        assert!(h.batch_sizes().is_empty(), "3 is not preferred: wait");
+        assert_eq!(h.batch_sizes().len(), 2, "a prefix of preferred size 2 goes without waiting");
+        assert!(h.batch_sizes().is_empty(), "1 is not preferred: wait");
         tokio::time::advance(Duration::from_micros(50)).await;
-        assert_eq!(h.batch_sizes().len(), 2, "after the delay, the largest preferred prefix");
-        tokio::time::advance(Duration::from_micros(50)).await;
-        assert_eq!(h.batch_sizes().len(), 1);
+        assert_eq!(h.batch_sizes().len(), 1, "after the delay, what is there");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn more_than_the_largest_preferred_size_sends_that_much_at_once() {
+        let mut h = Harness::new(config(&[4], 1_000));
+        for _ in 0..5 {
+            h.push(request(1, 4, &[])).expect("queued");
+        }
+        assert_eq!(h.batch_sizes(), vec![1, 1, 1, 1], "the preferred 4 goes, the fifth waits");
+        assert!(h.batch_sizes().is_empty());
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(h.batch_sizes(), vec![1], "the fifth goes after the delay");
+        // No prefix is preferred (3, then 6): the prefix within the largest preferred size goes.
+        for b in [3, 3] {
+            h.push(request(b, 4, &[])).expect("queued");
+        }
+        assert_eq!(h.batch_sizes(), vec![3], "3 + 3 would pass 4");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_the_delay_everything_that_fits_goes_not_just_a_preferred_prefix() {
+        let mut h = Harness::new(config(&[4], 100));
+        for b in [3, 2] {
+            h.push(request(b, 4, &[])).expect("queued");
+        }
+        assert_eq!(h.batch_sizes(), vec![3], "3 + 2 would pass 4, so the 3 goes");
+        tokio::time::advance(Duration::from_micros(100)).await;
+        for b in [1, 2] {
+            h.push(request(b, 4, &[])).expect("queued");
+        }
+        tokio::time::advance(Duration::from_micros(100)).await;
+        assert_eq!(h.batch_sizes(), vec![2, 1, 2], "the delay is up for the oldest: all 5 rows go");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn batches_are_numbered_in_the_order_they_form() {
+        let mut h = Harness::new(config(&[], 0));
+        let mut seqs = Vec::new();
+        for _ in 0..3 {
+            h.push(request(1, 4, &[])).expect("queued");
+            seqs.push(h.queue.next_batch(Instant::now()).seq);
+            assert!(h.queue.next_batch(Instant::now()).batch.is_empty(), "an empty step takes no number");
+        }
+        assert_eq!(seqs, vec![0, 1, 2]);
     }
 
     #[tokio::test(start_paused = true)]
