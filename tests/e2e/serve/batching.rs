@@ -306,3 +306,90 @@ async fn malformed_priority_and_timeout_parameters_are_refused_over_http_and_grp
     assert!(metrics.contains(&format!("{} {}", failures("OTHER"), bad.len() + 1)), "{metrics}");
     assert!(metrics.contains(&format!("{} 0", failures("REJECTED"))), "{metrics}");
 }
+
+/// Writes `onnx_builder::busy` as model `name` with `config` into a running explicit-mode server's
+/// repository and loads it.
+async fn load_busy(server: &TestServer, name: &str, config: &str) {
+    let dir = server.repository().join(name);
+    std::fs::create_dir_all(dir.join("1")).expect("mkdir");
+    std::fs::write(dir.join("1/model.onnx"), tessera_data_plane::onnx_builder::busy(BUSY_COPIES, BUSY_ROUNDS))
+        .expect("write model");
+    std::fs::write(dir.join("config.pbtxt"), config).expect("write config");
+    let url = format!("{}/v2/repository/models/{name}/load", server.http);
+    let resp = reqwest::Client::new().post(url).json(&json!({})).send().await.expect("load");
+    assert_eq!(resp.status().as_u16(), 200, "{:?}", resp.text().await);
+}
+
+/// Work per row of the busy test model: a run of `rows` rows takes about `rows` times as long.
+const BUSY_COPIES: i64 = 4_000;
+const BUSY_ROUNDS: usize = 400;
+
+/// One request of `rows` rows to a one-input [-1, 16] model, with `id`; returns (status, id, when
+/// the answer came, relative to `t0`).
+async fn timed_request(
+    server: &TestServer,
+    model: &str,
+    rows: usize,
+    id: &str,
+    t0: Instant,
+) -> (u16, String, Duration) {
+    let data: Vec<f32> = (0..rows * 16).map(|i| i as f32).collect();
+    let body = json!({"id": id, "inputs": [{"name": "INPUT0", "shape": [rows, 16], "datatype": "FP32", "data": data}]});
+    let url = format!("{}/v2/models/{model}/infer", server.http);
+    let resp = reqwest::Client::new().post(url).json(&body).send().await.expect("infer");
+    let at = t0.elapsed();
+    let status = resp.status().as_u16();
+    let answer: Value = resp.json().await.unwrap_or(Value::Null);
+    if status == 200 {
+        assert_eq!(answer["outputs"][0]["data"][15], 15.0, "the busy model gives its input back: {answer}");
+    }
+    (status, answer["id"].as_str().unwrap_or_default().to_string(), at)
+}
+
+#[tokio::test]
+async fn preserve_ordering_answers_in_batch_order_when_instances_finish_out_of_order() {
+    let s = TestServer::start(&["--model-control-mode", "explicit"]);
+    let two = "max_batch_size: 8\ninstance_group [{ count: 2, kind: KIND_CPU }]\n";
+    load_busy(&s, "unordered", &format!("{two}dynamic_batching {{ }}\n")).await;
+    load_busy(&s, "ordered", &format!("{two}dynamic_batching {{ preserve_ordering: true }}\n")).await;
+    // A long run on one instance, then, once it is under way, a short one on the other.
+    let race = |model: &'static str| {
+        let s = &s;
+        async move {
+            let t0 = Instant::now();
+            let long = timed_request(s, model, 8, "long", t0);
+            let short = async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                timed_request(s, model, 1, "short", t0).await
+            };
+            let (long, short) = tokio::join!(long, short);
+            assert_eq!((long.0, long.1.as_str(), short.0, short.1.as_str()), (200, "long", 200, "short"));
+            (long.2, short.2)
+        }
+    };
+    let (long, short) = race("unordered").await;
+    assert!(short < long, "without ordering the short run answers first ({short:?} vs {long:?})");
+    let (long, short) = race("ordered").await;
+    // The server releases the short answer only after the long one; the two connections then
+    // write their responses independently, so allow the clients a little skew.
+    let skew = Duration::from_millis(30);
+    assert!(
+        short + skew >= long,
+        "with preserve_ordering the short run waits for the long one ({short:?} vs {long:?})"
+    );
+}
+
+#[tokio::test]
+async fn sub_millisecond_queue_delays_are_kept_to_the_microsecond() {
+    let config = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 100 }\n";
+    let s = TestServer::start_with(&[("short_delay", config)], &[]);
+    for i in 0..20 {
+        let (status, body) = infer_many(&s, "short_delay", 1).await.remove(0);
+        assert_eq!(status, 200, "request {i}: {body}");
+    }
+    let m = stats(&s, "short_delay").await;
+    let queue = &m["inference_stats"]["queue"];
+    let mean_us = queue["ns"].as_u64().unwrap_or(0) / queue["count"].as_u64().unwrap_or(1).max(1) / 1_000;
+    // Each lone request waits out the 100 µs delay; a millisecond timer would make that 1-2 ms.
+    assert!((100..700).contains(&mean_us), "mean queue time {mean_us} µs");
+}
