@@ -89,6 +89,7 @@ pub fn complete_and_check(
     cpu_cores: usize,
 ) -> Result<ModelSpec, String> {
     check_identity(&mut config, model_name)?;
+    check_supported(&config)?;
     if config.max_batch_size < 0 {
         return Err(format!("max_batch_size must be >= 0, got {}", config.max_batch_size));
     }
@@ -99,6 +100,7 @@ pub fn complete_and_check(
     if inputs.is_empty() {
         return Err("model has no inputs".into());
     }
+    check_covers_the_model(&config, io)?;
     let instance_count = instance_count(&config)?;
     let intra_op_threads = intra_op_threads(&config, instance_count, cpu_cores)?;
     let spinning = match config.parameters.get("allow_spinning").map(|p| p.string_value.trim()) {
@@ -137,6 +139,57 @@ fn check_identity(config: &mut ModelConfig, model_name: &str) -> Result<(), Stri
     }
     if config.platform.is_empty() {
         config.platform = "onnxruntime_onnx".into();
+    }
+    Ok(())
+}
+
+/// Refuses what the config asks for that this server does not do, rather than serving the model
+/// without it: stateful sequences, decoupled responses and ensembles would all give wrong answers
+/// run as plain stateless requests, and a `reshape` would make requests' shapes mean something
+/// else than the client meant.
+fn check_supported(config: &ModelConfig) -> Result<(), String> {
+    match &config.scheduling_choice {
+        Some(SchedulingChoice::SequenceBatching(_)) => {
+            return Err("sequence_batching (stateful models) is not supported by this server".into());
+        }
+        Some(SchedulingChoice::EnsembleScheduling(_)) => {
+            return Err("ensemble_scheduling is not supported by this server".into());
+        }
+        Some(SchedulingChoice::DynamicBatching(_)) | None => {}
+    }
+    if config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
+        return Err("decoupled models (model_transaction_policy { decoupled: true }) are not supported".into());
+    }
+    let reshaped =
+        config.input.iter().map(|i| (&i.name, &i.reshape)).chain(config.output.iter().map(|o| (&o.name, &o.reshape)));
+    if let Some((name, _)) = reshaped.into_iter().find(|(_, r)| r.is_some()) {
+        return Err(format!("'{name}' has a reshape, which is not supported by this server"));
+    }
+    Ok(())
+}
+
+/// Every model input must be in the config (a graph input left out could never be fed, and every
+/// request would fail inside ONNX Runtime), and no tensor may be listed twice.
+fn check_covers_the_model(config: &ModelConfig, io: &ModelIo) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    let listed =
+        config.input.iter().map(|i| ("input", &i.name)).chain(config.output.iter().map(|o| ("output", &o.name)));
+    if let Some((role, name)) = listed.into_iter().find(|(role, name)| !seen.insert((*role, *name))) {
+        return Err(format!("{role} '{name}' is listed twice in the configuration"));
+    }
+    let missing: Vec<String> = io
+        .inputs
+        .iter()
+        .filter(|m| !config.input.iter().any(|i| i.name == m.name))
+        .map(|m| format!("'{}'", m.name))
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "configuration expects {} inputs, the model has {}: missing {}",
+            config.input.len(),
+            io.inputs.len(),
+            missing.join(", ")
+        ));
     }
     Ok(())
 }
@@ -303,17 +356,24 @@ fn instance_count(config: &ModelConfig) -> Result<usize, String> {
     Ok(count.max(1))
 }
 
+/// Most intra-op threads one instance may ask for: ONNX Runtime starts them all at load, and a
+/// config asking for 100,000 hung the load while memory grew without bound.
+pub const MAX_INTRA_OP_THREADS: usize = 256;
+
 /// Intra-op threads per instance: the `intra_op_thread_count` parameter, else the cores shared out.
 fn intra_op_threads(config: &ModelConfig, instances: usize, cores: usize) -> Result<usize, String> {
-    match config.parameters.get("intra_op_thread_count") {
-        Some(p) => p
-            .string_value
-            .trim()
-            .parse::<usize>()
-            .map_err(|_| format!("parameter intra_op_thread_count must be a whole number, got '{}'", p.string_value))
-            .map(|n| n.max(1)),
-        None => Ok((cores / instances).max(1)),
+    let Some(p) = config.parameters.get("intra_op_thread_count") else {
+        return Ok((cores / instances).max(1));
+    };
+    let n = p
+        .string_value
+        .trim()
+        .parse::<usize>()
+        .map_err(|_| format!("parameter intra_op_thread_count must be a whole number, got '{}'", p.string_value))?;
+    if n > MAX_INTRA_OP_THREADS {
+        return Err(format!("parameter intra_op_thread_count {n} is above the limit of {MAX_INTRA_OP_THREADS}"));
     }
+    Ok(n.max(1))
 }
 
 #[cfg(test)]
@@ -382,6 +442,37 @@ mod tests {
         assert!(err.contains("TYPE_INT32") && err.contains("TYPE_FP32"), "{err}");
         let config = ModelConfig { name: "other".into(), ..Default::default() };
         assert!(complete_and_check(config, "m", &add_sub_io(), 2).is_err());
+    }
+
+    #[test]
+    fn what_the_server_does_not_do_is_refused_at_load() {
+        let refused = |text: &str, expect: &str| {
+            let config = tessera_protocol::model_config::from_pbtxt(text).expect("parses");
+            let err = complete_and_check(config, "m", &add_sub_io(), 2).expect_err(text);
+            assert!(err.contains(expect), "{text}: {err}");
+        };
+        refused("max_batch_size: 8 sequence_batching { }", "sequence_batching");
+        refused("max_batch_size: 8 model_transaction_policy { decoupled: true }", "decoupled");
+        refused(
+            "max_batch_size: 8 input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape { shape: [ 16 ] } } ]",
+            "reshape",
+        );
+        // A model input the config leaves out could never be fed.
+        refused(
+            "max_batch_size: 8 input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] } ]",
+            "missing 'INPUT1'",
+        );
+        refused(
+            "max_batch_size: 8 input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] }, \
+             { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 16 ] } ]",
+            "input 'INPUT0' is listed twice",
+        );
+        let mut config = ModelConfig::default();
+        config
+            .parameters
+            .insert("intra_op_thread_count".into(), inference::ModelParameter { string_value: "100000".into() });
+        let err = complete_and_check(config, "m", &add_sub_io(), 2).expect_err("too many threads");
+        assert!(err.contains("above the limit"), "{err}");
     }
 
     #[test]

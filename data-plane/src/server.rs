@@ -295,6 +295,9 @@ pub async fn run(
     shutdown: CancellationToken,
     on_bound: impl FnOnce(BoundAddrs),
 ) -> anyhow::Result<()> {
+    if config.load_models.len() > 1 && config.load_models.iter().any(|m| m == "*") {
+        anyhow::bail!("--load-model '*' loads every model, so it must be the only --load-model given");
+    }
     crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     let repository = Repository::open(&config.model_repository).map_err(anyhow::Error::msg)?;
     let manager = Arc::new(ModelManager::new(repository, config.control_mode));

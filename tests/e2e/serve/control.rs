@@ -104,3 +104,19 @@ async fn poll_mode_keeps_serving_through_a_broken_config_and_a_half_copied_versi
     }
     assert_eq!(infer(&s, "add_sub").await, 200);
 }
+
+#[test]
+fn the_wildcard_must_be_the_only_startup_model() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    super::write_repository(dir.path());
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["serve", "--model-repository"])
+        .arg(dir.path())
+        .args(["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--model-control-mode", "explicit"])
+        .args(["--load-model", "*", "--load-model", "add_sub"])
+        .output()
+        .expect("run tessera");
+    assert!(!out.status.success(), "refused at start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("must be the only --load-model"), "{stderr}");
+}
