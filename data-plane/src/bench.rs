@@ -40,7 +40,8 @@ pub fn run_ort(args: &OrtBenchArgs) -> anyhow::Result<()> {
     let inputs = synthetic_inputs(&spec, args.batch);
     let parts: Vec<Vec<&InputTensor>> = inputs.iter().map(|i| vec![i]).collect();
     let wanted: Vec<usize> = (0..spec.outputs.len()).collect();
-    let mut run = || session.run(&spec, &parts, args.batch, &wanted).map(|_| ()).map_err(anyhow::Error::msg);
+    let mut run =
+        || session.run(&spec, &parts, args.batch, &wanted).map(|_| ()).map_err(|e| anyhow::anyhow!(e.message));
     let warmup = Instant::now();
     while warmup.elapsed() < Duration::from_millis(500) {
         run()?;

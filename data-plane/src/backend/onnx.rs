@@ -10,6 +10,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynValue, TensorElementType, ValueType};
 use tessera_protocol::DataType;
 
+use crate::error::Error;
 use crate::model_spec::{IoInfo, ModelIo, ModelSpec};
 use crate::tensor::{InputTensor, OutputTensor};
 
@@ -142,7 +143,7 @@ impl OnnxSession {
         inputs: &[Vec<&InputTensor>],
         batch_size: usize,
         wanted: &[usize],
-    ) -> Result<(Vec<OutputTensor>, RunTimings), String> {
+    ) -> Result<(Vec<OutputTensor>, RunTimings), Error> {
         let mut timings = RunTimings::default();
         let start = std::time::Instant::now();
         let mut values: Vec<(String, DynValue)> = Vec::with_capacity(inputs.len());
@@ -150,24 +151,62 @@ impl OnnxSession {
             if parts.is_empty() {
                 continue;
             }
-            let value = build_input(parts, tensor_spec.datatype, spec.max_batch_size > 0, batch_size)?;
+            let value = build_input(parts, tensor_spec.datatype, spec.max_batch_size > 0, batch_size)
+                .map_err(Error::internal)?;
             values.push((tensor_spec.name.clone(), value));
         }
         let after_input = std::time::Instant::now();
         timings.input_ns = crate::stats::nanos(after_input - start);
-        let mut outputs = self.session.run(values).map_err(|e| format!("onnx runtime failed: {e}"))?;
+        let mut outputs = self.session.run(values).map_err(|e| run_error(&e))?;
         let after_infer = std::time::Instant::now();
         timings.infer_ns = crate::stats::nanos(after_infer - after_input);
         let mut result = Vec::with_capacity(wanted.len());
         for out_spec in wanted.iter().filter_map(|i| spec.outputs.get(*i)) {
             let value = outputs
                 .remove(&out_spec.name)
-                .ok_or_else(|| format!("model produced no output '{}'", out_spec.name))?;
-            result.push(extract_output(&out_spec.name, out_spec.datatype, value)?);
+                .ok_or_else(|| Error::internal(format!("model produced no output '{}'", out_spec.name)))?;
+            result.push(extract_output(&out_spec.name, out_spec.datatype, value).map_err(Error::internal)?);
         }
         timings.output_ns = crate::stats::nanos(after_infer.elapsed());
         Ok((result, timings))
     }
+}
+
+/// The client's view of a failed run. ONNX Runtime's "invalid argument" means the inputs do not
+/// suit the graph (400, as Triton's onnxruntime backend maps it); anything else is the server's
+/// (500). Either way the message keeps what ORT says went wrong but not the source paths and C++
+/// signatures of its build that it prefixes to it.
+fn run_error(e: &ort::Error) -> Error {
+    let message = format!("onnx runtime failed: {}", strip_source_locations(e.message()));
+    match e.code() {
+        ort::ErrorCode::InvalidArgument => Error::invalid(message),
+        _ => Error::internal(message),
+    }
+}
+
+/// Drops `/path/file.ext:123 <signature>` locations from an ONNX Runtime message: each source
+/// path token, and the C++ signature after it up to its closing parenthesis.
+fn strip_source_locations(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message.trim_end();
+    while let Some(start) = rest.find(" /").map(|i| i + 1).or_else(|| rest.starts_with('/').then_some(0)) {
+        let token_end = rest[start..].find(' ').map_or(rest.len(), |i| start + i);
+        let is_location = rest[start..token_end].rsplit_once(':').is_some_and(|(_, line)| line.parse::<u32>().is_ok());
+        if !is_location {
+            out.push_str(&rest[..token_end]);
+            rest = &rest[token_end..];
+            continue;
+        }
+        out.push_str(&rest[..start]);
+        let after = &rest[token_end..];
+        // A signature ends at the first ")" followed by a space; keep what follows it.
+        rest = match after.find(") ") {
+            Some(i) if after[..i].contains('(') => after[i + 2..].trim_start(),
+            _ => after.trim_start(),
+        };
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Builds one ORT tensor from request parts with a single copy (gathering along dim 0).
@@ -239,4 +278,25 @@ fn extract_output(name: &str, datatype: DataType, value: DynValue) -> Result<Out
         Bytes::from_owner(OrtBuffer { _value: value, ptr, len })
     };
     Ok(OutputTensor { name: name.to_string(), datatype, shape, data })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_locations_leave_ort_messages_and_the_rest_stays() {
+        let ort = "Non-zero status code returned while running Sub node. Name:'' Status Message: \
+                   /onnxruntime_src/onnxruntime/core/providers/cpu/math/element_wise_ops.h:583 void \
+                   onnxruntime::BroadcastIterator::Append(ptrdiff_t, ptrdiff_t) axis == 1 || axis == largest was \
+                   false. Attempting to broadcast an axis by a dimension other than 1. 2 by 3\n";
+        assert_eq!(
+            strip_source_locations(ort),
+            "Non-zero status code returned while running Sub node. Name:'' Status Message: axis == 1 || axis == \
+             largest was false. Attempting to broadcast an axis by a dimension other than 1. 2 by 3"
+        );
+        let plain = "Got invalid dimensions for input: INPUT0 for the following indices index: 1 Got: 3 Expected: 16";
+        assert_eq!(strip_source_locations(plain), plain);
+        assert_eq!(strip_source_locations("ratio a / b at /tmp/x.onnx"), "ratio a / b at /tmp/x.onnx");
+    }
 }

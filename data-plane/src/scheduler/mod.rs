@@ -389,7 +389,7 @@ fn execute(
     wanted.dedup();
     let rows: usize = batch.iter().map(|p| p.request.batch_size).sum();
     let run_start = Instant::now();
-    let (outputs, mut timings) = session.run(spec, &parts, rows, &wanted).map_err(Error::internal)?;
+    let (outputs, mut timings) = session.run(spec, &parts, rows, &wanted)?;
     timings.input_ns += nanos(run_start - start);
     if batch.len() == 1 {
         let only = &batch[0].request.outputs;
