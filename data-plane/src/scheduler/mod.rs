@@ -346,22 +346,22 @@ fn run_batch(session: &mut OnnxSession, shared: &Shared, batch: Vec<Pending>, ti
                     stats.latency_us.observe(ns / 1_000);
                 }
             }
-            deliver(ticket, batch.into_iter().map(|p| p.reply).zip(per_request).collect());
+            deliver(ticket, batch.into_iter().map(|p| p.reply).zip(per_request));
         }
         Err(e) => {
             tracing::warn!(model = %spec.name, error = %e.message, requests = batch.len(), "execution failed");
             for _ in &batch {
                 stats.record_failure_reason(FailReason::Backend);
             }
-            deliver(ticket, batch.into_iter().map(|p| (p.reply, Err(e.clone()))).collect());
+            deliver(ticket, batch.into_iter().map(|p| (p.reply, Err(e.clone()))));
         }
     }
 }
 
 /// Sends a batch's answers: now, or in the batch's turn when it has a ticket.
-fn deliver(ticket: Option<Ticket>, answers: Vec<Delivery>) {
+fn deliver(ticket: Option<Ticket>, answers: impl Iterator<Item = Delivery>) {
     match ticket {
-        Some(ticket) => ticket.answer(answers),
+        Some(ticket) => ticket.answer(answers.collect()),
         None => {
             for (reply, answer) in answers {
                 // A closed receiver means the client left mid-run; nothing to do then.
