@@ -137,17 +137,18 @@ mod tests {
 
     #[tokio::test]
     async fn short_sleeps_end_close_to_their_deadline_not_on_the_next_millisecond() {
-        // Median over several: a loaded test machine may delay any one wake.
         let mut late = Vec::new();
-        for _ in 0..9 {
+        for _ in 0..20 {
             let at = tokio::time::Instant::now() + Duration::from_micros(150);
             sleep_until(at).await;
             let now = tokio::time::Instant::now();
             assert!(now >= at, "never early");
             late.push(now - at);
         }
-        late.sort();
-        assert!(late[4] < Duration::from_micros(700), "median lateness {:?}", late[4]);
+        // Tokio's timer is never less than about a millisecond late; the least late of these
+        // shows the resolution even when a busy test machine delays some wakes.
+        let least = late.iter().min().copied().unwrap_or_default();
+        assert!(least < Duration::from_micros(500), "least lateness {least:?} of {late:?}");
     }
 
     #[tokio::test]

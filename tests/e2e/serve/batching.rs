@@ -383,13 +383,19 @@ async fn preserve_ordering_answers_in_batch_order_when_instances_finish_out_of_o
 async fn sub_millisecond_queue_delays_are_kept_to_the_microsecond() {
     let config = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 100 }\n";
     let s = TestServer::start_with(&[("short_delay", config)], &[]);
+    let queue_ns = |m: &Value| m["inference_stats"]["queue"]["ns"].as_u64().unwrap_or(0);
+    let mut waits = Vec::new();
+    let mut before = queue_ns(&stats(&s, "short_delay").await);
     for i in 0..20 {
         let (status, body) = infer_many(&s, "short_delay", 1).await.remove(0);
         assert_eq!(status, 200, "request {i}: {body}");
+        let after = queue_ns(&stats(&s, "short_delay").await);
+        waits.push(Duration::from_nanos(after - before));
+        before = after;
     }
-    let m = stats(&s, "short_delay").await;
-    let queue = &m["inference_stats"]["queue"];
-    let mean_us = queue["ns"].as_u64().unwrap_or(0) / queue["count"].as_u64().unwrap_or(1).max(1) / 1_000;
-    // Each lone request waits out the 100 µs delay; a millisecond timer would make that 1-2 ms.
-    assert!((100..700).contains(&mean_us), "mean queue time {mean_us} µs");
+    // Each lone request waits out the 100 µs delay, never less. A millisecond timer makes every
+    // wait 1-2 ms; the fastest of these shows the resolution even on a busy test machine.
+    assert!(waits.iter().all(|w| *w >= Duration::from_micros(100)), "{waits:?}");
+    let fastest = waits.iter().min().copied().unwrap_or_default();
+    assert!(fastest < Duration::from_micros(700), "fastest queue wait {fastest:?} of {waits:?}");
 }
