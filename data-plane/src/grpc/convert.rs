@@ -1,4 +1,5 @@
-//! Conversions between the gRPC messages and the engine's request/response types.
+//! Conversions between the gRPC messages and the engine's request/response types, and from
+//! tonic's codec failures to the crate's errors.
 
 use std::collections::HashMap;
 
@@ -9,7 +10,9 @@ use tessera_protocol::inference::{
     model_infer_response::InferOutputTensor,
 };
 
-use crate::error::{Error, Result};
+use tonic::{Code, Status};
+
+use crate::error::{Error, ErrorKind, Result};
 use crate::infer::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput};
 use crate::tensor::{InputTensor, push_bytes_element};
 
@@ -128,6 +131,32 @@ pub fn infer_response(resp: InferResponse) -> ModelInferResponse {
     }
 }
 
+/// How tonic 0.14 words a request message over the size limit (its code: OUT_OF_RANGE).
+const TOO_LARGE: &str = "Error, decoded message length too large";
+/// How tonic 0.14 and tonic-prost word a request message that cannot be read (their code:
+/// INTERNAL): not protobuf, compressed data that does not decompress, a message cut short by
+/// the end of the stream, a unary call without its message.
+const UNREADABLE: [&str; 4] = [
+    "failed to decode Protobuf message",
+    "Error decompressing",
+    "Unexpected EOF decoding stream",
+    "Missing request message",
+];
+
+/// The crate's error for a request message that tonic's codec refused with a code other than
+/// the crate's own: too large is RESOURCE_EXHAUSTED and unreadable is INVALID_ARGUMENT (the
+/// client's mistakes), where tonic says OUT_OF_RANGE and INTERNAL. `None` for anything else,
+/// which keeps its code (the handlers' own errors, and the protocol errors gRPC says are INTERNAL).
+pub fn codec_error(status: &Status) -> Option<Error> {
+    let message = status.message();
+    let kind = match status.code() {
+        Code::OutOfRange if message.starts_with(TOO_LARGE) => ErrorKind::TooLarge,
+        Code::Internal if UNREADABLE.iter().any(|p| message.starts_with(p)) => ErrorKind::InvalidArg,
+        _ => return None,
+    };
+    Some(Error::new(kind, message))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,5 +201,53 @@ mod tests {
             ..Default::default()
         };
         assert!(infer_request(req).is_err());
+    }
+
+    /// A gRPC message frame: the compressed flag, the length, the payload.
+    fn frame(compressed: u8, len: u32, payload: &[u8]) -> Vec<u8> {
+        let mut frame = vec![compressed];
+        frame.extend_from_slice(&len.to_be_bytes());
+        frame.extend_from_slice(payload);
+        frame
+    }
+
+    /// What tonic's own decoder answers for `body` as a stream of requests of at most 1 KiB.
+    async fn decoder_status(body: Vec<u8>, encoding: Option<tonic::codec::CompressionEncoding>) -> Status {
+        use tonic::codec::Codec as _;
+        let decoder = tonic_prost::ProstCodec::<ModelInferResponse, ModelInferRequest>::new().decoder();
+        let body = http_body_util::Full::new(Bytes::from(body));
+        let mut stream = tonic::codec::Streaming::new_request(decoder, body, encoding, Some(1024));
+        stream.message().await.expect_err("the decoder refuses the message")
+    }
+
+    #[tokio::test]
+    async fn codec_failures_become_the_crates_codes() {
+        use tonic::codec::CompressionEncoding::Gzip;
+        let cases = [
+            (frame(0, 4, &[0xff; 4]), None, ErrorKind::InvalidArg, "failed to decode Protobuf message"),
+            (frame(0, 1025, &[]), None, ErrorKind::TooLarge, "length too large"),
+            (frame(1, 4, &[0xff; 4]), Some(Gzip), ErrorKind::InvalidArg, "Error decompressing"),
+            (frame(0, 10, &[0; 3]), None, ErrorKind::InvalidArg, "Unexpected EOF"),
+        ];
+        for (body, encoding, kind, words) in cases {
+            let status = decoder_status(body, encoding).await;
+            let err = codec_error(&status).unwrap_or_else(|| panic!("mapped: {status:?}"));
+            assert_eq!(err.kind, kind, "{status:?}");
+            assert!(err.message.contains(words), "{}", err.message);
+        }
+        assert_eq!(
+            codec_error(&Status::internal("Missing request message.")).map(|e| e.kind),
+            Some(ErrorKind::InvalidArg)
+        );
+    }
+
+    #[tokio::test]
+    async fn other_failures_keep_their_code() {
+        // gRPC requires INTERNAL for a compressed flag without an encoding.
+        let protocol = decoder_status(frame(1, 4, &[0xff; 4]), None).await;
+        assert_eq!(protocol.code(), Code::Internal);
+        for status in [protocol, Status::internal("boom"), Status::out_of_range("x"), Status::not_found("x")] {
+            assert!(codec_error(&status).is_none(), "{status:?}");
+        }
     }
 }

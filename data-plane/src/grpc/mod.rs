@@ -20,6 +20,7 @@ use tessera_protocol::inference::repository_index_response::ModelIndex;
 use tessera_protocol::inference::*;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::codec::CompressionEncoding;
 use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -33,10 +34,16 @@ type GrpcResult<T> = Result<Response<T>, Status>;
 /// Serves gRPC on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: CancellationToken) {
     let limit = state.max_input_size;
+    // Compressed requests are accepted as Triton accepts them. Responses stay uncompressed:
+    // tonic compresses one only when `send_compressed` is set, and like Triton's default we do not.
     let inference = GrpcInferenceServiceServer::new(InferenceService { state: state.clone() })
         .max_decoding_message_size(limit)
-        .max_encoding_message_size(i32::MAX as usize);
-    let health = HealthServer::new(HealthService { state });
+        .max_encoding_message_size(i32::MAX as usize)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate);
+    let health = HealthServer::new(HealthService { state })
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate);
     serve::serve(listener, Routes::new(inference).add_service(health), shutdown).await;
 }
 
@@ -161,45 +168,16 @@ impl GrpcInferenceService for InferenceService {
     type ModelStreamInferStream = StreamOut;
 
     /// Non-decoupled streaming: requests run concurrently, responses leave in request order,
-    /// errors travel in-band in `error_message` and the stream stays open (Triton's default).
+    /// errors travel in-band in `error_message` and the stream stays open (Triton's default);
+    /// a message that cannot be read ends it with a status (see [`run_stream`]).
     async fn model_stream_infer(
         &self,
         req: Request<Streaming<ModelInferRequest>>,
     ) -> GrpcResult<Self::ModelStreamInferStream> {
         // One check per stream: the credential is in the stream's metadata, not its messages.
         let caller = self.caller(&req, Role::Inference).await?.map(Arc::new);
-        let mut incoming = req.into_inner();
-        let state = self.state.clone();
-        let output = async_stream_ordered(move |tx| async move {
-            let mut pending = FuturesOrdered::new();
-            let mut open = true;
-            loop {
-                tokio::select! {
-                    msg = incoming.next(), if open && pending.len() < STREAM_IN_FLIGHT => match msg {
-                        Some(Ok(request)) => {
-                            let (state, caller) = (state.clone(), caller.clone());
-                            pending.push_back(async move { Self::infer(&state, caller.as_deref(), request).await });
-                        }
-                        Some(Err(status)) => {
-                            tracing::debug!(error = %status, "stream closed by client error");
-                            open = false;
-                        }
-                        None => open = false,
-                    },
-                    Some(result) = pending.next(), if !pending.is_empty() => {
-                        let message = match result {
-                            Ok(r) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(r) },
-                            Err(e) => ModelStreamInferResponse { error_message: e.message, infer_response: None },
-                        };
-                        if tx.send(Ok(message)).await.is_err() {
-                            break;
-                        }
-                    }
-                    else => break,
-                }
-            }
-        });
-        Ok(Response::new(output))
+        let (state, incoming) = (self.state.clone(), req.into_inner());
+        Ok(Response::new(async_stream_ordered(move |tx| run_stream(state, caller, incoming, tx))))
     }
 
     async fn model_config(&self, req: Request<ModelConfigRequest>) -> GrpcResult<ModelConfigResponse> {
@@ -318,10 +296,81 @@ impl GrpcInferenceService for InferenceService {
     }
 }
 
+/// Where a stream's answers go: the response stream, in order; an `Err` ends it with that status.
+type StreamSender = tokio::sync::mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
+
+/// Reads one stream's requests and answers each in order. A message that cannot be read has
+/// no request id to answer in-band, and tonic cannot read on past it, so it ends the stream
+/// with its status once the requests before it are answered. (Triton's handler takes a failed
+/// read for the end of the client's writes and ends with OK, which hides the dropped messages;
+/// only gRPC's own size limit ends its stream with RESOURCE_EXHAUSTED.)
+async fn run_stream(
+    state: Arc<ServerState>,
+    caller: Option<Arc<Principal>>,
+    mut incoming: Streaming<ModelInferRequest>,
+    tx: StreamSender,
+) {
+    let mut pending = FuturesOrdered::new();
+    let (mut received, mut open, mut unreadable) = (0u64, true, None);
+    loop {
+        tokio::select! {
+            msg = incoming.next(), if open && pending.len() < STREAM_IN_FLIGHT => match msg {
+                Some(Ok(request)) => {
+                    received += 1;
+                    pending.push_back(stream_infer(state.clone(), caller.clone(), request));
+                }
+                Some(Err(status)) => {
+                    tracing::debug!(error = %status, "stream message could not be read");
+                    (open, unreadable) = (false, Some(unreadable_message(received + 1, &status)));
+                }
+                None => open = false,
+            },
+            Some(message) = pending.next(), if !pending.is_empty() => {
+                if tx.send(Ok(message)).await.is_err() {
+                    return;
+                }
+            }
+            else => break,
+        }
+    }
+    if let Some(status) = unreadable {
+        // A client that already left cannot be told.
+        let _ = tx.send(Err(status)).await;
+    }
+}
+
+/// One stream request's answer: the response, or the error in-band with the request's id,
+/// model and version so that the client knows which request failed (as Triton fills in the id).
+async fn stream_infer(
+    state: Arc<ServerState>,
+    caller: Option<Arc<Principal>>,
+    request: ModelInferRequest,
+) -> ModelStreamInferResponse {
+    let failed = ModelInferResponse {
+        id: request.id.clone(),
+        model_name: request.model_name.clone(),
+        model_version: request.model_version.clone(),
+        ..Default::default()
+    };
+    match InferenceService::infer(&state, caller.as_deref(), request).await {
+        Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
+        Err(e) => ModelStreamInferResponse { error_message: e.message, infer_response: Some(failed) },
+    }
+}
+
+/// The status that ends a stream at its `index`-th message (from 1), which tonic could not read.
+fn unreadable_message(index: u64, status: &Status) -> Status {
+    let (code, reason) = match convert::codec_error(status) {
+        Some(err) => (err.codes().1, err.message),
+        None => (status.code(), status.message().to_string()),
+    };
+    Status::new(code, format!("stream message {index} could not be read, so the stream ends here: {reason}"))
+}
+
 /// Runs `producer` on a task and exposes what it sends as the response stream.
 fn async_stream_ordered<F, Fut>(producer: F) -> StreamOut
 where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<ModelStreamInferResponse, Status>>) -> Fut,
+    F: FnOnce(StreamSender) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     // Capacity bounds how far the server runs ahead of a slow reader.

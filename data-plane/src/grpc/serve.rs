@@ -1,6 +1,7 @@
 //! The gRPC endpoint's connections: HTTP/2 only, each over a buffered [`Socket`], serving tonic's
 //! routes as tonic's own server would (see [`crate::accept`] for why it is our own): the
-//! caller's address in each request's extensions, and a client's `grpc-timeout` enforced.
+//! caller's address in each request's extensions, a client's `grpc-timeout` enforced, and the
+//! crate's codes for requests tonic's codec refuses.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -18,6 +19,7 @@ use tonic::body::Body;
 use tonic::service::Routes;
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use super::convert;
 use super::socket::Socket;
 use crate::rewake::RewakeExecutor;
 
@@ -63,15 +65,25 @@ impl hyper::service::Service<Request<Incoming>> for Calls {
         // Routes are always ready (an axum router), so `call` needs no `poll_ready` first.
         let response = tower::Service::call(&mut self.routes.clone(), req);
         Box::pin(async move {
-            let Some(timeout) = timeout else { return response.await };
+            let Some(timeout) = timeout else { return response.await.map(with_crate_code) };
             match tokio::time::timeout(timeout, response).await {
-                Ok(response) => response,
+                Ok(response) => response.map(with_crate_code),
                 Err(_) => {
                     let message = format!("deadline of {timeout:?} (grpc-timeout) expired before the call completed");
                     Ok(Status::deadline_exceeded(message).into_http())
                 }
             }
         })
+    }
+}
+
+/// `response`, or the crate's code in its place when tonic's codec refused the request with
+/// another (see [`convert::codec_error`]). Only a trailers-only answer made from a `Status`
+/// carries one in its extensions, so any other response costs one lookup in an empty map.
+fn with_crate_code(response: Response<Body>) -> Response<Body> {
+    match response.extensions().get::<Status>().and_then(convert::codec_error) {
+        Some(err) => Status::from(err).into_http(),
+        None => response,
     }
 }
 
@@ -119,6 +131,21 @@ mod tests {
         assert_eq!(parse("250m"), Ok(Some(Duration::from_millis(250))));
         assert_eq!(parse("99999999u"), Ok(Some(Duration::from_micros(99_999_999))));
         assert_eq!(parse("1n"), Ok(Some(Duration::from_nanos(1))));
+    }
+
+    #[test]
+    fn codec_refusals_take_the_crates_code_and_other_responses_pass_unchanged() {
+        let code = |response: &Response<Body>| response.headers().get("grpc-status").cloned();
+        let refused = Status::internal("failed to decode Protobuf message: buffer underflow").into_http();
+        let answer = with_crate_code(refused);
+        assert_eq!(code(&answer), Some("3".parse().expect("a header value")), "INVALID_ARGUMENT");
+        assert!(answer.headers()["grpc-message"].to_str().expect("ASCII").contains("buffer%20underflow"));
+        let too_large = Status::out_of_range("Error, decoded message length too large: found 9 bytes").into_http();
+        assert_eq!(code(&with_crate_code(too_large)), Some("8".parse().expect("a header value")), "RESOURCE_EXHAUSTED");
+        let own = Status::internal("inference failed").into_http();
+        assert_eq!(code(&with_crate_code(own)), Some("13".parse().expect("a header value")));
+        let ok = Response::new(Body::empty());
+        assert_eq!(code(&with_crate_code(ok)), None);
     }
 
     #[test]

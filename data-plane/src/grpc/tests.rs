@@ -203,3 +203,60 @@ async fn statistics_need_viewer_and_show_only_the_callers_models() {
     let cross = ModelStatisticsRequest { name: "only_b".into(), ..Default::default() };
     assert_eq!(client.model_statistics(with_key(cross, Some(A_VIEWER))).await.expect_err("404").code(), Code::NotFound);
 }
+
+/// `payload` as one uncompressed gRPC message frame.
+fn frame(payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("a test message under 4 GiB");
+    [&[0u8][..], &len.to_be_bytes(), payload].concat()
+}
+
+/// An `add_sub` request with this id, as a frame.
+fn request_frame(id: &str) -> Vec<u8> {
+    frame(&ModelInferRequest { id: id.into(), ..infer_request("add_sub") }.encode_to_vec())
+}
+
+/// What the stream handler answers tenant A for these frames, read by tonic's own decoder.
+async fn stream_answers(state: Arc<ServerState>, frames: &[Vec<u8>]) -> Vec<Result<ModelStreamInferResponse, Status>> {
+    use tonic::codec::Codec as _;
+    let decoder = tonic_prost::ProstCodec::<ModelStreamInferResponse, ModelInferRequest>::new().decoder();
+    let body = http_body_util::Full::new(bytes::Bytes::from(frames.concat()));
+    let incoming = Streaming::new_request(decoder, body, None, Some(crate::server::DEFAULT_MAX_INPUT_SIZE));
+    let service = InferenceService { state };
+    let answers = service.model_stream_infer(with_key(incoming, Some(A_INFERENCE))).await.expect("the stream opens");
+    answers.into_inner().collect().await
+}
+
+#[tokio::test]
+async fn an_unreadable_stream_message_ends_the_stream_with_its_code_after_the_answers_before_it() {
+    let (state, _dir) = tenant_state().await;
+    let too_large = u32::try_from(crate::server::DEFAULT_MAX_INPUT_SIZE + 1).expect("the limit fits a frame");
+    let cases = [
+        (frame(&[0xff; 4]), Code::InvalidArgument, "failed to decode Protobuf message"),
+        ([&[0u8][..], &too_large.to_be_bytes()].concat(), Code::ResourceExhausted, "length too large"),
+    ];
+    for (bad, code, reason) in cases {
+        let answers = stream_answers(state.clone(), &[request_frame("a"), bad, request_frame("b")]).await;
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        let first = answers[0].as_ref().expect("an answer");
+        assert_eq!(first.infer_response.as_ref().map(|r| r.id.as_str()), Some("a"), "{first:?}");
+        let status = answers[1].as_ref().expect_err("the stream ends with a status");
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().starts_with("stream message 2 could not be read"), "{}", status.message());
+        assert!(status.message().contains(reason), "{}", status.message());
+    }
+}
+
+#[tokio::test]
+async fn in_band_stream_errors_name_the_request_that_failed() {
+    let (state, _dir) = tenant_state().await;
+    let unknown = ModelInferRequest { id: "x".into(), model_version: "3".into(), ..infer_request("only_b") };
+    let answers = stream_answers(state, &[frame(&unknown.encode_to_vec()), request_frame("a")]).await;
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let failed = answers[0].as_ref().expect("answered in-band");
+    assert!(failed.error_message.starts_with("Request for unknown model: 'only_b'"), "{}", failed.error_message);
+    let echo = failed.infer_response.as_ref().expect("the failed request named");
+    assert_eq!((echo.id.as_str(), echo.model_name.as_str(), echo.model_version.as_str()), ("x", "only_b", "3"));
+    assert!(echo.outputs.is_empty() && echo.raw_output_contents.is_empty());
+    let ok = answers[1].as_ref().expect("answered");
+    assert!(ok.error_message.is_empty(), "{}", ok.error_message);
+}
