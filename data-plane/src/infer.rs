@@ -41,6 +41,29 @@ impl ParamValue {
             _ => None,
         }
     }
+
+    /// The value for messages: numbers and bools as they are, strings only by their kind.
+    pub fn describe(&self) -> String {
+        match self {
+            ParamValue::Bool(b) => b.to_string(),
+            ParamValue::Int(i) => i.to_string(),
+            ParamValue::Uint(u) => u.to_string(),
+            ParamValue::Double(d) => d.to_string(),
+            ParamValue::Str(_) => "a string".into(),
+        }
+    }
+}
+
+/// The bool parameter `key`, `None` when absent; an error naming it (and `owner`, e.g.
+/// " of output 'x'") when it has another type.
+pub fn bool_param(params: &Parameters, key: &str, owner: &str) -> Result<Option<bool>> {
+    params
+        .get(key)
+        .map(|p| {
+            p.as_bool()
+                .ok_or_else(|| Error::invalid(format!("parameter '{key}'{owner} must be a bool, got {}", p.describe())))
+        })
+        .transpose()
 }
 
 /// Parameters keyed by name.
@@ -126,6 +149,7 @@ impl ValidInferRequest {
             inputs[idx] = Some(input);
         }
         check_missing(&inputs, spec)?;
+        check_parameters(&request.parameters)?;
         let outputs = select_outputs(&request.outputs, spec)?;
         Ok(Self {
             id: request.id,
@@ -155,7 +179,13 @@ fn check_input(input: &InputTensor, spec: &TensorSpec, model: &ModelSpec) -> Res
         let Some((first, rest)) = input.shape.split_first() else {
             return Err(shape_error(input, spec, model));
         };
-        if *first < 1 || *first > i64::from(model.max_batch_size) {
+        if *first < 1 {
+            return Err(Error::invalid(format!(
+                "inference request batch-size must be at least 1 for '{}', got {first} for input '{name}'",
+                model.name
+            )));
+        }
+        if *first > i64::from(model.max_batch_size) {
             return Err(Error::invalid(format!(
                 "inference request batch-size must be <= {} for '{}', got {first} for input '{name}'",
                 model.max_batch_size, model.name
@@ -216,9 +246,48 @@ fn select_outputs(requested: &[RequestedOutput], spec: &ModelSpec) -> Result<Vec
         if selected.contains(&idx) {
             return Err(Error::invalid(format!("output '{}' is requested more than once", out.name)));
         }
+        for key in ["classification", "class_count"] {
+            check_classification(&out.parameters, key, Some(&out.name))?;
+        }
         selected.push(idx);
     }
     Ok(selected)
+}
+
+/// Checks the reserved request parameters that hold for both protocols; the scheduler reads
+/// `priority` and `timeout` itself.
+fn check_parameters(params: &Parameters) -> Result<()> {
+    if let Some(id) = params.get("sequence_id")
+        && !matches!(id, ParamValue::Str(_))
+        && id.as_u64().is_none()
+    {
+        return Err(Error::invalid(format!(
+            "parameter 'sequence_id' must be an unsigned integer or a string, got {}",
+            id.describe()
+        )));
+    }
+    bool_param(params, "sequence_start", "")?;
+    bool_param(params, "sequence_end", "")?;
+    check_classification(params, "classification", None)
+}
+
+/// Refuses Triton's classification extension (top-N class strings in place of the tensor),
+/// which this server does not offer; a count of 0 asks for the plain tensor. `output` names
+/// the requested output whose parameter it is.
+fn check_classification(params: &Parameters, key: &str, output: Option<&str>) -> Result<()> {
+    let Some(p) = params.get(key) else { return Ok(()) };
+    let (prefix, owner) = match output {
+        Some(name) => (format!("output '{name}': "), format!(" of output '{name}'")),
+        None => (String::new(), String::new()),
+    };
+    match p.as_u64() {
+        Some(0) => Ok(()),
+        Some(_) => Err(Error::invalid(format!("{prefix}classification is not supported"))),
+        None => Err(Error::invalid(format!(
+            "parameter '{key}'{owner} must be a non-negative integer, got {}",
+            p.describe()
+        ))),
+    }
 }
 
 /// Whether a datatype may appear in JSON `data` (Triton refuses FP16 and BF16 there).
@@ -278,6 +347,8 @@ mod tests {
         assert!(e.contains("unexpected inference input 'X'"), "{e}");
         let e = err(request(vec![input("INPUT0", &[9, 16], 9 * 64), input("INPUT1", &[9, 16], 9 * 64)]));
         assert!(e.contains("batch-size must be <= 8"), "{e}");
+        let e = err(request(vec![input("INPUT0", &[0, 16], 0), input("INPUT1", &[0, 16], 0)]));
+        assert!(e.contains("batch-size must be at least 1") && e.contains("got 0"), "{e}");
         let e = err(request(vec![input("INPUT0", &[1, -4], 0), input("INPUT1", &[1, 16], 64)]));
         assert!(e.contains("INPUT0"), "{e}");
         let e = err(request(vec![input("INPUT0", &[1, 16], 64), input("INPUT1", &[2, 16], 128)]));
@@ -301,5 +372,58 @@ mod tests {
         let e =
             err(request(vec![input("INPUT0", &[1, 4_294_967_296, 4_294_967_296], 0), input("INPUT1", &[1, 16], 64)]));
         assert!(e.contains("INPUT0"), "{e}");
+    }
+
+    fn good() -> InferRequest {
+        request(vec![input("INPUT0", &[1, 16], 64), input("INPUT1", &[1, 16], 64)])
+    }
+
+    fn with_params(params: &[(&str, ParamValue)]) -> InferRequest {
+        let mut req = good();
+        req.parameters = params.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        req
+    }
+
+    #[test]
+    fn sequence_parameters_must_have_their_types() {
+        let fine = [
+            ("sequence_id", ParamValue::Uint(u64::MAX)),
+            ("sequence_id", ParamValue::Int(7)),
+            ("sequence_id", ParamValue::Str("abc".into())),
+            ("sequence_start", ParamValue::Bool(true)),
+            ("sequence_end", ParamValue::Bool(false)),
+        ];
+        ValidInferRequest::new(with_params(&fine), &add_sub()).expect("well-typed");
+        let bad = [
+            ("sequence_id", ParamValue::Int(-1), "'sequence_id' must be an unsigned integer or a string, got -1"),
+            ("sequence_id", ParamValue::Double(1.5), "'sequence_id'"),
+            ("sequence_id", ParamValue::Bool(true), "'sequence_id'"),
+            ("sequence_start", ParamValue::Str("yes".into()), "'sequence_start' must be a bool, got a string"),
+            ("sequence_end", ParamValue::Int(1), "'sequence_end' must be a bool, got 1"),
+        ];
+        for (key, value, needle) in bad {
+            let e = err(with_params(&[(key, value)]));
+            assert!(e.contains(needle), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn classification_is_refused_unless_its_count_is_zero() {
+        let asking = |key: &str, value: ParamValue| {
+            let mut req = good();
+            let parameters = [(key.to_string(), value)].into_iter().collect();
+            req.outputs.push(RequestedOutput { name: "OUTPUT1".into(), parameters });
+            ValidInferRequest::new(req, &add_sub()).map(|v| v.outputs).map_err(|e| e.message)
+        };
+        assert_eq!(asking("classification", ParamValue::Int(0)), Ok(vec![1]));
+        assert_eq!(asking("class_count", ParamValue::Uint(0)), Ok(vec![1]));
+        for key in ["classification", "class_count"] {
+            let e = asking(key, ParamValue::Int(3)).expect_err(key);
+            assert_eq!(e, "output 'OUTPUT1': classification is not supported");
+        }
+        let e = asking("classification", ParamValue::Str("x".into())).expect_err("a string");
+        assert!(e.contains("'classification' of output 'OUTPUT1' must be a non-negative integer"), "{e}");
+        let e = err(with_params(&[("classification", ParamValue::Uint(2))]));
+        assert_eq!(e, "classification is not supported");
     }
 }

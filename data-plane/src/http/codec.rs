@@ -5,17 +5,20 @@ use std::fmt;
 
 use bytes::Bytes;
 use serde::de::{DeserializeSeed, SeqAccess, Visitor};
-use serde::ser::{SerializeMap, SerializeSeq};
+use serde::ser::SerializeSeq;
 use serde::{Deserialize, Serialize, Serializer};
 use serde_json::value::RawValue;
 use tessera_protocol::DataType;
 
+use super::nonfinite::{self, Prepared};
 use crate::error::{Error, Result};
-use crate::infer::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput, json_capable};
+use crate::infer::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput, bool_param, json_capable};
 use crate::tensor::{InputTensor, OutputTensor, bytes_elements, push_bytes_element};
 
 /// Header that splits the JSON part of a body from its binary tail.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
+/// [`HEADER_LENGTH`] as Triton's documentation spells it, for messages.
+const HEADER_LENGTH_NAME: &str = "Inference-Header-Content-Length";
 
 #[derive(Deserialize)]
 struct JsonRequest<'a> {
@@ -47,7 +50,7 @@ struct JsonOutput<'a> {
 }
 
 /// Splits a body into its JSON header and binary tail using `Inference-Header-Content-Length`.
-pub fn split_body(body: &Bytes, header_length: Option<&str>) -> Result<(Bytes, Bytes)> {
+fn split_body(body: &Bytes, header_length: Option<&str>) -> Result<(Bytes, Bytes)> {
     let Some(raw) = header_length else {
         return Ok((body.clone(), Bytes::new()));
     };
@@ -67,14 +70,22 @@ pub fn split_body(body: &Bytes, header_length: Option<&str>) -> Result<(Bytes, B
     Ok((body.slice(..len), body.slice(len..)))
 }
 
+/// Decodes an infer request body: its JSON header, then the binary tail that
+/// `Inference-Header-Content-Length` (`header_length`) splits off.
+pub fn decode_body(body: &Bytes, header_length: Option<&str>) -> Result<InferRequest> {
+    let (header, tail) = split_body(body, header_length)?;
+    decode_request(&header, &tail)
+}
+
 /// Decodes a request whose JSON part is `header` and binary tail is `tail`.
-pub fn decode_request(header: &[u8], tail: &Bytes) -> Result<InferRequest> {
-    let json: JsonRequest<'_> = serde_json::from_slice(header)
-        .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
+fn decode_request(header: &[u8], tail: &Bytes) -> Result<InferRequest> {
+    let prepared = nonfinite::prepare(header);
+    let json = parse_header(&prepared.json)?;
+    prepared.check_placement(json.inputs.iter().filter_map(|i| i.data)).map_err(Error::invalid)?;
     let mut offset = 0usize;
     let mut inputs = Vec::with_capacity(json.inputs.len());
     for input in json.inputs {
-        inputs.push(decode_input(input, tail, &mut offset)?);
+        inputs.push(decode_input(input, tail, &mut offset, &prepared)?);
     }
     if offset != tail.len() {
         return Err(Error::invalid(format!(
@@ -96,7 +107,31 @@ pub fn decode_request(header: &[u8], tail: &Bytes) -> Result<InferRequest> {
     })
 }
 
-fn decode_input(input: JsonInput<'_>, tail: &Bytes, offset: &mut usize) -> Result<InputTensor> {
+/// Parses the JSON header; bytes after it get a hint, as they are most often a binary tail
+/// sent without the header that says where the JSON ends.
+fn parse_header(json: &[u8]) -> Result<JsonRequest<'_>> {
+    let mut values = serde_json::Deserializer::from_slice(json).into_iter::<JsonRequest<'_>>();
+    let parsed = match values.next() {
+        Some(parsed) => parsed,
+        // Empty or blank: let serde_json say so in its words.
+        None => serde_json::from_slice(json),
+    };
+    let request = parsed.map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
+    if json[values.byte_offset()..].iter().any(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+        return Err(Error::invalid(format!(
+            "failed to parse the request JSON buffer: trailing characters after the JSON object; binary data after \
+             the JSON needs the {HEADER_LENGTH_NAME} header, set to the length of the JSON"
+        )));
+    }
+    Ok(request)
+}
+
+fn decode_input(
+    input: JsonInput<'_>,
+    tail: &Bytes,
+    offset: &mut usize,
+    prepared: &Prepared<'_>,
+) -> Result<InputTensor> {
     let name = input.name;
     let datatype = DataType::from_wire(&input.datatype)
         .ok_or_else(|| Error::invalid(format!("input '{name}' has an unknown datatype '{}'", input.datatype)))?;
@@ -124,7 +159,7 @@ fn decode_input(input: JsonInput<'_>, tail: &Bytes, offset: &mut usize) -> Resul
             *offset = end;
             data
         }
-        (None, Some(raw)) => decode_json_data(&name, datatype, &input.shape, raw)?,
+        (None, Some(raw)) => decode_json_data(&name, datatype, &input.shape, raw, prepared)?,
         (None, None) => {
             return Err(Error::invalid(format!("input '{name}' has neither 'data' nor binary_data_size")));
         }
@@ -133,7 +168,13 @@ fn decode_input(input: JsonInput<'_>, tail: &Bytes, offset: &mut usize) -> Resul
 }
 
 /// Parses a JSON `data` array (flat or nested) straight into typed little-endian bytes.
-fn decode_json_data(name: &str, datatype: DataType, shape: &[i64], raw: &RawValue) -> Result<Bytes> {
+fn decode_json_data(
+    name: &str,
+    datatype: DataType,
+    shape: &[i64],
+    raw: &RawValue,
+    prepared: &Prepared<'_>,
+) -> Result<Bytes> {
     if !json_capable(datatype) {
         return Err(Error::invalid(format!(
             "input '{name}': datatype {datatype} cannot be sent as JSON; use the binary tensor data extension"
@@ -142,19 +183,37 @@ fn decode_json_data(name: &str, datatype: DataType, shape: &[i64], raw: &RawValu
     let expected = tessera_protocol::element_count(shape)
         .map_err(|e| Error::invalid(format!("invalid shape for input '{name}': {e}")))?;
     let capacity = expected.saturating_mul(datatype.element_size().unwrap_or(8)).min(1 << 26);
-    let mut sink = Sink { datatype, out: Vec::with_capacity(capacity), count: 0 };
-    let mut de = serde_json::Deserializer::from_str(raw.get());
-    Flatten(&mut sink)
-        .deserialize(&mut de)
-        .map_err(|e| Error::invalid(format!("unable to parse 'data' of input '{name}': {e}")))?;
-    if sink.count != expected {
+    let (out, count) = match datatype {
+        DataType::Fp32 | DataType::Fp64 => {
+            let mut out = Vec::with_capacity(capacity);
+            prepared.decode_floats(raw, datatype, &mut out).map(|count| (out, count))
+        }
+        _ => decode_other(raw, datatype, prepared, capacity),
+    }
+    .map_err(|e| Error::invalid(format!("unable to parse 'data' of input '{name}': {e}")))?;
+    if count != expected {
         return Err(Error::invalid(format!(
-            "unexpected number of elements for input '{name}': shape {} needs {expected}, 'data' has {}",
+            "unexpected number of elements for input '{name}': shape {} needs {expected}, 'data' has {count}",
             crate::tensor::fmt_shape(shape),
-            sink.count
         )));
     }
-    Ok(Bytes::from(sink.out))
+    Ok(Bytes::from(out))
+}
+
+/// Parses `data` of a type other than FP32/FP64, where NaN and Infinity have no meaning.
+fn decode_other(
+    raw: &RawValue,
+    datatype: DataType,
+    prepared: &Prepared<'_>,
+    capacity: usize,
+) -> std::result::Result<(Vec<u8>, usize), String> {
+    if let Some(token) = prepared.token_in(raw) {
+        return Err(format!("{token} is not a valid {datatype} value"));
+    }
+    let mut sink = Sink { datatype, out: Vec::with_capacity(capacity), count: 0 };
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    Flatten(&mut sink).deserialize(&mut de).map_err(|e| e.to_string())?;
+    Ok((sink.out, sink.count))
 }
 
 /// Accumulates decoded elements.
@@ -181,9 +240,8 @@ impl Sink {
             DataType::Int16 => out.extend(i16::try_from(v).map_err(|_| bad())?.to_le_bytes()),
             DataType::Int32 => out.extend(i32::try_from(v).map_err(|_| bad())?.to_le_bytes()),
             DataType::Int64 => out.extend(i64::try_from(v).map_err(|_| bad())?.to_le_bytes()),
-            DataType::Fp32 => out.extend((v as f32).to_le_bytes()),
-            DataType::Fp64 => out.extend((v as f64).to_le_bytes()),
-            DataType::Fp16 | DataType::Bf16 | DataType::Bytes => {
+            // FP32 and FP64 data goes through `nonfinite`; FP16 and BF16 have no JSON form.
+            DataType::Fp32 | DataType::Fp64 | DataType::Fp16 | DataType::Bf16 | DataType::Bytes => {
                 return Err(format!("expected {} data, got a number", self.datatype));
             }
         }
@@ -192,14 +250,10 @@ impl Sink {
     }
 
     fn push_float(&mut self, v: f64) -> std::result::Result<(), String> {
-        match self.datatype {
-            DataType::Fp32 => self.out.extend((v as f32).to_le_bytes()),
-            DataType::Fp64 => self.out.extend(v.to_le_bytes()),
-            _ if v.fract() == 0.0 && v.abs() < 9.0e18 => return self.push_int(v as i128),
-            other => return Err(format!("value {v} is not valid for {other}")),
+        if v.fract() == 0.0 && v.abs() < 9.0e18 {
+            return self.push_int(v as i128);
         }
-        self.count += 1;
-        Ok(())
+        Err(format!("value {v} is not valid for {}", self.datatype))
     }
 }
 
@@ -289,15 +343,17 @@ pub struct BinaryChoice {
 }
 
 impl BinaryChoice {
-    /// Reads the request's encoding parameters.
-    pub fn of(request: &InferRequest) -> Self {
-        let default = request.parameters.get("binary_data_output").and_then(ParamValue::as_bool).unwrap_or(false);
-        let explicit = request
-            .outputs
-            .iter()
-            .filter_map(|r| r.parameters.get("binary_data").and_then(ParamValue::as_bool).map(|b| (r.name.clone(), b)))
-            .collect();
-        Self { default, explicit }
+    /// Reads the request's encoding parameters; each must be a bool.
+    pub fn of(request: &InferRequest) -> Result<Self> {
+        let default = bool_param(&request.parameters, "binary_data_output", "")?.unwrap_or(false);
+        let mut explicit = Vec::new();
+        for output in &request.outputs {
+            let owner = format!(" of output '{}'", output.name);
+            if let Some(binary) = bool_param(&output.parameters, "binary_data", &owner)? {
+                explicit.push((output.name.clone(), binary));
+            }
+        }
+        Ok(Self { default, explicit })
     }
 
     /// Which outputs of `response` go into the binary tail.
@@ -324,8 +380,9 @@ pub struct EncodedResponse {
 
 /// Encodes a response: JSON header, then the binary outputs' bytes in output order.
 pub fn encode_response(response: &InferResponse, binary: &[bool]) -> Result<EncodedResponse> {
-    let header = ResponseHeader { response, binary };
-    let json = serde_json::to_vec(&header).map_err(|e| Error::internal(format!("failed to encode response: {e}")))?;
+    let mut json = Vec::with_capacity(256);
+    write_header(&mut json, response, binary)
+        .map_err(|e| Error::internal(format!("failed to encode response: {e}")))?;
     if !binary.iter().any(|b| *b) {
         return Ok(EncodedResponse { body: vec![Bytes::from(json)], header_length: None });
     }
@@ -336,48 +393,59 @@ pub fn encode_response(response: &InferResponse, binary: &[bool]) -> Result<Enco
     Ok(EncodedResponse { body, header_length: Some(header_length) })
 }
 
-struct ResponseHeader<'a> {
-    response: &'a InferResponse,
-    binary: &'a [bool],
-}
-
-impl Serialize for ResponseHeader<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let r = self.response;
-        let mut map = s.serialize_map(None)?;
-        if !r.id.is_empty() {
-            map.serialize_entry("id", &r.id)?;
-        }
-        map.serialize_entry("model_name", &r.model_name)?;
-        map.serialize_entry("model_version", &r.model_version)?;
-        let outputs: Vec<OutputJson<'_>> =
-            r.outputs.iter().zip(self.binary).map(|(tensor, binary)| OutputJson { tensor, binary: *binary }).collect();
-        map.serialize_entry("outputs", &outputs)?;
-        map.end()
+/// Writes the JSON header by hand rather than through serde: serde_json has no way to write
+/// NaN or Infinity, which FP32/FP64 data needs (see [`nonfinite::write_floats`]).
+fn write_header(out: &mut Vec<u8>, r: &InferResponse, binary: &[bool]) -> serde_json::Result<()> {
+    out.push(b'{');
+    if !r.id.is_empty() {
+        write_entry(out, "id", &r.id)?;
+        out.push(b',');
     }
-}
-
-struct OutputJson<'a> {
-    tensor: &'a OutputTensor,
-    binary: bool,
-}
-
-impl Serialize for OutputJson<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
-        let t = self.tensor;
-        let mut map = s.serialize_map(None)?;
-        map.serialize_entry("name", &t.name)?;
-        map.serialize_entry("datatype", t.datatype.as_wire())?;
-        map.serialize_entry("shape", &t.shape)?;
-        if self.binary {
-            map.serialize_entry("parameters", &serde_json::json!({ "binary_data_size": t.data.len() }))?;
-        } else {
-            map.serialize_entry("data", &DataJson(t))?;
+    write_entry(out, "model_name", &r.model_name)?;
+    out.push(b',');
+    write_entry(out, "model_version", &r.model_version)?;
+    out.extend_from_slice(b",\"outputs\":[");
+    for (i, (tensor, binary)) in r.outputs.iter().zip(binary).enumerate() {
+        if i > 0 {
+            out.push(b',');
         }
-        map.end()
+        write_output(out, tensor, *binary)?;
     }
+    out.extend_from_slice(b"]}");
+    Ok(())
 }
 
+fn write_output(out: &mut Vec<u8>, t: &OutputTensor, binary: bool) -> serde_json::Result<()> {
+    out.push(b'{');
+    write_entry(out, "name", &t.name)?;
+    out.push(b',');
+    write_entry(out, "datatype", t.datatype.as_wire())?;
+    out.push(b',');
+    write_entry(out, "shape", &t.shape)?;
+    out.push(b',');
+    if binary {
+        out.extend_from_slice(b"\"parameters\":{");
+        write_entry(out, "binary_data_size", &t.data.len())?;
+        out.push(b'}');
+    } else {
+        out.extend_from_slice(b"\"data\":");
+        match t.datatype {
+            DataType::Fp32 | DataType::Fp64 => nonfinite::write_floats(out, t.datatype, &t.data)?,
+            _ => serde_json::to_writer(&mut *out, &DataJson(t))?,
+        }
+    }
+    out.push(b'}');
+    Ok(())
+}
+
+/// Writes `"key":value`.
+fn write_entry<T: Serialize + ?Sized>(out: &mut Vec<u8>, key: &str, value: &T) -> serde_json::Result<()> {
+    serde_json::to_writer(&mut *out, key)?;
+    out.push(b':');
+    serde_json::to_writer(&mut *out, value)
+}
+
+/// `data` of a type other than FP32/FP64, through serde.
 struct DataJson<'a>(&'a OutputTensor);
 
 macro_rules! seq_of {
@@ -409,13 +477,14 @@ impl Serialize for DataJson<'_> {
             DataType::Int16 => seq_of!(seq, data, i16),
             DataType::Int32 => seq_of!(seq, data, i32),
             DataType::Int64 => seq_of!(seq, data, i64),
-            DataType::Fp32 => seq_of!(seq, data, f32),
-            DataType::Fp64 => seq_of!(seq, data, f64),
             DataType::Bytes => {
                 for element in bytes_elements(data) {
                     let element = element.map_err(serde::ser::Error::custom)?;
                     seq.serialize_element(&String::from_utf8_lossy(element))?;
                 }
+            }
+            DataType::Fp32 | DataType::Fp64 => {
+                return Err(serde::ser::Error::custom("FP32/FP64 data is written by nonfinite::write_floats"));
             }
             DataType::Fp16 | DataType::Bf16 => {
                 return Err(serde::ser::Error::custom("FP16/BF16 outputs are always sent as binary"));
@@ -523,5 +592,105 @@ mod tests {
         assert_eq!(&body[len..], &[9, 8]);
         let enc = encode_response(&response, &[false, false]).expect("json only");
         assert!(enc.header_length.is_none());
+    }
+
+    fn one_input(datatype: &str, data: &str) -> String {
+        format!(r#"{{"inputs":[{{"name":"x","shape":[3],"datatype":"{datatype}","data":{data}}}]}}"#)
+    }
+
+    #[test]
+    fn nan_and_infinity_decode_in_float_data_only() {
+        let req = decode(&one_input("FP32", "[NaN, Infinity, -Infinity]")).expect("fp32");
+        let values: Vec<f32> =
+            req.inputs[0].data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert!(values[0].is_nan() && values[1] == f32::INFINITY && values[2] == f32::NEG_INFINITY, "{values:?}");
+        let req = decode(&one_input("FP64", "[[-Infinity], [NaN], [2]]")).expect("fp64");
+        assert_eq!(&req.inputs[0].data[..8], &f64::NEG_INFINITY.to_le_bytes());
+        for dt in ["INT32", "BOOL", "BYTES"] {
+            let e = decode(&one_input(dt, "[1, NaN, 2]")).expect_err(dt);
+            assert!(e.message.contains("NaN is not a valid") && e.message.contains("'x'"), "{dt}: {}", e.message);
+        }
+        let elsewhere = [
+            r#"{"id":NaN,"inputs":[]}"#,
+            r#"{"inputs":[],"parameters":{"p":Infinity}}"#,
+            r#"{"inputs":[],"unknown":[-Infinity]}"#,
+            r#"{"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1],"parameters":{"p":NaN}}]}"#,
+        ];
+        for json in elsewhere {
+            let e = decode(json).expect_err(json);
+            assert!(e.message.contains("may only appear in the 'data'"), "{json}: {}", e.message);
+        }
+        let e = decode(r#"{"inputs":[{"name":"x","shape":[NaN],"datatype":"FP32","data":[1]}]}"#).expect_err("shape");
+        assert!(e.message.contains("failed to parse"), "{}", e.message);
+        assert!(decode(&one_input("FP32", "[nan, 1, 2]")).is_err(), "only rapidjson's spellings");
+    }
+
+    #[test]
+    fn non_finite_outputs_are_written_as_tokens() {
+        let data: Vec<u8> = [f32::INFINITY, f32::NEG_INFINITY, f32::NAN].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let response = InferResponse {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            id: String::new(),
+            outputs: vec![OutputTensor {
+                name: "y".into(),
+                datatype: DataType::Fp32,
+                shape: vec![3],
+                data: Bytes::from(data),
+            }],
+        };
+        let enc = encode_response(&response, &[false]).expect("encode");
+        let text = String::from_utf8(enc.body.concat()).expect("utf-8");
+        assert_eq!(
+            text,
+            r#"{"model_name":"m","model_version":"1","outputs":[{"name":"y","datatype":"FP32","shape":[3],"data":[Infinity,-Infinity,NaN]}]}"#
+        );
+        // What we write, we read.
+        let again = one_input("FP32", &text[text.find("[Inf").expect("data")..text.len() - 3]);
+        assert_eq!(decode(&again).expect("round trip").inputs[0].data.len(), 12);
+    }
+
+    #[test]
+    fn encoding_parameters_must_be_bools() {
+        let request = |params: &str, output: &str| {
+            decode(&format!(
+                r#"{{"parameters":{params},"inputs":[],"outputs":[{{"name":"y","parameters":{output}}}]}}"#
+            ))
+            .expect("decodes")
+        };
+        let choice = BinaryChoice::of(&request(r#"{"binary_data_output":true}"#, r#"{"binary_data":false}"#));
+        assert_eq!(choice.expect("bools").explicit, vec![("y".to_string(), false)]);
+        for bad in [r#""true""#, "1", r#""yes""#] {
+            let e = BinaryChoice::of(&request(&format!(r#"{{"binary_data_output":{bad}}}"#), "{}")).expect_err(bad);
+            assert!(e.message.contains("'binary_data_output' must be a bool"), "{}", e.message);
+            let e = BinaryChoice::of(&request("{}", &format!(r#"{{"binary_data":{bad}}}"#))).expect_err(bad);
+            assert!(e.message.contains("'binary_data' of output 'y' must be a bool"), "{}", e.message);
+        }
+    }
+
+    #[test]
+    fn binary_data_size_must_be_a_non_negative_integer() {
+        for bad in ["-1", r#""4""#, "4.5", "true"] {
+            let header = format!(
+                r#"{{"inputs":[{{"name":"a","shape":[1],"datatype":"INT32","parameters":{{"binary_data_size":{bad}}}}}]}}"#
+            );
+            let e = decode_request(header.as_bytes(), &Bytes::from_static(&[0; 4])).expect_err(bad);
+            assert!(e.message.contains("binary_data_size must be a non-negative integer"), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn binary_data_without_the_header_length_gets_a_hint() {
+        let header = r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT32","parameters":{"binary_data_size":4}}]}"#;
+        let body = Bytes::from([header.as_bytes(), &[1, 0, 0, 0]].concat());
+        let e = decode_body(&body, None).expect_err("no header");
+        assert!(
+            e.message.contains("trailing characters") && e.message.contains("Inference-Header-Content-Length"),
+            "{}",
+            e.message
+        );
+        assert!(decode_body(&body, Some(&header.len().to_string())).is_ok());
+        assert!(decode(&format!("{}  \n", one_input("INT32", "[1,2,3]"))).is_ok(), "trailing whitespace is fine");
+        assert!(decode("").expect_err("empty").message.contains("failed to parse"));
     }
 }

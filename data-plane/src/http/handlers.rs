@@ -5,14 +5,14 @@ use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
+use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use super::{Caller, codec};
+use super::{Caller, UrlPath, codec};
 use crate::error::{Error, ErrorKind, Result};
 use crate::manager::parse_version;
 use crate::model::LoadedModel;
@@ -109,9 +109,8 @@ struct Inferred {
 /// Decodes the body, runs it on `loaded` and encodes the answer.
 async fn run_infer(loaded: &LoadedModel, headers: &HeaderMap, body: &Bytes) -> Result<Inferred> {
     let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
-    let (json, tail) = codec::split_body(body, header_length)?;
-    let request = codec::decode_request(&json, &tail)?;
-    let choice = codec::BinaryChoice::of(&request);
+    let request = codec::decode_body(body, header_length)?;
+    let choice = codec::BinaryChoice::of(&request)?;
     let rows = batch_rows(&loaded.spec, &request);
     let response = loaded.infer(request).await?;
     let binary = choice.flags(&response);
@@ -143,12 +142,16 @@ pub fn body_error(rejection: BytesRejection, limit: usize) -> Error {
     }
 }
 
-/// Parses an optional JSON body (empty means `{}`).
-fn optional_json(body: &Bytes) -> Result<Value> {
+/// Parses an optional JSON object body (empty means `{}`).
+fn optional_object(body: &Bytes) -> Result<Map<String, Value>> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(json!({}));
+        return Ok(Map::new());
     }
-    serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))
+    match serde_json::from_slice(body) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(Error::invalid("the request body must be a JSON object")),
+        Err(e) => Err(Error::invalid(format!("failed to parse the request JSON buffer: {e}"))),
+    }
 }
 
 /// `POST /v2/repository/index`.
@@ -158,7 +161,11 @@ pub async fn handle_repository_index(
 ) -> Result<Json<Value>> {
     s.check_model_control()?;
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
-    let ready_only = optional_json(&body)?.get("ready").and_then(Value::as_bool).unwrap_or(false);
+    let ready_only = match optional_object(&body)?.get("ready") {
+        None => false,
+        Some(Value::Bool(ready)) => *ready,
+        Some(_) => return Err(Error::invalid("invalid value for 'ready': expected a boolean")),
+    };
     let rows: Vec<Value> = s
         .manager
         .index(ready_only)
@@ -181,13 +188,17 @@ pub async fn handle_repository_index(
 /// `POST /v2/repository/models/{m}/load`.
 pub async fn handle_repository_load(
     State(s): AppState,
-    Path(model): Path<String>,
+    UrlPath(model): UrlPath<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode> {
     s.check_model_control()?;
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
-    let params = optional_json(&body)?.get("parameters").cloned().unwrap_or(json!({}));
-    let pairs = params.as_object().into_iter().flatten().map(|(k, v)| (k.as_str(), v.as_str().map(str::to_string)));
+    let params = match optional_object(&body)?.remove("parameters") {
+        None => Map::new(),
+        Some(Value::Object(params)) => params,
+        Some(_) => return Err(Error::invalid("load request 'parameters' must be a JSON object")),
+    };
+    let pairs = params.iter().map(|(k, v)| (k.as_str(), v.as_str().map(str::to_string)));
     let config = crate::server::load_config_override(pairs)?;
     s.manager.load(&model, config).await?;
     Ok(StatusCode::OK)
@@ -196,12 +207,12 @@ pub async fn handle_repository_load(
 /// `POST /v2/repository/models/{m}/unload`.
 pub async fn handle_repository_unload(
     State(s): AppState,
-    Path(model): Path<String>,
+    UrlPath(model): UrlPath<String>,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<StatusCode> {
     s.check_model_control()?;
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
-    optional_json(&body)?;
+    optional_object(&body)?;
     s.manager.unload(&model).await?;
     Ok(StatusCode::OK)
 }

@@ -3,19 +3,23 @@
 mod body;
 mod caller;
 mod codec;
+mod encoding;
 mod handlers;
+mod nonfinite;
 mod serve;
+mod url_path;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::HeaderMap;
 use axum::routing::{get, post};
 use bytes::Bytes;
 pub use caller::Caller;
 use handlers::*;
 pub use serve::serve;
+use url_path::UrlPath;
 
 use crate::server::ServerState;
 
@@ -32,57 +36,65 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .route("/v2/models/stats", get(|State(s): S, c: Caller| async move { handle_model_stats(&s, c, None).await }))
         .route(
             "/v2/models/{model}",
-            get(|State(s): S, c: Caller, Path(m): Path<String>| async move { handle_model_metadata(&s, c, (m, None)).await }),
+            get(|State(s): S, c: Caller, UrlPath(m): UrlPath<String>| async move {
+                handle_model_metadata(&s, c, (m, None)).await
+            }),
         )
         .route(
             "/v2/models/{model}/versions/{version}",
-            get(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>| async move {
+            get(|State(s): S, c: Caller, UrlPath((m, v)): UrlPath<(String, String)>| async move {
                 handle_model_metadata(&s, c, (m, Some(v))).await
             }),
         )
         .route(
             "/v2/models/{model}/ready",
-            get(|State(s): S, c: Caller, Path(m): Path<String>| async move { handle_model_ready(&s, c, (m, None)).await }),
+            get(|State(s): S, c: Caller, UrlPath(m): UrlPath<String>| async move {
+                handle_model_ready(&s, c, (m, None)).await
+            }),
         )
         .route(
             "/v2/models/{model}/versions/{version}/ready",
-            get(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>| async move {
+            get(|State(s): S, c: Caller, UrlPath((m, v)): UrlPath<(String, String)>| async move {
                 handle_model_ready(&s, c, (m, Some(v))).await
             }),
         )
         .route(
             "/v2/models/{model}/config",
-            get(|State(s): S, c: Caller, Path(m): Path<String>| async move { handle_model_config(&s, c, (m, None)).await }),
+            get(|State(s): S, c: Caller, UrlPath(m): UrlPath<String>| async move {
+                handle_model_config(&s, c, (m, None)).await
+            }),
         )
         .route(
             "/v2/models/{model}/versions/{version}/config",
-            get(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>| async move {
+            get(|State(s): S, c: Caller, UrlPath((m, v)): UrlPath<(String, String)>| async move {
                 handle_model_config(&s, c, (m, Some(v))).await
             }),
         )
         .route(
             "/v2/models/{model}/stats",
-            get(|State(s): S, c: Caller, Path(m): Path<String>| async move {
+            get(|State(s): S, c: Caller, UrlPath(m): UrlPath<String>| async move {
                 handle_model_stats(&s, c, Some((m, None))).await
             }),
         )
         .route(
             "/v2/models/{model}/versions/{version}/stats",
-            get(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>| async move {
+            get(|State(s): S, c: Caller, UrlPath((m, v)): UrlPath<(String, String)>| async move {
                 handle_model_stats(&s, c, Some((m, Some(v)))).await
             }),
         )
         .route(
             "/v2/models/{model}/infer",
-            post(|State(s): S, c: Caller, Path(m): Path<String>, h: HeaderMap, b: Body| async move {
+            post(|State(s): S, c: Caller, UrlPath(m): UrlPath<String>, h: HeaderMap, b: Body| async move {
                 handle_infer(&s, c, (m, None), &h, b).await
             }),
         )
         .route(
             "/v2/models/{model}/versions/{version}/infer",
-            post(|State(s): S, c: Caller, Path((m, v)): Path<(String, String)>, h: HeaderMap, b: Body| async move {
-                handle_infer(&s, c, (m, Some(v)), &h, b).await
-            }),
+            post(
+                |State(s): S, c: Caller, UrlPath((m, v)): UrlPath<(String, String)>, h: HeaderMap, b: Body| async move {
+                    handle_infer(&s, c, (m, Some(v)), &h, b).await
+                },
+            ),
         )
         .route("/v2/repository/index", post(handle_repository_index))
         .route("/v2/repository/models/{model}/load", post(handle_repository_load))
@@ -91,6 +103,8 @@ pub fn router(state: Arc<ServerState>) -> Router {
         .method_not_allowed_fallback(handle_method_not_allowed)
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::decompression::RequestDecompressionLayer::new())
+        // Outside decompression, so it sees the coding first.
+        .layer(axum::middleware::map_request(encoding::check_content_encoding))
         .with_state(state)
 }
 

@@ -261,3 +261,170 @@ async fn empty_tensors_run_and_come_back_empty() {
     assert_eq!(out["outputs"][0]["shape"], json!([1, 0]));
     assert_eq!(out["outputs"][0]["data"], json!([]));
 }
+
+/// The `data` tokens of output `name` in a JSON response, as written (serde_json cannot read
+/// `NaN` or `Infinity`, which is what these tests are about).
+fn data_tokens(body: &str, name: &str) -> Vec<String> {
+    let output = &body[body.find(&format!("\"name\":\"{name}\"")).unwrap_or_else(|| panic!("no {name}: {body}"))..];
+    let data = &output[output.find("\"data\":[").unwrap_or_else(|| panic!("no data: {body}")) + 8..];
+    data[..data.find(']').expect("closing bracket")].split(',').map(str::to_string).collect()
+}
+
+async fn post_text(server: &TestServer, path: &str, body: String) -> (u16, String) {
+    let resp = client()
+        .post(format!("{}{path}", server.http))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("request");
+    (resp.status().as_u16(), resp.text().await.expect("body"))
+}
+
+#[tokio::test]
+async fn nan_and_infinity_round_trip_through_json_like_triton() {
+    let s = TestServer::start(&[]);
+    let rest = vec!["1"; 13].join(",");
+    let body = |outputs: &str| {
+        format!(
+            r#"{{"inputs":[{{"name":"INPUT0","shape":[1,16],"datatype":"FP32","data":[Infinity,-Infinity,NaN,{rest}]}},
+                {{"name":"INPUT1","shape":[1,16],"datatype":"FP32","data":[1,1,1,{rest}]}}]{outputs}}}"#
+        )
+    };
+    let (status, text) = post_text(&s, "/v2/models/add_sub/infer", body("")).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(data_tokens(&text, "OUTPUT0")[..4], ["Infinity", "-Infinity", "NaN", "2.0"], "{text}");
+    assert_eq!(data_tokens(&text, "OUTPUT1")[..4], ["Infinity", "-Infinity", "NaN", "0.0"], "{text}");
+
+    // The input side alone: JSON tokens in, exact bits out.
+    let binary_out = body(r#","outputs":[{"name":"OUTPUT0","parameters":{"binary_data":true}}]"#);
+    let resp = client().post(format!("{}/v2/models/add_sub/infer", s.http)).body(binary_out).send().await.expect("r");
+    assert_eq!(resp.status(), 200);
+    let json_len: usize =
+        resp.headers()["inference-header-content-length"].to_str().expect("ascii").parse().expect("n");
+    let sum = f32_values(&resp.bytes().await.expect("body")[json_len..]);
+    assert!(sum[0] == f32::INFINITY && sum[1] == f32::NEG_INFINITY && sum[2].is_nan(), "{sum:?}");
+
+    // The output side alone: binary non-finite values in, JSON tokens out.
+    let header = json!({"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}},
+    ]})
+    .to_string();
+    let mut a = vec![0.0f32; 16];
+    a[..3].copy_from_slice(&[f32::NAN, 3e38, -3e38]);
+    let b = [0.0f32, 3e38, -3e38].iter().copied().chain([0.0; 13]).collect::<Vec<_>>();
+    let resp = client()
+        .post(format!("{}/v2/models/add_sub/infer", s.http))
+        .header("Inference-Header-Content-Length", header.len())
+        .body([header.as_bytes(), &f32_bytes(&a), &f32_bytes(&b)].concat())
+        .send()
+        .await
+        .expect("binary in");
+    let text = resp.text().await.expect("body");
+    assert_eq!(data_tokens(&text, "OUTPUT0")[..3], ["NaN", "Infinity", "-Infinity"], "{text}");
+
+    // Anywhere but in tensor data the tokens stay invalid.
+    let (status, text) =
+        post_text(&s, "/v2/models/add_sub/infer", body("").replacen("\"shape\":[1,16]", "\"shape\":[1,NaN]", 1)).await;
+    assert_eq!(status, 400, "{text}");
+    let elsewhere = body(r#","parameters":{"priority":NaN}"#);
+    let (status, text) = post_text(&s, "/v2/models/add_sub/infer", elsewhere).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("may only appear in the 'data'"), "{text}");
+}
+
+#[tokio::test]
+async fn mistyped_and_unsupported_parameters_are_refused_by_name() {
+    let s = TestServer::start(&[]);
+    let a = vec![1.0f32; 16];
+    let with = |params: Value, outputs: Value| {
+        let mut body = add_sub_json(&a, &a);
+        body["parameters"] = params;
+        body["outputs"] = outputs;
+        body
+    };
+    let out0 = |params: Value| json!([{"name": "OUTPUT0", "parameters": params}]);
+    let mut zero_batch = add_sub_json(&[], &[]);
+    zero_batch["inputs"][0]["shape"] = json!([0, 16]);
+    zero_batch["inputs"][1]["shape"] = json!([0, 16]);
+    let cases = [
+        (with(json!({"binary_data_output": "true"}), json!([])), "'binary_data_output' must be a bool"),
+        (with(json!({"binary_data_output": 1}), json!([])), "'binary_data_output' must be a bool"),
+        (with(json!({}), out0(json!({"binary_data": "false"}))), "'binary_data' of output 'OUTPUT0' must be a bool"),
+        (with(json!({"sequence_id": -1}), json!([])), "'sequence_id' must be an unsigned integer or a string"),
+        (with(json!({"sequence_start": "yes"}), json!([])), "'sequence_start' must be a bool"),
+        (with(json!({"sequence_end": 1}), json!([])), "'sequence_end' must be a bool"),
+        (with(json!({}), out0(json!({"classification": 2}))), "output 'OUTPUT0': classification is not supported"),
+        (with(json!({}), out0(json!({"class_count": 3}))), "output 'OUTPUT0': classification is not supported"),
+        (with(json!({}), out0(json!({"classification": "x"}))), "'classification' of output 'OUTPUT0'"),
+        (zero_batch, "batch-size must be at least 1"),
+    ];
+    for (body, needle) in cases {
+        let (status, json) = post(&s, "/v2/models/add_sub/infer", body.clone()).await;
+        assert_eq!(status, 400, "{body}: {json}");
+        let message = json["error"].as_str().unwrap_or_else(|| panic!("error body for {body}: {json}"));
+        assert!(message.contains(needle), "'{message}' lacks '{needle}'");
+    }
+    let fine = with(
+        json!({"binary_data_output": false, "sequence_id": "s1", "sequence_start": true}),
+        out0(json!({"classification": 0, "binary_data": false})),
+    );
+    let (status, json) = post(&s, "/v2/models/add_sub/infer", fine).await;
+    assert_eq!(status, 200, "{json}");
+
+    let (status, json) = post(&s, "/v2/repository/index", json!({"ready": "yes"})).await;
+    assert_eq!((status, json["error"].as_str()), (400, Some("invalid value for 'ready': expected a boolean")));
+    assert_eq!(post(&s, "/v2/repository/index", json!({"ready": true})).await.0, 200);
+    let (status, json) = post(&s, "/v2/repository/models/add_sub/load", json!({"parameters": [1]})).await;
+    assert_eq!(status, 400, "{json}");
+    assert!(json["error"].as_str().is_some_and(|m| m.contains("'parameters' must be a JSON object")), "{json}");
+}
+
+#[tokio::test]
+async fn transport_level_errors_are_kserve_json_too() {
+    let s = TestServer::start(&[]);
+    let a = vec![1.0f32; 16];
+    let resp = client().post(format!("{}/v2/models/%ff/infer", s.http)).json(&add_sub_json(&a, &a)).send().await;
+    let resp = resp.expect("r");
+    assert_eq!(resp.status(), 400);
+    let json: Value = resp.json().await.expect("a JSON body");
+    assert!(json["error"].as_str().is_some_and(|m| m.contains("Invalid UTF-8 in `model`")), "{json}");
+
+    let resp = client()
+        .post(format!("{}/v2/models/add_sub/infer", s.http))
+        .header("Content-Encoding", "br")
+        .body(add_sub_json(&a, &a).to_string())
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(resp.status(), 501, "Triton answers an unknown coding with 501");
+    assert_eq!(resp.headers()["accept-encoding"], "gzip, deflate");
+    let json: Value = resp.json().await.expect("a JSON body");
+    let message = json["error"].as_str().unwrap_or_default();
+    assert!(message.contains("'br'") && message.contains("gzip, deflate"), "{json}");
+
+    // What is accepted still works, in any case.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, add_sub_json(&a, &a).to_string().as_bytes()).expect("gzip");
+    let resp = client()
+        .post(format!("{}/v2/models/add_sub/infer", s.http))
+        .header("Content-Encoding", "GZIP")
+        .body(gz.finish().expect("gzip"))
+        .send()
+        .await
+        .expect("r");
+    assert_eq!(resp.status(), 200);
+
+    // A body with binary data but no Inference-Header-Content-Length gets a hint.
+    let header = json!({"inputs": [
+        {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}},
+        {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "parameters": {"binary_data_size": 64}},
+    ]})
+    .to_string();
+    let body = [header.as_bytes(), &f32_bytes(&a), &f32_bytes(&a)].concat();
+    let resp = client().post(format!("{}/v2/models/add_sub/infer", s.http)).body(body).send().await.expect("r");
+    assert_eq!(resp.status(), 400);
+    let json: Value = resp.json().await.expect("a JSON body");
+    assert!(json["error"].as_str().is_some_and(|m| m.contains("Inference-Header-Content-Length")), "{json}");
+}
