@@ -154,12 +154,7 @@ async fn infer_with_grpc_timeout(server: &TestServer, timeout: &str) -> (String,
     use http_body_util::{BodyExt, Full};
     use prost::Message;
 
-    let addr = server.grpc.trim_start_matches("http://").to_string();
-    let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
-    let io = hyper_util::rt::TokioIo::new(tcp);
-    let executor = hyper_util::rt::TokioExecutor::new();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(executor, io).await.expect("HTTP/2 handshake");
-    tokio::spawn(conn);
+    let (mut sender, addr) = super::grpc_connection(server).await;
     let message = grpc_request("long_delay").encode_to_vec();
     let mut frame = vec![0u8];
     frame.extend_from_slice(&(message.len() as u32).to_be_bytes());

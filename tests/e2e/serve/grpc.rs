@@ -157,12 +157,7 @@ struct RawAnswer {
 async fn raw_call(s: &TestServer, method: &str, encoding: Option<&str>, body: Vec<u8>) -> RawAnswer {
     use http_body_util::{BodyExt, Full};
 
-    let addr = s.grpc.trim_start_matches("http://").to_string();
-    let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
-    let io = hyper_util::rt::TokioIo::new(tcp);
-    let executor = hyper_util::rt::TokioExecutor::new();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(executor, io).await.expect("HTTP/2 handshake");
-    tokio::spawn(conn);
+    let (mut sender, addr) = super::grpc_connection(s).await;
     let mut request = http::Request::post(format!("http://{addr}/inference.GRPCInferenceService/{method}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers")

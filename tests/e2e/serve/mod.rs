@@ -140,6 +140,20 @@ impl TestServer {
     }
 }
 
+/// A bare HTTP/2 connection to the server's gRPC port, for requests tonic's client would not
+/// send as they are; the address goes in each request's URI.
+pub async fn grpc_connection(
+    server: &TestServer,
+) -> (hyper::client::conn::http2::SendRequest<http_body_util::Full<bytes::Bytes>>, String) {
+    let addr = server.grpc.trim_start_matches("http://").to_string();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.expect("connect");
+    let io = hyper_util::rt::TokioIo::new(tcp);
+    let executor = hyper_util::rt::TokioExecutor::new();
+    let (sender, conn) = hyper::client::conn::http2::handshake(executor, io).await.expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    (sender, addr)
+}
+
 /// A gRPC request for one row of the two-input test models (`INPUT0`, `INPUT1`: FP32 [1, 16]),
 /// with its tensors as raw contents.
 pub fn raw_infer_request(model: &str, id: &str, a: &[f32], b: &[f32]) -> ModelInferRequest {
