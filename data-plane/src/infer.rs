@@ -98,6 +98,10 @@ pub struct ValidInferRequest {
     pub id: String,
     /// Request parameters.
     pub parameters: Parameters,
+    /// The `priority` parameter, within the model's levels; 0 = the model's default level.
+    pub priority: u64,
+    /// The `timeout` parameter in microseconds; 0 = none.
+    pub timeout_us: u64,
     /// Batch size (1 for models that do not batch).
     pub batch_size: usize,
     /// Inputs in the model's input order; `None` for an optional input left out.
@@ -150,10 +154,13 @@ impl ValidInferRequest {
         }
         check_missing(&inputs, spec)?;
         check_parameters(&request.parameters)?;
+        let (priority, timeout_us) = queue_parameters(&request.parameters, spec)?;
         let outputs = select_outputs(&request.outputs, spec)?;
         Ok(Self {
             id: request.id,
             parameters: request.parameters,
+            priority,
+            timeout_us,
             batch_size: batch.map_or(1, |b| b as usize),
             inputs,
             outputs,
@@ -271,6 +278,24 @@ fn check_parameters(params: &Parameters) -> Result<()> {
     check_classification(params, "classification", None)
 }
 
+/// The `priority` and `timeout` parameters the scheduler queues by. A malformed value, or a
+/// priority above the model's levels, is refused: a client must never believe a priority or
+/// timeout applies when it does not.
+fn queue_parameters(params: &Parameters, spec: &ModelSpec) -> Result<(u64, u64)> {
+    let unsigned = |key: &str, what: &str| match params.get(key) {
+        None => Ok(0),
+        Some(p) => p.as_u64().ok_or_else(|| Error::invalid(format!("parameter '{key}' must be {what}"))),
+    };
+    let priority = unsigned("priority", "a non-negative integer")?;
+    let levels = crate::scheduler::policy::priority_levels(&spec.config);
+    if priority > levels {
+        return Err(Error::invalid(format!(
+            "priority {priority} is out of range: this model has {levels} priority level(s)"
+        )));
+    }
+    Ok((priority, unsigned("timeout", "a non-negative integer (microseconds)")?))
+}
+
 /// Refuses Triton's classification extension (top-N class strings in place of the tensor),
 /// which this server does not offer; a count of 0 asks for the plain tensor. `output` names
 /// the requested output whose parameter it is.
@@ -382,6 +407,35 @@ mod tests {
         let mut req = good();
         req.parameters = params.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
         req
+    }
+
+    fn two_levels() -> ModelSpec {
+        use tessera_protocol::inference::ModelDynamicBatching;
+        use tessera_protocol::inference::model_config::SchedulingChoice;
+        let mut spec = add_sub();
+        let levels = ModelDynamicBatching { priority_levels: 2, default_priority_level: 2, ..Default::default() };
+        spec.config.scheduling_choice = Some(SchedulingChoice::DynamicBatching(levels));
+        spec
+    }
+
+    #[test]
+    fn priority_and_timeout_are_read_once_and_refused_when_malformed() {
+        fn valid(params: &[(&str, ParamValue)]) -> Result<ValidInferRequest> {
+            ValidInferRequest::new(with_params(params), &two_levels())
+        }
+        let ok = valid(&[("priority", ParamValue::Int(1)), ("timeout", ParamValue::Uint(10))]).expect("well-formed");
+        assert_eq!((ok.priority, ok.timeout_us), (1, 10));
+        let none = valid(&[]).expect("no parameters");
+        assert_eq!((none.priority, none.timeout_us), (0, 0), "the model's default level, no timeout");
+        let e = valid(&[("priority", ParamValue::Int(3))]).expect_err("no level 3").message;
+        assert!(e.contains("priority 3"), "{e}");
+        for bad in [ParamValue::Int(-5), ParamValue::Double(1.5), ParamValue::Str("abc".into())] {
+            let err = valid(&[("timeout", bad)]).expect_err("malformed timeout");
+            assert!(err.message.contains("parameter 'timeout'"), "{}", err.message);
+            assert_eq!(crate::error::codes_for(err.kind).0.as_u16(), 400);
+        }
+        let e = valid(&[("priority", ParamValue::Int(-1))]).expect_err("negative").message;
+        assert!(e.contains("parameter 'priority' must be a non-negative integer"), "{e}");
     }
 
     #[test]

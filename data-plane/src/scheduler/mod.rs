@@ -126,11 +126,7 @@ impl Scheduler {
             drop_request(&self.shared, d);
         }
         if let Err(e) = pushed {
-            // A full queue is Triton's REJECTED; a malformed priority or timeout is the
-            // client's mistake, counted with the other invalid requests.
-            let reason =
-                if e.kind == crate::error::ErrorKind::InvalidArg { FailReason::Other } else { FailReason::Rejected };
-            self.shared.stats.record_failure_reason(reason);
+            self.shared.stats.record_failure_reason(FailReason::Rejected);
             return Err(e);
         }
         let waiting = Waiting { outputs, shared: &self.shared, answered: false };
@@ -143,8 +139,8 @@ impl Scheduler {
     /// the batcher hop. The batcher would have dispatched it the same way, only later.
     /// Returns the request when it must take the queue path instead.
     fn try_run_now(&self, pending: Pending) -> Option<Pending> {
-        let params = &pending.request.parameters;
-        if !self.fast_path || params.contains_key("priority") || params.contains_key("timeout") {
+        let request = &pending.request;
+        if !self.fast_path || request.priority != 0 || request.timeout_us != 0 {
             return Some(pending);
         }
         let Ok(permit) = self.permits.clone().try_acquire_owned() else { return Some(pending) };

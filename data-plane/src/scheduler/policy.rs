@@ -17,6 +17,15 @@ pub const SAFETY_QUEUE_CAP: usize = 65_536;
 /// at load instead of failing with a reason.
 pub const MAX_PRIORITY_LEVELS: u64 = 256;
 
+/// The priority levels a config's scheduler has (1 without dynamic batching), as the batcher
+/// sets them up; requests are checked against it when they are validated.
+pub fn priority_levels(config: &ModelConfig) -> u64 {
+    match &config.scheduling_choice {
+        Some(SchedulingChoice::DynamicBatching(db)) => db.priority_levels.max(1),
+        _ => 1,
+    }
+}
+
 /// What happens to a request that waited past its timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnTimeout {
@@ -125,7 +134,7 @@ impl BatchingConfig {
         if db.priority_levels > MAX_PRIORITY_LEVELS {
             return Err(format!("priority_levels {} is above the limit of {MAX_PRIORITY_LEVELS}", db.priority_levels));
         }
-        let levels = usize::try_from(db.priority_levels).unwrap_or(0).max(1);
+        let levels = usize::try_from(priority_levels(config)).unwrap_or(1);
         let default_priority = match db.default_priority_level {
             0 if db.priority_levels == 0 => 1,
             0 => return Err("default_priority_level must be set when priority_levels is".into()),

@@ -110,8 +110,7 @@ impl BatchQueue {
     /// Queues a request at the level its `priority` parameter names, applying the level's
     /// policy; a full level refuses at once (the request is dropped with the error).
     pub fn push(&mut self, mut pending: Pending, model: &str, dropped: &mut Vec<Dropped>) -> Result<()> {
-        let level = self.level_of(&pending.request)?;
-        let requested = requested_timeout_us(&pending.request)?;
+        let level = self.level_of(&pending.request);
         if self.levels[level].len() >= self.config.policies[level].max_queue_size {
             // Requests whose clients left still hold places until the batcher next looks; a
             // new request must not be refused for them.
@@ -121,7 +120,7 @@ impl BatchQueue {
         if self.levels[level].len() >= policy.max_queue_size {
             return Err(Error::unavailable(format!("Exceeds maximum queue size for model '{model}'")));
         }
-        pending.deadline = policy.timeout_for(requested).map(|t| pending.enqueued + t);
+        pending.deadline = policy.timeout_for(pending.request.timeout_us).map(|t| pending.enqueued + t);
         if pending.deadline.is_some() {
             self.with_deadline += 1;
         }
@@ -141,16 +140,13 @@ impl BatchQueue {
         }
     }
 
-    fn level_of(&self, request: &ValidInferRequest) -> Result<usize> {
-        let Some(p) = request.parameters.get("priority") else { return Ok(self.config.default_priority - 1) };
-        let p = p.as_u64().ok_or_else(|| Error::invalid("parameter 'priority' must be a non-negative integer"))?;
-        match p {
-            0 => Ok(self.config.default_priority - 1),
-            p if p as usize <= self.config.priority_levels => Ok(p as usize - 1),
-            p => Err(Error::invalid(format!(
-                "priority {p} is out of range: this model has {} priority level(s)",
-                self.config.priority_levels
-            ))),
+    /// The queue index of a request's level; its priority was checked against the model's levels
+    /// when the request was validated.
+    fn level_of(&self, request: &ValidInferRequest) -> usize {
+        match usize::try_from(request.priority) {
+            Ok(0) => self.config.default_priority - 1,
+            Ok(p) => p.min(self.levels.len()) - 1,
+            Err(_) => self.levels.len() - 1,
         }
     }
 
@@ -284,17 +280,6 @@ impl BatchQueue {
     }
 }
 
-/// The request's `timeout` parameter in microseconds (0 when absent). A malformed value is
-/// refused rather than ignored, so a client never believes a timeout applies when it does not.
-fn requested_timeout_us(request: &ValidInferRequest) -> Result<u64> {
-    match request.parameters.get("timeout") {
-        None => Ok(0),
-        Some(t) => t
-            .as_u64()
-            .ok_or_else(|| Error::invalid("parameter 'timeout' must be a non-negative integer (microseconds)")),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -325,9 +310,13 @@ mod tests {
             shape: vec![batch as i64, width],
             data: Bytes::new(),
         };
+        // Validation turns these parameters into the typed fields the queue reads.
+        let param = |key: &str| params.iter().find(|(k, _)| *k == key).and_then(|(_, v)| v.as_u64()).unwrap_or(0);
         ValidInferRequest {
             id: String::new(),
-            parameters: params.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<Parameters>(),
+            parameters: Parameters::new(),
+            priority: param("priority"),
+            timeout_us: param("timeout"),
             batch_size: batch,
             inputs: vec![Some(input)],
             outputs: vec![0],
@@ -457,20 +446,6 @@ mod tests {
         h.push(request(2, 4, &[("priority", ParamValue::Int(1))])).expect("level 1");
         let step = h.queue.next_batch(Instant::now());
         assert_eq!(step.batch[0].items(), 2, "level 1 first");
-        let err = h.push(request(1, 4, &[("priority", ParamValue::Int(3))])).expect_err("no level 3");
-        assert!(err.message.contains("priority 3"), "{}", err.message);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_malformed_timeout_is_refused_not_ignored() {
-        let mut h = Harness::new(config(&[], 0));
-        for bad in [ParamValue::Int(-5), ParamValue::Double(1.5), ParamValue::Str("abc".into())] {
-            let err = h.push(request(1, 4, &[("timeout", bad)])).expect_err("malformed timeout");
-            assert!(err.message.contains("parameter 'timeout'"), "{}", err.message);
-            assert_eq!(crate::error::codes_for(err.kind).0.as_u16(), 400);
-        }
-        assert!(h.queue.is_empty(), "nothing was queued");
-        h.push(request(1, 4, &[("timeout", ParamValue::Uint(10))])).expect("a valid timeout");
     }
 
     #[tokio::test(start_paused = true)]
