@@ -259,14 +259,14 @@ impl ModelManager {
         }
         let _guard = self.control.lock().await;
         let (repo, owned, cores) = (self.repository.clone(), name.to_string(), self.cores);
-        let fingerprint = self.repository.fingerprint(name);
         let entry = match tokio::task::spawn_blocking(move || load_entry(&repo, &owned, config, cores)).await {
             Ok(entry) => entry,
             // A load that panicked (a bug, or ONNX Runtime failing hard) still leaves a row
             // saying why, instead of a model with no state.
             Err(e) => {
                 tracing::error!(model = name, error = %e, "model load panicked");
-                ModelEntry { fingerprint, ..ModelEntry::unavailable(format!("model load failed unexpectedly: {e}")) }
+                let reason = format!("model load failed unexpectedly: {e}");
+                ModelEntry { fingerprint: self.repository.fingerprint(name), ..ModelEntry::unavailable(reason) }
             }
         };
         let failure = entry_failure(&entry);

@@ -160,9 +160,9 @@ fn check_supported(config: &ModelConfig) -> Result<(), String> {
     if config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
         return Err("decoupled models (model_transaction_policy { decoupled: true }) are not supported".into());
     }
-    let reshaped =
+    let mut reshaped =
         config.input.iter().map(|i| (&i.name, &i.reshape)).chain(config.output.iter().map(|o| (&o.name, &o.reshape)));
-    if let Some((name, _)) = reshaped.into_iter().find(|(_, r)| r.is_some()) {
+    if let Some((name, _)) = reshaped.find(|(_, r)| r.is_some()) {
         return Err(format!("'{name}' has a reshape, which is not supported by this server"));
     }
     Ok(())
@@ -172,9 +172,9 @@ fn check_supported(config: &ModelConfig) -> Result<(), String> {
 /// request would fail inside ONNX Runtime), and no tensor may be listed twice.
 fn check_covers_the_model(config: &ModelConfig, io: &ModelIo) -> Result<(), String> {
     let mut seen = std::collections::HashSet::new();
-    let listed =
+    let mut listed =
         config.input.iter().map(|i| ("input", &i.name)).chain(config.output.iter().map(|o| ("output", &o.name)));
-    if let Some((role, name)) = listed.into_iter().find(|(role, name)| !seen.insert((*role, *name))) {
+    if let Some((role, name)) = listed.find(|(role, name)| !seen.insert((*role, *name))) {
         return Err(format!("{role} '{name}' is listed twice in the configuration"));
     }
     let missing: Vec<String> = io

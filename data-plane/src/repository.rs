@@ -111,7 +111,7 @@ impl Repository {
 /// zeros, so each version has exactly one directory (`01` or `+5` would otherwise alias `1` and
 /// `5`, and the model file would be looked for under the other name). Anything else is not a
 /// version directory.
-fn version_of_dir(name: &str) -> Option<i64> {
+pub(crate) fn version_of_dir(name: &str) -> Option<i64> {
     let canonical =
         !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) && (name == "0" || !name.starts_with('0'));
     if canonical { name.parse().ok() } else { None }

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use tessera_protocol::inference::ModelConfig;
 
-use crate::repository::DEFAULT_MODEL_FILENAME;
+use crate::repository::{DEFAULT_MODEL_FILENAME, version_of_dir};
 
 /// Most entries an archive may have (a model directory has a handful).
 pub const MAX_ENTRIES: usize = 10_000;
@@ -183,7 +183,7 @@ pub fn find_model(root: &Path, version: i64) -> Result<ModelDir, String> {
 fn model_dir(root: &Path) -> Result<PathBuf, String> {
     let entries = list(root)?;
     match entries.as_slice() {
-        [(name, true)] if !is_version(name) => Ok(root.join(name)),
+        [(name, true)] if version_of_dir(name).is_none() => Ok(root.join(name)),
         _ => Ok(root.to_path_buf()),
     }
 }
@@ -199,10 +199,6 @@ fn list(dir: &Path) -> Result<Vec<(String, bool)>, String> {
     Ok(names)
 }
 
-fn is_version(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
-}
-
 /// In order: `<version>/<filename>`, the highest `<n>/<filename>`, `<filename>`, the only
 /// `*.onnx` at the root or in a version directory.
 fn model_file(dir: &Path, version: i64, filename: &str) -> Result<PathBuf, String> {
@@ -211,8 +207,7 @@ fn model_file(dir: &Path, version: i64, filename: &str) -> Result<PathBuf, Strin
         return Ok(exact);
     }
     let entries = list(dir)?;
-    let mut versions: Vec<i64> =
-        entries.iter().filter(|(n, d)| *d && is_version(n)).filter_map(|(n, _)| n.parse().ok()).collect();
+    let mut versions: Vec<i64> = entries.iter().filter(|(_, d)| *d).filter_map(|(n, _)| version_of_dir(n)).collect();
     versions.sort_unstable();
     if let Some(v) = versions.iter().rev().find(|v| dir.join(v.to_string()).join(filename).is_file()) {
         return Ok(dir.join(v.to_string()).join(filename));
