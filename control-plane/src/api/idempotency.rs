@@ -1,9 +1,11 @@
 //! `Idempotency-Key` on POST: a pipeline that retries gets the first result, not a duplicate.
 //!
-//! The key is scoped to the caller's tenant. The request is fingerprinted (method, path,
+//! The key is scoped to the caller: its tenant, its credential and its role, so a replay only
+//! ever returns what that same caller was answered before. The request is fingerprinted (method, path,
 //! query and a digest of the JSON body; for streamed uploads the declared length and sha256
 //! instead of the body, which is never buffered). The first response below 500 is stored and
-//! replayed with `Idempotent-Replayed: true`; a 5xx releases the key so a retry runs again.
+//! replayed with `Idempotent-Replayed: true`. Answers from before the request ran (401, 403,
+//! 429) and 5xx release the key so a retry runs again, as Stripe does.
 //! The same key with a different request is a 422; while the first one runs, a 409.
 
 use axum::body::{Body, to_bytes};
@@ -56,8 +58,8 @@ async fn run(
         .map_err(IntoResponse::into_response)?
         .to_string();
     let (req, fingerprint) = fingerprint(req).await.map_err(IntoResponse::into_response)?;
-    let tenant = principal.tenant_id;
-    let claim = app.registry.claim_idempotent(tenant, &key, &fingerprint, now()).await;
+    let scope = principal.idempotency_scope();
+    let claim = app.registry.claim_idempotent(&scope, &key, &fingerprint, now()).await;
     match claim.map_err(IntoResponse::into_response)? {
         IdempotencyClaim::New => {}
         IdempotencyClaim::Replay { status, body } => return Ok(replay(status, body)),
@@ -72,8 +74,8 @@ async fn run(
     }
     let response = next.run(req).await;
     let status = response.status();
-    if status.is_server_error() {
-        if let Err(e) = app.registry.release_idempotent(tenant, &key).await {
+    if !is_stored(status) {
+        if let Err(e) = app.registry.release_idempotent(&scope, &key).await {
             tracing::warn!(error = %e, "could not release an idempotency key");
         }
         return Ok(response);
@@ -83,10 +85,17 @@ async fn run(
         .await
         .map_err(|_| Error::Internal("response too large".into()))
         .map_err(IntoResponse::into_response)?;
-    if let Err(e) = app.registry.finish_idempotent(tenant, &key, status.as_u16(), &bytes).await {
+    if let Err(e) = app.registry.finish_idempotent(&scope, &key, status.as_u16(), &bytes).await {
         tracing::warn!(error = %e, "could not store an idempotent response");
     }
     Ok(Response::from_parts(parts, Body::from(bytes)))
+}
+
+/// Whether an answer is kept for replay: not when the request never ran (refused credentials,
+/// role or rate) nor when a retry may succeed (5xx).
+fn is_stored(status: StatusCode) -> bool {
+    !(status.is_server_error()
+        || matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::TOO_MANY_REQUESTS))
 }
 
 fn replay(status: u16, body: Vec<u8>) -> Response {

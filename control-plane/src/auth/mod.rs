@@ -8,7 +8,7 @@ use time::Duration;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
-use crate::registry::{Registry, now};
+use crate::registry::{IdempotencyScope, Registry, now};
 use crate::types::Role;
 use keys::KeyHasher;
 use tokens::TokenService;
@@ -43,6 +43,12 @@ impl Principal {
     /// Fails with 403 unless the caller's role includes `needed`.
     pub fn require(&self, needed: Role, action: &'static str) -> Result<()> {
         if self.role.allows(needed) { Ok(()) } else { Err(Error::Forbidden { role: self.role.as_str(), action }) }
+    }
+
+    /// Who owns this caller's Idempotency-Key records: the key (a token stands for the key it
+    /// was exchanged for) and the role, so no other credential is ever replayed its answers.
+    pub fn idempotency_scope(&self) -> IdempotencyScope {
+        IdempotencyScope { tenant_id: self.tenant_id, caller: format!("{}:{}", self.key_id, self.role.as_str()) }
     }
 }
 

@@ -1,4 +1,5 @@
-//! Idempotency-Key records: the first response to a (tenant, key) pair, replayed to retries.
+//! Idempotency-Key records: the first response to a (tenant, caller, key) triple, replayed to
+//! retries by the same caller only.
 
 use time::{Duration, OffsetDateTime};
 use uuid::Uuid;
@@ -8,6 +9,15 @@ use crate::error::Result;
 
 /// How long a key is remembered.
 pub const RETENTION: Duration = Duration::hours(24);
+
+/// Whose keys these are: a record is only ever replayed to the caller that stored it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdempotencyScope {
+    /// The caller's tenant.
+    pub tenant_id: Uuid,
+    /// The caller: its credential and role (see `Principal::idempotency_caller`).
+    pub caller: String,
+}
 
 /// What a request carrying an Idempotency-Key should do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,7 +41,7 @@ impl Registry {
     /// Claims `key` for a request with `fingerprint` (method, path and body digest).
     pub async fn claim_idempotent(
         &self,
-        tenant_id: Uuid,
+        scope: &IdempotencyScope,
         key: &str,
         fingerprint: &str,
         at: OffsetDateTime,
@@ -41,10 +51,11 @@ impl Registry {
             .bind(at - RETENTION)
             .execute(c))?;
         let inserted = exec!(tx, "idempotency.claim", |c| sqlx::query(
-            "INSERT INTO idempotency_keys (tenant_id, key, fingerprint, created_at) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (tenant_id, key) DO NOTHING"
+            "INSERT INTO idempotency_keys (tenant_id, caller, key, fingerprint, created_at) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, caller, key) DO NOTHING"
         )
-        .bind(tenant_id)
+        .bind(scope.tenant_id)
+        .bind(&scope.caller)
         .bind(key)
         .bind(fingerprint)
         .bind(at)
@@ -55,9 +66,11 @@ impl Registry {
         }
         let (stored, status, body): (String, Option<i32>, Option<Vec<u8>>) =
             on_conn!(tx, "idempotency.get", |c| sqlx::query_as(
-                "SELECT fingerprint, status_code, response_body FROM idempotency_keys WHERE tenant_id = $1 AND key = $2"
+                "SELECT fingerprint, status_code, response_body FROM idempotency_keys \
+                 WHERE tenant_id = $1 AND caller = $2 AND key = $3"
             )
-            .bind(tenant_id)
+            .bind(scope.tenant_id)
+            .bind(&scope.caller)
             .bind(key)
             .fetch_one(c))?;
         tx.commit().await?;
@@ -71,12 +84,14 @@ impl Registry {
     }
 
     /// Stores the response of a claimed key.
-    pub async fn finish_idempotent(&self, tenant_id: Uuid, key: &str, status: u16, body: &[u8]) -> Result<()> {
+    pub async fn finish_idempotent(&self, scope: &IdempotencyScope, key: &str, status: u16, body: &[u8]) -> Result<()> {
         let mut conn = self.conn().await?;
         exec!(conn, "idempotency.finish", |c| sqlx::query(
-            "UPDATE idempotency_keys SET status_code = $3, response_body = $4 WHERE tenant_id = $1 AND key = $2"
+            "UPDATE idempotency_keys SET status_code = $4, response_body = $5 \
+             WHERE tenant_id = $1 AND caller = $2 AND key = $3"
         )
-        .bind(tenant_id)
+        .bind(scope.tenant_id)
+        .bind(&scope.caller)
         .bind(key)
         .bind(i32::from(status))
         .bind(body)
@@ -84,13 +99,14 @@ impl Registry {
         Ok(())
     }
 
-    /// Forgets a claimed key whose request failed in a way a retry may fix (a 5xx).
-    pub async fn release_idempotent(&self, tenant_id: Uuid, key: &str) -> Result<()> {
+    /// Forgets a claimed key whose request never ran or failed in a way a retry may fix.
+    pub async fn release_idempotent(&self, scope: &IdempotencyScope, key: &str) -> Result<()> {
         let mut conn = self.conn().await?;
         exec!(conn, "idempotency.release", |c| sqlx::query(
-            "DELETE FROM idempotency_keys WHERE tenant_id = $1 AND key = $2 AND status_code IS NULL"
+            "DELETE FROM idempotency_keys WHERE tenant_id = $1 AND caller = $2 AND key = $3 AND status_code IS NULL"
         )
-        .bind(tenant_id)
+        .bind(scope.tenant_id)
+        .bind(&scope.caller)
         .bind(key)
         .execute(c))?;
         Ok(())

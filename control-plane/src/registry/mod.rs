@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use audit::{Actor, AuditEventRow, AuditFilter, ChainBreak, ChainReport, ChainVerifier, NewAuditEvent};
 pub use deployments::{DeploymentEventRow, DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef};
-pub use idempotency::IdempotencyClaim;
+pub use idempotency::{IdempotencyClaim, IdempotencyScope};
 pub use keys::{ApiKeyRow, NewApiKey};
 pub use models::{AliasRow, ModelRow, NewVersion, UploadRow, VersionRow};
 pub use prices::PriceRow;

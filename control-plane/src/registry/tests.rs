@@ -243,19 +243,25 @@ async fn keys_are_found_by_prefix_and_revoked() {
 async fn idempotency_keys_replay_and_refuse_reuse() {
     on_both(|r| async move {
         let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let me = IdempotencyScope { tenant_id: a, caller: "key-1:tenant-admin".into() };
         let at = now();
-        assert_eq!(r.claim_idempotent(a, "k", "f1", at).await.unwrap(), IdempotencyClaim::New);
-        assert_eq!(r.claim_idempotent(a, "k", "f1", at).await.unwrap(), IdempotencyClaim::InProgress);
-        assert_eq!(r.claim_idempotent(a, "k", "f2", at).await.unwrap(), IdempotencyClaim::Mismatch);
-        r.finish_idempotent(a, "k", 201, b"{}").await.unwrap();
+        assert_eq!(r.claim_idempotent(&me, "k", "f1", at).await.unwrap(), IdempotencyClaim::New);
+        assert_eq!(r.claim_idempotent(&me, "k", "f1", at).await.unwrap(), IdempotencyClaim::InProgress);
+        assert_eq!(r.claim_idempotent(&me, "k", "f2", at).await.unwrap(), IdempotencyClaim::Mismatch);
+        r.finish_idempotent(&me, "k", 201, b"{}").await.unwrap();
         let replay = IdempotencyClaim::Replay { status: 201, body: b"{}".to_vec() };
-        assert_eq!(r.claim_idempotent(a, "k", "f1", at).await.unwrap(), replay);
-        assert_eq!(r.claim_idempotent(a, "k2", "f", at).await.unwrap(), IdempotencyClaim::New);
-        r.release_idempotent(a, "k2").await.unwrap();
-        assert_eq!(r.claim_idempotent(a, "k2", "f", at).await.unwrap(), IdempotencyClaim::New);
+        assert_eq!(r.claim_idempotent(&me, "k", "f1", at).await.unwrap(), replay);
+        // Another caller of the same tenant never sees this caller's record.
+        let other = IdempotencyScope { tenant_id: a, caller: "key-2:viewer".into() };
+        assert_eq!(r.claim_idempotent(&other, "k", "f1", at).await.unwrap(), IdempotencyClaim::New);
+        r.finish_idempotent(&other, "k", 403, b"{}").await.unwrap();
+        assert_eq!(r.claim_idempotent(&me, "k", "f1", at).await.unwrap(), replay);
+        assert_eq!(r.claim_idempotent(&me, "k2", "f", at).await.unwrap(), IdempotencyClaim::New);
+        r.release_idempotent(&me, "k2").await.unwrap();
+        assert_eq!(r.claim_idempotent(&me, "k2", "f", at).await.unwrap(), IdempotencyClaim::New);
         // Expired keys are forgotten.
         let later = at + time::Duration::hours(25);
-        assert_eq!(r.claim_idempotent(a, "k", "f9", later).await.unwrap(), IdempotencyClaim::New);
+        assert_eq!(r.claim_idempotent(&me, "k", "f9", later).await.unwrap(), IdempotencyClaim::New);
     })
     .await;
 }

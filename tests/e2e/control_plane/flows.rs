@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{Opts, TestApp, TestDb, onnx_bytes};
+use super::{Opts, Resp, TestApp, TestDb, onnx_bytes};
 
 async fn model_lifecycle(app: TestApp) {
     let t = app.tenant("acme").await;
@@ -96,6 +96,45 @@ async fn idempotent_creates_return_the_first_result() {
     assert_eq!(b.expect(201)["version"], 1);
     assert_eq!(app.get(&t.viewer, "/v1/tenants/acme/models/bert").await.body["latest_version"], 1);
     assert_eq!(app.stored_files(), 1);
+}
+
+/// A replayed answer goes only to the credential that got it first: a weaker key reusing a
+/// tenant admin's Idempotency-Key must not read the new key's secret, and a viewer's refusal
+/// must not be replayed to the admin.
+#[tokio::test]
+async fn idempotency_replays_never_cross_credentials() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    let path = "/v1/tenants/acme/api-keys";
+    let body = json!({ "name": "ci", "role": "deployer" });
+    let replayed = |r: &Resp| r.headers.get("idempotent-replayed").is_some();
+
+    let first = app.post_idempotent(&t.admin, path, &body, "K").await;
+    let secret = first.expect(201)["key"].as_str().expect("key").to_string();
+    for weaker in [&t.deployer, &t.viewer, &t.inference] {
+        let r = app.post_idempotent(weaker, path, &body, "K").await;
+        assert_eq!((r.status, replayed(&r)), (403, false), "{:?}", r.body);
+        assert!(!r.body.to_string().contains(&secret), "a weaker key read the secret");
+    }
+    let weaker_token = app.token(&t.viewer).await.expect(200)["access_token"].as_str().expect("token").to_string();
+    let r = app.post_idempotent(&weaker_token, path, &body, "K").await;
+    assert_eq!((r.status, replayed(&r)), (403, false));
+    // Another admin key is another caller: its request runs and makes its own key.
+    let admin2 = app.create_key(&t.admin, "acme", "tenant-admin").await;
+    let other = app.post_idempotent(&admin2, path, &body, "K").await;
+    assert!(!replayed(&other));
+    assert_ne!(other.expect(201)["key"], first.body["key"]);
+    // The same caller retrying gets its own first answer back.
+    let again = app.post_idempotent(&t.admin, path, &body, "K").await;
+    assert_eq!((again.expect(201)["key"].as_str(), replayed(&again)), (Some(secret.as_str()), true));
+
+    // The reverse: a viewer's refusal is not stored, so the admin's identical request runs.
+    let r = app.post_idempotent(&t.viewer, path, &body, "K2").await;
+    assert_eq!(r.status, 403);
+    let r = app.post_idempotent(&t.viewer, path, &body, "K2").await;
+    assert_eq!((r.status, replayed(&r)), (403, false));
+    let admin = app.post_idempotent(&t.admin, path, &body, "K2").await;
+    assert_eq!((admin.status, replayed(&admin)), (201, false), "{:?}", admin.body);
 }
 
 #[tokio::test]
