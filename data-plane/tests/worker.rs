@@ -1,6 +1,6 @@
 //! `tessera worker` against an in-process fake control plane: registration, artifact fetch,
-//! loading, heartbeats, tenant-scoped authenticated inference, unloading, and serving on while
-//! the control plane is gone.
+//! loading, heartbeats, tenant-scoped authenticated inference (API keys and access tokens),
+//! unloading, and serving on while the control plane is gone.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -8,6 +8,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use ed25519_dalek::pkcs8::EncodePrivateKey;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tessera_data_plane::onnx_builder;
@@ -23,6 +26,9 @@ use tonic::{Request, Response, Status};
 const TOKEN: &str = "worker-secret";
 const TENANT_A: &str = "0190a0a0-0000-7000-8000-00000000000a";
 const TENANT_B: &str = "0190a0a0-0000-7000-8000-00000000000b";
+/// The fake control plane's token-signing key (seed and id).
+const SIGNING_SEED: [u8; 32] = [7; 32];
+const SIGNING_KID: &str = "test-key";
 
 /// The control plane as far as one worker can tell.
 struct Fake {
@@ -44,6 +50,28 @@ struct Fake {
     refuse_usage: AtomicBool,
     /// Ends open sessions (so the server can stop).
     stop: CancellationToken,
+}
+
+/// The fake's JWKS: the public half of [`SIGNING_SEED`].
+fn jwks_json() -> String {
+    let x = URL_SAFE_NO_PAD.encode(ed25519_dalek::SigningKey::from_bytes(&SIGNING_SEED).verifying_key().to_bytes());
+    json!({ "keys": [{ "kty": "OKP", "crv": "Ed25519", "alg": "EdDSA", "use": "sig", "kid": SIGNING_KID, "x": x }] })
+        .to_string()
+}
+
+/// An access token for tenant A, as the control plane issues them, valid from `nbf_in` seconds
+/// from now.
+fn access_token(nbf_in: i64) -> String {
+    let der = ed25519_dalek::SigningKey::from_bytes(&SIGNING_SEED).to_pkcs8_der().expect("an Ed25519 key encodes");
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("after 1970");
+    let now = i64::try_from(since_epoch.as_secs()).expect("in range");
+    let claims = json!({
+        "iss": "tessera", "aud": "tessera", "sub": "key-id", "tenant": TENANT_A, "tenant_name": "a",
+        "role": "inference", "iat": now, "nbf": now + nbf_in, "exp": now + 900, "jti": "j1",
+    });
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::EdDSA);
+    header.kid = Some(SIGNING_KID.into());
+    jsonwebtoken::encode(&header, &claims, &jsonwebtoken::EncodingKey::from_ed_der(der.as_bytes())).expect("signs")
 }
 
 fn check_token<T>(request: &Request<T>) -> Result<(), Status> {
@@ -140,7 +168,7 @@ impl WorkerAgent for Service {
     ) -> Result<Response<agent::GetTokenKeysResponse>, Status> {
         check_token(&request)?;
         Ok(Response::new(agent::GetTokenKeysResponse {
-            jwks_json: r#"{"keys": []}"#.into(),
+            jwks_json: jwks_json(),
             issuer: "tessera".into(),
             audience: "tessera".into(),
         }))
@@ -373,6 +401,16 @@ async fn worker_registers_loads_serves_unloads_and_outlives_the_control_plane() 
     assert_eq!(grpc_infer(grpc, "tsk_b").await, Err(tonic::Code::NotFound));
     assert_eq!(grpc_infer(grpc, "tsk_nope").await, Err(tonic::Code::Unauthenticated));
     assert_eq!(infer(&http, Some("tsk_nope")).await.0, 401);
+
+    // Access tokens verify offline against the fetched keys; one whose `nbf` is an hour or a
+    // day away is refused like any bad token.
+    let token = access_token(0);
+    assert_eq!(infer(&http, Some(&token)).await.0, 200);
+    assert_eq!(grpc_infer(grpc, &token).await, Ok(()));
+    for early in [access_token(3600), access_token(86_400)] {
+        assert_eq!(infer(&http, Some(&early)).await.0, 401);
+        assert_eq!(grpc_infer(grpc, &early).await, Err(tonic::Code::Unauthenticated));
+    }
 
     // An empty set unloads the model.
     fake.assignments.send_replace(agent::Assignments { generation: 2, assignments: Vec::new() });

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::registry::{Actor, Registry, SigningKeyRow, now};
 use crate::types::Role;
 
-/// Tolerated clock skew when checking `exp`, in seconds.
+/// Tolerated clock skew when checking `exp`, `nbf` and `iat`, in seconds.
 const LEEWAY_SECS: u64 = 30;
 
 /// What a token says.
@@ -47,6 +47,9 @@ pub struct Claims {
     pub role: Role,
     /// Issued at (Unix seconds).
     pub iat: i64,
+    /// Not before (Unix seconds); tokens issued before this claim was added carry none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nbf: Option<i64>,
     /// Expires at (Unix seconds).
     pub exp: i64,
     /// Token id.
@@ -123,6 +126,7 @@ impl TokenService {
             tenant_name: principal.tenant_name.clone(),
             role: principal.role,
             iat,
+            nbf: Some(iat),
             exp: iat + i64::try_from(self.config.ttl.as_secs()).unwrap_or(i64::MAX / 2),
             jti: Uuid::new_v4().to_string(),
         };
@@ -131,7 +135,7 @@ impl TokenService {
         jsonwebtoken::encode(&header, &claims, key).map_err(|e| Error::Internal(format!("sign a token: {e}")))
     }
 
-    /// Checks a token's signature, algorithm, issuer, audience and expiry.
+    /// Checks a token's signature, algorithm, issuer, audience, expiry, `nbf` and `iat`.
     pub async fn verify(&self, token: &str) -> Result<Claims> {
         // An `alg` outside jsonwebtoken's list (e.g. "none") fails to parse here.
         let header = jsonwebtoken::decode_header(token).map_err(|_| Error::Unauthenticated)?;
@@ -142,16 +146,7 @@ impl TokenService {
             ring = self.ring();
         }
         let key = ring.verifying.get(&kid).ok_or(Error::Unauthenticated)?;
-        let mut validation = Validation::new(Algorithm::EdDSA);
-        validation.set_audience(&[&self.config.audience]);
-        validation.set_issuer(&[&self.config.issuer]);
-        validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
-        validation.leeway = LEEWAY_SECS;
-        let data = jsonwebtoken::decode::<Claims>(token, key, &validation).map_err(|e| {
-            tracing::debug!(error = %e, "token refused");
-            Error::Unauthenticated
-        })?;
-        Ok(data.claims)
+        decode_claims(token, key, &self.config, now().unix_timestamp())
     }
 
     /// The public keys, as a JWKS document.
@@ -166,6 +161,32 @@ impl TokenService {
         self.reload().await?;
         Ok(key.kid)
     }
+}
+
+/// Verifies `token` with `key` against `config`. A token is refused while its `nbf` or `iat`
+/// lies more than [`LEEWAY_SECS`] ahead: one minted for later (or by a clock far ahead) must not
+/// work early. `iat` is compared with `unix_now`; jsonwebtoken reads the system clock for `exp`
+/// and `nbf`.
+fn decode_claims(token: &str, key: &DecodingKey, config: &TokenConfig, unix_now: i64) -> Result<Claims> {
+    let mut validation = Validation::new(Algorithm::EdDSA);
+    validation.set_audience(&[&config.audience]);
+    validation.set_issuer(&[&config.issuer]);
+    validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);
+    // Checked when present: tokens issued before `nbf` was added stay valid until they expire.
+    validation.validate_nbf = true;
+    validation.leeway = LEEWAY_SECS;
+    let claims = jsonwebtoken::decode::<Claims>(token, key, &validation)
+        .map_err(|e| {
+            tracing::debug!(error = %e, "token refused");
+            Error::Unauthenticated
+        })?
+        .claims;
+    // jsonwebtoken never looks at `iat`.
+    if claims.iat > unix_now.saturating_add(LEEWAY_SECS as i64) {
+        tracing::debug!(iat = claims.iat, unix_now, "token refused: issued in the future");
+        return Err(Error::Unauthenticated);
+    }
+    Ok(claims)
 }
 
 fn empty_ring() -> Ring {
@@ -222,6 +243,8 @@ pub fn new_signing_key() -> Result<SigningKeyRow> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
 
     fn service_ring(rows: &[SigningKeyRow]) -> Ring {
@@ -252,6 +275,7 @@ mod tests {
             tenant_name: "x".into(),
             role: Role::Viewer,
             iat: now().unix_timestamp(),
+            nbf: None,
             exp: now().unix_timestamp() + 60,
             jti: "j".into(),
         };
@@ -273,5 +297,80 @@ mod tests {
         let none_header = URL_SAFE_NO_PAD.encode(br#"{"alg":"none","typ":"JWT"}"#);
         let body = URL_SAFE_NO_PAD.encode(serde_json::to_vec(&claims).unwrap());
         assert!(jsonwebtoken::decode_header(format!("{none_header}.{body}.")).is_err());
+    }
+
+    const HOUR: i64 = 3600;
+    const DAY: i64 = 24 * HOUR;
+
+    fn config() -> TokenConfig {
+        TokenConfig { issuer: "t".into(), audience: "a".into(), ttl: Duration::from_secs(900) }
+    }
+
+    /// Claims as the service issues them, at the current time.
+    fn claims() -> Value {
+        let now = now().unix_timestamp();
+        json!({
+            "iss": "t", "aud": "a", "sub": "k", "tenant": Uuid::nil(), "tenant_name": "x", "role": "viewer",
+            "iat": now, "nbf": now, "exp": now + 900, "jti": "j",
+        })
+    }
+
+    fn with(mut claims: Value, field: &str, value: Value) -> Value {
+        claims[field] = value;
+        claims
+    }
+
+    fn without(mut claims: Value, field: &str) -> Value {
+        claims.as_object_mut().expect("an object").remove(field);
+        claims
+    }
+
+    /// A token over `claims`, signed with a fresh key, and that key's verifying half.
+    fn sign(claims: &Value) -> (String, DecodingKey) {
+        let ring = build_ring(&[new_signing_key().expect("a key")]).expect("a ring");
+        let (kid, encoding) = ring.signing.as_ref().expect("a signing key");
+        let mut header = Header::new(Algorithm::EdDSA);
+        header.kid = Some(kid.clone());
+        let token = jsonwebtoken::encode(&header, claims, encoding).expect("a token signs");
+        (token, ring.verifying[kid].clone())
+    }
+
+    /// Signs `claims` and verifies them as `TokenService::verify` does.
+    fn verify(claims: &Value) -> Result<Claims> {
+        let (token, key) = sign(claims);
+        decode_claims(&token, &key, &config(), now().unix_timestamp())
+    }
+
+    #[test]
+    fn tokens_not_yet_valid_are_refused() {
+        let now = now().unix_timestamp();
+        for (what, claims) in [
+            ("nbf in an hour", with(claims(), "nbf", json!(now + HOUR))),
+            ("nbf in a day", with(claims(), "nbf", json!(now + DAY))),
+            ("nbf just past the leeway", with(claims(), "nbf", json!(now + LEEWAY_SECS as i64 + 5))),
+            ("iat in an hour", with(claims(), "iat", json!(now + HOUR))),
+            ("iat in a day, without nbf", without(with(claims(), "iat", json!(now + DAY)), "nbf")),
+            ("iat just past the leeway", with(claims(), "iat", json!(now + LEEWAY_SECS as i64 + 5))),
+        ] {
+            assert!(matches!(verify(&claims), Err(Error::Unauthenticated)), "{what}");
+        }
+    }
+
+    #[test]
+    fn small_clock_skew_and_tokens_without_nbf_are_accepted() {
+        let now = now().unix_timestamp();
+        let skewed = with(with(claims(), "nbf", json!(now + 10)), "iat", json!(now + 10));
+        assert_eq!(verify(&skewed).expect("within the leeway").nbf, Some(now + 10));
+        assert_eq!(verify(&without(claims(), "nbf")).expect("tokens from before nbf").nbf, None);
+        verify(&with(claims(), "nbf", json!(now - HOUR))).expect("nbf in the past");
+    }
+
+    #[test]
+    fn iat_is_compared_with_the_given_clock() {
+        let iat = now().unix_timestamp();
+        let (token, key) = sign(&with(claims(), "iat", json!(iat)));
+        let at = |unix_now| decode_claims(&token, &key, &config(), unix_now);
+        at(iat - LEEWAY_SECS as i64).expect("at the edge of the leeway");
+        assert!(matches!(at(iat - LEEWAY_SECS as i64 - 1), Err(Error::Unauthenticated)));
     }
 }

@@ -36,7 +36,7 @@ const RECHECK_GRACE: Duration = Duration::from_secs(10);
 const JWKS_MAX_AGE: Duration = Duration::from_secs(300);
 /// At most one signing-key fetch per this interval, however many tokens name unknown keys.
 const JWKS_MIN_INTERVAL: Duration = Duration::from_secs(5);
-/// Tolerated clock skew on `exp`, as the control plane allows.
+/// Tolerated clock skew on `exp`, `nbf` and `iat`, as the control plane allows.
 const LEEWAY_SECS: u64 = 30;
 /// Longer credentials are refused before any lookup.
 const MAX_CREDENTIAL_LEN: usize = 8192;
@@ -54,7 +54,7 @@ pub struct Authenticator {
     /// and write it; no lock is held across an await.
     keys: Mutex<HashMap<[u8; 32], CachedKey>>,
     jwks: Arc<JwksCache>,
-    /// Unix seconds now; replaced in tests to move past key expiry.
+    /// Unix seconds now (key expiry, token `iat`); replaced in tests to move the clock.
     unix_now: fn() -> i64,
 }
 
@@ -211,6 +211,12 @@ impl Authenticator {
             }
         })?;
         let claims = data.claims;
+        // jsonwebtoken never looks at `iat`; a token issued in the future is refused like one
+        // whose `nbf` has not come yet.
+        if claims.iat.is_some_and(|iat| iat > (self.unix_now)().saturating_add(LEEWAY_SECS as i64)) {
+            tracing::debug!(iat = claims.iat, "access token refused: issued in the future");
+            return Err(Error::unauthenticated(INVALID));
+        }
         let role = claims.role.parse::<Role>().map_err(|_| Error::unauthenticated(INVALID))?;
         Ok(Principal { tenant_id: claims.tenant.to_string(), tenant_name: claims.tenant_name, role })
     }
@@ -237,13 +243,16 @@ fn bearer_credential(authorization: Option<&str>) -> Result<&str, Error> {
     Ok(credential)
 }
 
-/// The claims read from an access token (the control plane's `Claims`); `iss`, `aud` and `exp`
-/// are checked by [`Validation`].
+/// The claims read from an access token (the control plane's `Claims`); `iss`, `aud`, `exp`
+/// and `nbf` are checked by [`Validation`], `iat` by [`Authenticator`].
 #[derive(serde::Deserialize)]
 struct TokenClaims {
     tenant: uuid::Uuid,
     tenant_name: String,
     role: String,
+    /// Issued at (Unix seconds); the control plane always sets it, but it was never required here.
+    #[serde(default)]
+    iat: Option<i64>,
 }
 
 /// Verification keys by `kid`, with the validation rules the control plane's settings imply.
@@ -273,6 +282,8 @@ impl KeyRing {
         validation.set_issuer(&[&keys.issuer]);
         validation.set_audience(&[&keys.audience]);
         validation.set_required_spec_claims(&["exp", "iss", "aud"]);
+        // Checked when present: tokens issued before the control plane added `nbf` carry none.
+        validation.validate_nbf = true;
         validation.leeway = LEEWAY_SECS;
         Ok(Self { keys: ring, validation, fetched_at: Instant::now() })
     }

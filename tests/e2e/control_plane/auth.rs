@@ -1,5 +1,5 @@
-//! Keys and tokens: exchange, offline verification via JWKS, refusal of expired, forged,
-//! wrong-audience and `alg: none` tokens, rotation, revocation, expiry, bootstrap.
+//! Keys and tokens: exchange, offline verification via JWKS, refusal of expired, not yet
+//! valid, forged, wrong-audience and `alg: none` tokens, rotation, revocation, expiry, bootstrap.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -77,6 +77,43 @@ async fn tokens_work_offline_and_bad_ones_are_refused() {
     ] {
         let r = app.get(&bad, "/v1/tenants/acme/models").await;
         assert_eq!((r.status, r.code()), (401, "unauthenticated"), "{what}");
+    }
+}
+
+#[tokio::test]
+async fn tokens_are_refused_before_nbf_and_iat_beyond_the_leeway() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    let token = app.token(&t.viewer).await.expect(200)["access_token"].as_str().unwrap().to_string();
+    let good = claims_of(&token);
+    assert_eq!(good["nbf"], good["iat"], "issued tokens carry nbf");
+    let kid = jsonwebtoken::decode_header(&token).unwrap().kid.unwrap();
+    let with = |changes: &[(&str, Value)]| {
+        let mut c = good.clone();
+        for (k, v) in changes {
+            c[*k] = v.clone();
+        }
+        c
+    };
+    let (hour, day) = (now() + 3600, now() + 86_400);
+    for (what, claims) in [
+        ("nbf in an hour", with(&[("nbf", json!(hour))])),
+        ("nbf in a day", with(&[("nbf", json!(day))])),
+        ("iat in an hour", with(&[("iat", json!(hour))])),
+        ("nbf and iat in a day", with(&[("nbf", json!(day)), ("iat", json!(day))])),
+    ] {
+        let bad = sign_with_server_key(&app, &kid, &claims).await;
+        let r = app.get(&bad, "/v1/tenants/acme/models").await;
+        assert_eq!((r.status, r.code()), (401, "unauthenticated"), "{what}");
+    }
+
+    // A little clock skew is tolerated, and tokens issued before nbf was added stay valid.
+    let skewed = with(&[("nbf", json!(now() + 10)), ("iat", json!(now() + 10))]);
+    let mut older = good.clone();
+    older.as_object_mut().unwrap().remove("nbf");
+    for (what, claims) in [("within the leeway", skewed), ("no nbf", older)] {
+        let ok = sign_with_server_key(&app, &kid, &claims).await;
+        assert_eq!(app.get(&ok, "/v1/tenants/acme/models").await.status, 200, "{what}");
     }
 }
 

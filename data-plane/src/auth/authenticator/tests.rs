@@ -252,12 +252,17 @@ fn claims() -> serde_json::Value {
     let now = system_unix_now();
     json!({
         "iss": ISSUER, "aud": AUDIENCE, "sub": "key-id", "tenant": TENANT, "tenant_name": "acme",
-        "role": "viewer", "iat": now, "exp": now + 300, "jti": "j1",
+        "role": "viewer", "iat": now, "nbf": now, "exp": now + 300, "jti": "j1",
     })
 }
 
 fn with(mut claims: serde_json::Value, field: &str, value: serde_json::Value) -> serde_json::Value {
     claims[field] = value;
+    claims
+}
+
+fn without(mut claims: serde_json::Value, field: &str) -> serde_json::Value {
+    claims.as_object_mut().expect("an object").remove(field);
     claims
 }
 
@@ -327,6 +332,45 @@ async fn bad_tokens_are_unauthenticated() {
     let expired = signer.sign(&with(claims(), "exp", json!(now - 120)));
     let err = check(&auth, &expired).await.expect_err("expired");
     assert_eq!((err.kind, err.message.as_str()), (ErrorKind::Unauthenticated, "access token has expired"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_not_yet_valid_are_unauthenticated() {
+    let (_source, auth, signer) = token_setup();
+    let now = system_unix_now();
+    let past_leeway = now + LEEWAY_SECS as i64 + 5;
+    let cases = [
+        ("nbf in an hour", with(claims(), "nbf", json!(now + 3600))),
+        ("nbf in a day", with(claims(), "nbf", json!(now + 86_400))),
+        ("nbf past the leeway", with(claims(), "nbf", json!(past_leeway))),
+        ("iat in an hour", with(claims(), "iat", json!(now + 3600))),
+        ("iat in a day, without nbf", without(with(claims(), "iat", json!(now + 86_400)), "nbf")),
+        ("iat past the leeway", with(claims(), "iat", json!(past_leeway))),
+    ];
+    for (what, claims) in cases {
+        let err = check(&auth, &signer.sign(&claims)).await.expect_err(what);
+        assert_eq!((err.kind, err.message.as_str()), (ErrorKind::Unauthenticated, INVALID), "{what}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn small_clock_skew_and_tokens_without_nbf_are_accepted() {
+    let (_source, auth, signer) = token_setup();
+    let soon = system_unix_now() + 10;
+    let skewed = with(with(claims(), "nbf", json!(soon)), "iat", json!(soon));
+    assert_eq!(check(&auth, &signer.sign(&skewed)).await.expect("within the leeway"), principal(Role::Viewer));
+    let older = signer.sign(&without(claims(), "nbf"));
+    assert_eq!(check(&auth, &older).await.expect("issued before nbf"), principal(Role::Viewer));
+}
+
+#[tokio::test(start_paused = true)]
+async fn iat_is_compared_with_the_authenticators_clock() {
+    let (_source, mut auth, signer) = token_setup();
+    let token = signer.sign(&claims());
+    auth.unix_now = || system_unix_now() - LEEWAY_SECS as i64 + 5;
+    check(&auth, &token).await.expect("within the leeway");
+    auth.unix_now = || system_unix_now() - 3600;
+    assert_eq!(check(&auth, &token).await.expect_err("issued in the future").kind, ErrorKind::Unauthenticated);
 }
 
 #[tokio::test(start_paused = true)]
