@@ -33,6 +33,8 @@ pub struct Error {
     pub kind: ErrorKind,
     /// Human-readable message returned to the client.
     pub message: String,
+    /// Seconds after which a retry may succeed (HTTP `Retry-After`), for a passing unavailability.
+    pub retry_after_s: Option<u32>,
 }
 
 /// Result alias for the data plane.
@@ -41,7 +43,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// Creates an error of the given kind.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self { kind, message: message.into(), retry_after_s: None }
+    }
+
+    /// Adds a `Retry-After` hint (seconds).
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
     }
 
     /// A 400 / INVALID_ARGUMENT error.
@@ -115,6 +123,9 @@ impl axum::response::IntoResponse for Error {
             // RFC 6750: a 401 names the scheme the client should use.
             response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
+        if let Some(seconds) = self.retry_after_s {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }
@@ -157,5 +168,16 @@ mod tests {
         assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
         let forbidden = Error::permission_denied("no").into_response();
         assert!(forbidden.headers().get(header::WWW_AUTHENTICATE).is_none());
+    }
+
+    #[test]
+    fn passing_unavailability_says_when_to_retry() {
+        use axum::response::IntoResponse;
+        let response = Error::unavailable("restarting").retry_after(1).into_response();
+        assert_eq!(
+            (response.status(), &response.headers()[header::RETRY_AFTER]),
+            (StatusCode::SERVICE_UNAVAILABLE, &HeaderValue::from(1u32))
+        );
+        assert!(Error::unavailable("queue full").into_response().headers().get(header::RETRY_AFTER).is_none());
     }
 }

@@ -247,6 +247,103 @@ impl ModelStats {
     }
 }
 
+/// A plain copy of every counter of a [`ModelStats`]: what a runner process sends the worker so
+/// the worker's statistics stay exact across runners and their restarts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// Every atomic counter, in [`ModelStats::atomics`] order.
+    pub counters: Vec<u64>,
+    /// Per batch size: executions, input ns, infer ns, output ns.
+    pub batches: Vec<(u64, [u64; 4])>,
+}
+
+impl Tally {
+    /// What happened since `earlier` (a tally of the same statistics taken before this one).
+    pub fn since(&self, earlier: &Tally) -> Tally {
+        let mut counters: Vec<u64> = self
+            .counters
+            .iter()
+            .zip(earlier.counters.iter().chain(std::iter::repeat(&0)))
+            .map(|(a, b)| a.saturating_sub(*b))
+            .collect();
+        // The last inference time is a point in time, not a count: the newer one stands.
+        if let Some(last) = counters.get_mut(LAST_INFERENCE) {
+            *last = self.counters[LAST_INFERENCE];
+        }
+        let batches = self
+            .batches
+            .iter()
+            .filter_map(|(size, now)| {
+                let before = earlier.batches.iter().find(|(s, _)| s == size).map_or([0; 4], |(_, b)| *b);
+                let diff = std::array::from_fn(|i| now[i].saturating_sub(before[i]));
+                (diff[0] > 0).then_some((*size, diff))
+            })
+            .collect();
+        Tally { counters, batches }
+    }
+
+    /// Whether nothing happened in this tally.
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty() && self.counters.iter().enumerate().all(|(i, c)| i == LAST_INFERENCE || *c == 0)
+    }
+}
+
+/// Where the last inference time sits in [`ModelStats::atomics`].
+const LAST_INFERENCE: usize = 15;
+
+impl ModelStats {
+    /// Every atomic counter in a fixed order ([`Tally::counters`]).
+    fn atomics(&self) -> Vec<&AtomicU64> {
+        let mut all = Vec::with_capacity(48);
+        for d in
+            [&self.success, &self.fail, &self.queue, &self.compute_input, &self.compute_infer, &self.compute_output]
+        {
+            all.extend([&d.count, &d.ns]);
+        }
+        all.extend([&self.inference_count, &self.execution_count, &self.execution_ns, &self.last_inference_ms]);
+        all.extend(self.failures.iter());
+        for h in [&self.latency_us, &self.batch_sizes] {
+            all.extend(h.counts.iter());
+            all.push(&h.sum);
+        }
+        all
+    }
+
+    /// A copy of every counter now.
+    pub fn tally(&self) -> Tally {
+        let counters = self.atomics().iter().map(|a| a.load(Ordering::Relaxed)).collect();
+        let batches = self
+            .batches
+            .lock()
+            .iter()
+            .map(|(size, e)| (*size, [e.count, e.input_ns, e.infer_ns, e.output_ns]))
+            .collect();
+        Tally { counters, batches }
+    }
+
+    /// Adds what another process counted (a [`Tally::since`] delta); extra counters are ignored.
+    pub fn add(&self, delta: &Tally) {
+        for (i, (atomic, value)) in self.atomics().into_iter().zip(&delta.counters).enumerate() {
+            if i == LAST_INFERENCE {
+                atomic.fetch_max(*value, Ordering::Relaxed);
+            } else {
+                atomic.fetch_add(*value, Ordering::Relaxed);
+            }
+        }
+        if delta.batches.is_empty() {
+            return;
+        }
+        let mut batches = self.batches.lock();
+        for (size, [count, input_ns, infer_ns, output_ns]) in &delta.batches {
+            let e = batches.entry(*size).or_default();
+            e.count += count;
+            e.input_ns += input_ns;
+            e.infer_ns += infer_ns;
+            e.output_ns += output_ns;
+        }
+    }
+}
+
 /// Renders statistics as Triton's HTTP JSON (`{"model_stats": [...]}`), 64-bit counters as numbers.
 pub fn to_json(stats: &[ModelStatistics]) -> serde_json::Value {
     let duration = |d: &Option<StatisticDuration>| {
@@ -306,5 +403,27 @@ mod tests {
         let json = to_json(&[snap]);
         assert_eq!(json["model_stats"][0]["inference_stats"]["success"]["count"], 1);
         assert_eq!(json["model_stats"][0]["batch_stats"][0]["batch_size"], 1);
+    }
+
+    #[test]
+    fn tallies_carry_every_counter_and_deltas_add_up() {
+        let runner = ModelStats::default();
+        runner.record_execution(Execution { batch_size: 2, input_ns: 10, infer_ns: 100, output_ns: 5 });
+        runner.success.record(700);
+        runner.latency_us.observe(3);
+        let first = runner.tally();
+        assert_eq!(first.counters.len(), runner.atomics().len());
+        runner.record_execution(Execution { batch_size: 4, input_ns: 1, infer_ns: 2, output_ns: 3 });
+        runner.record_failure_reason(FailReason::Backend);
+        runner.fail.record(9);
+        let second = runner.tally();
+        let front = ModelStats::default();
+        front.add(&first.since(&Tally::default()));
+        front.add(&second.since(&first));
+        assert!(second.since(&second).is_empty());
+        let (a, b) = (runner.snapshot("m", "1"), front.snapshot("m", "1"));
+        assert_eq!(a, b);
+        assert_eq!(front.failures(FailReason::Backend), 1);
+        assert_eq!(front.latency_us.snapshot(), runner.latency_us.snapshot());
     }
 }
