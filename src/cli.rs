@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use tessera_data_plane::listen::ListenArgs;
 use tessera_data_plane::manager::ControlMode;
@@ -42,6 +43,9 @@ pub enum Command {
     ControlPlane(tessera_control_plane::ControlPlaneArgs),
     /// Worker: registers its slices with a control plane, loads what it assigns, serves inference.
     Worker(tessera_data_plane::worker::WorkerArgs),
+    /// Internal: hosts one tenant's models on one slice; started and supervised by a worker.
+    #[command(hide = true)]
+    Runner(tessera_data_plane::runner::RunnerArgs),
     /// Print the control plane's OpenAPI document (what `openapi/openapi.json` holds).
     Openapi,
     /// Everything on one machine in one process: control plane (SQLite), a worker, a demo
@@ -62,6 +66,11 @@ pub enum Command {
 }
 
 impl Command {
+    /// Whether this is the internal runner role (a single-threaded runtime).
+    pub fn is_runner(&self) -> bool {
+        matches!(self, Command::Runner(_))
+    }
+
     /// Whether this is a client verb (quiet logs; errors as one line).
     pub fn is_client(&self) -> bool {
         matches!(
@@ -107,6 +116,9 @@ pub struct ServeArgs {
     /// Largest request body (HTTP) or message (gRPC) accepted, in bytes.
     #[arg(long, env = "TESSERA_HTTP_MAX_INPUT_SIZE", default_value_t = DEFAULT_MAX_INPUT_SIZE)]
     pub http_max_input_size: usize,
+    /// Run the models in a runner process, as a worker runs each tenant's (for comparing the two).
+    #[arg(long, env = "TESSERA_RUNNER", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub runner: bool,
 }
 
 /// Model control modes.
@@ -148,8 +160,9 @@ pub struct PlacementBenchArgs {
 }
 
 impl ServeArgs {
-    fn into_config(self) -> ServeConfig {
-        ServeConfig {
+    fn into_config(self) -> std::io::Result<ServeConfig> {
+        let runner_exe = if self.runner { Some(std::env::current_exe()?) } else { None };
+        Ok(ServeConfig {
             model_repository: self.model_repository,
             http_addr: self.allow_http.then(|| self.listen.http()),
             grpc_addr: self.allow_grpc.then(|| self.listen.grpc()),
@@ -164,7 +177,8 @@ impl ServeArgs {
             strict_readiness: self.strict_readiness,
             exit_on_error: self.exit_on_error,
             max_input_size: self.http_max_input_size,
-        }
+            runner_exe,
+        })
     }
 }
 
@@ -185,7 +199,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             args.listen.apply_process_settings();
-            let config = args.into_config();
+            let config = args.into_config().context("find the tessera binary to start runners from")?;
             tracing::info!(?config, "starting tessera serve");
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -216,12 +230,13 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Worker(args) => {
             args.listen.apply_process_settings();
-            let config = args.into_config();
+            let config = args.into_config().context("find the tessera binary to start runners from")?;
             tracing::info!(?config, "starting tessera worker");
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
             tessera_data_plane::worker::run(config, shutdown, |_| {}).await
         }
+        Command::Runner(args) => tessera_data_plane::runner::process::run(args).await,
         Command::ControlPlane(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));

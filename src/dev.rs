@@ -163,6 +163,8 @@ fn worker_config(args: &DevArgs, dir: &Path, control_plane: SocketAddr, secrets:
     let ip = args.listen.ip();
     [config.http_addr, config.grpc_addr, config.metrics_addr] = args.ports.on(ip);
     config.advertise_host = reachable(SocketAddr::new(ip, 0)).ip().to_string();
+    // The demo shows the real process model: the tenant's models run in a runner process.
+    config.runner_exe = std::env::current_exe().ok();
     config
 }
 

@@ -17,11 +17,17 @@ fn main() -> std::process::ExitCode {
     let client = cli.command.is_client();
     // Client verbs talk to people: warnings only, and an error is the one line below.
     cli::init_logging(cli.log_format, if client { "warn" } else { "info,ort=warn" });
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .on_thread_park(tessera_data_plane::busy_poll::before_park)
-        .build()
-    {
+    // A runner reads its one socket and hands batches to instance threads: one async thread
+    // is enough, and keeps each hand-off on the thread that read the request.
+    let built = if cli.command.is_runner() {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .on_thread_park(tessera_data_plane::busy_poll::before_park)
+            .build()
+    };
+    let runtime = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: failed to start the async runtime: {e}");

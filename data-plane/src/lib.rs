@@ -19,6 +19,7 @@ pub mod onnx_builder;
 pub mod priority;
 pub mod repository;
 pub mod rewake;
+pub mod runner;
 pub mod scheduler;
 pub mod server;
 pub mod stats;

@@ -10,6 +10,8 @@ use tessera_protocol::inference::ModelConfig;
 use crate::error::{Error, Result};
 use crate::model::LoadedModel;
 use crate::repository::{Repository, select_versions};
+use crate::runner::wire::LoadCall;
+use crate::runner::{Placement, Runners};
 
 /// How models get loaded and unloaded (Triton's `--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -91,6 +93,11 @@ impl ModelEntry {
     }
 }
 
+/// Loads version `.2` of model `.1` under key `.0` from a file with a config. Blocking.
+type LoadFnRef = dyn Fn(&str, &str, i64, &std::path::Path, ModelConfig) -> Result<LoadedModel, String> + Send + Sync;
+/// A shared [`LoadFnRef`].
+type LoadFn = Arc<LoadFnRef>;
+
 /// Owns the loaded models. Cheap to share behind an `Arc`.
 pub struct ModelManager {
     repository: Repository,
@@ -100,13 +107,47 @@ pub struct ModelManager {
     models: RwLock<BTreeMap<String, ModelEntry>>,
     /// Serialises loads and unloads so two changes to one model never interleave.
     control: tokio::sync::Mutex<()>,
+    /// Runner processes to load versions into, and the placement of versions that name none;
+    /// `None` loads them in this process.
+    runners: Option<(Arc<Runners>, Placement)>,
 }
 
 impl ModelManager {
     /// Creates a manager over `repository`; nothing is loaded yet.
     pub fn new(repository: Repository, mode: ControlMode) -> Self {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        Self { repository, mode, cores, models: RwLock::new(BTreeMap::new()), control: tokio::sync::Mutex::new(()) }
+        Self {
+            repository,
+            mode,
+            cores,
+            models: RwLock::new(BTreeMap::new()),
+            control: tokio::sync::Mutex::new(()),
+            runners: None,
+        }
+    }
+
+    /// Loads versions into runner processes; those placed nowhere go to `default`.
+    pub fn with_runners(mut self, runners: Arc<Runners>, default: Placement) -> Self {
+        self.runners = Some((runners, default));
+        self
+    }
+
+    /// How this manager loads a version (blocking: call it off the async runtime): in this
+    /// process, or in its runner. Must be made inside the async runtime.
+    fn loader(&self) -> LoadFn {
+        let cores = self.cores;
+        match self.runners.clone() {
+            None => {
+                Arc::new(move |_, name, version, file, config| LoadedModel::load(name, version, file, config, cores))
+            }
+            Some((runners, placement)) => {
+                let runtime = tokio::runtime::Handle::current();
+                Arc::new(move |key, name, version, file, config| {
+                    let call = LoadCall { key: key.into(), name: name.into(), version, file: file.into(), config };
+                    runtime.block_on(runners.load(&placement, call, cores))
+                })
+            }
+        }
     }
 
     /// The model control mode.
@@ -258,8 +299,8 @@ impl ModelManager {
             return Err(Error::not_found(format!("failed to load '{name}', failed to poll from model repository")));
         }
         let _guard = self.control.lock().await;
-        let (repo, owned, cores) = (self.repository.clone(), name.to_string(), self.cores);
-        let entry = match tokio::task::spawn_blocking(move || load_entry(&repo, &owned, config, cores)).await {
+        let (repo, owned, load) = (self.repository.clone(), name.to_string(), self.loader());
+        let entry = match tokio::task::spawn_blocking(move || load_entry(&repo, &owned, config, &*load)).await {
             Ok(entry) => entry,
             // A load that panicked (a bug, or ONNX Runtime failing hard) still leaves a row
             // saying why, instead of a model with no state.
@@ -313,7 +354,7 @@ impl ModelManager {
 impl ModelManager {
     /// Loads `file` as `version` of the model clients call `name`, stored under `key`, next to
     /// the versions already there (which keep serving meanwhile). Replaces that version if it
-    /// was loaded before.
+    /// was loaded before. With runners, it loads in the runner of `placement` (or the default).
     pub async fn install_version(
         &self,
         key: &str,
@@ -321,12 +362,21 @@ impl ModelManager {
         version: i64,
         file: std::path::PathBuf,
         config: ModelConfig,
+        placement: Option<Placement>,
     ) -> Result<()> {
         let _guard = self.control.lock().await;
-        let (owned, cores) = (name.to_string(), self.cores);
-        let loaded = tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, cores))
-            .await
-            .map_err(|e| Error::internal(format!("model load task failed: {e}")))?;
+        let loaded = match (&self.runners, placement) {
+            (Some((runners, default)), placement) => {
+                let call = LoadCall { key: key.into(), name: name.into(), version, file, config };
+                runners.load(placement.as_ref().unwrap_or(default), call, self.cores).await
+            }
+            (None, _) => {
+                let (owned, cores) = (name.to_string(), self.cores);
+                tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, cores))
+                    .await
+                    .map_err(|e| Error::internal(format!("model load task failed: {e}")))?
+            }
+        };
         let mut models = self.models.write();
         let entry = models.entry(key.to_string()).or_default();
         entry.reason = None;
@@ -430,7 +480,7 @@ fn merge_reload(old: Option<ModelEntry>, mut new: ModelEntry, name: &str) -> Mod
 }
 
 /// Loads one model's selected versions. Blocking: runs ONNX Runtime session creation.
-fn load_entry(repo: &Repository, name: &str, config: Option<ModelConfig>, cores: usize) -> ModelEntry {
+fn load_entry(repo: &Repository, name: &str, config: Option<ModelConfig>, load: &LoadFnRef) -> ModelEntry {
     let fingerprint = repo.fingerprint(name);
     let config = match config.map_or_else(|| repo.read_config(name), Ok) {
         Ok(c) => c,
@@ -447,7 +497,7 @@ fn load_entry(repo: &Repository, name: &str, config: Option<ModelConfig>, cores:
             Ok(file) => file,
             Err(reason) => return ModelEntry { fingerprint: entry.fingerprint, ..ModelEntry::unavailable(reason) },
         };
-        let slot = match LoadedModel::load(name, v, &file, config.clone(), cores) {
+        let slot = match load(name, name, v, &file, config.clone()) {
             Ok(m) => VersionSlot::Ready(Arc::new(m)),
             Err(reason) => {
                 tracing::warn!(model = name, version = v, %reason, "model version failed to load");

@@ -53,6 +53,9 @@ async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResp
         utilization
     };
     render_system(&mut text, cpu, MemInfo::read());
+    if let Some(runners) = state.server.runners() {
+        render_runners(&mut text, &runners.statuses());
+    }
     if let Some(meter) = state.server.meter() {
         let backlog = crate::usage::spool::backlog_bytes(meter.dir()).ok();
         render_usage(&mut text, meter.write_errors(), backlog);
@@ -229,6 +232,39 @@ fn render_usage(out: &mut String, write_errors: u64, backlog: Option<u64>) {
         let _ = writeln!(out, "tessera_usage_spool_backlog_bytes {bytes}");
     }
 }
+
+/// Runner processes: up or down, restarts by reason, resident memory.
+fn render_runners(out: &mut String, runners: &[crate::runner::RunnerStatus]) {
+    let labels =
+        |r: &crate::runner::RunnerStatus| format!("tenant=\"{}\",slice=\"{}\"", escape(&r.tenant), escape(&r.slice));
+    header(
+        out,
+        "tessera_runner_up",
+        "Whether the runner process of a tenant's slice is serving (1) or restarting (0)",
+        "gauge",
+    );
+    for r in runners {
+        let _ = writeln!(out, "tessera_runner_up{{{}}} {}", labels(r), u8::from(r.pid != 0));
+    }
+    let help =
+        "Times a runner process died and was started again, by reason (killed, oom, hung, signal, exit, spawn_failed)";
+    header(out, "tessera_runner_restarts_total", help, "counter");
+    for r in runners {
+        for reason in RESTART_REASONS {
+            let n = r.restarts.get(reason).copied().unwrap_or(0);
+            let _ = writeln!(out, "tessera_runner_restarts_total{{{},reason=\"{reason}\"}} {n}", labels(r));
+        }
+    }
+    header(out, "tessera_runner_resident_memory_bytes", "Resident memory of a runner process", "gauge");
+    for r in runners {
+        if let Some(bytes) = r.rss_bytes {
+            let _ = writeln!(out, "tessera_runner_resident_memory_bytes{{{}}} {bytes}", labels(r));
+        }
+    }
+}
+
+/// The closed set of runner restart reasons.
+const RESTART_REASONS: [&str; 6] = ["killed", "oom", "hung", "signal", "exit", "spawn_failed"];
 
 fn escape(label: &str) -> String {
     label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")

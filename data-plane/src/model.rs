@@ -1,5 +1,5 @@
-//! A loaded model version: its checked spec, statistics, and its scheduler (queue, batcher and
-//! instances).
+//! A loaded model version: its checked spec, statistics, and where it executes: its scheduler
+//! (queue, batcher and instances) in this process, or a runner process that hosts them.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,10 +8,12 @@ use tokio::time::Instant;
 use crate::backend::onnx::OnnxSession;
 use crate::error::Result;
 use crate::infer::{InferRequest, InferResponse, ValidInferRequest};
-use crate::model_spec::{ModelSpec, complete_and_check};
+use crate::model_spec::{ModelIo, ModelSpec, complete_and_check};
+use crate::runner::RemoteVersion;
 use crate::scheduler::Scheduler;
 use crate::scheduler::policy::BatchingConfig;
 use crate::stats::{FailReason, ModelStats, nanos};
+use crate::tensor::OutputTensor;
 use tessera_protocol::inference::ModelConfig;
 
 /// A model version ready to serve.
@@ -20,10 +22,20 @@ pub struct LoadedModel {
     pub spec: Arc<ModelSpec>,
     /// Version number.
     pub version: i64,
-    /// Statistics, shared with the instance threads.
+    /// Statistics, shared with the instance threads (or fed by the runner's answers).
     pub stats: Arc<ModelStats>,
-    /// Queue, batcher and instances; dropped with the model (after the last request finished).
-    scheduler: Scheduler,
+    /// What the ONNX graph declares.
+    pub io: ModelIo,
+    /// Where requests run; dropped with the model (after the last request finished).
+    execution: Execution,
+}
+
+/// Where a version's requests run.
+enum Execution {
+    /// Queue, batcher and instances in this process.
+    Local(Scheduler),
+    /// A runner process hosting them.
+    Runner(RemoteVersion),
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -39,7 +51,8 @@ impl LoadedModel {
             return Err(format!("model file {} does not exist", file.display()));
         }
         let probe = OnnxSession::load(file, 1, false)?;
-        let spec = Arc::new(complete_and_check(config, name, &probe.io(), cores)?);
+        let io = probe.io();
+        let spec = Arc::new(complete_and_check(config, name, &io, cores)?);
         let mut sessions = Vec::with_capacity(spec.instance_count);
         if spec.intra_op_threads == 1 && !spec.spinning {
             sessions.push(probe);
@@ -63,7 +76,22 @@ impl LoadedModel {
             dynamic_batching = dynamic,
             "model version loaded"
         );
-        Ok(Self { spec, version, stats, scheduler })
+        Ok(Self { spec, version, stats, io, execution: Execution::Local(scheduler) })
+    }
+
+    /// A version a runner process loaded: its spec is completed here from the graph the runner
+    /// reported, exactly as the runner completed it.
+    pub fn in_runner(
+        name: &str,
+        version: i64,
+        config: ModelConfig,
+        io: ModelIo,
+        cores: usize,
+        remote: RemoteVersion,
+    ) -> Result<Self, String> {
+        let spec = Arc::new(complete_and_check(config, name, &io, cores)?);
+        let stats = Arc::new(ModelStats::default());
+        Ok(Self { spec, version, stats, io, execution: Execution::Runner(remote) })
     }
 
     /// Runs one request: check it, queue it for a free instance, await the outputs.
@@ -81,24 +109,33 @@ impl LoadedModel {
                 return Err(e);
             }
         };
-        let started = Instant::now();
         let id = valid.id.clone();
-        match self.scheduler.submit(valid, started).await {
-            Ok(outputs) => Ok(InferResponse {
-                model_name: self.spec.name.clone(),
-                model_version: self.version.to_string(),
-                id,
-                outputs,
-            }),
-            Err(e) => {
-                self.stats.fail.record(nanos(started.elapsed()));
-                Err(e)
-            }
-        }
+        let outputs = match &self.execution {
+            Execution::Local(_) => self.run_valid(valid).await?,
+            Execution::Runner(remote) => remote.infer(valid, &self.spec.name, &self.stats).await?,
+        };
+        Ok(InferResponse { model_name: self.spec.name.clone(), model_version: self.version.to_string(), id, outputs })
     }
 
-    /// Requests waiting for an instance.
+    /// Runs a request already checked against this version's spec (by the front, for a
+    /// runner), recording a failure's duration.
+    pub async fn run_valid(&self, valid: ValidInferRequest) -> Result<Vec<OutputTensor>> {
+        let started = Instant::now();
+        let result = match &self.execution {
+            Execution::Local(scheduler) => scheduler.submit(valid, started).await,
+            Execution::Runner(remote) => return remote.infer(valid, &self.spec.name, &self.stats).await,
+        };
+        if result.is_err() {
+            self.stats.fail.record(nanos(started.elapsed()));
+        }
+        result
+    }
+
+    /// Requests waiting for an instance (for a runner: sent to it and not answered yet).
     pub fn pending(&self) -> usize {
-        self.scheduler.pending()
+        match &self.execution {
+            Execution::Local(scheduler) => scheduler.pending(),
+            Execution::Runner(remote) => remote.pending(),
+        }
     }
 }

@@ -28,6 +28,11 @@ pub fn set_instance_nice(nice: i32) {
     INSTANCE_NICE.store(nice.clamp(-20, 19), Ordering::Relaxed);
 }
 
+/// The nice value instance threads take (what runner processes are started with).
+pub fn instance_nice() -> i32 {
+    INSTANCE_NICE.load(Ordering::Relaxed)
+}
+
 /// Called by an instance thread as it starts: gives it the configured nice value, or logs
 /// (once per process) why it could not.
 pub fn apply_to_instance_thread() {

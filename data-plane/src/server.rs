@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::manager::{ControlMode, ModelManager, scoped_key};
 use crate::model::LoadedModel;
 use crate::repository::Repository;
+use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::usage::Meter;
 
 /// Extensions this server implements, as listed in server metadata.
@@ -52,6 +53,9 @@ pub struct ServeConfig {
     pub exit_on_error: bool,
     /// Largest accepted request body (HTTP) or message (gRPC).
     pub max_input_size: usize,
+    /// Run the models in a runner process started from this `tessera` binary, as workers do,
+    /// instead of in this process.
+    pub runner_exe: Option<PathBuf>,
 }
 
 /// Shared state of one server: the model manager plus server-level flags.
@@ -73,6 +77,8 @@ pub struct ServerState {
     auth: Option<Arc<Authenticator>>,
     /// Spools billable requests (workers); `None` (`serve`) meters nothing.
     meter: Option<Arc<Meter>>,
+    /// The runner processes models run in; `None` when they run in this process.
+    runners: Option<Arc<Runners>>,
 }
 
 impl ServerState {
@@ -88,7 +94,19 @@ impl ServerState {
             started: AtomicBool::new(false),
             auth: None,
             meter: None,
+            runners: None,
         }
+    }
+
+    /// Notes the runner processes models run in (for their metrics).
+    pub fn with_runners(mut self, runners: Arc<Runners>) -> Self {
+        self.runners = Some(runners);
+        self
+    }
+
+    /// The runner processes, when models run in them.
+    pub fn runners(&self) -> Option<&Runners> {
+        self.runners.as_deref()
     }
 
     /// Requires a bearer credential on every endpoint except health, and resolves model names
@@ -300,8 +318,21 @@ pub async fn run(
     }
     crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     let repository = Repository::open(&config.model_repository).map_err(anyhow::Error::msg)?;
-    let manager = Arc::new(ModelManager::new(repository, config.control_mode));
-    let state = Arc::new(ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size));
+    let mut manager = ModelManager::new(repository, config.control_mode);
+    let runners = config.runner_exe.map(|exe| {
+        let config = RunnersConfig { exe, limits: Default::default() };
+        Runners::new(config, shutdown.child_token())
+    });
+    if let Some(runners) = &runners {
+        let placement = Placement { tenant: "serve".into(), slice: "local".into() };
+        manager = manager.with_runners(runners.clone(), placement);
+    }
+    let manager = Arc::new(manager);
+    let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size);
+    if let Some(runners) = runners {
+        state = state.with_runners(runners);
+    }
+    let state = Arc::new(state);
 
     let addrs = BoundAddrs { http: config.http_addr, grpc: config.grpc_addr, metrics: config.metrics_addr };
     let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;

@@ -99,6 +99,7 @@ async fn start(dir: &std::path::Path) -> (SocketAddr, SocketAddr, tokio_util::sy
         strict_readiness: true,
         exit_on_error: true,
         max_input_size: 64 << 20,
+        runner_exe: None,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -71,7 +71,7 @@ pub async fn tenant_state() -> (Arc<ServerState>, tempfile::TempDir) {
     let install = |tenant: &str, name: &str, version: i64, file: &std::path::Path| {
         let (manager, key, name, file) =
             (manager.clone(), scoped_key(Some(tenant), name), name.to_string(), file.to_owned());
-        async move { manager.install_version(&key, &name, version, file, Default::default()).await }
+        async move { manager.install_version(&key, &name, version, file, Default::default(), None).await }
     };
     install(TENANT_A, "add_sub", 1, &file).await.expect("install A's add_sub");
     install(TENANT_B, "add_sub", 2, &file).await.expect("install B's add_sub");

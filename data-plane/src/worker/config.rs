@@ -73,6 +73,18 @@ pub struct WorkerArgs {
     /// `<data-dir>/usage/` keeps what is not acknowledged yet).
     #[arg(long, env = "TESSERA_USAGE_SHIP_INTERVAL_MS", default_value_t = DEFAULT_USAGE_SHIP_INTERVAL_MS)]
     pub usage_ship_interval_ms: u64,
+    /// Where tenants' models run: a runner process per (tenant, slice), or inside the worker.
+    #[arg(long, env = "TESSERA_ISOLATION", value_enum, default_value_t = Isolation::Runner)]
+    pub isolation: Isolation,
+}
+
+/// Where a worker runs its tenants' models.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Isolation {
+    /// One runner process per (tenant, slice), limited to the slice's cores and memory.
+    Runner,
+    /// Inside the worker process (no fault isolation between tenants).
+    InProcess,
 }
 
 /// Default `--data-dir`.
@@ -113,6 +125,8 @@ pub struct WorkerConfig {
     pub max_input_size: usize,
     /// Time between usage shipments.
     pub usage_ship_interval: Duration,
+    /// The `tessera` binary runners are started from; `None` runs models inside the worker.
+    pub runner_exe: Option<PathBuf>,
 }
 
 impl WorkerConfig {
@@ -134,14 +148,19 @@ impl WorkerConfig {
             key_cache_ttl: Duration::from_secs(60),
             max_input_size: DEFAULT_MAX_INPUT_SIZE,
             usage_ship_interval: Duration::from_millis(DEFAULT_USAGE_SHIP_INTERVAL_MS),
+            runner_exe: None,
         }
     }
 }
 
 impl WorkerArgs {
-    /// The configuration these flags describe.
-    pub fn into_config(self) -> WorkerConfig {
-        WorkerConfig {
+    /// The configuration these flags describe; runners start from this very binary.
+    pub fn into_config(self) -> std::io::Result<WorkerConfig> {
+        let runner_exe = match self.isolation {
+            Isolation::Runner => Some(std::env::current_exe()?),
+            Isolation::InProcess => None,
+        };
+        Ok(WorkerConfig {
             control_plane: self.control_plane,
             worker_token: self.worker_token,
             worker_id: self.worker_id,
@@ -156,7 +175,8 @@ impl WorkerArgs {
             key_cache_ttl: Duration::from_secs(self.key_cache_secs),
             max_input_size: DEFAULT_MAX_INPUT_SIZE,
             usage_ship_interval: Duration::from_millis(self.usage_ship_interval_ms.max(1)),
-        }
+            runner_exe,
+        })
     }
 }
 
@@ -194,7 +214,8 @@ mod tests {
     fn defaults_follow_the_contract() {
         let cli = Cli::try_parse_from(["w", "--control-plane", "http://cp:8080/", "--worker-token", "s3cret"])
             .expect("minimal flags parse");
-        let config = cli.args.into_config();
+        let config = cli.args.into_config().expect("the test binary has a path");
+        assert!(config.runner_exe.is_some(), "tenants run in runner processes by default");
         assert_eq!(config.control_plane, "http://cp:8080");
         assert_eq!(config.http_addr, "0.0.0.0:8000".parse().expect("addr"));
         assert_eq!(config.grpc_addr.port(), 8001);

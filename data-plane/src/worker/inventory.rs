@@ -29,6 +29,9 @@
 //! A MIG instance's `memory_bytes` defaults to the profile's `<n>gb` suffix in GiB. Unknown
 //! fields and duplicate UUIDs are errors.
 
+use std::collections::HashMap;
+
+use crate::runner::limits::SliceLimits;
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -120,6 +123,33 @@ impl Inventory {
     pub fn to_proto(&self) -> Vec<agent::Slice> {
         self.slices.iter().map(SliceSpec::to_proto).collect()
     }
+
+    /// What each CPU slice's runner may use: its share of the cores this process may run on
+    /// (dealt round-robin), and the slice's memory as a hard limit. GPU and MIG slices are
+    /// bounded by their device, not here.
+    pub fn slice_limits(&self) -> HashMap<String, SliceLimits> {
+        let allowed = allowed_cpus();
+        let cpu_slices: Vec<&SliceSpec> = self.slices.iter().filter(|s| s.kind == SliceKind::Cpu).collect();
+        let count = cpu_slices.len().max(1);
+        cpu_slices
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let cpus = if allowed.len() >= count {
+                    allowed.iter().copied().skip(i).step_by(count).collect()
+                } else {
+                    allowed.get(i % allowed.len().max(1)).copied().into_iter().collect()
+                };
+                (s.id.clone(), SliceLimits { cpus, memory_bytes: Some(s.memory_bytes), nice: None })
+            })
+            .collect()
+    }
+}
+
+/// The cores this process may run on, in order; empty when they cannot be read.
+fn allowed_cpus() -> Vec<usize> {
+    let Ok(set) = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) else { return Vec::new() };
+    (0..nix::sched::CpuSet::count()).filter(|c| set.is_set(*c).unwrap_or(false)).collect()
 }
 
 /// `count` equal shares of `cores` cores, each holding `memory_bytes`.

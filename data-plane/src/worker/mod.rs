@@ -28,11 +28,12 @@ use anyhow::Context;
 use tessera_protocol::agent;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{WorkerArgs, WorkerConfig, WorkerToken};
+pub use config::{Isolation, WorkerArgs, WorkerConfig, WorkerToken};
 
 use crate::auth::Authenticator;
 use crate::manager::{ControlMode, ModelManager};
 use crate::repository::Repository;
+use crate::runner as runners;
 use crate::server::{BoundAddrs, Listeners, ServerState};
 use crate::usage::Meter;
 
@@ -62,7 +63,20 @@ pub async fn run(
     let repository_dir = config.data_dir.join("repository");
     std::fs::create_dir_all(&repository_dir).context("create the repository directory")?;
     let repository = Repository::open(&repository_dir).map_err(anyhow::Error::msg)?;
-    let manager = Arc::new(ModelManager::new(repository, ControlMode::Explicit));
+    let mut manager = ModelManager::new(repository, ControlMode::Explicit);
+    let runners = config.runner_exe.clone().map(|exe| {
+        let limits = inventory.slice_limits();
+        for (slice, l) in &limits {
+            tracing::info!(slice = %slice, cpus = ?l.cpus, memory_bytes = l.memory_bytes, "runner limits of the slice");
+        }
+        runners::Runners::new(runners::RunnersConfig { exe, limits }, shutdown.child_token())
+    });
+    if let Some(runners) = &runners {
+        // Every assignment names its slice; this placement is never used by a worker.
+        let nowhere = runners::Placement { tenant: "unplaced".into(), slice: "none".into() };
+        manager = manager.with_runners(runners.clone(), nowhere);
+    }
+    let manager = Arc::new(manager);
     let credentials = Arc::new(
         credentials::ControlPlaneCredentials::new(client.clone())
             .with_saved_token_keys(config.data_dir.join("token-keys.json")),
@@ -71,11 +85,13 @@ pub async fn run(
     let usage_dir = config.data_dir.join(USAGE_DIR);
     let meter =
         Arc::new(Meter::open(&usage_dir).with_context(|| format!("open the usage spool in {}", usage_dir.display()))?);
-    let state = Arc::new(
-        ServerState::new(manager.clone(), false, config.max_input_size)
-            .with_auth(authenticator)
-            .with_meter(meter.clone()),
-    );
+    let mut state = ServerState::new(manager.clone(), false, config.max_input_size)
+        .with_auth(authenticator)
+        .with_meter(meter.clone());
+    if let Some(runners) = runners {
+        state = state.with_runners(runners);
+    }
+    let state = Arc::new(state);
 
     let source: Arc<dyn cache::ArtifactSource> = Arc::new(client.clone());
     let cache = cache::ArtifactCache::open(config.data_dir.join("cache"), source)

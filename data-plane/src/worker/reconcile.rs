@@ -30,6 +30,7 @@ use super::cache::ArtifactCache;
 use super::saved::SavedAssignments;
 use crate::manager::{ModelManager, scoped_key};
 use crate::repository::valid_model_name;
+use crate::runner::Placement;
 
 /// How long a failed install waits before it is tried again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(15);
@@ -67,9 +68,18 @@ pub struct DesiredVersion {
     pub config_json: String,
     /// Whether any replica of this version serves unversioned requests.
     pub serving: bool,
+    /// Tenant id (the namespace).
+    pub tenant_id: String,
+    /// The slice of the first replica (in replica order): the runner that hosts the version.
+    pub slice_id: String,
 }
 
 impl DesiredVersion {
+    /// The runner that hosts this version.
+    pub fn placement(&self) -> Placement {
+        Placement { tenant: self.tenant_id.clone(), slice: self.slice_id.clone() }
+    }
+
     /// The fingerprint of what this version is built from.
     pub fn fingerprint(&self) -> Fingerprint {
         Fingerprint {
@@ -99,6 +109,8 @@ pub fn desired(assignments: &[agent::Assignment]) -> (BTreeMap<VersionKey, Desir
             artifact: artifact.clone(),
             config_json: a.config_json.clone(),
             serving: false,
+            tenant_id: a.tenant_id.clone(),
+            slice_id: a.slice_id.clone(),
         });
         entry.serving |= a.serving;
     }
@@ -109,6 +121,9 @@ fn version_key(a: &agent::Assignment) -> Result<(VersionKey, &agent::Artifact), 
     if a.tenant_id.is_empty() || a.tenant_id.contains('/') {
         return Err(format!("invalid tenant id '{}'", a.tenant_id));
     }
+    if !valid_slice_id(&a.slice_id) {
+        return Err(format!("invalid slice id '{}'", a.slice_id));
+    }
     if !valid_model_name(&a.model_name) {
         return Err(format!("invalid model name '{}'", a.model_name));
     }
@@ -117,6 +132,14 @@ fn version_key(a: &agent::Assignment) -> Result<(VersionKey, &agent::Artifact), 
     }
     let artifact = a.artifact.as_ref().ok_or("the assignment names no artifact")?;
     Ok((VersionKey { key: scoped_key(Some(&a.tenant_id), &a.model_name), version: a.version }, artifact))
+}
+
+/// Slice ids name runner processes and their cgroups: short, no path or shell characters.
+fn valid_slice_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && !id.starts_with('.')
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
 
 /// A version's install outcome.
@@ -483,7 +506,7 @@ async fn install(
 ) -> Result<(), String> {
     let prepared = cache.prepare(&want.artifact, &want.model_name, vk.version, &want.config_json).await?;
     manager
-        .install_version(&vk.key, &want.model_name, vk.version, prepared.file, prepared.config)
+        .install_version(&vk.key, &want.model_name, vk.version, prepared.file, prepared.config, Some(want.placement()))
         .await
         .map_err(|e| e.message)
 }

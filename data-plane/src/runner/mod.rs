@@ -1,0 +1,127 @@
+//! Runner processes: each tenant's model versions on a slice run in a process of their own
+//! (`tessera runner`), so one tenant's crash, leak or hang never touches another.
+//!
+//! The worker (the front) keeps the listeners, authentication, routing and metering; it starts
+//! one runner per (tenant, slice) ([`supervisor`]), talks to it over a Unix socket ([`wire`],
+//! [`conn`]), and restarts it when it dies. Inside, the runner ([`process`]) hosts the engine:
+//! model versions with their batchers and ONNX Runtime instances.
+
+pub mod conn;
+pub mod limits;
+pub mod outbox;
+pub mod process;
+pub mod supervisor;
+pub mod wire;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::time::Instant;
+
+pub use process::RunnerArgs;
+pub use supervisor::{RunnerStatus, Runners, RunnersConfig};
+
+use crate::error::{Error, Result};
+use crate::infer::ValidInferRequest;
+use crate::stats::{FailReason, ModelStats, nanos};
+use crate::tensor::OutputTensor;
+use supervisor::{RESTART_WAIT, Slot};
+use wire::{FromRunner, InferCall, ToRunner};
+
+/// Which runner hosts a version: one per (tenant, slice).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Placement {
+    /// Tenant (its id on workers; `serve` for `tessera serve`).
+    pub tenant: String,
+    /// Slice id.
+    pub slice: String,
+}
+
+impl std::fmt::Display for Placement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.tenant, self.slice)
+    }
+}
+
+/// The front's handle on a version loaded in a runner; dropping it unloads the version there.
+pub struct RemoteVersion {
+    slot: Arc<Slot>,
+    key: String,
+    version: i64,
+    /// Requests sent and not answered yet.
+    pending: AtomicUsize,
+}
+
+impl RemoteVersion {
+    fn new(slot: Arc<Slot>, key: String, version: i64) -> Self {
+        Self { slot, key, version, pending: AtomicUsize::new(0) }
+    }
+
+    /// Runs a checked request in the runner. The runner's statistics for it arrive with the
+    /// answer (added to `stats` by the connection); a runner that dies first costs the request
+    /// a 503 naming the model, counted here as a failure.
+    pub async fn infer(
+        &self,
+        request: ValidInferRequest,
+        model: &str,
+        stats: &Arc<ModelStats>,
+    ) -> Result<Vec<OutputTensor>> {
+        let _in_flight = crate::busy_poll::InFlight::start();
+        let _pending = Pending::start(&self.pending);
+        let started = Instant::now();
+        let wait = match request.timeout_us {
+            0 => RESTART_WAIT,
+            us => RESTART_WAIT.min(std::time::Duration::from_micros(us)),
+        };
+        let conn = match self.slot.ready(wait, model).await {
+            Ok(conn) => conn,
+            Err(e) => return Err(failed(stats, started, e)),
+        };
+        let call = ToRunner::Infer(InferCall { key: self.key.clone(), version: self.version, request });
+        match conn.call(&call, Some(stats)).await {
+            Ok(FromRunner::Answer { result, .. }) => result,
+            Ok(_) => Err(failed(stats, started, Error::internal("the runner answered out of turn"))),
+            Err(_) => {
+                let e = Error::unavailable(format!(
+                    "model '{model}' is unavailable: its runner stopped while running the request; retry"
+                ))
+                .retry_after(1);
+                Err(failed(stats, started, e))
+            }
+        }
+    }
+
+    /// Requests in the runner now.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RemoteVersion {
+    fn drop(&mut self) {
+        self.slot.unload(&self.key, self.version);
+    }
+}
+
+/// A failure the runner never counted (it died or was not there): counted here.
+fn failed(stats: &ModelStats, started: Instant, e: Error) -> Error {
+    stats.record_failure_reason(FailReason::Other);
+    stats.fail.record(nanos(started.elapsed()));
+    e
+}
+
+/// Counts a request in flight to the runner while it lives.
+struct Pending<'a>(&'a AtomicUsize);
+
+impl<'a> Pending<'a> {
+    fn start(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}

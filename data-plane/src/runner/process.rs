@@ -1,0 +1,214 @@
+//! Inside the runner process: reads the front's calls from the inherited socket, loads model
+//! versions into the engine, runs requests on their batchers and writes the answers back.
+//!
+//! The runner trusts its front (the worker that spawned it) and nothing else; it exits when
+//! the socket closes, so it never outlives its worker.
+
+use std::collections::HashMap;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+
+use anyhow::Context;
+use bytes::BytesMut;
+use parking_lot::Mutex;
+use tokio::net::UnixStream;
+use tokio::task::AbortHandle;
+
+use super::conn::read_some;
+use super::outbox::Outbox;
+use super::wire::{FromRunner, InferCall, LoadCall, ToRunner, WireError, split_frame};
+use crate::error::Error;
+use crate::model::LoadedModel;
+use crate::stats::Tally;
+
+/// The file descriptor a runner finds its socket on (the front places it there).
+pub const SOCKET_FD: RawFd = 3;
+
+/// `tessera runner` flags: which tenant and slice this process serves (so `ps` shows it).
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunnerArgs {
+    /// The tenant whose models this runner hosts.
+    #[arg(long)]
+    pub tenant: String,
+    /// The slice it runs on.
+    #[arg(long)]
+    pub slice: String,
+    /// The inherited socket to the worker.
+    #[arg(long, default_value_t = SOCKET_FD)]
+    pub fd: RawFd,
+    /// Nice value of model instance threads (the worker's `--instance-nice`).
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub instance_nice: i32,
+}
+
+/// How often statistics no answer carried are sent to the front.
+const STATS_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// A loaded version and the statistics already reported to the front.
+struct Hosted {
+    model: LoadedModel,
+    /// Taken with every answer so the deltas the front adds sum to exactly what was counted.
+    reported: Mutex<Tally>,
+}
+
+impl Hosted {
+    fn delta(&self) -> Tally {
+        let mut reported = self.reported.lock();
+        let now = self.model.stats.tally();
+        let delta = now.since(&reported);
+        *reported = now;
+        delta
+    }
+}
+
+/// What the runner holds: versions by (key, version), and the requests still running.
+#[derive(Default)]
+struct State {
+    models: Mutex<HashMap<(String, i64), Arc<Hosted>>>,
+    /// Running inferences by call id, so a cancel can drop one.
+    running: Mutex<HashMap<u64, AbortHandle>>,
+}
+
+/// Runs the runner until the front closes its socket.
+pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
+    crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    crate::priority::set_instance_nice(args.instance_nice);
+    // SAFETY: the front placed a connected Unix socket at this descriptor for this process
+    // alone (it is not used anywhere else in this process).
+    let fd = unsafe { OwnedFd::from_raw_fd(args.fd) };
+    let std_stream = std::os::unix::net::UnixStream::from(fd);
+    std_stream.set_nonblocking(true).context("make the runner socket non-blocking")?;
+    let stream = Arc::new(UnixStream::from_std(std_stream).context("register the runner socket")?);
+    tracing::info!(tenant = %args.tenant, slice = %args.slice, pid = std::process::id(), "runner started");
+    let outbox = Outbox::new(stream.clone());
+    tokio::spawn(outbox.clone().flush_task());
+    let state = Arc::new(State::default());
+    tokio::spawn(stats_task(state.clone(), outbox.clone()));
+    let mut buf = BytesMut::with_capacity(256 * 1024);
+    loop {
+        match read_some(&stream, &mut buf).await {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) => return Err(e).context("read from the worker"),
+        }
+        dispatch_all(&state, &outbox, &mut buf).context("the worker sent a malformed frame")?;
+    }
+    tracing::info!(tenant = %args.tenant, slice = %args.slice, "worker closed the connection; runner exits");
+    Ok(())
+}
+
+/// Sends the statistics counted since the last answer of each version (a request cancelled or
+/// timed out in the queue has no answer to carry them).
+async fn stats_task(state: Arc<State>, outbox: Arc<Outbox>) {
+    let mut tick = tokio::time::interval(STATS_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let hosted: Vec<((String, i64), Arc<Hosted>)> =
+            state.models.lock().iter().map(|(k, h)| (k.clone(), h.clone())).collect();
+        for ((key, version), h) in hosted {
+            let stats = h.delta();
+            if !stats.is_empty() && !outbox.send(|b| FromRunner::Stats { key, version, stats }.encode(0, b)) {
+                return;
+            }
+        }
+    }
+}
+
+fn dispatch_all(state: &Arc<State>, outbox: &Arc<Outbox>, buf: &mut BytesMut) -> Result<(), WireError> {
+    while let Some((kind, id, body)) = split_frame(buf)? {
+        dispatch(state, outbox, id, ToRunner::decode(kind, body)?);
+    }
+    Ok(())
+}
+
+fn dispatch(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: ToRunner) {
+    match call {
+        ToRunner::Infer(call) => infer(state, outbox, id, call),
+        ToRunner::Cancel => {
+            if let Some(task) = state.running.lock().remove(&id) {
+                task.abort();
+            }
+        }
+        ToRunner::Load(call) => {
+            let (state, outbox) = (state.clone(), outbox.clone());
+            tokio::spawn(async move {
+                let answer = load(&state, *call).await;
+                outbox.send(|b| answer.encode(id, b));
+            });
+        }
+        ToRunner::Unload { key, version } => {
+            // Requests running on it hold it; it goes when the last one finishes.
+            state.models.lock().remove(&(key, version));
+            outbox.send(|b| FromRunner::Done.encode(id, b));
+        }
+        ToRunner::Ping => {
+            let answer =
+                FromRunner::Pong { rss_bytes: super::supervisor::resident_bytes(std::process::id()).unwrap_or(0) };
+            outbox.send(|b| answer.encode(id, b));
+        }
+    }
+}
+
+async fn load(state: &State, call: LoadCall) -> FromRunner {
+    let LoadCall { key, name, version, file, config } = call;
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    let loaded = tokio::task::spawn_blocking(move || LoadedModel::load(&name, version, &file, config, cores)).await;
+    match loaded {
+        Ok(Ok(model)) => {
+            let io = model.io.clone();
+            let hosted = Hosted { reported: Mutex::new(model.stats.tally()), model };
+            state.models.lock().insert((key, version), Arc::new(hosted));
+            FromRunner::Loaded(io)
+        }
+        Ok(Err(reason)) => FromRunner::Failed(Error::invalid(reason)),
+        Err(e) => FromRunner::Failed(Error::internal(format!("the model load failed: {e}"))),
+    }
+}
+
+fn infer(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: InferCall) {
+    let Some(hosted) = state.models.lock().get(&(call.key, call.version)).cloned() else {
+        let e = Error::unavailable(format!("model version {} is not loaded in its runner", call.version));
+        let answer = FromRunner::Answer { result: Err(e), stats: Tally::default() };
+        outbox.send(|b| answer.encode(id, b));
+        return;
+    };
+    let (state2, outbox) = (state.clone(), outbox.clone());
+    let task = tokio::spawn(async move {
+        let guard = Answered { hosted: hosted.clone(), outbox: outbox.clone(), id, done: false };
+        let result = hosted.model.run_valid(call.request).await;
+        guard.answer(result);
+        state2.running.lock().remove(&id);
+    });
+    state.running.lock().insert(id, task.abort_handle());
+    if task.is_finished() {
+        state.running.lock().remove(&id);
+    }
+}
+
+/// Answers a call exactly once: with its result, or (when the task is aborted by a cancel)
+/// with a cancellation, so the front's waiter and statistics always settle.
+struct Answered {
+    hosted: Arc<Hosted>,
+    outbox: Arc<Outbox>,
+    id: u64,
+    done: bool,
+}
+
+impl Answered {
+    fn answer(mut self, result: Result<Vec<crate::tensor::OutputTensor>, Error>) {
+        self.done = true;
+        let answer = FromRunner::Answer { result, stats: self.hosted.delta() };
+        self.outbox.send(|b| answer.encode(self.id, b));
+    }
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        if !self.done {
+            let e = Error::new(crate::error::ErrorKind::Cancelled, "the request was cancelled");
+            let answer = FromRunner::Answer { result: Err(e), stats: self.hosted.delta() };
+            self.outbox.send(|b| answer.encode(self.id, b));
+        }
+    }
+}

@@ -1,0 +1,661 @@
+//! The front ↔ runner protocol: length-prefixed binary frames over the runner's Unix socket.
+//!
+//! A frame is `u32` LE length of the rest, `u8` kind, `u64` LE call id, then the body. The front
+//! numbers its calls; the runner answers each id once, in any order (the batcher reorders).
+//! Tensor bytes are written once into the frame and read back as slices of the received frame,
+//! so they are not copied again on either side. The runner is not trusted: the front decodes its
+//! frames with every length checked and checks each output's size against its type and shape.
+
+use std::path::PathBuf;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use prost::Message;
+use tessera_protocol::DataType;
+use tessera_protocol::inference::ModelConfig;
+
+use crate::error::{Error, ErrorKind};
+use crate::infer::{ParamValue, Parameters, ValidInferRequest};
+use crate::model_spec::{IoInfo, ModelIo};
+use crate::stats::Tally;
+use crate::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count};
+
+/// Largest frame either side accepts (a request is capped far lower by the front's input limit).
+pub const MAX_FRAME: usize = 1 << 30;
+/// Bytes before a frame's body: length, kind, id.
+pub const HEADER: usize = 4 + 1 + 8;
+
+/// What the front asks a runner.
+#[derive(Debug)]
+pub enum ToRunner {
+    /// Load a model version; answered with [`FromRunner::Loaded`] or [`FromRunner::Failed`].
+    Load(Box<LoadCall>),
+    /// Drop a version (requests already running finish); answered with [`FromRunner::Done`].
+    Unload {
+        /// Manager key.
+        key: String,
+        /// Version.
+        version: i64,
+    },
+    /// Run a checked request; answered with [`FromRunner::Answer`].
+    Infer(InferCall),
+    /// The client of call `id` left: drop it if it has not run yet. Not answered.
+    Cancel,
+    /// Liveness; answered with [`FromRunner::Pong`].
+    Ping,
+}
+
+/// A model version to load in the runner.
+#[derive(Debug, Clone)]
+pub struct LoadCall {
+    /// Manager key (`<tenant>/<model>` on workers).
+    pub key: String,
+    /// The name clients use.
+    pub name: String,
+    /// Version.
+    pub version: i64,
+    /// The model file.
+    pub file: PathBuf,
+    /// The configuration as given (the runner completes it as the front does).
+    pub config: ModelConfig,
+}
+
+/// One request for a loaded version.
+#[derive(Debug)]
+pub struct InferCall {
+    /// Manager key.
+    pub key: String,
+    /// Version.
+    pub version: i64,
+    /// The request, already checked by the front against the same spec.
+    pub request: ValidInferRequest,
+}
+
+/// What a runner answers.
+#[derive(Debug)]
+pub enum FromRunner {
+    /// The version loaded; what the ONNX graph declares.
+    Loaded(ModelIo),
+    /// A load or unload failed.
+    Failed(Error),
+    /// An unload finished.
+    Done,
+    /// A request ran (or failed), with the statistics its version counted since the last answer.
+    Answer {
+        /// Outputs, or the error the client gets.
+        result: Result<Vec<OutputTensor>, Error>,
+        /// Statistics delta of the version ([`Tally::since`]).
+        stats: Tally,
+    },
+    /// Statistics a version counted that no answer carried (cancelled and timed-out requests
+    /// leave the queue later); sent unasked, with call id 0.
+    Stats {
+        /// Manager key.
+        key: String,
+        /// Version.
+        version: i64,
+        /// Delta since the last report ([`Tally::since`]).
+        stats: Tally,
+    },
+    /// Liveness answer: the runner's resident memory in bytes.
+    Pong {
+        /// Resident set size.
+        rss_bytes: u64,
+    },
+}
+
+mod kind {
+    pub const LOAD: u8 = 1;
+    pub const UNLOAD: u8 = 2;
+    pub const INFER: u8 = 3;
+    pub const CANCEL: u8 = 4;
+    pub const PING: u8 = 5;
+    pub const LOADED: u8 = 101;
+    pub const FAILED: u8 = 102;
+    pub const DONE: u8 = 103;
+    pub const ANSWER_OK: u8 = 104;
+    pub const ANSWER_ERR: u8 = 105;
+    pub const PONG: u8 = 106;
+    pub const STATS: u8 = 107;
+}
+
+/// A malformed frame; the connection is dropped, since nothing after it can be trusted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed runner frame: {0}")]
+pub struct WireError(pub String);
+
+type WireResult<T> = Result<T, WireError>;
+
+fn bad(what: impl Into<String>) -> WireError {
+    WireError(what.into())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+/// Appends one frame: the body is written by `body`, then the length is patched in.
+fn frame(out: &mut BytesMut, kind: u8, id: u64, body: impl FnOnce(&mut BytesMut)) {
+    let start = out.len();
+    out.put_u32_le(0);
+    out.put_u8(kind);
+    out.put_u64_le(id);
+    body(out);
+    let len = u32::try_from(out.len() - start - 4).unwrap_or(u32::MAX);
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+fn put_str(out: &mut BytesMut, s: &str) {
+    put_bytes(out, s.as_bytes());
+}
+
+fn put_bytes(out: &mut BytesMut, b: &[u8]) {
+    out.put_u64_le(b.len() as u64);
+    out.put_slice(b);
+}
+
+fn put_tensor(out: &mut BytesMut, name: &str, datatype: DataType, shape: &[i64], data: &[u8]) {
+    put_str(out, name);
+    put_str(out, datatype.as_wire());
+    out.put_u32_le(shape.len() as u32);
+    for d in shape {
+        out.put_i64_le(*d);
+    }
+    put_bytes(out, data);
+}
+
+fn put_params(out: &mut BytesMut, params: &Parameters) {
+    out.put_u32_le(params.len() as u32);
+    for (k, v) in params {
+        put_str(out, k);
+        match v {
+            ParamValue::Bool(b) => {
+                out.put_u8(0);
+                out.put_u8(u8::from(*b));
+            }
+            ParamValue::Int(i) => {
+                out.put_u8(1);
+                out.put_i64_le(*i);
+            }
+            ParamValue::Uint(u) => {
+                out.put_u8(2);
+                out.put_u64_le(*u);
+            }
+            ParamValue::Double(d) => {
+                out.put_u8(3);
+                out.put_f64_le(*d);
+            }
+            ParamValue::Str(s) => {
+                out.put_u8(4);
+                put_str(out, s);
+            }
+        }
+    }
+}
+
+fn put_error(out: &mut BytesMut, e: &Error) {
+    out.put_u8(error_kind_code(e.kind));
+    put_str(out, &e.message);
+}
+
+fn put_tally(out: &mut BytesMut, t: &Tally) {
+    out.put_u32_le(t.counters.len() as u32);
+    for c in &t.counters {
+        out.put_u64_le(*c);
+    }
+    out.put_u32_le(t.batches.len() as u32);
+    for (size, values) in &t.batches {
+        out.put_u64_le(*size);
+        for v in values {
+            out.put_u64_le(*v);
+        }
+    }
+}
+
+fn put_io(out: &mut BytesMut, infos: &[IoInfo]) {
+    out.put_u32_le(infos.len() as u32);
+    for i in infos {
+        put_str(out, &i.name);
+        put_str(out, i.datatype.map_or("", DataType::as_wire));
+        out.put_u32_le(i.shape.len() as u32);
+        for d in &i.shape {
+            out.put_i64_le(*d);
+        }
+    }
+}
+
+impl ToRunner {
+    /// Appends this call as frame `id`.
+    pub fn encode(&self, id: u64, out: &mut BytesMut) {
+        match self {
+            ToRunner::Load(call) => frame(out, kind::LOAD, id, |b| {
+                put_str(b, &call.key);
+                put_str(b, &call.name);
+                b.put_i64_le(call.version);
+                put_bytes(b, call.file.as_os_str().as_encoded_bytes());
+                put_bytes(b, &call.config.encode_to_vec());
+            }),
+            ToRunner::Unload { key, version } => frame(out, kind::UNLOAD, id, |b| {
+                put_str(b, key);
+                b.put_i64_le(*version);
+            }),
+            ToRunner::Infer(call) => frame(out, kind::INFER, id, |b| encode_infer(b, call)),
+            ToRunner::Cancel => frame(out, kind::CANCEL, id, |_| {}),
+            ToRunner::Ping => frame(out, kind::PING, id, |_| {}),
+        }
+    }
+}
+
+fn encode_infer(b: &mut BytesMut, call: &InferCall) {
+    let r = &call.request;
+    let data: usize = r.inputs.iter().flatten().map(|t| t.data.len() + 64).sum();
+    b.reserve(data + 128);
+    put_str(b, &call.key);
+    b.put_i64_le(call.version);
+    put_str(b, &r.id);
+    put_params(b, &r.parameters);
+    b.put_u64_le(r.priority);
+    b.put_u64_le(r.timeout_us);
+    b.put_u64_le(r.batch_size as u64);
+    b.put_u32_le(r.inputs.len() as u32);
+    for input in &r.inputs {
+        match input {
+            None => b.put_u8(0),
+            Some(t) => {
+                b.put_u8(1);
+                put_tensor(b, &t.name, t.datatype, &t.shape, &t.data);
+            }
+        }
+    }
+    b.put_u32_le(r.outputs.len() as u32);
+    for o in &r.outputs {
+        b.put_u32_le(*o as u32);
+    }
+}
+
+impl FromRunner {
+    /// Appends this answer as frame `id`.
+    pub fn encode(&self, id: u64, out: &mut BytesMut) {
+        match self {
+            FromRunner::Loaded(io) => frame(out, kind::LOADED, id, |b| {
+                put_io(b, &io.inputs);
+                put_io(b, &io.outputs);
+            }),
+            FromRunner::Failed(e) => frame(out, kind::FAILED, id, |b| put_error(b, e)),
+            FromRunner::Done => frame(out, kind::DONE, id, |_| {}),
+            FromRunner::Answer { result: Ok(outputs), stats } => frame(out, kind::ANSWER_OK, id, |b| {
+                b.reserve(outputs.iter().map(|t| t.data.len() + 64).sum());
+                put_tally(b, stats);
+                b.put_u32_le(outputs.len() as u32);
+                for t in outputs {
+                    put_tensor(b, &t.name, t.datatype, &t.shape, &t.data);
+                }
+            }),
+            FromRunner::Answer { result: Err(e), stats } => frame(out, kind::ANSWER_ERR, id, |b| {
+                put_tally(b, stats);
+                put_error(b, e);
+            }),
+            FromRunner::Pong { rss_bytes } => frame(out, kind::PONG, id, |b| b.put_u64_le(*rss_bytes)),
+            FromRunner::Stats { key, version, stats } => frame(out, kind::STATS, id, |b| {
+                put_str(b, key);
+                b.put_i64_le(*version);
+                put_tally(b, stats);
+            }),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+/// Takes one whole frame off the front of `buf`: `Ok(None)` until it has fully arrived.
+pub fn split_frame(buf: &mut BytesMut) -> WireResult<Option<(u8, u64, Bytes)>> {
+    if buf.len() < 4 {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if !(HEADER - 4..=MAX_FRAME).contains(&len) {
+        return Err(bad(format!("frame length {len}")));
+    }
+    if buf.len() < 4 + len {
+        buf.reserve(4 + len - buf.len());
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(4 + len).freeze();
+    frame.advance(4);
+    let kind = frame.get_u8();
+    let id = frame.get_u64_le();
+    Ok(Some((kind, id, frame)))
+}
+
+/// A bounds-checked reader over a frame body.
+struct Reader(Bytes);
+
+impl Reader {
+    fn need(&self, n: usize, what: &str) -> WireResult<()> {
+        if self.0.remaining() < n { Err(bad(format!("{what} runs past the end of the frame"))) } else { Ok(()) }
+    }
+
+    fn u8(&mut self, what: &str) -> WireResult<u8> {
+        self.need(1, what)?;
+        Ok(self.0.get_u8())
+    }
+
+    fn u32(&mut self, what: &str) -> WireResult<u32> {
+        self.need(4, what)?;
+        Ok(self.0.get_u32_le())
+    }
+
+    fn u64(&mut self, what: &str) -> WireResult<u64> {
+        self.need(8, what)?;
+        Ok(self.0.get_u64_le())
+    }
+
+    fn i64(&mut self, what: &str) -> WireResult<i64> {
+        self.need(8, what)?;
+        Ok(self.0.get_i64_le())
+    }
+
+    /// A count of items each at least `min_size` bytes long, checked against what is left.
+    fn count(&mut self, min_size: usize, what: &str) -> WireResult<usize> {
+        let n = self.u32(what)? as usize;
+        if n.saturating_mul(min_size) > self.0.remaining() {
+            return Err(bad(format!("{what} count {n} exceeds the frame")));
+        }
+        Ok(n)
+    }
+
+    fn bytes(&mut self, what: &str) -> WireResult<Bytes> {
+        let len = self.u64(what)?;
+        let len = usize::try_from(len).map_err(|_| bad(format!("{what} length")))?;
+        self.need(len, what)?;
+        Ok(self.0.split_to(len))
+    }
+
+    fn string(&mut self, what: &str) -> WireResult<String> {
+        let b = self.bytes(what)?;
+        String::from_utf8(b.to_vec()).map_err(|_| bad(format!("{what} is not UTF-8")))
+    }
+
+    fn shape(&mut self, what: &str) -> WireResult<Vec<i64>> {
+        let n = self.count(8, what)?;
+        (0..n).map(|_| self.i64(what)).collect()
+    }
+
+    fn datatype(&mut self, what: &str) -> WireResult<DataType> {
+        let s = self.string(what)?;
+        DataType::from_wire(&s).ok_or_else(|| bad(format!("{what} has unknown datatype '{s}'")))
+    }
+
+    fn tensor(&mut self) -> WireResult<(String, DataType, Vec<i64>, Bytes)> {
+        let name = self.string("tensor name")?;
+        let datatype = self.datatype("tensor")?;
+        let shape = self.shape("tensor shape")?;
+        let data = self.bytes("tensor data")?;
+        Ok((name, datatype, shape, data))
+    }
+
+    fn params(&mut self) -> WireResult<Parameters> {
+        let n = self.count(10, "parameters")?;
+        let mut params = Parameters::new();
+        for _ in 0..n {
+            let key = self.string("parameter name")?;
+            let value = match self.u8("parameter type")? {
+                0 => ParamValue::Bool(self.u8("parameter")? != 0),
+                1 => ParamValue::Int(self.i64("parameter")?),
+                2 => ParamValue::Uint(self.u64("parameter")?),
+                3 => ParamValue::Double(f64::from_bits(self.u64("parameter")?)),
+                4 => ParamValue::Str(self.string("parameter")?),
+                t => return Err(bad(format!("parameter type {t}"))),
+            };
+            params.insert(key, value);
+        }
+        Ok(params)
+    }
+
+    fn error(&mut self) -> WireResult<Error> {
+        let kind = error_kind(self.u8("error kind")?)?;
+        let message = self.string("error message")?;
+        Ok(Error::new(kind, message))
+    }
+
+    fn tally(&mut self) -> WireResult<Tally> {
+        let n = self.count(8, "statistics")?;
+        let counters = (0..n).map(|_| self.u64("statistics")).collect::<WireResult<_>>()?;
+        let n = self.count(40, "batch statistics")?;
+        let mut batches = Vec::with_capacity(n);
+        for _ in 0..n {
+            let size = self.u64("batch size")?;
+            let mut values = [0; 4];
+            for v in &mut values {
+                *v = self.u64("batch statistics")?;
+            }
+            batches.push((size, values));
+        }
+        Ok(Tally { counters, batches })
+    }
+
+    fn io(&mut self) -> WireResult<Vec<IoInfo>> {
+        let n = self.count(20, "model io")?;
+        let mut infos = Vec::with_capacity(n);
+        for _ in 0..n {
+            let name = self.string("io name")?;
+            let dt = self.string("io datatype")?;
+            let datatype = if dt.is_empty() {
+                None
+            } else {
+                Some(DataType::from_wire(&dt).ok_or_else(|| bad(format!("io datatype '{dt}'")))?)
+            };
+            let shape = self.shape("io shape")?;
+            infos.push(IoInfo { name, datatype, shape });
+        }
+        Ok(infos)
+    }
+
+    fn end(&self) -> WireResult<()> {
+        if self.0.has_remaining() { Err(bad("trailing bytes")) } else { Ok(()) }
+    }
+}
+
+impl ToRunner {
+    /// Decodes a frame the front sent (runner side).
+    pub fn decode(kind: u8, body: Bytes) -> WireResult<Self> {
+        let mut r = Reader(body);
+        let call = match kind {
+            kind::LOAD => {
+                let key = r.string("key")?;
+                let name = r.string("name")?;
+                let version = r.i64("version")?;
+                let file = PathBuf::from(r.string("file")?);
+                let config = ModelConfig::decode(r.bytes("config")?).map_err(|e| bad(format!("config: {e}")))?;
+                ToRunner::Load(Box::new(LoadCall { key, name, version, file, config }))
+            }
+            kind::UNLOAD => ToRunner::Unload { key: r.string("key")?, version: r.i64("version")? },
+            kind::INFER => ToRunner::Infer(decode_infer(&mut r)?),
+            kind::CANCEL => ToRunner::Cancel,
+            kind::PING => ToRunner::Ping,
+            k => return Err(bad(format!("kind {k}"))),
+        };
+        r.end()?;
+        Ok(call)
+    }
+}
+
+fn decode_infer(r: &mut Reader) -> WireResult<InferCall> {
+    let key = r.string("key")?;
+    let version = r.i64("version")?;
+    let id = r.string("request id")?;
+    let parameters = r.params()?;
+    let priority = r.u64("priority")?;
+    let timeout_us = r.u64("timeout")?;
+    let batch_size = usize::try_from(r.u64("batch size")?).map_err(|_| bad("batch size"))?;
+    let n = r.count(1, "inputs")?;
+    let mut inputs = Vec::with_capacity(n);
+    for _ in 0..n {
+        inputs.push(match r.u8("input presence")? {
+            0 => None,
+            _ => {
+                let (name, datatype, shape, data) = r.tensor()?;
+                Some(InputTensor { name, datatype, shape, data })
+            }
+        });
+    }
+    let n = r.count(4, "outputs")?;
+    let outputs = (0..n).map(|_| r.u32("output").map(|o| o as usize)).collect::<WireResult<_>>()?;
+    let request = ValidInferRequest { id, parameters, priority, timeout_us, batch_size, inputs, outputs };
+    Ok(InferCall { key, version, request })
+}
+
+impl FromRunner {
+    /// Decodes a frame a runner sent (front side), checking every output tensor's size.
+    pub fn decode(kind: u8, body: Bytes) -> WireResult<Self> {
+        let mut r = Reader(body);
+        let answer = match kind {
+            kind::LOADED => FromRunner::Loaded(ModelIo { inputs: r.io()?, outputs: r.io()? }),
+            kind::FAILED => FromRunner::Failed(r.error()?),
+            kind::DONE => FromRunner::Done,
+            kind::ANSWER_OK => {
+                let stats = r.tally()?;
+                let n = r.count(20, "outputs")?;
+                let mut outputs = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let (name, datatype, shape, data) = r.tensor()?;
+                    let count = checked_element_count(&name, &shape).map_err(|e| bad(e.message))?;
+                    check_data_size(&name, datatype, count, &data).map_err(|e| bad(e.message))?;
+                    outputs.push(OutputTensor { name, datatype, shape, data });
+                }
+                FromRunner::Answer { result: Ok(outputs), stats }
+            }
+            kind::ANSWER_ERR => {
+                let stats = r.tally()?;
+                FromRunner::Answer { result: Err(r.error()?), stats }
+            }
+            kind::PONG => FromRunner::Pong { rss_bytes: r.u64("rss")? },
+            kind::STATS => FromRunner::Stats { key: r.string("key")?, version: r.i64("version")?, stats: r.tally()? },
+            k => return Err(bad(format!("kind {k}"))),
+        };
+        r.end()?;
+        Ok(answer)
+    }
+}
+
+const KINDS: [ErrorKind; 9] = [
+    ErrorKind::InvalidArg,
+    ErrorKind::NotFound,
+    ErrorKind::Unavailable,
+    ErrorKind::Unsupported,
+    ErrorKind::TooLarge,
+    ErrorKind::Cancelled,
+    ErrorKind::Internal,
+    ErrorKind::Unauthenticated,
+    ErrorKind::PermissionDenied,
+];
+
+fn error_kind_code(kind: ErrorKind) -> u8 {
+    KINDS.iter().position(|k| *k == kind).map_or(6, |i| i as u8)
+}
+
+fn error_kind(code: u8) -> WireResult<ErrorKind> {
+    KINDS.get(usize::from(code)).copied().ok_or_else(|| bad(format!("error kind {code}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(name: &str, rows: i64) -> InputTensor {
+        let data: Vec<u8> = (0..rows * 16).flat_map(|i| (i as i32).to_le_bytes()).collect();
+        InputTensor { name: name.into(), datatype: DataType::Int32, shape: vec![rows, 16], data: data.into() }
+    }
+
+    fn one_frame(buf: &mut BytesMut) -> (u8, u64, Bytes) {
+        split_frame(buf).expect("well formed").expect("complete")
+    }
+
+    #[test]
+    fn infer_calls_round_trip_with_tensor_bytes_intact() {
+        let mut parameters = Parameters::new();
+        parameters.insert("priority".into(), ParamValue::Uint(2));
+        parameters.insert("s".into(), ParamValue::Str("x".into()));
+        parameters.insert("d".into(), ParamValue::Double(0.5));
+        let request = ValidInferRequest {
+            id: "req-1".into(),
+            parameters,
+            priority: 2,
+            timeout_us: 10,
+            batch_size: 3,
+            inputs: vec![Some(tensor("INPUT0", 3)), None],
+            outputs: vec![1, 0],
+        };
+        let mut buf = BytesMut::new();
+        ToRunner::Infer(InferCall { key: "t/m".into(), version: 4, request }).encode(77, &mut buf);
+        let (kind, id, body) = one_frame(&mut buf);
+        assert!(buf.is_empty());
+        let ToRunner::Infer(call) = ToRunner::decode(kind, body).expect("decodes") else { panic!("not infer") };
+        assert_eq!((id, call.key.as_str(), call.version), (77, "t/m", 4));
+        let r = call.request;
+        assert_eq!((r.id.as_str(), r.priority, r.timeout_us, r.batch_size, r.outputs), ("req-1", 2, 10, 3, vec![1, 0]));
+        assert_eq!(r.parameters.get("d"), Some(&ParamValue::Double(0.5)));
+        let input = r.inputs[0].as_ref().expect("present");
+        assert_eq!((input.shape.as_slice(), input.data.as_ref()), (&[3, 16][..], tensor("x", 3).data.as_ref()));
+        assert!(r.inputs[1].is_none());
+    }
+
+    #[test]
+    fn answers_round_trip_and_partial_frames_wait() {
+        let out =
+            OutputTensor { name: "OUT".into(), datatype: DataType::Fp32, shape: vec![2], data: vec![0; 8].into() };
+        let stats = Tally { counters: vec![1, 2, 3], batches: vec![(4, [1, 2, 3, 4])] };
+        let mut buf = BytesMut::new();
+        FromRunner::Answer { result: Ok(vec![out]), stats: stats.clone() }.encode(5, &mut buf);
+        FromRunner::Answer { result: Err(Error::unavailable("queue full")), stats: Tally::default() }
+            .encode(6, &mut buf);
+        let whole = buf.clone();
+        let mut partial = BytesMut::from(&whole[..whole.len() - 1]);
+        let (k, id, body) = one_frame(&mut partial);
+        assert_eq!(id, 5);
+        let FromRunner::Answer { result: Ok(outputs), stats: got } = FromRunner::decode(k, body).expect("ok") else {
+            panic!("not an answer")
+        };
+        assert_eq!((outputs[0].shape.as_slice(), got), (&[2][..], stats));
+        assert!(split_frame(&mut partial).expect("fine").is_none(), "the second frame is incomplete");
+        let (_, _, _) = one_frame(&mut buf);
+        let (k, id, body) = one_frame(&mut buf);
+        let FromRunner::Answer { result: Err(e), .. } = FromRunner::decode(k, body).expect("err") else { panic!() };
+        assert_eq!((id, e.kind, e.message.as_str()), (6, ErrorKind::Unavailable, "queue full"));
+    }
+
+    #[test]
+    fn hostile_frames_are_refused_not_trusted() {
+        // An output whose bytes do not match its shape.
+        let lie =
+            OutputTensor { name: "OUT".into(), datatype: DataType::Fp32, shape: vec![4], data: vec![0; 8].into() };
+        let mut buf = BytesMut::new();
+        FromRunner::Answer { result: Ok(vec![lie]), stats: Tally::default() }.encode(1, &mut buf);
+        let (k, _, body) = one_frame(&mut buf);
+        assert!(FromRunner::decode(k, body).is_err());
+        // Lengths that run past the end, absurd counts, unknown kinds, oversized frames.
+        let mut buf = BytesMut::new();
+        FromRunner::Loaded(ModelIo::default()).encode(1, &mut buf);
+        let (k, _, body) = one_frame(&mut buf);
+        let mut cut = body.to_vec();
+        cut[0] = 0xff;
+        assert!(FromRunner::decode(k, Bytes::from(cut)).is_err());
+        assert!(FromRunner::decode(99, Bytes::new()).is_err());
+        let mut huge = BytesMut::from(&u32::MAX.to_le_bytes()[..]);
+        assert!(split_frame(&mut huge).is_err());
+        let mut short = BytesMut::from(&3u32.to_le_bytes()[..]);
+        assert!(split_frame(&mut short).is_err());
+        // Trailing bytes.
+        let mut buf = BytesMut::new();
+        frame(&mut buf, kind::DONE, 1, |b| b.put_u8(0));
+        let (k, _, body) = one_frame(&mut buf);
+        assert!(FromRunner::decode(k, body).is_err());
+    }
+
+    #[test]
+    fn every_error_kind_survives_the_trip() {
+        for kind in KINDS {
+            assert_eq!(error_kind(error_kind_code(kind)), Ok(kind));
+        }
+        assert!(error_kind(200).is_err());
+    }
+}
