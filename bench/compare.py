@@ -117,7 +117,7 @@ PROTOCOLS = ("http", "grpc")
 @dataclass
 class Row:
     scenario: str
-    server: str  # "raw ORT", "tessera", "triton"
+    server: str  # "raw ORT", "tessera", "tessera-runner", "triton"
     protocol: str  # "in-process", "http", "grpc"
     model: str
     batch: int  # per request (raw: per call)
@@ -302,11 +302,12 @@ class Server:
 class TesseraServer(Server):
     LISTEN = re.compile(r'listening protocol="?(\w+)"? addr=([\d.]+:\d+)')
 
-    def __init__(self, binary: str, repo: Path, log: Path):
+    def __init__(self, binary: str, repo: Path, log: Path, runner: bool = False):
         cmd = [binary, "serve", "--model-repository", str(repo),
                "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
                "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
-        super().__init__("tessera", cmd, log)
+        # --runner: the models run in a runner process, as a worker runs each tenant's.
+        super().__init__("tessera-runner" if runner else "tessera", cmd + (["--runner"] if runner else []), log)
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -620,6 +621,8 @@ def parse_args(argv=None):
     ap.add_argument("--suite", choices=("quick", "full"), default="full",
                     help="quick: raw mlp b1 + tessera mlp c1/c4 over HTTP and gRPC; full: everything (default)")
     ap.add_argument("--no-triton", action="store_true", help="leave Triton out of the full suite")
+    ap.add_argument("--runner", action="store_true",
+                    help="also measure tessera serve --runner: the models in a runner process, behind the socket a worker uses")
     ap.add_argument("--tessera", required=True, help="tessera release binary")
     ap.add_argument("--perf-analyzer", required=True, help="perf_analyzer (wrapper) path")
     ap.add_argument("--triton", help="Triton launcher from scripts/setup-triton.sh (full suite)")
@@ -659,7 +662,7 @@ def main(argv=None) -> int:
         print(f"compare.py: --protocols must be a subset of {','.join(PROTOCOLS)}", file=sys.stderr)
         return 1
     scenarios = [s for s in SCENARIOS if args.suite in s.suites]
-    servers = ["tessera"] + (["triton"] if use_triton else [])
+    servers = ["tessera"] + (["tessera-runner"] if args.runner else []) + (["triton"] if use_triton else [])
 
     # SIGTERM (the wrapper's trap, or anyone) unwinds through the finally below.
     def on_term(signum, _frame):
@@ -703,8 +706,8 @@ def main(argv=None) -> int:
         started: List[Server] = []
         for name in servers:
             server: Server
-            if name == "tessera":
-                server = TesseraServer(args.tessera, repo, tmp / "tessera.log")
+            if name.startswith("tessera"):
+                server = TesseraServer(args.tessera, repo, tmp / f"{name}.log", runner=name == "tessera-runner")
             else:
                 server = TritonServer(args.triton, repo, tmp / "triton.log")
             running.append(server)

@@ -15,6 +15,8 @@
 #   --no-triton     full suite without Triton
 #   --no-build      use the existing release binary (no cargo build)
 #   --threads N     intra-op threads for raw ORT and every model instance (1)
+#   --runner        also measure `tessera serve --runner` (models in a runner
+#                   process behind the socket a worker uses) beside in-process
 #   anything else goes to bench/compare.py (see `scripts/bench.sh --help`).
 #
 # Set-up it runs (each idempotent, quiet when cached): setup-ort.sh,

@@ -153,6 +153,11 @@ main() {
   export TESSERA_BIN="$CARGO_TARGET_DIR/debug/tessera"
   [[ -x "$TESSERA_BIN" ]] || die "built binary missing: $TESSERA_BIN"
   run_stage "cargo test" cargo test --workspace || true
+  # The same serve tests with the models in a runner process (the worker's process model): the
+  # answers, errors, statistics and metrics must not change. The nice-value test looks at the
+  # server's own threads, which hold no instances then.
+  run_stage "cargo test (serve --runner)" env TESSERA_RUNNER=true cargo test --test e2e serve:: -- \
+    --skip instance_and_intra_op_threads_take_the_configured_nice_value || true
 
   # --- Python -----------------------------------------------------------------
   if [[ -f tests/python/gen_models.py ]]; then

@@ -37,7 +37,10 @@ struct Waiter {
 /// Why a call got no answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallError {
-    /// The runner is gone (crashed, killed, or closed its socket).
+    /// The call never reached the runner: its socket was already broken. Safe to send again
+    /// to the runner that replaces it.
+    NotSent,
+    /// The runner is gone (crashed, killed, or closed its socket) after the call was sent.
     RunnerGone,
 }
 
@@ -77,7 +80,10 @@ impl RunnerConn {
         self.calls.lock().insert(id, Waiter { reply: Some(tx), stats: stats.cloned() });
         let mut pending = PendingCall { conn: self, id, cancel: matches!(call, ToRunner::Infer(_)) };
         if !self.outbox.send(|buf| call.encode(id, buf)) {
-            return Err(CallError::RunnerGone);
+            pending.cancel = false;
+            // The socket is broken: nothing more can go through this connection.
+            self.shutdown();
+            return Err(CallError::NotSent);
         }
         let answer = rx.await.map_err(|_| CallError::RunnerGone);
         pending.cancel = false;

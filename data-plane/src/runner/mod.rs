@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::infer::ValidInferRequest;
 use crate::stats::{FailReason, ModelStats, nanos};
 use crate::tensor::OutputTensor;
+use conn::CallError;
 use supervisor::{RESTART_WAIT, Slot};
 use wire::{FromRunner, InferCall, ToRunner};
 
@@ -73,22 +74,28 @@ impl RemoteVersion {
             0 => RESTART_WAIT,
             us => RESTART_WAIT.min(std::time::Duration::from_micros(us)),
         };
-        let conn = match self.slot.ready(wait, model).await {
-            Ok(conn) => conn,
-            Err(e) => return Err(failed(stats, started, e)),
-        };
         let call = ToRunner::Infer(InferCall { key: self.key.clone(), version: self.version, request });
-        match conn.call(&call, Some(stats)).await {
-            Ok(FromRunner::Answer { result, .. }) => result,
-            Ok(_) => Err(failed(stats, started, Error::internal("the runner answered out of turn"))),
-            Err(_) => {
-                let e = Error::unavailable(format!(
-                    "model '{model}' is unavailable: its runner stopped while running the request; retry"
-                ))
-                .retry_after(1);
-                Err(failed(stats, started, e))
+        // A call that never reached a dead runner goes to the one that replaces it (once).
+        for attempt in 0..2 {
+            let conn = match self.slot.ready(wait, model).await {
+                Ok(conn) => conn,
+                Err(e) => return Err(failed(stats, started, e)),
+            };
+            match conn.call(&call, Some(stats)).await {
+                Ok(FromRunner::Answer { result, .. }) => return result,
+                Ok(_) => return Err(failed(stats, started, Error::internal("the runner answered out of turn"))),
+                Err(CallError::NotSent) if attempt == 0 => continue,
+                Err(_) => {
+                    let e = Error::unavailable(format!(
+                        "model '{model}' is unavailable: its runner stopped while running the request; retry"
+                    ))
+                    .retry_after(1);
+                    return Err(failed(stats, started, e));
+                }
             }
         }
+        let e = Error::unavailable(format!("model '{model}' is unavailable: its runner is restarting")).retry_after(1);
+        Err(failed(stats, started, e))
     }
 
     /// Requests in the runner now.

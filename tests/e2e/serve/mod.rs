@@ -6,6 +6,7 @@ mod bench;
 mod control;
 mod grpc;
 mod http;
+mod runner;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -71,6 +72,11 @@ output [
 }
 
 impl TestServer {
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The server's model repository, for tests that change it while it runs.
     pub fn repository(&self) -> std::path::PathBuf {
         self._dir.path().join("models")

@@ -1,0 +1,95 @@
+//! `tessera serve --runner`: the models run in a runner process behind the socket a worker
+//! uses; answers, statistics and metrics are the same, and a runner that dies is replaced.
+//! (`scripts/test.sh` also runs every serve test with `TESSERA_RUNNER=true`.)
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+
+use super::{TestServer, f32_values, raw_infer_request};
+
+/// The runner processes started by `parent`: (pid, command line words).
+fn runners_of(parent: u32) -> Vec<(u32, Vec<String>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let (Ok(cmdline), Ok(stat)) =
+            (std::fs::read(entry.path().join("cmdline")), std::fs::read_to_string(entry.path().join("stat")))
+        else {
+            continue;
+        };
+        let ppid = stat.rsplit(')').next().and_then(|rest| rest.split_whitespace().nth(1)).and_then(|p| p.parse().ok());
+        let words: Vec<String> =
+            cmdline.split(|b| *b == 0).filter(|w| !w.is_empty()).map(|w| String::from_utf8_lossy(w).into()).collect();
+        if ppid == Some(parent) && words.get(1).is_some_and(|w| w == "runner") {
+            found.push((pid, words));
+        }
+    }
+    found
+}
+
+async fn infer(s: &TestServer) -> (u16, Value) {
+    let body = json!({
+        "inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": vec![2.0f32; 16]},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": vec![1.0f32; 16]},
+        ]
+    });
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v2/models/add_sub/infer", s.http))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
+}
+
+async fn successes(s: &TestServer) -> u64 {
+    let stats: Value =
+        reqwest::get(format!("{}/v2/models/add_sub/stats", s.http)).await.expect("stats").json().await.expect("json");
+    stats["model_stats"][0]["inference_stats"]["success"]["count"].as_u64().expect("a count")
+}
+
+#[tokio::test]
+async fn models_run_in_a_runner_that_is_replaced_when_killed_with_statistics_kept() {
+    let s = TestServer::start(&["--runner"]);
+    let runners = runners_of(s.pid());
+    assert_eq!(runners.len(), 1, "{runners:?}");
+    let (old_pid, words) = &runners[0];
+    assert_eq!(words[2..], ["--tenant", "serve", "--slice", "local", "--instance-nice=-10"], "ps shows whose it is");
+
+    for _ in 0..3 {
+        let (status, body) = infer(&s).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["outputs"][0]["data"][0], 3.0);
+    }
+    let mut grpc = GrpcInferenceServiceClient::connect(s.grpc.clone()).await.expect("connect");
+    let answer = grpc.model_infer(raw_infer_request("add_sub", "g", &[5.0; 16], &[1.0; 16])).await.expect("infer");
+    assert_eq!(f32_values(&answer.get_ref().raw_output_contents[1])[0], 4.0);
+    assert_eq!(successes(&s).await, 4, "the runner's statistics reach the server with each answer");
+
+    let kill = std::process::Command::new("kill").args(["-9", &old_pid.to_string()]).status().expect("kill");
+    assert!(kill.success());
+    let killed = Instant::now();
+    // A request sent while it restarts (the worker has seen the runner's socket close) waits
+    // for the new runner and succeeds.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, body) = infer(&s).await;
+    assert_eq!(status, 200, "{body}");
+    let recovery = killed.elapsed();
+    assert!(recovery < Duration::from_secs(10), "served again after {recovery:?}");
+    let now = runners_of(s.pid());
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now[0].0, *old_pid, "a new runner took over");
+    assert_eq!(successes(&s).await, 5, "what the dead runner counted is kept");
+
+    let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
+    for line in [
+        "tessera_runner_restarts_total{tenant=\"serve\",slice=\"local\",reason=\"killed\"} 1",
+        "tessera_runner_up{tenant=\"serve\",slice=\"local\"} 1",
+        "nv_inference_request_success{model=\"add_sub\",version=\"1\"} 5",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+}
