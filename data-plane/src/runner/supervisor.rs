@@ -207,6 +207,9 @@ async fn slot_task(slot: Arc<Slot>, exe: PathBuf, limits: SliceLimits, shutdown:
         }
     };
     tracing::info!(runner = %label, memory = %memory.describe(), cpus = ?limits.cpus, nice = ?limits.nice, "runner limits");
+    if let Some(cgroup) = &cgroup {
+        sweep_leftover_cgroups(cgroup.path());
+    }
     let mut backoff = MIN_BACKOFF;
     while !shutdown.is_cancelled() {
         let started = Instant::now();
@@ -448,9 +451,25 @@ pub fn resident_bytes(pid: u32) -> Option<u64> {
     Some(pages * u64::try_from(page).ok()?)
 }
 
-/// The cgroup directory name of a runner: tenant and slice, made safe.
+/// The cgroup directory name of a runner: the worker's pid (several workers may share a
+/// machine, and a tenant a slice id on each), tenant and slice.
 fn cgroup_name(p: &Placement) -> String {
-    format!("{}-{}", p.tenant, p.slice)
+    format!("{}-{}-{}", std::process::id(), p.tenant, p.slice)
+}
+
+/// Removes runner cgroups that workers no longer running left behind (a worker killed with
+/// SIGKILL cannot remove its own). Busy or foreign directories are left alone (rmdir fails).
+fn sweep_leftover_cgroups(ours: &std::path::Path) {
+    let Some(parent) = ours.parent() else { return };
+    let Ok(entries) = std::fs::read_dir(parent) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("tessera-runner-").and_then(|rest| rest.split('-').next()) else { continue };
+        let gone = pid.parse::<u32>().is_ok_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if gone && std::fs::remove_dir(entry.path()).is_ok() {
+            tracing::info!(cgroup = %entry.path().display(), "removed a runner cgroup left by a worker that is gone");
+        }
+    }
 }
 
 #[cfg(test)]
