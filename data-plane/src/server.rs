@@ -109,6 +109,11 @@ impl ServerState {
         self.runners.as_deref()
     }
 
+    /// A shared handle on the runner processes, when models run in them.
+    pub fn runners_arc(&self) -> Option<Arc<Runners>> {
+        self.runners.clone()
+    }
+
     /// Requires a bearer credential on every endpoint except health, and resolves model names
     /// inside the caller's tenant.
     pub fn with_auth(mut self, authenticator: Arc<Authenticator>) -> Self {

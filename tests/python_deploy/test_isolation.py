@@ -255,3 +255,24 @@ def test_a_runner_past_its_memory_limit_or_hung_is_replaced_alone(make_cluster):
     now = runners_of(worker.proc.pid)
     assert now[ids["acme"]][0] != hung_pid and now[ids["globex"]] == runners[ids["globex"]], now
     assert 'reason="hung"} 1' in metrics(worker)
+
+    if not worker.saw("memory=cgroup"):
+        return  # without a memory cgroup the hog's allocation fails instead of killing the runner
+    # A third death within a minute is a crash loop: the worker reports acme's replicas on that
+    # runner failed, with the reason, in its heartbeat; globex's stay ready.
+    client = httpclient.InferenceServerClient(replicas["acme"]["http_endpoint"].split("://", 1)[1], network_timeout=60)
+    try:
+        client.infer("hog", [n], headers={"Authorization": f"Bearer {keys['acme']['inference']}"})
+    except InferenceServerException:
+        pass
+    finally:
+        client.close()
+
+    def failed_in_a_loop():
+        d = cluster.deployment("acme", admin, "adder")
+        r = d["replica_status"][0]
+        return r if r["state"] == "failed" and "crash loop" in (r.get("reason") or "") else None
+
+    status = wait_until(failed_in_a_loop, 15, "acme's replica reported failed in a crash loop")
+    print(f"[isolation] crash loop reported: {status['reason']}")
+    assert cluster.deployment("globex", keys["globex"]["tenant-admin"], "adder")["replica_status"][0]["state"] == "ready"

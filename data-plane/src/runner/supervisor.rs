@@ -39,6 +39,10 @@ const STABLE_AFTER: Duration = Duration::from_secs(30);
 pub const RESTART_WAIT: Duration = Duration::from_secs(10);
 /// Lines of a runner's stderr kept to explain its death.
 const STDERR_TAIL: usize = 20;
+/// A runner that died this often within [`CRASH_LOOP_WINDOW`] is in a crash loop.
+pub const CRASH_LOOP_DEATHS: usize = 3;
+/// See [`CRASH_LOOP_DEATHS`].
+pub const CRASH_LOOP_WINDOW: Duration = Duration::from_secs(60);
 /// How often a runner is asked whether it is alive.
 const PING_EVERY: Duration = Duration::from_secs(1);
 /// How long a ping may go unanswered before the runner counts as hung.
@@ -75,6 +79,8 @@ pub struct RunnerStatus {
 /// Every runner of this process, by (tenant, slice).
 pub struct Runners {
     config: RunnersConfig,
+    /// Bumped whenever a runner dies, so heartbeats report crash loops at once.
+    deaths: watch::Sender<u64>,
     /// Numbers every load, so each gets its own key in its runner.
     loads: AtomicU64,
     slots: Mutex<HashMap<Placement, Arc<Slot>>>,
@@ -92,13 +98,16 @@ pub struct Slot {
     sinks: Arc<StatsSinks>,
     pid: AtomicU32,
     restarts: Mutex<BTreeMap<&'static str, u64>>,
+    /// When the runner died lately (the last [`CRASH_LOOP_DEATHS`]), to tell a crash loop.
+    deaths: Mutex<VecDeque<Instant>>,
     last_exit: Mutex<Option<String>>,
 }
 
 impl Runners {
     /// No runners yet; each starts with the first version placed on its (tenant, slice).
     pub fn new(config: RunnersConfig, shutdown: CancellationToken) -> Arc<Self> {
-        Arc::new(Self { config, loads: AtomicU64::new(0), slots: Mutex::new(HashMap::new()), shutdown })
+        let (deaths, _) = watch::channel(0);
+        Arc::new(Self { config, deaths, loads: AtomicU64::new(0), slots: Mutex::new(HashMap::new()), shutdown })
     }
 
     /// Loads a version in the runner of `placement` (starting it if needed) and returns the
@@ -130,6 +139,26 @@ impl Runners {
         all
     }
 
+    /// The runners in a crash loop ([`CRASH_LOOP_DEATHS`] deaths within [`CRASH_LOOP_WINDOW`]),
+    /// with why they last died: their replicas are reported failed.
+    pub fn crash_loops(&self) -> HashMap<Placement, String> {
+        let now = Instant::now();
+        self.slots
+            .lock()
+            .values()
+            .filter(|s| {
+                let deaths = s.deaths.lock();
+                deaths.len() >= CRASH_LOOP_DEATHS && deaths.front().is_some_and(|t| now - *t <= CRASH_LOOP_WINDOW)
+            })
+            .map(|s| (s.placement.clone(), s.last_exit.lock().clone().unwrap_or_default()))
+            .collect()
+    }
+
+    /// Changes whenever a runner dies.
+    pub fn deaths(&self) -> watch::Receiver<u64> {
+        self.deaths.subscribe()
+    }
+
     fn slot(&self, placement: &Placement) -> Arc<Slot> {
         let mut slots = self.slots.lock();
         if let Some(slot) = slots.get(placement) {
@@ -143,11 +172,13 @@ impl Runners {
             sinks: Arc::default(),
             pid: AtomicU32::new(0),
             restarts: Mutex::new(BTreeMap::new()),
+            deaths: Mutex::new(VecDeque::new()),
             last_exit: Mutex::new(None),
         });
         slots.insert(placement.clone(), slot.clone());
         let limits = self.config.limits.get(&placement.slice).cloned().unwrap_or_default();
-        tokio::spawn(slot_task(slot.clone(), self.config.exe.clone(), limits, self.shutdown.clone()));
+        let deaths = self.deaths.clone();
+        tokio::spawn(slot_task(slot.clone(), self.config.exe.clone(), limits, deaths, self.shutdown.clone()));
         slot
     }
 }
@@ -196,7 +227,13 @@ impl Slot {
 }
 
 /// Keeps the slot's runner alive until shutdown.
-async fn slot_task(slot: Arc<Slot>, exe: PathBuf, limits: SliceLimits, shutdown: CancellationToken) {
+async fn slot_task(
+    slot: Arc<Slot>,
+    exe: PathBuf,
+    limits: SliceLimits,
+    deaths: watch::Sender<u64>,
+    shutdown: CancellationToken,
+) {
     let label = slot.placement.to_string();
     // The cgroup lives as long as this task (dropping it removes the directory).
     let (cgroup, memory) = match prepare_memory(&cgroup_name(&slot.placement), limits.memory_bytes) {
@@ -232,6 +269,14 @@ async fn slot_task(slot: Arc<Slot>, exe: PathBuf, limits: SliceLimits, shutdown:
         }
         tracing::warn!(runner = %label, %reason, retry_in_ms = backoff.as_millis() as u64, "runner died; restarting");
         *slot.last_exit.lock() = Some(reason);
+        {
+            let mut recent = slot.deaths.lock();
+            if recent.len() == CRASH_LOOP_DEATHS {
+                recent.pop_front();
+            }
+            recent.push_back(Instant::now());
+        }
+        deaths.send_modify(|n| *n += 1);
         tokio::select! {
             () = tokio::time::sleep(backoff) => {}
             () = shutdown.cancelled() => break,

@@ -107,8 +107,14 @@ pub async fn run(
         let metering = metering.clone();
         Arc::new(move |assignments| metering.assigned(assignments))
     };
-    let reconciler =
-        reconcile::Reconciler::start(manager.clone(), Arc::new(cache), Some(saved), Some(on_apply), shutdown.clone());
+    let reconciler = reconcile::Reconciler::start(
+        manager.clone(),
+        Arc::new(cache),
+        Some(saved),
+        Some(on_apply),
+        state.runners_arc(),
+        shutdown.clone(),
+    );
     let sampling = tokio::spawn(metering.clone().run(manager.clone(), shutdown.clone()));
     let shipper = usage_ship::Shipper::new(usage_dir, worker_id.clone(), client.clone());
     let shipping = tokio::spawn(shipper.run(config.usage_ship_interval, shutdown.clone()));

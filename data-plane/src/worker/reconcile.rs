@@ -30,7 +30,7 @@ use super::cache::ArtifactCache;
 use super::saved::SavedAssignments;
 use crate::manager::{ModelManager, scoped_key};
 use crate::repository::valid_model_name;
-use crate::runner::Placement;
+use crate::runner::{Placement, Runners};
 
 /// How long a failed install waits before it is tried again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(15);
@@ -263,6 +263,25 @@ pub fn replica_states(
         .collect()
 }
 
+/// Reports the replicas whose runner is in a crash loop as failed, with why it keeps dying, so
+/// the deployment shows it (the runner keeps being restarted, with backoff).
+fn fail_crash_loops(
+    replicas: &mut [agent::ReplicaStatus],
+    assignments: &[agent::Assignment],
+    loops: &HashMap<Placement, String>,
+) {
+    if loops.is_empty() {
+        return;
+    }
+    for (status, a) in replicas.iter_mut().zip(assignments) {
+        let placement = Placement { tenant: a.tenant_id.clone(), slice: a.slice_id.clone() };
+        if let Some(reason) = loops.get(&placement) {
+            status.state = ReplicaState::Failed.into();
+            status.reason = format!("its runner keeps dying (crash loop): {reason}");
+        }
+    }
+}
+
 /// What the worker reports in heartbeats.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkerStatus {
@@ -296,6 +315,7 @@ impl Reconciler {
         cache: Arc<ArtifactCache>,
         saved: Option<SavedAssignments>,
         on_apply: Option<OnApply>,
+        runners: Option<Arc<Runners>>,
         shutdown: CancellationToken,
     ) -> Self {
         let (commands, receiver) = mpsc::channel(8);
@@ -322,6 +342,7 @@ impl Reconciler {
             tasks: JoinSet::new(),
             status: status_tx,
             on_apply,
+            runners,
         };
         tokio::spawn(executor.run(receiver, shutdown));
         Self { commands, status, saved }
@@ -368,14 +389,24 @@ struct Executor {
     tasks: JoinSet<Done>,
     status: watch::Sender<WorkerStatus>,
     on_apply: Option<OnApply>,
+    /// The runner processes, whose crash loops fail their replicas.
+    runners: Option<Arc<Runners>>,
 }
 
 impl Executor {
     async fn run(mut self, mut commands: mpsc::Receiver<agent::Assignments>, shutdown: CancellationToken) {
         let mut retry = tokio::time::interval(RETRY_TICK);
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut deaths = self.runners.as_ref().map(|r| r.deaths());
         loop {
+            let died = async {
+                match deaths.as_mut() {
+                    Some(d) => d.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                true = died => self.publish(),
                 () = shutdown.cancelled() => break,
                 received = commands.recv() => {
                     let Some(mut latest) = received else { break };
@@ -485,7 +516,11 @@ impl Executor {
     }
 
     fn publish(&self) {
-        let replicas = replica_states(&self.assignments, &self.invalid, &self.installed, &self.in_flight, &self.served);
+        let mut replicas =
+            replica_states(&self.assignments, &self.invalid, &self.installed, &self.in_flight, &self.served);
+        if let Some(runners) = &self.runners {
+            fail_crash_loops(&mut replicas, &self.assignments, &runners.crash_loops());
+        }
         let status = WorkerStatus { applied_generation: self.generation, replicas };
         self.status.send_if_modified(|current| {
             let changed = *current != status;
@@ -607,6 +642,22 @@ mod tests {
         let installed = BTreeMap::from([(key.clone(), failed)]);
         assert!(plan(&want, &installed, &BTreeMap::new(), now).actions.is_empty());
         assert_eq!(plan(&want, &installed, &BTreeMap::new(), now + RETRY_AFTER).actions.len(), 1);
+    }
+
+    #[test]
+    fn replicas_of_a_runner_in_a_crash_loop_are_failed_with_the_reason() {
+        let set = [assignment("a", "t", "m", 1, true), assignment("b", "u", "m", 1, true)];
+        let (want, invalid) = desired(&set);
+        let installed = want.iter().map(|(k, w)| (k.clone(), ready(w))).collect();
+        let mut states = replica_states(&set, &invalid, &installed, &BTreeMap::new(), &HashSet::new());
+        let loops = HashMap::from([(
+            Placement { tenant: "t".into(), slice: "cpu-0".into() },
+            "killed by signal 6".to_string(),
+        )]);
+        fail_crash_loops(&mut states, &set, &loops);
+        assert_eq!(states[0].state(), ReplicaState::Failed);
+        assert!(states[0].reason.contains("crash loop: killed by signal 6"), "{}", states[0].reason);
+        assert_eq!(states[1].state(), ReplicaState::Ready, "another tenant's runner is not in the loop");
     }
 
     #[test]
