@@ -20,7 +20,10 @@ fn main() -> std::process::ExitCode {
     // A runner reads its one socket and hands batches to instance threads: one async thread
     // is enough, and keeps each hand-off on the thread that read the request.
     let built = if cli.command.is_runner() {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .on_thread_park(tessera_data_plane::busy_poll::before_park)
+            .build()
     } else {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()

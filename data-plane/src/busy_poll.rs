@@ -114,6 +114,12 @@ pub fn watch(connection: impl AsFd) {
     }
 }
 
+/// The window busy-polling uses in this process (zero when off), for runner processes to
+/// take the same.
+pub fn window() -> Duration {
+    ACTIVE.get().map_or(Duration::ZERO, |p| p.window)
+}
+
 /// The async runtime's hook before a worker thread parks.
 pub fn before_park() {
     if let Some(poll) = ACTIVE.get() {

@@ -324,9 +324,10 @@ pub async fn run(
     crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     let repository = Repository::open(&config.model_repository).map_err(anyhow::Error::msg)?;
     let mut manager = ModelManager::new(repository, config.control_mode);
+    let runners_stop = CancellationToken::new();
     let runners = config.runner_exe.map(|exe| {
         let config = RunnersConfig { exe, limits: Default::default() };
-        Runners::new(config, shutdown.child_token())
+        Runners::new(config, runners_stop.clone())
     });
     if let Some(runners) = &runners {
         let placement = Placement { tenant: "serve".into(), slice: "local".into() };
@@ -366,6 +367,8 @@ pub async fn run(
     }
     shutdown.cancelled().await;
     listeners.drain(&state).await;
+    // Runners stop only now: the requests drained above ran on them.
+    runners_stop.cancel();
     Ok(())
 }
 

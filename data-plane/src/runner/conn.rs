@@ -57,6 +57,9 @@ pub struct RunnerConn {
 impl RunnerConn {
     /// Starts the reader and flush tasks over `stream`; `label` names the runner in logs.
     pub fn start(stream: UnixStream, label: String, sinks: Arc<StatsSinks>) -> Arc<Self> {
+        // An idle front thread watches the runner's answers as it watches client connections,
+        // so a lone request's answer is picked up without a wake-up.
+        crate::busy_poll::watch(&stream);
         let stream = Arc::new(stream);
         let outbox = Outbox::new(stream.clone());
         let conn = Arc::new(Self {

@@ -29,6 +29,9 @@ use conn::CallError;
 use supervisor::{RESTART_WAIT, Slot};
 use wire::{FromRunner, InferCall, ToRunner};
 
+/// Requests in runners, process-wide.
+static REMOTE_IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
 /// Which runner hosts a version: one per (tenant, slice).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Placement {
@@ -67,7 +70,11 @@ impl RemoteVersion {
         model: &str,
         stats: &Arc<ModelStats>,
     ) -> Result<Vec<OutputTensor>> {
-        let _in_flight = crate::busy_poll::InFlight::start();
+        // A lone request lets the front's idle thread keep polling (the runner's answer is among
+        // what it watches); with others in flight it parks, leaving the CPU to the runner.
+        let others = REMOTE_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        let _remote = Pending(&REMOTE_IN_FLIGHT);
+        let _in_flight = (others > 0).then(crate::busy_poll::InFlight::start);
         let _pending = Pending::start(&self.pending);
         let started = Instant::now();
         let wait = match request.timeout_us {

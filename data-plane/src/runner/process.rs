@@ -36,6 +36,10 @@ pub struct RunnerArgs {
     /// The inherited socket to the worker.
     #[arg(long, default_value_t = SOCKET_FD)]
     pub fd: RawFd,
+    /// Microseconds the runner's idle thread polls its socket before it sleeps (the worker's
+    /// `--busy-poll-us`); 0 turns it off.
+    #[arg(long, default_value_t = 0)]
+    pub busy_poll_us: u64,
     /// Nice value of model instance threads (the worker's `--instance-nice`).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub instance_nice: i32,
@@ -73,12 +77,16 @@ struct State {
 pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     crate::priority::set_instance_nice(args.instance_nice);
+    crate::busy_poll::enable(std::time::Duration::from_micros(args.busy_poll_us));
     // SAFETY: the front placed a connected Unix socket at this descriptor for this process
     // alone (it is not used anywhere else in this process).
     let fd = unsafe { OwnedFd::from_raw_fd(args.fd) };
     let std_stream = std::os::unix::net::UnixStream::from(fd);
     std_stream.set_nonblocking(true).context("make the runner socket non-blocking")?;
-    let stream = Arc::new(UnixStream::from_std(std_stream).context("register the runner socket")?);
+    let stream = UnixStream::from_std(std_stream).context("register the runner socket")?;
+    // The next request is picked up without a wake-up when it comes within the window.
+    crate::busy_poll::watch(&stream);
+    let stream = Arc::new(stream);
     tracing::info!(tenant = %args.tenant, slice = %args.slice, pid = std::process::id(), "runner started");
     let outbox = Outbox::new(stream.clone());
     tokio::spawn(outbox.clone().flush_task());

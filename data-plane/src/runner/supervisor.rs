@@ -313,6 +313,7 @@ fn spawn(
         .arg("--slice")
         .arg(&slot.placement.slice)
         .arg(format!("--instance-nice={}", crate::priority::instance_nice()))
+        .arg(format!("--busy-poll-us={}", crate::busy_poll::window().as_micros()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

@@ -64,12 +64,13 @@ pub async fn run(
     std::fs::create_dir_all(&repository_dir).context("create the repository directory")?;
     let repository = Repository::open(&repository_dir).map_err(anyhow::Error::msg)?;
     let mut manager = ModelManager::new(repository, ControlMode::Explicit);
+    let runners_stop = CancellationToken::new();
     let runners = config.runner_exe.clone().map(|exe| {
         let limits = inventory.slice_limits();
         for (slice, l) in &limits {
             tracing::info!(slice = %slice, cpus = ?l.cpus, memory_bytes = l.memory_bytes, "runner limits of the slice");
         }
-        runners::Runners::new(runners::RunnersConfig { exe, limits }, shutdown.child_token())
+        runners::Runners::new(runners::RunnersConfig { exe, limits }, runners_stop.clone())
     });
     if let Some(runners) = &runners {
         // Every assignment names its slice; this placement is never used by a worker.
@@ -131,6 +132,8 @@ pub async fn run(
     );
     session::run(client, register, reconciler, shutdown.clone()).await;
     listeners.drain(&state).await;
+    // Runners stop only now: the requests drained above ran on them.
+    runners_stop.cancel();
     // In-flight requests are spooled now; add the last execution deltas and slice time, then
     // try once more to deliver everything (what is left ships after the next start).
     if let Ok(sampler) = sampling.await {
