@@ -30,6 +30,10 @@ pub mod agent {
     include!(concat!(env!("OUT_DIR"), "/tessera.agent.v1.rs"));
 }
 
+/// How a worker's reason for a failed replica starts when the runner process hosting it keeps
+/// dying (a crash loop); the control plane then places the replica on another worker.
+pub const CRASH_LOOP_REASON: &str = "runner crash loop: ";
+
 /// Encoded `FileDescriptorSet` of every proto file in this crate.
 pub const FILE_DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/file_descriptor_set.bin"));
 

@@ -276,3 +276,35 @@ def test_a_runner_past_its_memory_limit_or_hung_is_replaced_alone(make_cluster):
     status = wait_until(failed_in_a_loop, 15, "acme's replica reported failed in a crash loop")
     print(f"[isolation] crash loop reported: {status['reason']}")
     assert cluster.deployment("globex", keys["globex"]["tenant-admin"], "adder")["replica_status"][0]["state"] == "ready"
+
+
+def test_a_replica_whose_runner_keeps_dying_is_placed_on_another_worker(make_cluster):
+    cluster = make_cluster(2, worker_args=["--slice-memory-bytes", str(SLICE_MEMORY)])
+    keys = cluster.create_tenant("acme")
+    admin = keys["tenant-admin"]
+    cluster.push_version("acme", admin, "hog", hog_model())
+    cluster.api("POST", "/v1/tenants/acme/deployments", admin, {"name": "hog", "model": "hog", "replicas": 1},
+                expect=201)
+    first = cluster.wait_ready("acme", admin, "hog")["replica_status"][0]
+    worker = cluster.workers[cluster.worker_by_http(first["http_endpoint"])]
+    if not worker.saw("memory=cgroup"):
+        return  # without a memory cgroup the allocation fails instead of killing the runner
+    n = httpclient.InferInput("N", [1], "INT64")
+    n.set_data_from_numpy(np.array([512 * 1024 * 1024], dtype=np.int64), binary_data=True)
+    # Three out-of-memory deaths within a minute: a crash loop. (A request sent while the runner
+    # restarts waits for it, so each one reaches a fresh runner.)
+    for _ in range(3):
+        client = httpclient.InferenceServerClient(first["http_endpoint"].split("://", 1)[1], network_timeout=60)
+        try:
+            client.infer("hog", [n], headers={"Authorization": f"Bearer {keys['inference']}"})
+        except InferenceServerException:
+            pass
+        finally:
+            client.close()
+    # The control plane moves the replica to the other worker, and it serves there.
+    moved = cluster.wait_ready("acme", admin, "hog", timeout_s=30,
+                               pred=lambda d: d["replica_status"][0]["worker_id"] != first["worker_id"])
+    events = cluster.api("GET", "/v1/tenants/acme/deployments/hog/events", admin)
+    texts = [e.get("message", "") for e in (events.get("events", events) if isinstance(events, dict) else events)]
+    assert any("runner crash loop" in t and f"from worker {first['worker_id']}" in t for t in texts), texts
+    print(f"\n[isolation] crash loop on {first['worker_id']}: replica moved to {moved['replica_status'][0]['worker_id']}")

@@ -222,6 +222,17 @@ impl Placer {
 
     /// Places one replica, or says why it cannot be placed. Deterministic.
     pub fn place(&mut self, replica: &ReplicaRequest) -> Result<Placement, ScheduleError> {
+        self.place_avoiding(replica, None)
+    }
+
+    /// Places one replica on any worker but `avoid` (one where it keeps failing), or says why
+    /// it cannot be placed. Deterministic.
+    pub fn place_avoiding(
+        &mut self,
+        replica: &ReplicaRequest,
+        avoid: Option<&str>,
+    ) -> Result<Placement, ScheduleError> {
+        let avoid = avoid.and_then(|w| self.index.get(w).copied());
         let candidates = self
             .by_profile
             .get(&replica.profile)
@@ -232,6 +243,9 @@ impl Placer {
         let spread = self.spread.get(&replica.deployment);
         let mut best: Option<(u32, bool, usize, usize)> = None; // (deployment replicas on worker, !shares, worker, slice)
         for &w in candidates {
+            if Some(w) == avoid {
+                continue;
+            }
             let load = spread.and_then(|m| m.get(&w)).copied().unwrap_or(0);
             if best.is_some_and(|b| b.0 < load) {
                 continue; // cannot beat a less-loaded worker already found

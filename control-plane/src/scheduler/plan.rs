@@ -540,6 +540,7 @@ fn place_all(placer: &mut Placer, decisions: &[Decision<'_>], live: &BTreeSet<&s
         memory_bytes: u64::try_from(memory).unwrap_or(0),
     };
     let mut unplaced: Vec<(&DeploymentInfo, &ReplicaInfo)> = Vec::new();
+    let mut crash_looping: Vec<(&DeploymentInfo, &ReplicaInfo, Placement)> = Vec::new();
     for decision in decisions {
         for r in &decision.kept {
             let at = match (&r.worker_id, &r.slice_id) {
@@ -550,6 +551,8 @@ fn place_all(placer: &mut Placer, decisions: &[Decision<'_>], live: &BTreeSet<&s
             };
             let req = request(decision.deployment, r.index, &r.profile, r.memory_bytes);
             match at {
+                // Its worker's runner keeps dying: it moves once everything else has its place.
+                Some(at) if is_crash_looping(r) => crash_looping.push((decision.deployment, r, at)),
                 Some(at) if placer.assign(&req, &at).is_ok() => {}
                 _ => unplaced.push((decision.deployment, r)),
             }
@@ -594,6 +597,9 @@ fn place_all(placer: &mut Placer, decisions: &[Decision<'_>], live: &BTreeSet<&s
             }
         }
     }
+    for (d, r, at) in crash_looping {
+        move_off_crash_loop(placer, d, r, &at, &request(d, r.index, &r.profile, r.memory_bytes), out);
+    }
     for decision in decisions {
         let d = decision.deployment;
         for (i, preferred) in &decision.created {
@@ -618,6 +624,45 @@ fn place_all(placer: &mut Placer, decisions: &[Decision<'_>], live: &BTreeSet<&s
                 worker_id: worker,
                 message,
             });
+        }
+    }
+}
+
+/// Whether a replica failed because the runner hosting it on its worker keeps dying.
+fn is_crash_looping(r: &ReplicaInfo) -> bool {
+    r.state == "failed" && r.reason.as_deref().is_some_and(|why| why.starts_with(tessera_protocol::CRASH_LOOP_REASON))
+}
+
+/// Places a crash-looping replica on another worker; with no other worker to take it, it stays
+/// where it is (its worker keeps restarting the runner).
+fn move_off_crash_loop(
+    placer: &mut Placer,
+    d: &DeploymentInfo,
+    r: &ReplicaInfo,
+    at: &Placement,
+    req: &ReplicaRequest,
+    out: &mut Plan,
+) {
+    match placer.place_avoiding(req, Some(&at.worker)) {
+        Ok(p) => {
+            let why = r.reason.as_deref().unwrap_or_default();
+            let message = format!(
+                "replica {} moved from worker {} to worker {} slice {}: {why}",
+                r.index, at.worker, p.worker, p.slice
+            );
+            out.events.push(PlannedEvent {
+                tenant_id: d.tenant_id,
+                deployment_id: d.id,
+                kind: "rescheduled",
+                replica_id: Some(r.id),
+                worker_id: Some(p.worker.clone()),
+                message,
+            });
+            out.changes.push(ReplicaChange::Place { id: r.id, placement: p });
+        }
+        Err(_) => {
+            // Nowhere else: it keeps its place (and counts there).
+            let _ = placer.assign(req, at);
         }
     }
 }
@@ -773,6 +818,31 @@ mod tests {
         assert_eq!(p.changes, [moved]);
         assert!(p.events.iter().any(|e| e.kind == "worker_lost"));
         assert!(p.events.iter().any(|e| e.kind == "rescheduled"));
+    }
+
+    #[test]
+    fn a_replica_whose_runner_keeps_dying_moves_to_another_worker_or_stays_when_there_is_none() {
+        let d = deployment(1, tenant(1), 1, 1);
+        let mut looping = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "failed");
+        looping.reason = Some(format!("{}it keeps dying: killed by signal 6", tessera_protocol::CRASH_LOOP_REASON));
+        let p = run(&snapshot(vec![worker("w1", 2, 4), worker("w2", 2, 4)], vec![d.clone()], vec![looping.clone()]));
+        let moved = ReplicaChange::Place {
+            id: Uuid::from_u128(5_001),
+            placement: Placement { worker: "w2".into(), slice: "cpu-0".into() },
+        };
+        assert_eq!(p.changes, [moved]);
+        let event = p.events.iter().find(|e| e.kind == "rescheduled").expect("an event says why");
+        assert!(
+            event.message.contains("from worker w1 to worker w2") && event.message.contains("signal 6"),
+            "{event:?}"
+        );
+
+        // Alone on its worker, it stays; a failure of another kind (a bad model) stays too.
+        let p = run(&snapshot(vec![worker("w1", 2, 4)], vec![d.clone()], vec![looping.clone()]));
+        assert!(p.changes.is_empty() && p.events.is_empty(), "{p:?}");
+        looping.reason = Some("failed to load: bad model".into());
+        let p = run(&snapshot(vec![worker("w1", 2, 4), worker("w2", 2, 4)], vec![d], vec![looping]));
+        assert!(p.changes.is_empty(), "{p:?}");
     }
 
     #[test]

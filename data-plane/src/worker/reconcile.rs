@@ -277,7 +277,7 @@ fn fail_crash_loops(
         let placement = Placement { tenant: a.tenant_id.clone(), slice: a.slice_id.clone() };
         if let Some(reason) = loops.get(&placement) {
             status.state = ReplicaState::Failed.into();
-            status.reason = format!("its runner keeps dying (crash loop): {reason}");
+            status.reason = format!("{}it keeps dying: {reason}", tessera_protocol::CRASH_LOOP_REASON);
         }
     }
 }
