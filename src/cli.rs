@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
+use tessera_data_plane::engine::manager::ControlMode;
 use tessera_data_plane::listen::ListenArgs;
-use tessera_data_plane::manager::ControlMode;
 use tessera_data_plane::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -248,7 +248,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Dev(args) => {
             tessera_data_plane::busy_poll::enable(tessera_data_plane::busy_poll::DEFAULT_WINDOW);
-            tessera_data_plane::priority::set_instance_nice(tessera_data_plane::priority::DEFAULT_INSTANCE_NICE);
+            tessera_data_plane::engine::priority::set_instance_nice(
+                tessera_data_plane::engine::priority::DEFAULT_INSTANCE_NICE,
+            );
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
             crate::dev::run(args, shutdown).await

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use tessera_protocol::DataType;
 use tessera_protocol::inference::ModelConfig;
 
-use crate::backend::onnx::OnnxSession;
-use crate::model_spec::{ModelSpec, complete_and_check};
-use crate::tensor::{InputTensor, push_bytes_element};
+use crate::engine::backend::onnx::OnnxSession;
+use crate::engine::model_spec::{ModelSpec, complete_and_check};
+use crate::engine::tensor::{InputTensor, push_bytes_element};
 
 /// Flags of `tessera bench ort`.
 #[derive(Debug, Clone, clap::Args)]

@@ -25,9 +25,6 @@ pub const DEFAULT_WINDOW: Duration = Duration::from_micros(DEFAULT_WINDOW_US);
 /// The process's poller, set once at start by the serving roles.
 static ACTIVE: OnceLock<BusyPoll> = OnceLock::new();
 
-/// Requests handed to a model and not yet answered, process-wide.
-static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
-
 /// Watches connections so an idle worker can see a request arrive without sleeping.
 pub struct BusyPoll {
     /// Level-triggered readability of every accepted connection (closed ones leave it).
@@ -123,29 +120,7 @@ pub fn window() -> Duration {
 /// The async runtime's hook before a worker thread parks.
 pub fn before_park() {
     if let Some(poll) = ACTIVE.get() {
-        poll.spin(&IN_FLIGHT);
-    }
-}
-
-/// Counts a request as in flight while it lives.
-pub struct InFlight(());
-
-impl InFlight {
-    /// Marks one more request in flight.
-    pub fn start() -> Self {
-        IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
-        Self(())
-    }
-
-    /// Whether no request is in flight anywhere in the process.
-    pub fn none() -> bool {
-        IN_FLIGHT.load(Ordering::Relaxed) == 0
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+        poll.spin(crate::engine::in_flight::counter());
     }
 }
 

@@ -45,7 +45,7 @@ pub struct ListenArgs {
     /// Nice value of model instance threads (-20 to 19), so that network threads waking on
     /// their cores do not keep preempting executions; below 0 needs CAP_SYS_NICE (without it
     /// they stay at normal priority); 0 leaves them alone.
-    #[arg(long, env = "TESSERA_INSTANCE_NICE", default_value_t = crate::priority::DEFAULT_INSTANCE_NICE,
+    #[arg(long, env = "TESSERA_INSTANCE_NICE", default_value_t = crate::engine::priority::DEFAULT_INSTANCE_NICE,
           value_parser = clap::value_parser!(i32).range(-20..=19), allow_negative_numbers = true)]
     pub instance_nice: i32,
 }
@@ -70,6 +70,6 @@ impl ListenArgs {
     /// (`--busy-poll-us`) and the priority of instance threads (`--instance-nice`).
     pub fn apply_process_settings(&self) {
         crate::busy_poll::enable(std::time::Duration::from_micros(self.busy_poll_us));
-        crate::priority::set_instance_nice(self.instance_nice);
+        crate::engine::priority::set_instance_nice(self.instance_nice);
     }
 }

@@ -13,9 +13,9 @@ use axum::routing::get;
 use parking_lot::Mutex;
 use tessera_protocol::inference::{ModelStatistics, StatisticDuration};
 
-use crate::model::LoadedModel;
+use crate::engine::model::LoadedModel;
+use crate::engine::stats::{FailReason, Histogram, ModelStats};
 use crate::server::ServerState;
-use crate::stats::{FailReason, Histogram, ModelStats};
 
 /// State of the metrics listener: the server plus the previous CPU sample.
 struct MetricsState {
@@ -320,7 +320,7 @@ impl MemInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stats::{Execution, ModelStats};
+    use crate::engine::stats::{Execution, ModelStats};
 
     #[test]
     fn families_render_with_model_and_version_labels() {

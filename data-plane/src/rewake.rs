@@ -22,7 +22,7 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use futures::task::AtomicWaker;
 
-use crate::busy_poll::InFlight;
+use crate::engine::in_flight::InFlight;
 
 /// In-place re-polls per outer poll before deferring to the scheduler like any yield.
 const MAX_REPOLLS: usize = 4;

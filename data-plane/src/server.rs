@@ -16,10 +16,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Authenticator, Principal, Role};
+use crate::engine::manager::{ControlMode, ModelManager, scoped_key};
+use crate::engine::model::LoadedModel;
+use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
-use crate::manager::{ControlMode, ModelManager, scoped_key};
-use crate::model::LoadedModel;
-use crate::repository::Repository;
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::usage::Meter;
 
@@ -197,7 +197,7 @@ impl ServerState {
             None => self.ready_versions(caller, model)?.iter().map(|m| m.version.to_string()).collect(),
         };
         let spec = &loaded.spec;
-        let tensors = |list: &[crate::model_spec::TensorSpec]| -> Vec<Value> {
+        let tensors = |list: &[crate::engine::model_spec::TensorSpec]| -> Vec<Value> {
             list.iter()
                 .map(|t| json!({ "name": t.name, "datatype": t.datatype.as_wire(), "shape": spec.full_shape(&t.dims) }))
                 .collect()
@@ -321,7 +321,7 @@ pub async fn run(
     if config.load_models.len() > 1 && config.load_models.iter().any(|m| m == "*") {
         anyhow::bail!("--load-model '*' loads every model, so it must be the only --load-model given");
     }
-    crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    crate::engine::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     let repository = Repository::open(&config.model_repository).map_err(anyhow::Error::msg)?;
     let mut manager = ModelManager::new(repository, config.control_mode);
     let runners_stop = CancellationToken::new();

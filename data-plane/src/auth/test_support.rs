@@ -8,8 +8,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::{Authenticator, CredentialSource, KeyInfo, Principal, Role, SourceError, TokenKeys};
-use crate::manager::{ControlMode, ModelManager, scoped_key};
-use crate::repository::Repository;
+use crate::engine::manager::{ControlMode, ModelManager, scoped_key};
+use crate::engine::repository::Repository;
 use crate::server::ServerState;
 
 /// Tenant A's id.

@@ -12,9 +12,9 @@ use tessera_protocol::inference::{
 
 use tonic::{Code, Status};
 
+use crate::engine::infer::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput};
+use crate::engine::tensor::{InputTensor, push_bytes_element};
 use crate::error::{Error, ErrorKind, Result};
-use crate::infer::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput};
-use crate::tensor::{InputTensor, push_bytes_element};
 
 /// Converts gRPC parameters into engine parameters.
 pub fn parameters(params: HashMap<String, InferParameter>) -> Parameters {

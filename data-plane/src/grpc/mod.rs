@@ -49,7 +49,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
 
 /// Parses a gRPC version string ("" means the policy's latest).
 fn version(model: &str, v: &str) -> Result<Option<i64>, Status> {
-    crate::manager::parse_version(model, Some(v)).map_err(Status::from)
+    crate::engine::manager::parse_version(model, Some(v)).map_err(Status::from)
 }
 
 struct InferenceService {
@@ -65,7 +65,7 @@ impl InferenceService {
         req: ModelInferRequest,
     ) -> Result<ModelInferResponse, Error> {
         let started = state.meter().map(|_| Instant::now());
-        let v = crate::manager::parse_version(&req.model_name, Some(&req.model_version))?;
+        let v = crate::engine::manager::parse_version(&req.model_name, Some(&req.model_version))?;
         let loaded = state.model(caller, &req.model_name, v)?;
         let bytes_in = started.map_or(0, |_| req.encoded_len() as u64);
         let result = async {
@@ -142,7 +142,7 @@ impl GrpcInferenceService for InferenceService {
             }
         };
         let spec = &loaded.spec;
-        let tensors = |list: &[crate::model_spec::TensorSpec]| {
+        let tensors = |list: &[crate::engine::model_spec::TensorSpec]| {
             list.iter()
                 .map(|t| TensorMetadata {
                     name: t.name.clone(),

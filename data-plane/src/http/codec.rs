@@ -11,9 +11,11 @@ use serde_json::value::RawValue;
 use tessera_protocol::DataType;
 
 use super::nonfinite::{self, Prepared};
+use crate::engine::infer::{
+    InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput, bool_param, json_capable,
+};
+use crate::engine::tensor::{InputTensor, OutputTensor, bytes_elements, push_bytes_element};
 use crate::error::{Error, Result};
-use crate::infer::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput, bool_param, json_capable};
-use crate::tensor::{InputTensor, OutputTensor, bytes_elements, push_bytes_element};
 
 /// Header that splits the JSON part of a body from its binary tail.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -194,7 +196,7 @@ fn decode_json_data(
     if count != expected {
         return Err(Error::invalid(format!(
             "unexpected number of elements for input '{name}': shape {} needs {expected}, 'data' has {count}",
-            crate::tensor::fmt_shape(shape),
+            crate::engine::tensor::fmt_shape(shape),
         )));
     }
     Ok(Bytes::from(out))

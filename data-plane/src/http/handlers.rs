@@ -13,9 +13,9 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::{Caller, UrlPath, codec};
+use crate::engine::manager::parse_version;
+use crate::engine::model::LoadedModel;
 use crate::error::{Error, ErrorKind, Result};
-use crate::manager::parse_version;
-use crate::model::LoadedModel;
 use crate::server::ServerState;
 use crate::usage::{Outcome, batch_rows};
 
@@ -71,7 +71,7 @@ pub async fn handle_model_stats(s: &ServerState, c: Caller, path: Option<ModelPa
             s.statistics(c.principal(), Some(&model), v)?
         }
     };
-    Ok(Json(crate::stats::to_json(&stats)))
+    Ok(Json(crate::engine::stats::to_json(&stats)))
 }
 
 /// `POST /v2/models/{m}[/versions/{v}]/infer`. On workers, metered once the model resolved in

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::outbox::Outbox;
 use super::wire::{FromRunner, ToRunner, WireError, split_frame};
-use crate::stats::ModelStats;
+use crate::engine::stats::ModelStats;
 
 /// Calls waiting for their answer, by id. The reader removes and completes them.
 type Calls = Mutex<HashMap<u64, Waiter>>;

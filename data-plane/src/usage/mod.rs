@@ -36,8 +36,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::infer::InferRequest;
-use crate::model_spec::ModelSpec;
+use crate::engine::infer::InferRequest;
+use crate::engine::model_spec::ModelSpec;
 use record::{Labels, Record, RequestRecord};
 use spool::SpoolWriter;
 

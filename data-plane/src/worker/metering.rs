@@ -11,8 +11,8 @@ use tessera_protocol::agent;
 use tokio_util::sync::CancellationToken;
 
 use super::inventory::Inventory;
-use crate::manager::ModelManager;
-use crate::model::LoadedModel;
+use crate::engine::manager::ModelManager;
+use crate::engine::model::LoadedModel;
 use crate::usage::aggregate::minute_of;
 use crate::usage::record::{BATCH_COUNTS, ExecutionsRecord, Labels, Record, SliceRecord};
 use crate::usage::{Meter, UNKNOWN_PROFILE, now_us};
@@ -294,6 +294,6 @@ mod tests {
 
     #[test]
     fn statistics_and_usage_share_batch_buckets() {
-        assert_eq!(&crate::stats::BATCH_BUCKETS[..], tessera_protocol::usage::BATCH_SIZE_BUCKETS);
+        assert_eq!(&crate::engine::stats::BATCH_BUCKETS[..], tessera_protocol::usage::BATCH_SIZE_BUCKETS);
     }
 }

@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 pub use config::{Isolation, WorkerArgs, WorkerConfig, WorkerToken};
 
 use crate::auth::Authenticator;
-use crate::manager::{ControlMode, ModelManager};
-use crate::repository::Repository;
+use crate::engine::manager::{ControlMode, ModelManager};
+use crate::engine::repository::Repository;
 use crate::runner as runners;
 use crate::server::{BoundAddrs, Listeners, ServerState};
 use crate::usage::Meter;
@@ -50,7 +50,7 @@ pub async fn run(
     shutdown: CancellationToken,
     on_bound: impl FnOnce(BoundAddrs),
 ) -> anyhow::Result<()> {
-    crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    crate::engine::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
     let worker_id = worker_id(&config.data_dir, config.worker_id.as_deref())?;

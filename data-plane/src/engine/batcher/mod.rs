@@ -14,12 +14,12 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use crate::backend::onnx::OnnxSession;
+use crate::engine::backend::onnx::OnnxSession;
+use crate::engine::infer::ValidInferRequest;
+use crate::engine::model_spec::ModelSpec;
+use crate::engine::stats::{Execution, FailReason, ModelStats, nanos};
+use crate::engine::tensor::{InputTensor, OutputTensor, row_offsets, slice_rows};
 use crate::error::{Error, Result};
-use crate::infer::ValidInferRequest;
-use crate::model_spec::ModelSpec;
-use crate::stats::{Execution, FailReason, ModelStats, nanos};
-use crate::tensor::{InputTensor, OutputTensor, row_offsets, slice_rows};
 use order::{Delivery, Reorder, Ticket};
 use policy::BatchingConfig;
 use queue::{BatchQueue, Dropped, Pending};
@@ -113,7 +113,7 @@ impl Scheduler {
     /// Success statistics are recorded by the instance when the response is ready (as Triton
     /// times it), not when this task wakes to pick it up.
     pub async fn submit(&self, request: ValidInferRequest, arrived: Instant) -> Result<Vec<OutputTensor>> {
-        let _in_flight = crate::busy_poll::InFlight::start();
+        let _in_flight = crate::engine::in_flight::InFlight::start();
         let (reply, mut outputs) = oneshot::channel();
         let mut pending = Pending::new(request, Instant::now(), reply);
         pending.arrived = arrived;
@@ -291,7 +291,7 @@ fn drop_request(shared: &Shared, dropped: Dropped) {
 /// now (Triton's "when an instance frees up, form a batch"), so a busy instance never idles
 /// waiting for the batcher task; when the policy says wait, the batcher takes over.
 fn run_instance(session: &Mutex<OnnxSession>, shared: &Shared, batches: &crossbeam_channel::Receiver<Dispatch>) {
-    crate::priority::apply_to_instance_thread();
+    crate::engine::priority::apply_to_instance_thread();
     while let Ok(dispatch) = batches.recv() {
         let Dispatch { mut batch, mut ticket, _permit } = dispatch;
         loop {
@@ -377,7 +377,7 @@ fn execute(
     spec: &ModelSpec,
     batch: &[Pending],
     start: Instant,
-) -> Result<(PerRequest, crate::backend::onnx::RunTimings)> {
+) -> Result<(PerRequest, crate::engine::backend::onnx::RunTimings)> {
     let parts: Vec<Vec<&InputTensor>> =
         (0..spec.inputs.len()).map(|i| batch.iter().filter_map(|p| p.request.inputs[i].as_ref()).collect()).collect();
     let mut wanted: Vec<usize> = batch.iter().flat_map(|p| p.request.outputs.iter().copied()).collect();

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 
 use tessera_protocol::DataType;
 
+use crate::engine::model_spec::{ModelSpec, TensorSpec};
+use crate::engine::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count, fmt_shape};
 use crate::error::{Error, Result};
-use crate::model_spec::{ModelSpec, TensorSpec};
-use crate::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count, fmt_shape};
 
 /// A request or tensor parameter value (KServe allows bool, number or string).
 #[derive(Debug, Clone, PartialEq)]
@@ -287,7 +287,7 @@ fn queue_parameters(params: &Parameters, spec: &ModelSpec) -> Result<(u64, u64)>
         Some(p) => p.as_u64().ok_or_else(|| Error::invalid(format!("parameter '{key}' must be {what}"))),
     };
     let priority = unsigned("priority", "a non-negative integer")?;
-    let levels = crate::scheduler::policy::priority_levels(&spec.config);
+    let levels = crate::engine::batcher::policy::priority_levels(&spec.config);
     if priority > levels {
         return Err(Error::invalid(format!(
             "priority {priority} is out of range: this model has {levels} priority level(s)"
@@ -323,7 +323,7 @@ pub fn json_capable(datatype: DataType) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model_spec::{IoInfo, ModelIo, complete_and_check};
+    use crate::engine::model_spec::{IoInfo, ModelIo, complete_and_check};
     use bytes::Bytes;
     use tessera_protocol::inference::ModelConfig;
 

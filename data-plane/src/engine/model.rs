@@ -5,15 +5,15 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio::time::Instant;
 
-use crate::backend::onnx::OnnxSession;
+use crate::engine::backend::onnx::OnnxSession;
+use crate::engine::batcher::Scheduler;
+use crate::engine::batcher::policy::BatchingConfig;
+use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
+use crate::engine::model_spec::{ModelIo, ModelSpec, complete_and_check};
+use crate::engine::stats::{FailReason, ModelStats, nanos};
+use crate::engine::tensor::OutputTensor;
 use crate::error::Result;
-use crate::infer::{InferRequest, InferResponse, ValidInferRequest};
-use crate::model_spec::{ModelIo, ModelSpec, complete_and_check};
 use crate::runner::RemoteVersion;
-use crate::scheduler::Scheduler;
-use crate::scheduler::policy::BatchingConfig;
-use crate::stats::{FailReason, ModelStats, nanos};
-use crate::tensor::OutputTensor;
 use tessera_protocol::inference::ModelConfig;
 
 /// A model version ready to serve.

@@ -308,11 +308,11 @@ fn check_tensor(
     }
     expected.extend_from_slice(dims);
     if !shapes_compatible(&expected, &info.shape) {
-        let config_shape = crate::tensor::fmt_shape(&expected);
+        let config_shape = crate::engine::tensor::fmt_shape(&expected);
         let hint = if batching { " (the model must have a dynamic first dimension to batch)" } else { "" };
         return Err(format!(
             "{role} '{name}' has shape {config_shape} in the configuration but {} in the model{hint}",
-            crate::tensor::fmt_shape(&info.shape)
+            crate::engine::tensor::fmt_shape(&info.shape)
         ));
     }
     Ok(TensorSpec { name: name.to_string(), datatype, dims: dims.to_vec(), optional: false })

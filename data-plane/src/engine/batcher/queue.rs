@@ -11,9 +11,9 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::policy::{BatchingConfig, OnTimeout};
+use crate::engine::infer::ValidInferRequest;
+use crate::engine::tensor::OutputTensor;
 use crate::error::{Error, Result};
-use crate::infer::ValidInferRequest;
-use crate::tensor::OutputTensor;
 
 /// Where a request's outputs (or error) go.
 pub type Reply = oneshot::Sender<Result<Vec<OutputTensor>>>;
@@ -283,9 +283,9 @@ impl BatchQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::infer::{ParamValue, Parameters};
-    use crate::scheduler::policy::QueuePolicy;
-    use crate::tensor::InputTensor;
+    use crate::engine::batcher::policy::QueuePolicy;
+    use crate::engine::infer::{ParamValue, Parameters};
+    use crate::engine::tensor::InputTensor;
     use bytes::Bytes;
     use std::time::Duration;
     use tessera_protocol::DataType;

@@ -10,9 +10,9 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynValue, TensorElementType, ValueType};
 use tessera_protocol::DataType;
 
+use crate::engine::model_spec::{IoInfo, ModelIo, ModelSpec};
+use crate::engine::tensor::{InputTensor, OutputTensor};
 use crate::error::Error;
-use crate::model_spec::{IoInfo, ModelIo, ModelSpec};
-use crate::tensor::{InputTensor, OutputTensor};
 
 /// A loaded ONNX model; one per instance thread, since running needs `&mut`.
 pub struct OnnxSession {
@@ -80,7 +80,7 @@ fn io_info(name: &str, ty: &ValueType) -> IoInfo {
 }
 
 /// Starts ONNX Runtime's intra-op pool threads (all but the one running the session, which is
-/// the instance thread) as named threads with the instance priority (see [`crate::priority`]).
+/// the instance thread) as named threads with the instance priority (see [`crate::engine::priority`]).
 struct IntraOpThreads;
 
 impl ThreadManager for IntraOpThreads {
@@ -88,7 +88,7 @@ impl ThreadManager for IntraOpThreads {
 
     fn create(&self, work: impl FnOnce() + Send + 'static) -> ort::Result<Self::Thread> {
         let run = move || {
-            crate::priority::apply_to_instance_thread();
+            crate::engine::priority::apply_to_instance_thread();
             work();
         };
         std::thread::Builder::new()
@@ -156,10 +156,10 @@ impl OnnxSession {
             values.push((tensor_spec.name.clone(), value));
         }
         let after_input = std::time::Instant::now();
-        timings.input_ns = crate::stats::nanos(after_input - start);
+        timings.input_ns = crate::engine::stats::nanos(after_input - start);
         let mut outputs = self.session.run(values).map_err(|e| run_error(&e))?;
         let after_infer = std::time::Instant::now();
-        timings.infer_ns = crate::stats::nanos(after_infer - after_input);
+        timings.infer_ns = crate::engine::stats::nanos(after_infer - after_input);
         let mut result = Vec::with_capacity(wanted.len());
         for out_spec in wanted.iter().filter_map(|i| spec.outputs.get(*i)) {
             let value = outputs
@@ -167,7 +167,7 @@ impl OnnxSession {
                 .ok_or_else(|| Error::internal(format!("model produced no output '{}'", out_spec.name)))?;
             result.push(extract_output(&out_spec.name, out_spec.datatype, value).map_err(Error::internal)?);
         }
-        timings.output_ns = crate::stats::nanos(after_infer.elapsed());
+        timings.output_ns = crate::engine::stats::nanos(after_infer.elapsed());
         Ok((result, timings))
     }
 }

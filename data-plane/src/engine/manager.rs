@@ -7,9 +7,9 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use tessera_protocol::inference::ModelConfig;
 
+use crate::engine::model::LoadedModel;
+use crate::engine::repository::{Repository, select_versions};
 use crate::error::{Error, Result};
-use crate::model::LoadedModel;
-use crate::repository::{Repository, select_versions};
 use crate::runner::wire::LoadCall;
 use crate::runner::{Placement, Runners};
 

@@ -7,7 +7,7 @@ use ort::memory::Allocator;
 use ort::sys::{OrtStatusPtr, OrtValue};
 use ort::value::{DynTensor, DynValue, TensorElementType};
 
-use crate::tensor::{InputTensor, bytes_elements, push_bytes_element};
+use crate::engine::tensor::{InputTensor, bytes_elements, push_bytes_element};
 
 /// Turns an ORT status into a `Result`, releasing it.
 fn check(status: OrtStatusPtr) -> Result<(), String> {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use super::queue::Reply;
+use crate::engine::tensor::OutputTensor;
 use crate::error::Result;
-use crate::tensor::OutputTensor;
 
 /// A request's reply channel with the answer it gets.
 pub type Delivery = (Reply, Result<Vec<OutputTensor>>);
