@@ -188,7 +188,7 @@ pub fn render(models: &[ModelMetrics<'_>]) -> String {
     type Pick = fn(&ModelStats) -> &Histogram;
     let histograms: [(&str, &str, Pick); 2] = [
         ("tessera_inference_request_duration_us", "Successful request latency in microseconds", |s| &s.latency_us),
-        ("tessera_inference_batch_size", "Items per model execution (the batch the scheduler formed)", |s| {
+        ("tessera_inference_batch_size", "Items per model execution (the batch the dynamic batcher formed)", |s| {
             &s.batch_sizes
         }),
     ];

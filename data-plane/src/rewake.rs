@@ -24,7 +24,7 @@ use futures::task::AtomicWaker;
 
 use crate::engine::in_flight::InFlight;
 
-/// In-place re-polls per outer poll before deferring to the scheduler like any yield.
+/// In-place re-polls per outer poll before deferring to the runtime like any yield.
 const MAX_REPOLLS: usize = 4;
 
 /// Set while the inner future is being polled.
@@ -96,7 +96,7 @@ impl<F: Future> Future for Rewake<F> {
                 break;
             }
         }
-        // Still wanting to run: yield to the scheduler as the inner future asked.
+        // Still wanting to run: yield to the runtime as the inner future asked.
         cx.waker().wake_by_ref();
         Poll::Pending
     }

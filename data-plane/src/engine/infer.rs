@@ -261,7 +261,7 @@ fn select_outputs(requested: &[RequestedOutput], spec: &ModelSpec) -> Result<Vec
     Ok(selected)
 }
 
-/// Checks the reserved request parameters that hold for both protocols; the scheduler reads
+/// Checks the reserved request parameters that hold for both protocols; the batcher reads
 /// `priority` and `timeout` itself.
 fn check_parameters(params: &Parameters) -> Result<()> {
     if let Some(id) = params.get("sequence_id")
@@ -278,7 +278,7 @@ fn check_parameters(params: &Parameters) -> Result<()> {
     check_classification(params, "classification", None)
 }
 
-/// The `priority` and `timeout` parameters the scheduler queues by. A malformed value, or a
+/// The `priority` and `timeout` parameters the batcher queues by. A malformed value, or a
 /// priority above the model's levels, is refused: a client must never believe a priority or
 /// timeout applies when it does not.
 fn queue_parameters(params: &Parameters, spec: &ModelSpec) -> Result<(u64, u64)> {

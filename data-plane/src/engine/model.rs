@@ -1,12 +1,12 @@
-//! A loaded model version: its checked spec, statistics, and where it executes: its scheduler
-//! (queue, batcher and instances) in this process, or a runner process that hosts them.
+//! A loaded model version: its checked spec, statistics, and where it executes: its batcher
+//! (queue, batcher task and instances) in this process, or a runner process that hosts them.
 
 use std::path::Path;
 use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::engine::backend::onnx::OnnxSession;
-use crate::engine::batcher::Scheduler;
+use crate::engine::batcher::Batcher;
 use crate::engine::batcher::policy::BatchingConfig;
 use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
 use crate::engine::model_spec::{ModelIo, ModelSpec, complete_and_check};
@@ -33,7 +33,7 @@ pub struct LoadedModel {
 /// Where a version's requests run.
 enum Execution {
     /// Queue, batcher and instances in this process.
-    Local(Scheduler),
+    Local(Batcher),
     /// A runner process hosting them.
     Runner(RemoteVersion),
 }
@@ -66,7 +66,7 @@ impl LoadedModel {
         let batching = BatchingConfig::from_config(&spec.config)?;
         let dynamic = batching.dynamic;
         let label = format!("{name}-v{version}");
-        let scheduler = Scheduler::start(spec.clone(), sessions, stats.clone(), batching, &label)?;
+        let batcher = Batcher::start(spec.clone(), sessions, stats.clone(), batching, &label)?;
         tracing::info!(
             model = name,
             version,
@@ -76,7 +76,7 @@ impl LoadedModel {
             dynamic_batching = dynamic,
             "model version loaded"
         );
-        Ok(Self { spec, version, stats, io, execution: Execution::Local(scheduler) })
+        Ok(Self { spec, version, stats, io, execution: Execution::Local(batcher) })
     }
 
     /// A version a runner process loaded: its spec is completed here from the graph the runner
@@ -122,7 +122,7 @@ impl LoadedModel {
     pub async fn run_valid(&self, valid: ValidInferRequest) -> Result<Vec<OutputTensor>> {
         let started = Instant::now();
         let result = match &self.execution {
-            Execution::Local(scheduler) => scheduler.submit(valid, started).await,
+            Execution::Local(batcher) => batcher.submit(valid, started).await,
             Execution::Runner(remote) => return remote.infer(valid, &self.spec.name, &self.stats).await,
         };
         if result.is_err() {
@@ -134,7 +134,7 @@ impl LoadedModel {
     /// Requests waiting for an instance (for a runner: sent to it and not answered yet).
     pub fn pending(&self) -> usize {
         match &self.execution {
-            Execution::Local(scheduler) => scheduler.pending(),
+            Execution::Local(batcher) => batcher.pending(),
             Execution::Runner(remote) => remote.pending(),
         }
     }

@@ -207,7 +207,7 @@ fn autocomplete(config: &mut ModelConfig, io: &ModelIo) {
     if config.output.is_empty() {
         config.output = io.outputs.iter().map(|o| model_output(o, strip)).collect();
     }
-    // Like Triton's backends: a model that batches and names no scheduler batches dynamically.
+    // Like Triton's backends: a model that batches and names no scheduling batches dynamically.
     if config.max_batch_size > 1 && config.scheduling_choice.is_none() {
         config.scheduling_choice = Some(SchedulingChoice::DynamicBatching(ModelDynamicBatching::default()));
     }

@@ -1,4 +1,4 @@
-//! Scheduling of one model version: requests queue in a [`queue::BatchQueue`]; one batcher task
+//! The dynamic batcher of one model version: requests queue in a [`queue::BatchQueue`]; one batcher task
 //! forms batches when an instance is free; instances run them on dedicated OS threads, each
 //! owning its ONNX Runtime session, and split the outputs back per request.
 
@@ -52,8 +52,8 @@ struct Dispatch {
     _permit: OwnedSemaphorePermit,
 }
 
-/// Handle to a model version's scheduler; dropping it stops the batcher and the instances.
-pub struct Scheduler {
+/// Handle to a model version's batcher; dropping it stops the batcher task and the instances.
+pub struct Batcher {
     shared: Arc<Shared>,
     /// One permit per instance; held from dispatch until the run ends.
     permits: Arc<Semaphore>,
@@ -74,7 +74,7 @@ const INLINE_LIMIT_NS: u64 = 150_000;
 /// Executions to observe before trusting the average.
 const INLINE_WARMUP: u64 = 8;
 
-impl Scheduler {
+impl Batcher {
     /// Starts the batcher task and one thread per session. Needs a Tokio runtime.
     pub fn start(
         spec: Arc<ModelSpec>,
@@ -201,7 +201,7 @@ impl Drop for Waiting<'_> {
     }
 }
 
-/// The answer to a request handed to the scheduler.
+/// The answer to a request handed to the batcher.
 async fn wait(outputs: &mut Answer, model: &str) -> Result<Vec<OutputTensor>> {
     outputs.await.map_err(|_| Error::unavailable(format!("model '{model}' stopped before answering")))?
 }
@@ -286,7 +286,7 @@ fn drop_request(shared: &Shared, dropped: Dropped) {
     }
 }
 
-/// An instance thread: runs dispatched batches until the scheduler stops. After each run it
+/// An instance thread: runs dispatched batches until the batcher stops. After each run it
 /// keeps its permit and takes the next batch straight from the queue when the policy says go
 /// now (Triton's "when an instance frees up, form a batch"), so a busy instance never idles
 /// waiting for the batcher task; when the policy says wait, the batcher takes over.

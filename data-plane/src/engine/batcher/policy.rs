@@ -17,7 +17,7 @@ pub const SAFETY_QUEUE_CAP: usize = 65_536;
 /// at load instead of failing with a reason.
 pub const MAX_PRIORITY_LEVELS: u64 = 256;
 
-/// The priority levels a config's scheduler has (1 without dynamic batching), as the batcher
+/// The priority levels a config's dynamic batching has (1 without it), as the batcher
 /// sets them up; requests are checked against it when they are validated.
 pub fn priority_levels(config: &ModelConfig) -> u64 {
     match &config.scheduling_choice {
