@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use tessera_data_plane::engine::manager::ControlMode;
-use tessera_data_plane::listen::ListenArgs;
-use tessera_data_plane::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
+use tessera_data_plane::serve::net::listen::ListenArgs;
+use tessera_data_plane::serve::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
 use tokio_util::sync::CancellationToken;
 
 /// Tessera: a Triton-compatible, multi-tenant inference service.
@@ -247,7 +247,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Dev(args) => {
-            tessera_data_plane::busy_poll::enable(tessera_data_plane::busy_poll::DEFAULT_WINDOW);
+            tessera_data_plane::serve::net::busy_poll::enable(
+                tessera_data_plane::serve::net::busy_poll::DEFAULT_WINDOW,
+            );
             tessera_data_plane::engine::priority::set_instance_nice(
                 tessera_data_plane::engine::priority::DEFAULT_INSTANCE_NICE,
             );

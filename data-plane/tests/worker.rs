@@ -14,7 +14,7 @@ use ed25519_dalek::pkcs8::EncodePrivateKey;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tessera_data_plane::onnx_builder;
-use tessera_data_plane::server::BoundAddrs;
+use tessera_data_plane::serve::server::BoundAddrs;
 use tessera_data_plane::worker::{self, WorkerConfig, WorkerToken};
 use tessera_protocol::agent::worker_agent_server::{WorkerAgent, WorkerAgentServer};
 use tessera_protocol::agent::{self, control_message, worker_message};

@@ -59,7 +59,7 @@ impl RunnerConn {
     pub fn start(stream: UnixStream, label: String, sinks: Arc<StatsSinks>) -> Arc<Self> {
         // An idle front thread watches the runner's answers as it watches client connections,
         // so a lone request's answer is picked up without a wake-up.
-        crate::busy_poll::watch(&stream);
+        crate::serve::net::busy_poll::watch(&stream);
         let stream = Arc::new(stream);
         let outbox = Outbox::new(stream.clone());
         let conn = Arc::new(Self {

@@ -77,7 +77,7 @@ struct State {
 pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     crate::engine::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     crate::engine::priority::set_instance_nice(args.instance_nice);
-    crate::busy_poll::enable(std::time::Duration::from_micros(args.busy_poll_us));
+    crate::serve::net::busy_poll::enable(std::time::Duration::from_micros(args.busy_poll_us));
     // SAFETY: the front placed a connected Unix socket at this descriptor for this process
     // alone (it is not used anywhere else in this process).
     let fd = unsafe { OwnedFd::from_raw_fd(args.fd) };
@@ -85,7 +85,7 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     std_stream.set_nonblocking(true).context("make the runner socket non-blocking")?;
     let stream = UnixStream::from_std(std_stream).context("register the runner socket")?;
     // The next request is picked up without a wake-up when it comes within the window.
-    crate::busy_poll::watch(&stream);
+    crate::serve::net::busy_poll::watch(&stream);
     let stream = Arc::new(stream);
     tracing::info!(tenant = %args.tenant, slice = %args.slice, pid = std::process::id(), "runner started");
     let outbox = Outbox::new(stream.clone());

@@ -313,7 +313,7 @@ fn spawn(
         .arg("--slice")
         .arg(&slot.placement.slice)
         .arg(format!("--instance-nice={}", crate::engine::priority::instance_nice()))
-        .arg(format!("--busy-poll-us={}", crate::busy_poll::window().as_micros()))
+        .arg(format!("--busy-poll-us={}", crate::serve::net::busy_poll::window().as_micros()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

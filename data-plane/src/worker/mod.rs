@@ -34,7 +34,7 @@ use crate::auth::Authenticator;
 use crate::engine::manager::{ControlMode, ModelManager};
 use crate::engine::repository::Repository;
 use crate::runner as runners;
-use crate::server::{BoundAddrs, Listeners, ServerState};
+use crate::serve::server::{BoundAddrs, Listeners, ServerState};
 use crate::usage::Meter;
 
 /// File in the data directory that keeps the generated worker id.

@@ -396,14 +396,14 @@ impl Listeners {
 
         let tasks = tokio_util::task::TaskTracker::new();
         if let Some(listener) = http {
-            let router = crate::http::router(state.clone());
-            tasks.spawn(crate::http::serve(listener, router, shutdown.clone()));
+            let router = crate::serve::http::router(state.clone());
+            tasks.spawn(crate::serve::http::serve(listener, router, shutdown.clone()));
         }
         if let Some(listener) = grpc {
-            tasks.spawn(crate::grpc::serve(listener, state.clone(), shutdown.clone()));
+            tasks.spawn(crate::serve::grpc::serve(listener, state.clone(), shutdown.clone()));
         }
         if let Some(listener) = metrics {
-            let (router, token) = (crate::metrics::router(state.clone()), shutdown.clone());
+            let (router, token) = (crate::serve::metrics::router(state.clone()), shutdown.clone());
             tasks.spawn(async move {
                 let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
                 if let Err(e) = serve.await {

@@ -9,7 +9,7 @@ use axum::http::request::Parts;
 
 use crate::auth::{Principal, Role};
 use crate::error::Error;
-use crate::server::ServerState;
+use crate::serve::server::ServerState;
 
 /// The authenticated caller (`None` when authentication is off). Extracting it refuses a
 /// request without a valid credential (401) before its body is read.

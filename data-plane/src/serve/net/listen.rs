@@ -40,7 +40,7 @@ pub struct ListenArgs {
     /// Microseconds an idle server thread keeps polling client connections before it sleeps,
     /// when nothing is in flight: lower latency for low-concurrency clients for some idle CPU;
     /// 0 turns it off.
-    #[arg(long, env = "TESSERA_BUSY_POLL_US", default_value_t = crate::busy_poll::DEFAULT_WINDOW_US)]
+    #[arg(long, env = "TESSERA_BUSY_POLL_US", default_value_t = crate::serve::net::busy_poll::DEFAULT_WINDOW_US)]
     pub busy_poll_us: u64,
     /// Nice value of model instance threads (-20 to 19), so that network threads waking on
     /// their cores do not keep preempting executions; below 0 needs CAP_SYS_NICE (without it
@@ -69,7 +69,7 @@ impl ListenArgs {
     /// Applies the process-wide serving settings: busy-polling of client connections
     /// (`--busy-poll-us`) and the priority of instance threads (`--instance-nice`).
     pub fn apply_process_settings(&self) {
-        crate::busy_poll::enable(std::time::Duration::from_micros(self.busy_poll_us));
+        crate::serve::net::busy_poll::enable(std::time::Duration::from_micros(self.busy_poll_us));
         crate::engine::priority::set_instance_nice(self.instance_nice);
     }
 }

@@ -1,5 +1,5 @@
 //! The gRPC endpoint's connections: HTTP/2 only, each over a buffered [`Socket`], serving tonic's
-//! routes as tonic's own server would (see [`crate::accept`] for why it is our own): the
+//! routes as tonic's own server would (see [`crate::serve::net::accept`] for why it is our own): the
 //! caller's address in each request's extensions, a client's `grpc-timeout` enforced, and the
 //! crate's codes for requests tonic's codec refuses.
 
@@ -21,13 +21,16 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::convert;
 use super::socket::Socket;
-use crate::rewake::RewakeExecutor;
+use crate::serve::net::rewake::RewakeExecutor;
 
 /// Serves `routes` on `listener` until `shutdown`; then stops accepting, lets every open
 /// connection finish its calls in progress, and returns once all are closed.
 pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken) {
     let routes = routes.prepare();
-    crate::accept::serve(listener, "grpc", shutdown, |tcp, shutdown| connection(tcp, routes.clone(), shutdown)).await;
+    crate::serve::net::accept::serve(listener, "grpc", shutdown, |tcp, shutdown| {
+        connection(tcp, routes.clone(), shutdown)
+    })
+    .await;
 }
 
 /// Serves one connection; on shutdown it finishes the calls in progress and closes.
@@ -38,7 +41,7 @@ async fn connection(tcp: TcpStream, routes: Routes, shutdown: CancellationToken)
     // hyper's HTTP/2 defaults otherwise, as tonic's server leaves them.
     builder.http2().timer(TokioTimer::new());
     let conn = builder.serve_connection(TokioIo::new(socket), service);
-    crate::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown()).await;
+    crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown()).await;
 }
 
 /// One connection's calls.

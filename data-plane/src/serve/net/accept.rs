@@ -3,7 +3,7 @@
 //! exists so that the connection tasks (and, through [`RewakeExecutor`], the HTTP/2 stream
 //! tasks) can be wrapped.
 //!
-//! [`RewakeExecutor`]: crate::rewake::RewakeExecutor
+//! [`RewakeExecutor`]: crate::serve::net::rewake::RewakeExecutor
 
 use std::fmt::Display;
 use std::future::Future;
@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::rewake::Rewake;
+use crate::serve::net::rewake::Rewake;
 
 /// Accepts on `listener` until `shutdown`, running `connection` for each accepted stream (with
 /// TCP_NODELAY set and the stream registered for busy-polling) and a clone of `shutdown`; then
@@ -47,7 +47,7 @@ where
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(endpoint, error = %e, "cannot set TCP_NODELAY");
         }
-        crate::busy_poll::watch(&tcp);
+        crate::serve::net::busy_poll::watch(&tcp);
         connections.spawn(Rewake::new(connection(tcp, shutdown.clone())));
     }
     drop(listener);

@@ -15,7 +15,7 @@ use tessera_protocol::inference::{ModelStatistics, StatisticDuration};
 
 use crate::engine::model::LoadedModel;
 use crate::engine::stats::{FailReason, Histogram, ModelStats};
-use crate::server::ServerState;
+use crate::serve::server::ServerState;
 
 /// State of the metrics listener: the server plus the previous CPU sample.
 struct MetricsState {

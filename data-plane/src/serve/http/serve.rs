@@ -1,5 +1,5 @@
 //! The HTTP endpoint's connections: HTTP/1.1, or HTTP/2 with prior knowledge, with upgrades,
-//! as `axum::serve` would serve them (see [`crate::accept`] for why it is our own).
+//! as `axum::serve` would serve them (see [`crate::serve::net::accept`] for why it is our own).
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::rewake::RewakeExecutor;
+use crate::serve::net::rewake::RewakeExecutor;
 
 /// How long a client may take to send its first bytes after connecting, and each request
 /// head (HTTP/1); then the connection is closed, so clients that trickle headers (slowloris)
@@ -27,7 +27,7 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: Cancellation
 
 /// [`serve`] with a given header read timeout.
 async fn serve_with(listener: TcpListener, router: Router, shutdown: CancellationToken, header_timeout: Duration) {
-    crate::accept::serve(listener, "http", shutdown, move |tcp, shutdown| {
+    crate::serve::net::accept::serve(listener, "http", shutdown, move |tcp, shutdown| {
         connection(tcp, router.clone(), shutdown, header_timeout)
     })
     .await;
@@ -47,7 +47,7 @@ async fn connection(tcp: TcpStream, router: Router, shutdown: CancellationToken,
     let mut builder = Builder::new(RewakeExecutor);
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(router));
-    crate::accept::drive(conn, "http", shutdown, |conn| conn.graceful_shutdown()).await;
+    crate::serve::net::accept::drive(conn, "http", shutdown, |conn| conn.graceful_shutdown()).await;
 }
 
 /// Whether the client sent its first bytes (or closed, which hyper then sees) within `timeout`.

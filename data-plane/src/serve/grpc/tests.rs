@@ -220,7 +220,7 @@ async fn stream_answers(state: Arc<ServerState>, frames: &[Vec<u8>]) -> Vec<Resu
     use tonic::codec::Codec as _;
     let decoder = tonic_prost::ProstCodec::<ModelStreamInferResponse, ModelInferRequest>::new().decoder();
     let body = http_body_util::Full::new(bytes::Bytes::from(frames.concat()));
-    let incoming = Streaming::new_request(decoder, body, None, Some(crate::server::DEFAULT_MAX_INPUT_SIZE));
+    let incoming = Streaming::new_request(decoder, body, None, Some(crate::serve::server::DEFAULT_MAX_INPUT_SIZE));
     let service = InferenceService { state };
     let answers = service.model_stream_infer(with_key(incoming, Some(A_INFERENCE))).await.expect("the stream opens");
     answers.into_inner().collect().await
@@ -229,7 +229,7 @@ async fn stream_answers(state: Arc<ServerState>, frames: &[Vec<u8>]) -> Vec<Resu
 #[tokio::test]
 async fn an_unreadable_stream_message_ends_the_stream_with_its_code_after_the_answers_before_it() {
     let (state, _dir) = tenant_state().await;
-    let too_large = u32::try_from(crate::server::DEFAULT_MAX_INPUT_SIZE + 1).expect("the limit fits a frame");
+    let too_large = u32::try_from(crate::serve::server::DEFAULT_MAX_INPUT_SIZE + 1).expect("the limit fits a frame");
     let cases = [
         (frame(&[0xff; 4]), Code::InvalidArgument, "failed to decode Protobuf message"),
         ([&[0u8][..], &too_large.to_be_bytes()].concat(), Code::ResourceExhausted, "length too large"),

@@ -16,7 +16,7 @@ use super::{Caller, UrlPath, codec};
 use crate::engine::manager::parse_version;
 use crate::engine::model::LoadedModel;
 use crate::error::{Error, ErrorKind, Result};
-use crate::server::ServerState;
+use crate::serve::server::ServerState;
 use crate::usage::{Outcome, batch_rows};
 
 type AppState = State<Arc<ServerState>>;
@@ -33,7 +33,7 @@ pub async fn handle_health_ready(State(s): AppState) -> StatusCode {
 
 /// `GET /v2`.
 pub async fn handle_server_metadata(State(s): AppState, _caller: Caller) -> Json<Value> {
-    Json(json!({ "name": s.name, "version": s.version, "extensions": crate::server::EXTENSIONS }))
+    Json(json!({ "name": s.name, "version": s.version, "extensions": crate::serve::server::EXTENSIONS }))
 }
 
 /// Model path segments: name and optional version.
@@ -199,7 +199,7 @@ pub async fn handle_repository_load(
         Some(_) => return Err(Error::invalid("load request 'parameters' must be a JSON object")),
     };
     let pairs = params.iter().map(|(k, v)| (k.as_str(), v.as_str().map(str::to_string)));
-    let config = crate::server::load_config_override(pairs)?;
+    let config = crate::serve::server::load_config_override(pairs)?;
     s.manager.load(&model, config).await?;
     Ok(StatusCode::OK)
 }

@@ -21,7 +21,7 @@ use handlers::*;
 pub use serve::serve;
 use url_path::UrlPath;
 
-use crate::server::ServerState;
+use crate::serve::server::ServerState;
 
 type S = State<Arc<ServerState>>;
 type Body = std::result::Result<Bytes, axum::extract::rejection::BytesRejection>;

@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Principal, Role};
 use crate::error::Error;
-use crate::server::ServerState;
+use crate::serve::server::ServerState;
 use crate::usage::Outcome;
 
 type GrpcResult<T> = Result<Response<T>, Status>;
@@ -126,7 +126,7 @@ impl GrpcInferenceService for InferenceService {
         Ok(Response::new(ServerMetadataResponse {
             name: self.state.name.to_string(),
             version: self.state.version.to_string(),
-            extensions: crate::server::EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+            extensions: crate::serve::server::EXTENSIONS.iter().map(|s| s.to_string()).collect(),
         }))
     }
 
@@ -231,7 +231,7 @@ impl GrpcInferenceService for InferenceService {
             };
             (k.as_str(), text)
         });
-        let config = crate::server::load_config_override(pairs)?;
+        let config = crate::serve::server::load_config_override(pairs)?;
         self.state.manager.load(&req.model_name, config).await?;
         Ok(Response::new(RepositoryModelLoadResponse {}))
     }
