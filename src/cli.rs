@@ -136,7 +136,7 @@ pub enum Mode {
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Raw ONNX Runtime throughput in-process (the baseline a server is compared with).
-    Ort(tessera_data_plane::bench::OrtBenchArgs),
+    Ort(tessera_data_plane::tools::bench::OrtBenchArgs),
     /// Load generator over KServe v2 HTTP with binary tensors (any Triton-compatible server).
     Http(crate::loadgen::LoadArgs),
     /// Load generator over Triton's gRPC service.
@@ -206,7 +206,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             tessera_data_plane::run(config, shutdown, |_| {}).await
         }
         Command::Bench(BenchCommand::Ort(args)) => {
-            tokio::task::spawn_blocking(move || tessera_data_plane::bench::run_ort(&args)).await?
+            tokio::task::spawn_blocking(move || tessera_data_plane::tools::bench::run_ort(&args)).await?
         }
         Command::Bench(BenchCommand::Http(args)) => crate::loadgen::run(crate::loadgen::Protocol::Http, args).await,
         Command::Bench(BenchCommand::Grpc(args)) => crate::loadgen::run(crate::loadgen::Protocol::Grpc, args).await,

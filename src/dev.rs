@@ -19,7 +19,7 @@ use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tessera_data_plane::BoundAddrs;
-use tessera_data_plane::onnx_builder;
+use tessera_data_plane::tools::onnx_builder;
 use tessera_data_plane::worker::{WorkerConfig, WorkerToken};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;

@@ -2,12 +2,11 @@
 //! gRPC inference servers behind `tessera serve`.
 
 pub mod auth;
-pub mod bench;
 pub mod engine;
 pub mod error;
-pub mod onnx_builder;
 pub mod runner;
 pub mod serve;
+pub mod tools;
 pub mod usage;
 pub mod worker;
 

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tessera_data_plane::onnx_builder as onnx;
+use tessera_data_plane::tools::onnx_builder as onnx;
 use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tessera_protocol::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
 

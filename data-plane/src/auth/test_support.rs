@@ -60,7 +60,7 @@ pub fn authenticator() -> Arc<Authenticator> {
 pub async fn tenant_state() -> (Arc<ServerState>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let file = dir.path().join("add_sub.onnx");
-    std::fs::write(&file, crate::onnx_builder::add_sub()).expect("write the model");
+    std::fs::write(&file, crate::tools::onnx_builder::add_sub()).expect("write the model");
     let garbage = dir.path().join("broken.onnx");
     std::fs::write(&garbage, b"not an onnx model").expect("write the broken model");
     let repo_dir = dir.path().join("repository");
