@@ -7,7 +7,6 @@ pub mod error;
 pub mod runner;
 pub mod serve;
 pub mod tools;
-pub mod usage;
 pub mod worker;
 
 pub use serve::server::{BoundAddrs, ServeConfig, run};

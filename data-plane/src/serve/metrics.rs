@@ -57,7 +57,7 @@ async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResp
         render_runners(&mut text, &runners.statuses());
     }
     if let Some(meter) = state.server.meter() {
-        let backlog = crate::usage::spool::backlog_bytes(meter.dir()).ok();
+        let backlog = crate::worker::usage::spool::backlog_bytes(meter.dir()).ok();
         render_usage(&mut text, meter.write_errors(), backlog);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)

@@ -21,7 +21,7 @@ use crate::engine::model::LoadedModel;
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
-use crate::usage::Meter;
+use crate::worker::usage::Meter;
 
 /// Extensions this server implements, as listed in server metadata.
 pub const EXTENSIONS: &[&str] =

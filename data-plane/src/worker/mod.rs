@@ -4,8 +4,8 @@
 //! artifacts of its assignments into a local cache, loads them into the engine under each
 //! tenant's namespace, reports their states in heartbeats, and serves the KServe v2 HTTP and
 //! gRPC endpoints with bearer-credential checks. Every billable request is spooled to
-//! `<data-dir>/usage/` before it is answered (`crate::usage`, [`metering`]) and shipped to the
-//! control plane with retries ([`usage_ship`]). When the control plane is away it keeps serving
+//! `<data-dir>/usage/` before it is answered ([`usage`], [`usage::metering`]) and shipped to the
+//! control plane with retries ([`usage::ship`]). When the control plane is away it keeps serving
 //! what it has and spooling what it serves (static stability).
 
 pub mod archive;
@@ -14,11 +14,10 @@ pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod inventory;
-pub mod metering;
 pub mod reconcile;
 pub mod saved;
 pub mod session;
-pub mod usage_ship;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -35,7 +34,7 @@ use crate::engine::manager::{ControlMode, ModelManager};
 use crate::engine::repository::Repository;
 use crate::runner as runners;
 use crate::serve::server::{BoundAddrs, Listeners, ServerState};
-use crate::usage::Meter;
+use crate::worker::usage::Meter;
 
 /// File in the data directory that keeps the generated worker id.
 const WORKER_ID_FILE: &str = "worker-id";
@@ -103,7 +102,7 @@ pub async fn run(
     let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
     on_bound(listeners.bound);
     let saved = saved::SavedAssignments::in_dir(&config.data_dir);
-    let metering = Arc::new(metering::Metering::new(meter, &inventory));
+    let metering = Arc::new(usage::metering::Metering::new(meter, &inventory));
     let on_apply: reconcile::OnApply = {
         let metering = metering.clone();
         Arc::new(move |assignments| metering.assigned(assignments))
@@ -117,7 +116,7 @@ pub async fn run(
         shutdown.clone(),
     );
     let sampling = tokio::spawn(metering.clone().run(manager.clone(), shutdown.clone()));
-    let shipper = usage_ship::Shipper::new(usage_dir, worker_id.clone(), client.clone());
+    let shipper = usage::ship::Shipper::new(usage_dir, worker_id.clone(), client.clone());
     let shipping = tokio::spawn(shipper.run(config.usage_ship_interval, shutdown.clone()));
     state.mark_started();
 

@@ -27,7 +27,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{Principal, Role};
 use crate::error::Error;
 use crate::serve::server::ServerState;
-use crate::usage::Outcome;
+use crate::worker::usage::Outcome;
 
 type GrpcResult<T> = Result<Response<T>, Status>;
 
@@ -58,7 +58,7 @@ struct InferenceService {
 
 impl InferenceService {
     /// One inference; on workers metered once the model resolved in the caller's tenant (see
-    /// `crate::usage`), before the response is handed back.
+    /// `crate::worker::usage`), before the response is handed back.
     async fn infer(
         state: &ServerState,
         caller: Option<&Principal>,
@@ -70,7 +70,7 @@ impl InferenceService {
         let bytes_in = started.map_or(0, |_| req.encoded_len() as u64);
         let result = async {
             let request = convert::infer_request(req)?;
-            let rows = crate::usage::batch_rows(&loaded.spec, &request);
+            let rows = crate::worker::usage::batch_rows(&loaded.spec, &request);
             Ok::<_, Error>((convert::infer_response(loaded.infer(request).await?), rows))
         }
         .await;

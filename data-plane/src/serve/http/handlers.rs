@@ -17,7 +17,7 @@ use crate::engine::manager::parse_version;
 use crate::engine::model::LoadedModel;
 use crate::error::{Error, ErrorKind, Result};
 use crate::serve::server::ServerState;
-use crate::usage::{Outcome, batch_rows};
+use crate::worker::usage::{Outcome, batch_rows};
 
 type AppState = State<Arc<ServerState>>;
 
@@ -75,7 +75,7 @@ pub async fn handle_model_stats(s: &ServerState, c: Caller, path: Option<ModelPa
 }
 
 /// `POST /v2/models/{m}[/versions/{v}]/infer`. On workers, metered once the model resolved in
-/// the caller's tenant (see `crate::usage`).
+/// the caller's tenant (see `crate::worker::usage`).
 pub async fn handle_infer(
     s: &ServerState,
     c: Caller,

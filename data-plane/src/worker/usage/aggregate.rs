@@ -120,7 +120,7 @@ fn add_request_common(usage: &mut UsageRecord, latency_us: u64, bytes_in: u64, b
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::record::{ExecutionsRecord, RequestRecord, SliceRecord};
+    use crate::worker::usage::record::{ExecutionsRecord, RequestRecord, SliceRecord};
 
     fn labels(version: i64) -> Labels {
         Labels { tenant_id: "t".into(), model_name: "m".into(), version, slice_profile: "cpu".into() }

@@ -1,4 +1,4 @@
-//! What the worker adds to the usage spool besides requests (see `crate::usage`): the labels of
+//! What the worker adds to the usage spool besides requests (see [`super`]): the labels of
 //! assigned versions (tenant, model, version, slice profile), reserved slice time per replica,
 //! and execution deltas from each loaded version's statistics.
 
@@ -10,12 +10,12 @@ use parking_lot::Mutex;
 use tessera_protocol::agent;
 use tokio_util::sync::CancellationToken;
 
-use super::inventory::Inventory;
+use super::aggregate::minute_of;
+use super::record::{BATCH_COUNTS, ExecutionsRecord, Labels, Record, SliceRecord};
+use super::{Meter, UNKNOWN_PROFILE, now_us};
 use crate::engine::manager::ModelManager;
 use crate::engine::model::LoadedModel;
-use crate::usage::aggregate::minute_of;
-use crate::usage::record::{BATCH_COUNTS, ExecutionsRecord, Labels, Record, SliceRecord};
-use crate::usage::{Meter, UNKNOWN_PROFILE, now_us};
+use crate::worker::inventory::Inventory;
 
 /// How often execution deltas are spooled.
 pub const SAMPLE_INTERVAL: Duration = Duration::from_secs(1);

@@ -239,7 +239,7 @@ pub fn scan(buf: &[u8]) -> Scan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::usage::record::{RequestRecord, SliceRecord};
+    use crate::worker::usage::record::{RequestRecord, SliceRecord};
 
     fn labels(model: &str) -> Arc<Labels> {
         Arc::new(Labels { tenant_id: "t".into(), model_name: model.into(), version: 1, slice_profile: "cpu".into() })

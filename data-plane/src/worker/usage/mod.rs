@@ -1,5 +1,6 @@
-//! The usage meter on workers: what was served, durably on local disk before the client hears
-//! back, for the shipper (`worker::usage_ship`) to deliver to the control plane.
+//! The usage meter on workers, from record to shipment: what was served, durably on local disk
+//! before the client hears back ([`record`], [`spool`]), what the worker adds besides requests
+//! ([`metering`]), and the shipper ([`ship`]) that delivers it to the control plane.
 //!
 //! **What is billable.** Every inference request (HTTP infer, gRPC `ModelInfer`, each
 //! `ModelStreamInfer` response) whose caller authenticated to a tenant and whose model name and
@@ -24,7 +25,9 @@
 //! `serve` has no meter: its request path does no metering work at all.
 
 pub mod aggregate;
+pub mod metering;
 pub mod record;
+pub mod ship;
 pub mod spool;
 
 use std::collections::{BTreeMap, HashMap};

@@ -5,8 +5,8 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::*;
-use crate::usage::record::Labels;
-use crate::usage::{Meter, Outcome};
+use crate::worker::usage::record::Labels;
+use crate::worker::usage::{Meter, Outcome};
 
 /// A control plane that stores each key once; its first `lose_acks` calls store but then fail
 /// (the acknowledgment is lost on the way back).

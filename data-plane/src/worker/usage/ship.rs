@@ -4,7 +4,7 @@
 //! One step: take the bytes of the oldest unfinished spool file from the cursor on, up to
 //! [`RANGE_BYTES`] and ending at a record boundary; write that range into the cursor as pending
 //! (atomically) *before* sending; fold it into usage records keyed by (worker, file, range,
-//! group) (`crate::usage::aggregate`); send them until every key is acknowledged, retrying with
+//! group) ([`aggregate`](super::aggregate)); send them until every key is acknowledged, retrying with
 //! capped exponential backoff for as long as it takes (the control plane may be down for hours;
 //! requests keep spooling meanwhile); then advance the cursor past the range. After a crash the
 //! pending range is sent again as it was, so a replay carries the same keys. A sealed file
@@ -20,10 +20,10 @@ use futures::future::BoxFuture;
 use tessera_protocol::agent::{ReportUsageRequest, UsageRecord};
 use tokio_util::sync::CancellationToken;
 
-use super::client::AgentClient;
-use crate::usage::aggregate::{Dictionary, aggregate};
-use crate::usage::record::Record;
-use crate::usage::spool::{self, Cursor, SpoolFile};
+use super::aggregate::{Dictionary, aggregate};
+use super::record::Record;
+use super::spool::{self, Cursor, SpoolFile};
+use crate::worker::client::AgentClient;
 
 /// Largest byte range shipped in one step.
 pub const RANGE_BYTES: usize = 1 << 20;
