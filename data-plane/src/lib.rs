@@ -1,5 +1,10 @@
 //! Tessera's data plane: the model repository, ONNX Runtime backend, and the KServe v2 HTTP and
-//! gRPC inference servers behind `tessera serve`.
+//! gRPC inference servers behind `tessera serve`, `tessera worker` and `tessera runner`.
+//!
+//! In wings that show the process model: [`engine`] (models, batchers, instances; no network),
+//! [`serve`] (the endpoints and their connections, over the engine), [`worker`] (the control
+//! plane's agent and the usage meter), [`runner`] (a tenant's engine in a process of its own),
+//! and [`tools`]. [`auth`] and [`error`] are shared by the worker and the serving layer.
 
 pub mod auth;
 pub mod engine;
