@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{ArgAction, Parser, Subcommand, ValueEnum};
-use tessera_data_plane::listen::ListenArgs;
-use tessera_data_plane::manager::ControlMode;
-use tessera_data_plane::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
+use tessera_data_plane::engine::manager::ControlMode;
+use tessera_data_plane::serve::net::listen::ListenArgs;
+use tessera_data_plane::serve::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
 use tokio_util::sync::CancellationToken;
 
 /// Tessera: a Triton-compatible, multi-tenant inference service.
@@ -136,7 +136,7 @@ pub enum Mode {
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
     /// Raw ONNX Runtime throughput in-process (the baseline a server is compared with).
-    Ort(tessera_data_plane::bench::OrtBenchArgs),
+    Ort(tessera_data_plane::tools::bench::OrtBenchArgs),
     /// Load generator over KServe v2 HTTP with binary tensors (any Triton-compatible server).
     Http(crate::loadgen::LoadArgs),
     /// Load generator over Triton's gRPC service.
@@ -206,7 +206,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             tessera_data_plane::run(config, shutdown, |_| {}).await
         }
         Command::Bench(BenchCommand::Ort(args)) => {
-            tokio::task::spawn_blocking(move || tessera_data_plane::bench::run_ort(&args)).await?
+            tokio::task::spawn_blocking(move || tessera_data_plane::tools::bench::run_ort(&args)).await?
         }
         Command::Bench(BenchCommand::Http(args)) => crate::loadgen::run(crate::loadgen::Protocol::Http, args).await,
         Command::Bench(BenchCommand::Grpc(args)) => crate::loadgen::run(crate::loadgen::Protocol::Grpc, args).await,
@@ -247,8 +247,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Dev(args) => {
-            tessera_data_plane::busy_poll::enable(tessera_data_plane::busy_poll::DEFAULT_WINDOW);
-            tessera_data_plane::priority::set_instance_nice(tessera_data_plane::priority::DEFAULT_INSTANCE_NICE);
+            tessera_data_plane::serve::net::busy_poll::enable(
+                tessera_data_plane::serve::net::busy_poll::DEFAULT_WINDOW,
+            );
+            tessera_data_plane::engine::priority::set_instance_nice(
+                tessera_data_plane::engine::priority::DEFAULT_INSTANCE_NICE,
+            );
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
             crate::dev::run(args, shutdown).await

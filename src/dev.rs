@@ -19,7 +19,7 @@ use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tessera_data_plane::BoundAddrs;
-use tessera_data_plane::onnx_builder;
+use tessera_data_plane::tools::onnx_builder;
 use tessera_data_plane::worker::{WorkerConfig, WorkerToken};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
@@ -50,7 +50,7 @@ pub struct DevArgs {
     pub listen: SocketAddr,
     /// Worker ports (HTTP, gRPC, metrics), bound on the control plane's address.
     #[command(flatten)]
-    pub ports: tessera_data_plane::listen::PortArgs,
+    pub ports: tessera_data_plane::serve::net::listen::PortArgs,
     /// How long to wait for the demo deployment to become ready, in seconds.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout_secs: u64,

@@ -22,12 +22,12 @@ fn main() -> std::process::ExitCode {
     let built = if cli.command.is_runner() {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .on_thread_park(tessera_data_plane::busy_poll::before_park)
+            .on_thread_park(tessera_data_plane::serve::net::busy_poll::before_park)
             .build()
     } else {
         tokio::runtime::Builder::new_multi_thread()
             .enable_all()
-            .on_thread_park(tessera_data_plane::busy_poll::before_park)
+            .on_thread_park(tessera_data_plane::serve::net::busy_poll::before_park)
             .build()
     };
     let runtime = match built {

@@ -1,30 +1,17 @@
 //! Tessera's data plane: the model repository, ONNX Runtime backend, and the KServe v2 HTTP and
-//! gRPC inference servers behind `tessera serve`.
+//! gRPC inference servers behind `tessera serve`, `tessera worker` and `tessera runner`.
+//!
+//! In wings that show the process model: [`engine`] (models, batchers, instances; no network),
+//! [`serve`] (the endpoints and their connections, over the engine), [`worker`] (the control
+//! plane's agent and the usage meter), [`runner`] (a tenant's engine in a process of its own),
+//! and [`tools`]. [`auth`] and [`error`] are shared by the worker and the serving layer.
 
-pub mod accept;
 pub mod auth;
-pub mod backend;
-pub mod bench;
-pub mod busy_poll;
+pub mod engine;
 pub mod error;
-pub mod grpc;
-pub mod http;
-pub mod infer;
-pub mod listen;
-pub mod manager;
-pub mod metrics;
-pub mod model;
-pub mod model_spec;
-pub mod onnx_builder;
-pub mod priority;
-pub mod repository;
-pub mod rewake;
 pub mod runner;
-pub mod scheduler;
-pub mod server;
-pub mod stats;
-pub mod tensor;
-pub mod usage;
+pub mod serve;
+pub mod tools;
 pub mod worker;
 
-pub use server::{BoundAddrs, ServeConfig, run};
+pub use serve::server::{BoundAddrs, ServeConfig, run};

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tessera_data_plane::onnx_builder as onnx;
+use tessera_data_plane::tools::onnx_builder as onnx;
 use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tessera_protocol::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
 
@@ -71,7 +71,7 @@ fn curl_infer(url: &str, body_file: &std::path::Path, header_len: usize) {
 
 /// Skips (loudly) without ONNX Runtime or curl.
 fn can_run() -> bool {
-    if tessera_data_plane::backend::runtime::environment().is_err() {
+    if tessera_data_plane::engine::backend::runtime::environment().is_err() {
         eprintln!("SKIPPED: ONNX Runtime library not found; run ./scripts/setup-ort.sh");
         return false;
     }
@@ -93,7 +93,7 @@ async fn start(dir: &std::path::Path) -> (SocketAddr, SocketAddr, tokio_util::sy
         http_addr: Some("127.0.0.1:0".parse().expect("addr")),
         grpc_addr: Some("127.0.0.1:0".parse().expect("addr")),
         metrics_addr: None,
-        control_mode: tessera_data_plane::manager::ControlMode::None,
+        control_mode: tessera_data_plane::engine::manager::ControlMode::None,
         load_models: Vec::new(),
         poll_interval: Duration::from_secs(60),
         strict_readiness: true,

@@ -8,9 +8,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use super::{Authenticator, CredentialSource, KeyInfo, Principal, Role, SourceError, TokenKeys};
-use crate::manager::{ControlMode, ModelManager, scoped_key};
-use crate::repository::Repository;
-use crate::server::ServerState;
+use crate::engine::manager::{ControlMode, ModelManager, scoped_key};
+use crate::engine::repository::Repository;
+use crate::serve::server::ServerState;
 
 /// Tenant A's id.
 pub const TENANT_A: &str = "0b8a4a5e-1d0c-4f7e-9a51-5b1d1c2f3a01";
@@ -60,7 +60,7 @@ pub fn authenticator() -> Arc<Authenticator> {
 pub async fn tenant_state() -> (Arc<ServerState>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temp dir");
     let file = dir.path().join("add_sub.onnx");
-    std::fs::write(&file, crate::onnx_builder::add_sub()).expect("write the model");
+    std::fs::write(&file, crate::tools::onnx_builder::add_sub()).expect("write the model");
     let garbage = dir.path().join("broken.onnx");
     std::fs::write(&garbage, b"not an onnx model").expect("write the broken model");
     let repo_dir = dir.path().join("repository");
@@ -78,7 +78,8 @@ pub async fn tenant_state() -> (Arc<ServerState>, tempfile::TempDir) {
     install(TENANT_B, "only_b", 1, &file).await.expect("install B's only_b");
     install(TENANT_A, "broken", 1, &garbage).await.expect_err("a broken model fails to load");
 
-    let state = ServerState::new(manager, false, crate::server::DEFAULT_MAX_INPUT_SIZE).with_auth(authenticator());
+    let state =
+        ServerState::new(manager, false, crate::serve::server::DEFAULT_MAX_INPUT_SIZE).with_auth(authenticator());
     state.mark_started();
     (Arc::new(state), dir)
 }

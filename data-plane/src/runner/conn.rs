@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::outbox::Outbox;
 use super::wire::{FromRunner, ToRunner, WireError, split_frame};
-use crate::stats::ModelStats;
+use crate::engine::stats::ModelStats;
 
 /// Calls waiting for their answer, by id. The reader removes and completes them.
 type Calls = Mutex<HashMap<u64, Waiter>>;
@@ -59,7 +59,7 @@ impl RunnerConn {
     pub fn start(stream: UnixStream, label: String, sinks: Arc<StatsSinks>) -> Arc<Self> {
         // An idle front thread watches the runner's answers as it watches client connections,
         // so a lone request's answer is picked up without a wake-up.
-        crate::busy_poll::watch(&stream);
+        crate::serve::net::busy_poll::watch(&stream);
         let stream = Arc::new(stream);
         let outbox = Outbox::new(stream.clone());
         let conn = Arc::new(Self {

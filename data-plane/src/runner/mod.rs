@@ -21,10 +21,10 @@ use tokio::time::Instant;
 pub use process::RunnerArgs;
 pub use supervisor::{RunnerStatus, Runners, RunnersConfig};
 
+use crate::engine::infer::ValidInferRequest;
+use crate::engine::stats::{FailReason, ModelStats, nanos};
+use crate::engine::tensor::OutputTensor;
 use crate::error::{Error, Result};
-use crate::infer::ValidInferRequest;
-use crate::stats::{FailReason, ModelStats, nanos};
-use crate::tensor::OutputTensor;
 use conn::CallError;
 use supervisor::{RESTART_WAIT, Slot};
 use wire::{FromRunner, InferCall, ToRunner};
@@ -74,7 +74,7 @@ impl RemoteVersion {
         // what it watches); with others in flight it parks, leaving the CPU to the runner.
         let others = REMOTE_IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
         let _remote = Pending(&REMOTE_IN_FLIGHT);
-        let _in_flight = (others > 0).then(crate::busy_poll::InFlight::start);
+        let _in_flight = (others > 0).then(crate::engine::in_flight::InFlight::start);
         let _pending = Pending::start(&self.pending);
         let started = Instant::now();
         let wait = match request.timeout_us {

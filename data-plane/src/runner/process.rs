@@ -17,9 +17,9 @@ use tokio::task::AbortHandle;
 use super::conn::read_some;
 use super::outbox::Outbox;
 use super::wire::{FromRunner, InferCall, LoadCall, ToRunner, WireError, split_frame};
+use crate::engine::model::LoadedModel;
+use crate::engine::stats::Tally;
 use crate::error::Error;
-use crate::model::LoadedModel;
-use crate::stats::Tally;
 
 /// The file descriptor a runner finds its socket on (the front places it there).
 pub const SOCKET_FD: RawFd = 3;
@@ -75,9 +75,9 @@ struct State {
 
 /// Runs the runner until the front closes its socket.
 pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
-    crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
-    crate::priority::set_instance_nice(args.instance_nice);
-    crate::busy_poll::enable(std::time::Duration::from_micros(args.busy_poll_us));
+    crate::engine::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    crate::engine::priority::set_instance_nice(args.instance_nice);
+    crate::serve::net::busy_poll::enable(std::time::Duration::from_micros(args.busy_poll_us));
     // SAFETY: the front placed a connected Unix socket at this descriptor for this process
     // alone (it is not used anywhere else in this process).
     let fd = unsafe { OwnedFd::from_raw_fd(args.fd) };
@@ -85,7 +85,7 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     std_stream.set_nonblocking(true).context("make the runner socket non-blocking")?;
     let stream = UnixStream::from_std(std_stream).context("register the runner socket")?;
     // The next request is picked up without a wake-up when it comes within the window.
-    crate::busy_poll::watch(&stream);
+    crate::serve::net::busy_poll::watch(&stream);
     let stream = Arc::new(stream);
     tracing::info!(tenant = %args.tenant, slice = %args.slice, pid = std::process::id(), "runner started");
     let outbox = Outbox::new(stream.clone());
@@ -204,7 +204,7 @@ struct Answered {
 }
 
 impl Answered {
-    fn answer(mut self, result: Result<Vec<crate::tensor::OutputTensor>, Error>) {
+    fn answer(mut self, result: Result<Vec<crate::engine::tensor::OutputTensor>, Error>) {
         self.done = true;
         let answer = FromRunner::Answer { result, stats: self.hosted.delta() };
         self.outbox.send(|b| answer.encode(self.id, b));

@@ -26,8 +26,8 @@ use super::conn::{RunnerConn, StatsSinks};
 use super::limits::{MemoryEnforcement, SliceLimits, child_setup, prepare_memory};
 use super::wire::{FromRunner, LoadCall, ToRunner};
 use super::{Placement, RemoteVersion};
+use crate::engine::model::LoadedModel;
 use crate::error::{Error, Result};
-use crate::model::LoadedModel;
 
 /// First wait before restarting a runner that died.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -312,8 +312,8 @@ fn spawn(
         .arg(&slot.placement.tenant)
         .arg("--slice")
         .arg(&slot.placement.slice)
-        .arg(format!("--instance-nice={}", crate::priority::instance_nice()))
-        .arg(format!("--busy-poll-us={}", crate::busy_poll::window().as_micros()))
+        .arg(format!("--instance-nice={}", crate::engine::priority::instance_nice()))
+        .arg(format!("--busy-poll-us={}", crate::serve::net::busy_poll::window().as_micros()))
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())

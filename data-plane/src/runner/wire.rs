@@ -13,11 +13,11 @@ use prost::Message;
 use tessera_protocol::DataType;
 use tessera_protocol::inference::ModelConfig;
 
+use crate::engine::infer::{ParamValue, Parameters, ValidInferRequest};
+use crate::engine::model_spec::{IoInfo, ModelIo};
+use crate::engine::stats::Tally;
+use crate::engine::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count};
 use crate::error::{Error, ErrorKind};
-use crate::infer::{ParamValue, Parameters, ValidInferRequest};
-use crate::model_spec::{IoInfo, ModelIo};
-use crate::stats::Tally;
-use crate::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count};
 
 /// Largest frame either side accepts (a request is capped far lower by the front's input limit).
 pub const MAX_FRAME: usize = 1 << 30;

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 
 use tessera_protocol::inference::ModelConfig;
 
-use crate::repository::{DEFAULT_MODEL_FILENAME, version_of_dir};
+use crate::engine::repository::{DEFAULT_MODEL_FILENAME, version_of_dir};
 
 /// Most entries an archive may have (a model directory has a handful).
 pub const MAX_ENTRIES: usize = 10_000;

@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::listen::ListenArgs;
-use crate::server::DEFAULT_MAX_INPUT_SIZE;
+use crate::serve::net::listen::ListenArgs;
+use crate::serve::server::DEFAULT_MAX_INPUT_SIZE;
 
 /// The credential a worker presents to the control plane; never printed.
 #[derive(Clone, PartialEq, Eq)]

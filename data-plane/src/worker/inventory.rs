@@ -54,7 +54,7 @@ pub enum SliceKind {
 pub struct SliceSpec {
     /// Unique within the worker: `cpu-0`, `GPU-<uuid>`, `MIG-<uuid>`.
     pub id: String,
-    /// Profile the scheduler matches: `cpu`, `gpu`, `mig-1g.10gb`.
+    /// Profile the control plane's placement matches: `cpu`, `gpu`, `mig-1g.10gb`.
     pub profile: String,
     /// Device kind.
     pub kind: SliceKind,

@@ -4,8 +4,8 @@
 //! artifacts of its assignments into a local cache, loads them into the engine under each
 //! tenant's namespace, reports their states in heartbeats, and serves the KServe v2 HTTP and
 //! gRPC endpoints with bearer-credential checks. Every billable request is spooled to
-//! `<data-dir>/usage/` before it is answered (`crate::usage`, [`metering`]) and shipped to the
-//! control plane with retries ([`usage_ship`]). When the control plane is away it keeps serving
+//! `<data-dir>/usage/` before it is answered ([`usage`], [`usage::metering`]) and shipped to the
+//! control plane with retries ([`usage::ship`]). When the control plane is away it keeps serving
 //! what it has and spooling what it serves (static stability).
 
 pub mod archive;
@@ -14,11 +14,10 @@ pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod inventory;
-pub mod metering;
 pub mod reconcile;
 pub mod saved;
 pub mod session;
-pub mod usage_ship;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -31,11 +30,11 @@ use tokio_util::sync::CancellationToken;
 pub use config::{Isolation, WorkerArgs, WorkerConfig, WorkerToken};
 
 use crate::auth::Authenticator;
-use crate::manager::{ControlMode, ModelManager};
-use crate::repository::Repository;
+use crate::engine::manager::{ControlMode, ModelManager};
+use crate::engine::repository::Repository;
 use crate::runner as runners;
-use crate::server::{BoundAddrs, Listeners, ServerState};
-use crate::usage::Meter;
+use crate::serve::server::{BoundAddrs, Listeners, ServerState};
+use crate::worker::usage::Meter;
 
 /// File in the data directory that keeps the generated worker id.
 const WORKER_ID_FILE: &str = "worker-id";
@@ -50,7 +49,7 @@ pub async fn run(
     shutdown: CancellationToken,
     on_bound: impl FnOnce(BoundAddrs),
 ) -> anyhow::Result<()> {
-    crate::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    crate::engine::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
     let worker_id = worker_id(&config.data_dir, config.worker_id.as_deref())?;
@@ -103,7 +102,7 @@ pub async fn run(
     let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
     on_bound(listeners.bound);
     let saved = saved::SavedAssignments::in_dir(&config.data_dir);
-    let metering = Arc::new(metering::Metering::new(meter, &inventory));
+    let metering = Arc::new(usage::metering::Metering::new(meter, &inventory));
     let on_apply: reconcile::OnApply = {
         let metering = metering.clone();
         Arc::new(move |assignments| metering.assigned(assignments))
@@ -117,7 +116,7 @@ pub async fn run(
         shutdown.clone(),
     );
     let sampling = tokio::spawn(metering.clone().run(manager.clone(), shutdown.clone()));
-    let shipper = usage_ship::Shipper::new(usage_dir, worker_id.clone(), client.clone());
+    let shipper = usage::ship::Shipper::new(usage_dir, worker_id.clone(), client.clone());
     let shipping = tokio::spawn(shipper.run(config.usage_ship_interval, shutdown.clone()));
     state.mark_started();
 

@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::cache::ArtifactCache;
 use super::saved::SavedAssignments;
-use crate::manager::{ModelManager, scoped_key};
-use crate::repository::valid_model_name;
+use crate::engine::manager::{ModelManager, scoped_key};
+use crate::engine::repository::valid_model_name;
 use crate::runner::{Placement, Runners};
 
 /// How long a failed install waits before it is tried again.

@@ -166,7 +166,7 @@ async fn workers_receive_deployments_report_ready_and_lose_replicas_when_silent(
     let acme = app.tenant("acme").await;
     let other = app.tenant("umbrella").await;
     app.create_model(&acme.deployer, "acme", "addsub").await.expect(201);
-    let model = tessera_data_plane::onnx_builder::add_sub();
+    let model = tessera_data_plane::tools::onnx_builder::add_sub();
     let version = app.upload(&acme.deployer, "acme", "addsub", "", model.clone()).await;
     let sha256 = version.expect(201)["sha256"].as_str().expect("sha256").to_string();
 
@@ -307,7 +307,7 @@ async fn moving_an_alias_rolls_out_beside_the_old_version_then_drains_it() {
     let app = TestApp::spawn_with(Opts { args: &args, ..Opts::default() }).await;
     let acme = app.tenant("acme").await;
     app.create_model(&acme.deployer, "acme", "addsub").await.expect(201);
-    let model = tessera_data_plane::onnx_builder::add_sub();
+    let model = tessera_data_plane::tools::onnx_builder::add_sub();
     app.upload(&acme.deployer, "acme", "addsub", "", model.clone()).await.expect(201);
     app.set_alias(&acme.deployer, "acme", "addsub", "production", 1).await.expect(200);
     let body =

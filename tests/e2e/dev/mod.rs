@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use tessera_data_plane::onnx_builder;
+use tessera_data_plane::tools::onnx_builder;
 
 /// The banner's last line (`src/dev.rs`).
 const READY_LINE: &str = "tessera dev is ready (Ctrl-C stops it)";

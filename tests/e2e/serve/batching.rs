@@ -307,7 +307,7 @@ async fn malformed_priority_and_timeout_parameters_are_refused_over_http_and_grp
 async fn load_busy(server: &TestServer, name: &str, config: &str) {
     let dir = server.repository().join(name);
     std::fs::create_dir_all(dir.join("1")).expect("mkdir");
-    std::fs::write(dir.join("1/model.onnx"), tessera_data_plane::onnx_builder::busy(BUSY_COPIES, BUSY_ROUNDS))
+    std::fs::write(dir.join("1/model.onnx"), tessera_data_plane::tools::onnx_builder::busy(BUSY_COPIES, BUSY_ROUNDS))
         .expect("write model");
     std::fs::write(dir.join("config.pbtxt"), config).expect("write config");
     let url = format!("{}/v2/repository/models/{name}/load", server.http);

@@ -92,7 +92,7 @@ async fn poll_mode_keeps_serving_through_a_broken_config_and_a_half_copied_versi
     assert_eq!(row(&rows, "add_sub", "1").map(|r| r["state"].clone()), Some(json!("READY")), "{rows:?}");
 
     // Once the file is there, the next poll moves to version 2.
-    std::fs::write(model.join("2/model.onnx"), tessera_data_plane::onnx_builder::add_sub()).expect("copy v2");
+    std::fs::write(model.join("2/model.onnx"), tessera_data_plane::tools::onnx_builder::add_sub()).expect("copy v2");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let rows = index(&s).await;

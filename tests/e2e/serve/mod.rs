@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use tessera_data_plane::onnx_builder as onnx;
+use tessera_data_plane::tools::onnx_builder as onnx;
 use tessera_protocol::inference::ModelInferRequest;
 use tessera_protocol::inference::model_infer_request::InferInputTensor;
 

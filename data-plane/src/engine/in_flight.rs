@@ -1,0 +1,38 @@
+//! The process-wide count of requests handed to a model and not yet answered.
+//!
+//! The engine counts (the batcher per request, the runner client for a request out to a
+//! runner); the network layer reads the count to decide whether an idle thread may busy-poll
+//! its connections (`serve::net::busy_poll`) or re-poll a connection in place
+//! (`serve::net::rewake`). The count lives here so the engine needs nothing from the network.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Requests handed to a model and not yet answered, process-wide.
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a request as in flight while it lives.
+pub struct InFlight(());
+
+impl InFlight {
+    /// Marks one more request in flight.
+    pub fn start() -> Self {
+        IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
+        Self(())
+    }
+
+    /// Whether no request is in flight anywhere in the process.
+    pub fn none() -> bool {
+        IN_FLIGHT.load(Ordering::Relaxed) == 0
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The counter itself, for a busy-polling thread to watch while it spins.
+pub(crate) fn counter() -> &'static AtomicUsize {
+    &IN_FLIGHT
+}

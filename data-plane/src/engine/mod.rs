@@ -1,0 +1,15 @@
+//! The engine: the model repository, the model manager and its loaded versions, their dynamic
+//! batchers and instance threads, the ONNX Runtime backend, tensors, requests and statistics.
+//! It serves no network and knows no worker; the serving layer and the worker drive it.
+
+pub mod backend;
+pub mod batcher;
+pub mod in_flight;
+pub mod infer;
+pub mod manager;
+pub mod model;
+pub mod model_spec;
+pub mod priority;
+pub mod repository;
+pub mod stats;
+pub mod tensor;

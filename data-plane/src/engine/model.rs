@@ -1,0 +1,141 @@
+//! A loaded model version: its checked spec, statistics, and where it executes: its batcher
+//! (queue, batcher task and instances) in this process, or a runner process that hosts them.
+
+use std::path::Path;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+use crate::engine::backend::onnx::OnnxSession;
+use crate::engine::batcher::Batcher;
+use crate::engine::batcher::policy::BatchingConfig;
+use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
+use crate::engine::model_spec::{ModelIo, ModelSpec, complete_and_check};
+use crate::engine::stats::{FailReason, ModelStats, nanos};
+use crate::engine::tensor::OutputTensor;
+use crate::error::Result;
+use crate::runner::RemoteVersion;
+use tessera_protocol::inference::ModelConfig;
+
+/// A model version ready to serve.
+pub struct LoadedModel {
+    /// The checked configuration.
+    pub spec: Arc<ModelSpec>,
+    /// Version number.
+    pub version: i64,
+    /// Statistics, shared with the instance threads (or fed by the runner's answers).
+    pub stats: Arc<ModelStats>,
+    /// What the ONNX graph declares.
+    pub io: ModelIo,
+    /// Where requests run; dropped with the model (after the last request finished).
+    execution: Execution,
+}
+
+/// Where a version's requests run.
+enum Execution {
+    /// Queue, batcher and instances in this process.
+    Local(Batcher),
+    /// A runner process hosting them.
+    Runner(RemoteVersion),
+}
+
+impl std::fmt::Debug for LoadedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoadedModel").field("name", &self.spec.name).field("version", &self.version).finish()
+    }
+}
+
+impl LoadedModel {
+    /// Loads `file` as version `version` of `name` with `config`, starting its instances. Blocking.
+    pub fn load(name: &str, version: i64, file: &Path, config: ModelConfig, cores: usize) -> Result<Self, String> {
+        if !file.is_file() {
+            return Err(format!("model file {} does not exist", file.display()));
+        }
+        let probe = OnnxSession::load(file, 1, false)?;
+        let io = probe.io();
+        let spec = Arc::new(complete_and_check(config, name, &io, cores)?);
+        let mut sessions = Vec::with_capacity(spec.instance_count);
+        if spec.intra_op_threads == 1 && !spec.spinning {
+            sessions.push(probe);
+        } else {
+            drop(probe);
+        }
+        while sessions.len() < spec.instance_count {
+            sessions.push(OnnxSession::load(file, spec.intra_op_threads, spec.spinning)?);
+        }
+        let stats = Arc::new(ModelStats::default());
+        let batching = BatchingConfig::from_config(&spec.config)?;
+        let dynamic = batching.dynamic;
+        let label = format!("{name}-v{version}");
+        let batcher = Batcher::start(spec.clone(), sessions, stats.clone(), batching, &label)?;
+        tracing::info!(
+            model = name,
+            version,
+            instances = spec.instance_count,
+            intra_op_threads = spec.intra_op_threads,
+            max_batch_size = spec.max_batch_size,
+            dynamic_batching = dynamic,
+            "model version loaded"
+        );
+        Ok(Self { spec, version, stats, io, execution: Execution::Local(batcher) })
+    }
+
+    /// A version a runner process loaded: its spec is completed here from the graph the runner
+    /// reported, exactly as the runner completed it.
+    pub fn in_runner(
+        name: &str,
+        version: i64,
+        config: ModelConfig,
+        io: ModelIo,
+        cores: usize,
+        remote: RemoteVersion,
+    ) -> Result<Self, String> {
+        let spec = Arc::new(complete_and_check(config, name, &io, cores)?);
+        let stats = Arc::new(ModelStats::default());
+        Ok(Self { spec, version, stats, io, execution: Execution::Runner(remote) })
+    }
+
+    /// Runs one request: check it, queue it for a free instance, await the outputs.
+    ///
+    /// A request's duration starts once it passed the checks, as in Triton (which validates a
+    /// request before it captures the request start), so the statistics' "overhead" compares
+    /// like with like; a request that fails the checks is timed from its arrival.
+    pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        let received = Instant::now();
+        let valid = match ValidInferRequest::new(request, &self.spec) {
+            Ok(valid) => valid,
+            Err(e) => {
+                self.stats.record_failure_reason(FailReason::Other);
+                self.stats.fail.record(nanos(received.elapsed()));
+                return Err(e);
+            }
+        };
+        let id = valid.id.clone();
+        let outputs = match &self.execution {
+            Execution::Local(_) => self.run_valid(valid).await?,
+            Execution::Runner(remote) => remote.infer(valid, &self.spec.name, &self.stats).await?,
+        };
+        Ok(InferResponse { model_name: self.spec.name.clone(), model_version: self.version.to_string(), id, outputs })
+    }
+
+    /// Runs a request already checked against this version's spec (by the front, for a
+    /// runner), recording a failure's duration.
+    pub async fn run_valid(&self, valid: ValidInferRequest) -> Result<Vec<OutputTensor>> {
+        let started = Instant::now();
+        let result = match &self.execution {
+            Execution::Local(batcher) => batcher.submit(valid, started).await,
+            Execution::Runner(remote) => return remote.infer(valid, &self.spec.name, &self.stats).await,
+        };
+        if result.is_err() {
+            self.stats.fail.record(nanos(started.elapsed()));
+        }
+        result
+    }
+
+    /// Requests waiting for an instance (for a runner: sent to it and not answered yet).
+    pub fn pending(&self) -> usize {
+        match &self.execution {
+            Execution::Local(batcher) => batcher.pending(),
+            Execution::Runner(remote) => remote.pending(),
+        }
+    }
+}

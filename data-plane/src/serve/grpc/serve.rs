@@ -1,0 +1,161 @@
+//! The gRPC endpoint's connections: HTTP/2 only, each over a buffered [`Socket`], serving tonic's
+//! routes as tonic's own server would (see [`crate::serve::net::accept`] for why it is our own): the
+//! caller's address in each request's extensions, a client's `grpc-timeout` enforced, and the
+//! crate's codes for requests tonic's codec refuses.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use http::{HeaderMap, Request, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+use tonic::body::Body;
+use tonic::service::Routes;
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use super::convert;
+use super::socket::Socket;
+use crate::serve::net::rewake::RewakeExecutor;
+
+/// Serves `routes` on `listener` until `shutdown`; then stops accepting, lets every open
+/// connection finish its calls in progress, and returns once all are closed.
+pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken) {
+    let routes = routes.prepare();
+    crate::serve::net::accept::serve(listener, "grpc", shutdown, |tcp, shutdown| {
+        connection(tcp, routes.clone(), shutdown)
+    })
+    .await;
+}
+
+/// Serves one connection; on shutdown it finishes the calls in progress and closes.
+async fn connection(tcp: TcpStream, routes: Routes, shutdown: CancellationToken) {
+    let socket = Socket::new(tcp);
+    let service = Calls { routes, peer: socket.connect_info() };
+    let mut builder = Builder::new(RewakeExecutor).http2_only();
+    // hyper's HTTP/2 defaults otherwise, as tonic's server leaves them.
+    builder.http2().timer(TokioTimer::new());
+    let conn = builder.serve_connection(TokioIo::new(socket), service);
+    crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown()).await;
+}
+
+/// One connection's calls.
+#[derive(Clone)]
+struct Calls {
+    routes: Routes,
+    peer: TcpConnectInfo,
+}
+
+type CallFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
+
+impl hyper::service::Service<Request<Incoming>> for Calls {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = CallFuture;
+
+    fn call(&self, mut req: Request<Incoming>) -> CallFuture {
+        // Where `tonic::Request::remote_addr` looks.
+        req.extensions_mut().insert(self.peer.clone());
+        let timeout = match grpc_timeout(req.headers()) {
+            Ok(timeout) => timeout,
+            Err(bad) => return Box::pin(std::future::ready(Ok(Status::invalid_argument(bad).into_http()))),
+        };
+        // Routes are always ready (an axum router), so `call` needs no `poll_ready` first.
+        let response = tower::Service::call(&mut self.routes.clone(), req);
+        Box::pin(async move {
+            let Some(timeout) = timeout else { return response.await.map(with_crate_code) };
+            match tokio::time::timeout(timeout, response).await {
+                Ok(response) => response.map(with_crate_code),
+                Err(_) => {
+                    let message = format!("deadline of {timeout:?} (grpc-timeout) expired before the call completed");
+                    Ok(Status::deadline_exceeded(message).into_http())
+                }
+            }
+        })
+    }
+}
+
+/// `response`, or the crate's code in its place when tonic's codec refused the request with
+/// another (see [`convert::codec_error`]). Only a trailers-only answer made from a `Status`
+/// carries one in its extensions, so any other response costs one lookup in an empty map.
+fn with_crate_code(response: Response<Body>) -> Response<Body> {
+    match response.extensions().get::<Status>().and_then(convert::codec_error) {
+        Some(err) => Status::from(err).into_http(),
+        None => response,
+    }
+}
+
+/// The client's deadline from the `grpc-timeout` header (gRPC over HTTP/2: up to 8 digits and
+/// a unit: H, M, S, m, u or n), or why the header is malformed.
+fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
+    let Some(value) = headers.get("grpc-timeout") else { return Ok(None) };
+    let bad =
+        || format!("malformed grpc-timeout header {value:?}: expected up to 8 digits and a unit H, M, S, m, u or n");
+    let text = value.to_str().map_err(|_| bad())?;
+    let Some(unit) = text.chars().last() else { return Err(bad()) };
+    let digits = &text[..text.len() - unit.len_utf8()];
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let timeout = match unit {
+        'H' => Duration::from_secs(n * 3600),
+        'M' => Duration::from_secs(n * 60),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        _ => return Err(bad()),
+    };
+    Ok(Some(timeout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(value: &str) -> Result<Option<Duration>, String> {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-timeout", value.parse().expect("header value"));
+        grpc_timeout(&headers)
+    }
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(grpc_timeout(&HeaderMap::new()), Ok(None));
+        assert_eq!(parse("2H"), Ok(Some(Duration::from_secs(7200))));
+        assert_eq!(parse("3M"), Ok(Some(Duration::from_secs(180))));
+        assert_eq!(parse("10S"), Ok(Some(Duration::from_secs(10))));
+        assert_eq!(parse("250m"), Ok(Some(Duration::from_millis(250))));
+        assert_eq!(parse("99999999u"), Ok(Some(Duration::from_micros(99_999_999))));
+        assert_eq!(parse("1n"), Ok(Some(Duration::from_nanos(1))));
+    }
+
+    #[test]
+    fn codec_refusals_take_the_crates_code_and_other_responses_pass_unchanged() {
+        let code = |response: &Response<Body>| response.headers().get("grpc-status").cloned();
+        let refused = Status::internal("failed to decode Protobuf message: buffer underflow").into_http();
+        let answer = with_crate_code(refused);
+        assert_eq!(code(&answer), Some("3".parse().expect("a header value")), "INVALID_ARGUMENT");
+        assert!(answer.headers()["grpc-message"].to_str().expect("ASCII").contains("buffer%20underflow"));
+        let too_large = Status::out_of_range("Error, decoded message length too large: found 9 bytes").into_http();
+        assert_eq!(code(&with_crate_code(too_large)), Some("8".parse().expect("a header value")), "RESOURCE_EXHAUSTED");
+        let own = Status::internal("inference failed").into_http();
+        assert_eq!(code(&with_crate_code(own)), Some("13".parse().expect("a header value")));
+        let ok = Response::new(Body::empty());
+        assert_eq!(code(&with_crate_code(ok)), None);
+    }
+
+    #[test]
+    fn malformed_grpc_timeouts_are_refused_with_the_value() {
+        for value in ["", "S", "10", "123456789S", "1.5S", "-1S", "10s", "10 S"] {
+            let err = parse(value).expect_err(value);
+            assert!(err.contains("grpc-timeout"), "{err}");
+        }
+    }
+}

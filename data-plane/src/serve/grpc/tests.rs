@@ -1,0 +1,262 @@
+//! The gRPC rules with authentication on, through a real server and the generated client:
+//! health open, `authorization` metadata for everything else (once per stream), models resolved
+//! in the caller's tenant, model control refused, statistics for viewers.
+
+use tessera_protocol::health::health_client::HealthClient;
+use tessera_protocol::inference::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tessera_protocol::inference::model_infer_request::InferInputTensor;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use super::*;
+use crate::auth::test_support::*;
+
+/// A server on port 0 over the two-tenant state; stops when dropped.
+struct TestServer {
+    channel: Channel,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn start() -> TestServer {
+    let (state, dir) = tenant_state().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("an address");
+    let shutdown = CancellationToken::new();
+    tokio::spawn(serve(listener, state, shutdown.clone()));
+    let channel = Channel::from_shared(format!("http://{addr}")).expect("a URI").connect().await.expect("connect");
+    TestServer { channel, shutdown, _dir: dir }
+}
+
+impl TestServer {
+    fn client(&self) -> GrpcInferenceServiceClient<Channel> {
+        GrpcInferenceServiceClient::new(self.channel.clone())
+    }
+}
+
+/// `message` with `authorization: Bearer <key>` when a key is given.
+fn with_key<T>(message: T, key: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(key) = key {
+        let value = format!("Bearer {key}").parse().expect("ASCII metadata");
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}
+
+fn infer_request(model: &str) -> ModelInferRequest {
+    let tensor = |name: &str, value: f32| InferInputTensor {
+        name: name.into(),
+        datatype: "FP32".into(),
+        shape: vec![1, 16],
+        contents: Some(InferTensorContents { fp32_contents: vec![value; 16], ..Default::default() }),
+        ..Default::default()
+    };
+    ModelInferRequest {
+        model_name: model.into(),
+        inputs: vec![tensor("INPUT0", 1.0), tensor("INPUT1", 2.0)],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn health_stays_open_and_everything_else_needs_a_credential() {
+    let server = start().await;
+    let mut client = server.client();
+    assert!(client.server_live(ServerLiveRequest {}).await.expect("open").into_inner().live);
+    assert!(client.server_ready(ServerReadyRequest {}).await.expect("open").into_inner().ready);
+    let health = HealthClient::new(server.channel.clone()).check(HealthCheckRequest::default()).await;
+    assert_eq!(health.expect("open").into_inner().status, ServingStatus::Serving as i32);
+
+    for key in [None, Some("tsk_unknown"), Some("not-a-jwt")] {
+        let refused = [
+            client.server_metadata(with_key(ServerMetadataRequest {}, key)).await.map(drop),
+            client
+                .model_metadata(with_key(ModelMetadataRequest { name: "add_sub".into(), ..Default::default() }, key))
+                .await
+                .map(drop),
+            client
+                .model_ready(with_key(ModelReadyRequest { name: "add_sub".into(), ..Default::default() }, key))
+                .await
+                .map(drop),
+            client
+                .model_config(with_key(ModelConfigRequest { name: "add_sub".into(), ..Default::default() }, key))
+                .await
+                .map(drop),
+            client.model_statistics(with_key(ModelStatisticsRequest::default(), key)).await.map(drop),
+            client.model_infer(with_key(infer_request("add_sub"), key)).await.map(drop),
+        ];
+        for (i, result) in refused.into_iter().enumerate() {
+            assert_eq!(result.expect_err("refused").code(), Code::Unauthenticated, "call {i} with {key:?}");
+        }
+    }
+    let metadata = client.server_metadata(with_key(ServerMetadataRequest {}, Some(A_INFERENCE))).await;
+    assert_eq!(metadata.expect("allowed").into_inner().name, "tessera");
+}
+
+#[tokio::test]
+async fn models_resolve_in_the_callers_tenant() {
+    let server = start().await;
+    let mut client = server.client();
+    let reply = client.model_infer(with_key(infer_request("add_sub"), Some(A_INFERENCE))).await.expect("infer");
+    let reply = reply.into_inner();
+    assert_eq!((reply.model_name.as_str(), reply.model_version.as_str()), ("add_sub", "1"));
+    let reply = client.model_infer(with_key(infer_request("add_sub"), Some(B_DEPLOYER))).await.expect("infer");
+    assert_eq!(reply.into_inner().model_version, "2");
+
+    let metadata = client
+        .model_metadata(with_key(
+            ModelMetadataRequest { name: "add_sub".into(), ..Default::default() },
+            Some(A_INFERENCE),
+        ))
+        .await
+        .expect("metadata")
+        .into_inner();
+    assert_eq!((metadata.name.as_str(), metadata.versions), ("add_sub", vec!["1".to_string()]));
+
+    let cross = client.model_infer(with_key(infer_request("only_b"), Some(A_INFERENCE))).await.expect_err("404");
+    let unknown = client.model_infer(with_key(infer_request("nope"), Some(A_INFERENCE))).await.expect_err("404");
+    assert_eq!((cross.code(), unknown.code()), (Code::NotFound, Code::NotFound));
+    assert_eq!(cross.message(), unknown.message().replace("nope", "only_b"));
+    let config = ModelConfigRequest { name: "only_b".into(), ..Default::default() };
+    assert_eq!(client.model_config(with_key(config, Some(A_INFERENCE))).await.expect_err("404").code(), Code::NotFound);
+    let ready = client
+        .model_ready(with_key(ModelReadyRequest { name: "only_b".into(), ..Default::default() }, Some(A_INFERENCE)))
+        .await
+        .expect("answered");
+    assert!(!ready.into_inner().ready);
+}
+
+#[tokio::test]
+async fn streams_check_the_credential_once_and_resolve_in_the_callers_tenant() {
+    let server = start().await;
+    let mut client = server.client();
+    let requests = futures::stream::iter([infer_request("add_sub"), infer_request("only_b")]);
+    let mut responses =
+        client.model_stream_infer(with_key(requests, Some(A_INFERENCE))).await.expect("stream opens").into_inner();
+    let first = responses.message().await.expect("a message").expect("a response");
+    assert_eq!(first.infer_response.expect("inferred").model_version, "1");
+    let second = responses.message().await.expect("a message").expect("a response");
+    assert!(second.error_message.starts_with("Request for unknown model: 'only_b'"), "{}", second.error_message);
+
+    let requests = futures::stream::iter([infer_request("add_sub")]);
+    let refused = client.model_stream_infer(with_key(requests, None)).await;
+    let code = match refused {
+        Err(status) => status.code(),
+        Ok(stream) => stream.into_inner().message().await.expect_err("refused").code(),
+    };
+    assert_eq!(code, Code::Unauthenticated);
+}
+
+#[tokio::test]
+async fn model_control_is_refused_whatever_the_role() {
+    let server = start().await;
+    let mut client = server.client();
+    for key in [None, Some(A_INFERENCE), Some(B_DEPLOYER)] {
+        let refused = [
+            client.repository_index(with_key(RepositoryIndexRequest::default(), key)).await.map(drop),
+            client
+                .repository_model_load(with_key(
+                    RepositoryModelLoadRequest { model_name: "add_sub".into(), ..Default::default() },
+                    key,
+                ))
+                .await
+                .map(drop),
+            client
+                .repository_model_unload(with_key(
+                    RepositoryModelUnloadRequest { model_name: "add_sub".into(), ..Default::default() },
+                    key,
+                ))
+                .await
+                .map(drop),
+        ];
+        for (i, result) in refused.into_iter().enumerate() {
+            let status = result.expect_err("refused");
+            assert_eq!(status.code(), Code::PermissionDenied, "call {i} with {key:?}");
+            assert_eq!(status.message(), "model control is managed by the control plane");
+        }
+    }
+}
+
+#[tokio::test]
+async fn statistics_need_viewer_and_show_only_the_callers_models() {
+    let server = start().await;
+    let mut client = server.client();
+    let all = ModelStatisticsRequest::default;
+    let refused = client.model_statistics(with_key(all(), Some(A_INFERENCE))).await.expect_err("403");
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(refused.message().contains("'viewer'"), "{}", refused.message());
+
+    let names = |stats: ModelStatisticsResponse| -> Vec<(String, String)> {
+        stats.model_stats.into_iter().map(|m| (m.name, m.version)).collect()
+    };
+    let own = client.model_statistics(with_key(all(), Some(A_VIEWER))).await.expect("allowed").into_inner();
+    assert_eq!(names(own), [("add_sub".to_string(), "1".to_string())]);
+    let other = client.model_statistics(with_key(all(), Some(B_DEPLOYER))).await.expect("allowed").into_inner();
+    assert_eq!(names(other), [("add_sub".into(), "2".into()), ("only_b".into(), "1".into())]);
+    let cross = ModelStatisticsRequest { name: "only_b".into(), ..Default::default() };
+    assert_eq!(client.model_statistics(with_key(cross, Some(A_VIEWER))).await.expect_err("404").code(), Code::NotFound);
+}
+
+/// `payload` as one uncompressed gRPC message frame.
+fn frame(payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("a test message under 4 GiB");
+    [&[0u8][..], &len.to_be_bytes(), payload].concat()
+}
+
+/// An `add_sub` request with this id, as a frame.
+fn request_frame(id: &str) -> Vec<u8> {
+    frame(&ModelInferRequest { id: id.into(), ..infer_request("add_sub") }.encode_to_vec())
+}
+
+/// What the stream handler answers tenant A for these frames, read by tonic's own decoder.
+async fn stream_answers(state: Arc<ServerState>, frames: &[Vec<u8>]) -> Vec<Result<ModelStreamInferResponse, Status>> {
+    use tonic::codec::Codec as _;
+    let decoder = tonic_prost::ProstCodec::<ModelStreamInferResponse, ModelInferRequest>::new().decoder();
+    let body = http_body_util::Full::new(bytes::Bytes::from(frames.concat()));
+    let incoming = Streaming::new_request(decoder, body, None, Some(crate::serve::server::DEFAULT_MAX_INPUT_SIZE));
+    let service = InferenceService { state };
+    let answers = service.model_stream_infer(with_key(incoming, Some(A_INFERENCE))).await.expect("the stream opens");
+    answers.into_inner().collect().await
+}
+
+#[tokio::test]
+async fn an_unreadable_stream_message_ends_the_stream_with_its_code_after_the_answers_before_it() {
+    let (state, _dir) = tenant_state().await;
+    let too_large = u32::try_from(crate::serve::server::DEFAULT_MAX_INPUT_SIZE + 1).expect("the limit fits a frame");
+    let cases = [
+        (frame(&[0xff; 4]), Code::InvalidArgument, "failed to decode Protobuf message"),
+        ([&[0u8][..], &too_large.to_be_bytes()].concat(), Code::ResourceExhausted, "length too large"),
+    ];
+    for (bad, code, reason) in cases {
+        let answers = stream_answers(state.clone(), &[request_frame("a"), bad, request_frame("b")]).await;
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        let first = answers[0].as_ref().expect("an answer");
+        assert_eq!(first.infer_response.as_ref().map(|r| r.id.as_str()), Some("a"), "{first:?}");
+        let status = answers[1].as_ref().expect_err("the stream ends with a status");
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().starts_with("stream message 2 could not be read"), "{}", status.message());
+        assert!(status.message().contains(reason), "{}", status.message());
+    }
+}
+
+#[tokio::test]
+async fn in_band_stream_errors_name_the_request_that_failed() {
+    let (state, _dir) = tenant_state().await;
+    let unknown = ModelInferRequest { id: "x".into(), model_version: "3".into(), ..infer_request("only_b") };
+    let answers = stream_answers(state, &[frame(&unknown.encode_to_vec()), request_frame("a")]).await;
+    assert_eq!(answers.len(), 2, "{answers:?}");
+    let failed = answers[0].as_ref().expect("answered in-band");
+    assert!(failed.error_message.starts_with("Request for unknown model: 'only_b'"), "{}", failed.error_message);
+    let echo = failed.infer_response.as_ref().expect("the failed request named");
+    assert_eq!((echo.id.as_str(), echo.model_name.as_str(), echo.model_version.as_str()), ("x", "only_b", "3"));
+    assert!(echo.outputs.is_empty() && echo.raw_output_contents.is_empty());
+    let ok = answers[1].as_ref().expect("answered");
+    assert!(ok.error_message.is_empty(), "{}", ok.error_message);
+}

@@ -1,0 +1,108 @@
+//! The HTTP endpoint's connections: HTTP/1.1, or HTTP/2 with prior knowledge, with upgrades,
+//! as `axum::serve` would serve them (see [`crate::serve::net::accept`] for why it is our own).
+
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+use crate::serve::net::rewake::RewakeExecutor;
+
+/// How long a client may take to send its first bytes after connecting, and each request
+/// head (HTTP/1); then the connection is closed, so clients that trickle headers (slowloris)
+/// cannot hold connections open. It also bounds how long an idle keep-alive connection waits
+/// for its next request. hyper's own default once a timer is set; a constant because the
+/// listener flags are outside the HTTP module.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Serves `router` on `listener` until `shutdown`; then stops accepting, lets every open
+/// connection finish its request in progress, and returns once all are closed.
+pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) {
+    serve_with(listener, router, shutdown, HEADER_READ_TIMEOUT).await;
+}
+
+/// [`serve`] with a given header read timeout.
+async fn serve_with(listener: TcpListener, router: Router, shutdown: CancellationToken, header_timeout: Duration) {
+    crate::serve::net::accept::serve(listener, "http", shutdown, move |tcp, shutdown| {
+        connection(tcp, router.clone(), shutdown, header_timeout)
+    })
+    .await;
+}
+
+/// Serves one connection; on shutdown it finishes the request in progress and closes.
+async fn connection(tcp: TcpStream, router: Router, shutdown: CancellationToken, header_timeout: Duration) {
+    // hyper-util reads the first bytes (HTTP/1 or HTTP/2?) with no timeout, and hyper's
+    // header timer starts only after that, so a client that sends nothing needs its own.
+    tokio::select! {
+        sent = sent_something(&tcp, header_timeout) => if !sent {
+            tracing::trace!("closing a connection that sent nothing");
+            return;
+        },
+        () = shutdown.cancelled() => return,
+    }
+    let mut builder = Builder::new(RewakeExecutor);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(router));
+    crate::serve::net::accept::drive(conn, "http", shutdown, |conn| conn.graceful_shutdown()).await;
+}
+
+/// Whether the client sent its first bytes (or closed, which hyper then sees) within `timeout`.
+async fn sent_something(tcp: &TcpStream, timeout: Duration) -> bool {
+    let mut first = [0u8; 1];
+    // `peek`, not `readable`, whose readiness may be a false positive.
+    tokio::time::timeout(timeout, tcp.peek(&mut first)).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::time::Instant;
+
+    use axum::routing::get;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    /// Reads until the server closes the connection; how long that took.
+    async fn closed_after(tcp: &mut TcpStream, what: &str) -> (Duration, Vec<u8>) {
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut seen)).await;
+        assert!(read.is_ok(), "the server kept the connection of {what} open for 10 s");
+        (started.elapsed(), seen)
+    }
+
+    async fn start(header_timeout: Duration) -> (SocketAddr, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let router = Router::new().route("/", get(|| async { "ok" }));
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve_with(listener, router, shutdown.clone(), header_timeout));
+        (addr, shutdown)
+    }
+
+    #[tokio::test]
+    async fn a_client_that_never_finishes_its_request_head_is_disconnected() {
+        let timeout = Duration::from_millis(300);
+        let (addr, shutdown) = start(timeout).await;
+
+        let mut complete = TcpStream::connect(addr).await.expect("connect");
+        complete.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+        let (_, reply) = closed_after(&mut complete, "a complete request").await;
+        assert!(reply.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&reply));
+
+        let mut half = TcpStream::connect(addr).await.expect("connect");
+        half.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+        let (waited, _) = closed_after(&mut half, "half a head").await;
+        assert!(waited >= timeout - Duration::from_millis(50), "closed after {waited:?}");
+
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        let (waited, seen) = closed_after(&mut silent, "a silent client").await;
+        assert!(waited >= timeout - Duration::from_millis(50) && seen.is_empty(), "closed after {waited:?}");
+        shutdown.cancel();
+    }
+}

@@ -1,0 +1,93 @@
+//! The accept loop of the HTTP and gRPC endpoints: one task per connection, each wrapped in
+//! [`Rewake`], with graceful shutdown. It does what `axum::serve` and tonic's server do; it
+//! exists so that the connection tasks (and, through [`RewakeExecutor`], the HTTP/2 stream
+//! tasks) can be wrapped.
+//!
+//! [`RewakeExecutor`]: crate::serve::net::rewake::RewakeExecutor
+
+use std::fmt::Display;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::serve::net::rewake::Rewake;
+
+/// Accepts on `listener` until `shutdown`, running `connection` for each accepted stream (with
+/// TCP_NODELAY set and the stream registered for busy-polling) and a clone of `shutdown`; then
+/// stops accepting and returns once every connection task has ended. `endpoint` names the
+/// listener in logs.
+pub async fn serve<F, Fut>(listener: TcpListener, endpoint: &'static str, shutdown: CancellationToken, connection: F)
+where
+    F: Fn(TcpStream, CancellationToken) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let connections = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) if is_per_connection(&e) => continue,
+            Err(e) => {
+                // Out of file descriptors and the like: wait rather than spin on the error.
+                tracing::error!(endpoint, error = %e, "accepting a connection failed");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        };
+        // Nagle off: otherwise replies above a few KB stall ~40 ms on delayed ACKs.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(endpoint, error = %e, "cannot set TCP_NODELAY");
+        }
+        crate::serve::net::busy_poll::watch(&tcp);
+        connections.spawn(Rewake::new(connection(tcp, shutdown.clone())));
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+}
+
+/// Drives one hyper connection to its end; once `shutdown` fires it asks the connection (through
+/// `graceful`) to finish the requests in progress and close.
+pub async fn drive<C, E, G>(conn: C, endpoint: &'static str, shutdown: CancellationToken, graceful: G)
+where
+    C: Future<Output = Result<(), E>>,
+    E: Display,
+    G: FnOnce(Pin<&mut C>),
+{
+    let mut conn = std::pin::pin!(conn);
+    let mut graceful = Some(graceful);
+    loop {
+        tokio::select! {
+            served = conn.as_mut() => {
+                if let Err(e) = served {
+                    tracing::trace!(endpoint, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = shutdown.cancelled(), if graceful.is_some() => {
+                if let Some(graceful) = graceful.take() {
+                    graceful(conn.as_mut());
+                }
+            }
+        }
+    }
+}
+
+/// Accept errors that concern only the connection being accepted (the client gave up).
+fn is_per_connection(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::ConnectionRefused
+            | std::io::ErrorKind::ConnectionAborted
+            | std::io::ErrorKind::ConnectionReset
+    )
+}

@@ -1,0 +1,7 @@
+//! The network under the endpoints: listener flags and binding, the accept loop, in-place
+//! re-polling of connection tasks, and busy-polling of connections before a thread sleeps.
+
+pub mod accept;
+pub mod busy_poll;
+pub mod listen;
+pub mod rewake;

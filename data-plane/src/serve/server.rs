@@ -1,0 +1,427 @@
+//! `tessera serve`: binds the HTTP, gRPC and metrics listeners, loads the repository, and runs
+//! until shutdown. [`ServerState`] and [`Listeners`] are shared with `tessera worker`, which
+//! turns authentication on and keys models by tenant.
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context;
+use serde_json::{Value, json};
+use tessera_protocol::inference::{ModelConfig, ModelStatistics};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Authenticator, Principal, Role};
+use crate::engine::manager::{ControlMode, ModelManager, scoped_key};
+use crate::engine::model::LoadedModel;
+use crate::engine::repository::Repository;
+use crate::error::{Error, Result};
+use crate::runner::{Placement, Runners, RunnersConfig};
+use crate::worker::usage::Meter;
+
+/// Extensions this server implements, as listed in server metadata.
+pub const EXTENSIONS: &[&str] =
+    &["binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics"];
+
+/// Default `--http-max-input-size`, Triton's 64 MiB.
+pub const DEFAULT_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
+
+/// Everything `serve` needs; built from the CLI.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Model repository directory.
+    pub model_repository: PathBuf,
+    /// HTTP listen address; `None` disables HTTP.
+    pub http_addr: Option<SocketAddr>,
+    /// gRPC listen address; `None` disables gRPC.
+    pub grpc_addr: Option<SocketAddr>,
+    /// Metrics listen address; `None` disables metrics.
+    pub metrics_addr: Option<SocketAddr>,
+    /// Model control mode.
+    pub control_mode: ControlMode,
+    /// Models to load at start in explicit mode (`*` = all).
+    pub load_models: Vec<String>,
+    /// Poll interval in poll mode.
+    pub poll_interval: Duration,
+    /// Ready only when every model is ready.
+    pub strict_readiness: bool,
+    /// Exit when a model fails to load at start.
+    pub exit_on_error: bool,
+    /// Largest accepted request body (HTTP) or message (gRPC).
+    pub max_input_size: usize,
+    /// Run the models in a runner process started from this `tessera` binary, as workers do,
+    /// instead of in this process.
+    pub runner_exe: Option<PathBuf>,
+}
+
+/// Shared state of one server: the model manager plus server-level flags.
+pub struct ServerState {
+    /// Loaded models.
+    pub manager: Arc<ModelManager>,
+    /// Server name in metadata.
+    pub name: &'static str,
+    /// Server version in metadata.
+    pub version: &'static str,
+    /// Largest accepted request.
+    pub max_input_size: usize,
+    strict_readiness: bool,
+    /// False while shutting down.
+    live: AtomicBool,
+    /// True once start-up loading finished.
+    started: AtomicBool,
+    /// Checks callers' credentials; `None` (`serve`) leaves every endpoint open.
+    auth: Option<Arc<Authenticator>>,
+    /// Spools billable requests (workers); `None` (`serve`) meters nothing.
+    meter: Option<Arc<Meter>>,
+    /// The runner processes models run in; `None` when they run in this process.
+    runners: Option<Arc<Runners>>,
+}
+
+impl ServerState {
+    /// Creates state over a manager.
+    pub fn new(manager: Arc<ModelManager>, strict_readiness: bool, max_input_size: usize) -> Self {
+        Self {
+            manager,
+            name: "tessera",
+            version: env!("CARGO_PKG_VERSION"),
+            max_input_size,
+            strict_readiness,
+            live: AtomicBool::new(true),
+            started: AtomicBool::new(false),
+            auth: None,
+            meter: None,
+            runners: None,
+        }
+    }
+
+    /// Notes the runner processes models run in (for their metrics).
+    pub fn with_runners(mut self, runners: Arc<Runners>) -> Self {
+        self.runners = Some(runners);
+        self
+    }
+
+    /// The runner processes, when models run in them.
+    pub fn runners(&self) -> Option<&Runners> {
+        self.runners.as_deref()
+    }
+
+    /// A shared handle on the runner processes, when models run in them.
+    pub fn runners_arc(&self) -> Option<Arc<Runners>> {
+        self.runners.clone()
+    }
+
+    /// Requires a bearer credential on every endpoint except health, and resolves model names
+    /// inside the caller's tenant.
+    pub fn with_auth(mut self, authenticator: Arc<Authenticator>) -> Self {
+        self.auth = Some(authenticator);
+        self
+    }
+
+    /// Meters every inference request that reaches a tenant's model (workers).
+    pub fn with_meter(mut self, meter: Arc<Meter>) -> Self {
+        self.meter = Some(meter);
+        self
+    }
+
+    /// The usage meter, on workers.
+    pub fn meter(&self) -> Option<&Meter> {
+        self.meter.as_deref()
+    }
+
+    /// Whether model keys are tenant-scoped (`<tenant>/<model>`): authentication is on.
+    pub fn is_multi_tenant(&self) -> bool {
+        self.auth.is_some()
+    }
+
+    /// Server liveness.
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Marks start-up loading as finished (readiness may now turn true).
+    pub fn mark_started(&self) {
+        self.started.store(true, Ordering::Relaxed);
+    }
+
+    /// Server readiness: live, start-up done, and (strict) every model ready.
+    pub fn is_ready(&self) -> bool {
+        self.is_live()
+            && self.started.load(Ordering::Relaxed)
+            && (!self.strict_readiness || self.manager.every_model_ready())
+    }
+
+    /// Authenticates the caller and checks it holds `needed`, when authentication is on
+    /// (`read_header` is only called then); `Ok(None)` when it is off.
+    pub async fn authorize<'h>(
+        &self,
+        read_header: impl FnOnce() -> Option<&'h str>,
+        needed: Role,
+    ) -> Result<Option<Principal>> {
+        let Some(auth) = &self.auth else { return Ok(None) };
+        let principal = auth.authenticate(read_header()).await?;
+        require_role(Some(&principal), needed)?;
+        Ok(Some(principal))
+    }
+
+    /// Refuses the model repository API when authentication is on: on a worker, the control
+    /// plane decides what is loaded.
+    pub fn check_model_control(&self) -> Result<()> {
+        match self.auth {
+            None => Ok(()),
+            Some(_) => Err(Error::permission_denied("model control is managed by the control plane")),
+        }
+    }
+
+    /// Looks a model up in the caller's namespace: the given version, or the default one.
+    /// Another tenant's model is as unknown as a model that does not exist.
+    pub fn model(&self, caller: Option<&Principal>, name: &str, version: Option<i64>) -> Result<Arc<LoadedModel>> {
+        let key = model_key(caller, name);
+        self.manager.get(&key, version).map_err(|e| unscoped(e, &key, name))
+    }
+
+    /// Ready versions of a model in the caller's namespace, ascending.
+    pub fn ready_versions(&self, caller: Option<&Principal>, name: &str) -> Result<Vec<Arc<LoadedModel>>> {
+        let key = model_key(caller, name);
+        self.manager.ready_versions(&key).map_err(|e| unscoped(e, &key, name))
+    }
+
+    /// Model metadata JSON (shared shape with gRPC).
+    pub fn model_metadata(&self, caller: Option<&Principal>, model: &str, version: Option<i64>) -> Result<Value> {
+        let loaded = self.model(caller, model, version)?;
+        let versions: Vec<String> = match version {
+            Some(v) => vec![v.to_string()],
+            None => self.ready_versions(caller, model)?.iter().map(|m| m.version.to_string()).collect(),
+        };
+        let spec = &loaded.spec;
+        let tensors = |list: &[crate::engine::model_spec::TensorSpec]| -> Vec<Value> {
+            list.iter()
+                .map(|t| json!({ "name": t.name, "datatype": t.datatype.as_wire(), "shape": spec.full_shape(&t.dims) }))
+                .collect()
+        };
+        Ok(json!({
+            "name": spec.name,
+            "versions": versions,
+            "platform": spec.platform(),
+            "inputs": tensors(&spec.inputs),
+            "outputs": tensors(&spec.outputs),
+        }))
+    }
+
+    /// Statistics for all of the caller's models, one model, or one version (needs `viewer`
+    /// when authentication is on).
+    pub fn statistics(
+        &self,
+        caller: Option<&Principal>,
+        model: Option<&str>,
+        version: Option<i64>,
+    ) -> Result<Vec<ModelStatistics>> {
+        if self.auth.is_some() {
+            require_role(caller, Role::Viewer)?;
+        }
+        let models = match (model, version) {
+            (None, _) => match caller {
+                None => self.manager.all_ready(),
+                Some(principal) => self.tenant_ready(principal),
+            },
+            (Some(m), Some(v)) => vec![self.model(caller, m, Some(v))?],
+            (Some(m), None) => self.ready_versions(caller, m)?,
+        };
+        Ok(models.iter().map(|m| m.stats.snapshot(&m.spec.name, &m.version.to_string())).collect())
+    }
+
+    /// Every ready model version in the caller's tenant.
+    fn tenant_ready(&self, principal: &Principal) -> Vec<Arc<LoadedModel>> {
+        let prefix = scoped_key(Some(&principal.tenant_id), "");
+        self.manager
+            .installed()
+            .into_iter()
+            .filter(|(key, _)| key.starts_with(&prefix))
+            .flat_map(|(key, _)| self.manager.ready_versions(&key).unwrap_or_default())
+            .collect()
+    }
+}
+
+/// The manager key of `name` for `caller`: borrowed as is when authentication is off, so
+/// `serve` allocates nothing per request.
+pub fn model_key<'a>(caller: Option<&Principal>, name: &'a str) -> Cow<'a, str> {
+    match caller {
+        None => Cow::Borrowed(name),
+        Some(principal) => Cow::Owned(scoped_key(Some(&principal.tenant_id), name)),
+    }
+}
+
+/// Names the model in an error as the caller does (the namespace is the server's business).
+fn unscoped(mut err: Error, key: &str, name: &str) -> Error {
+    if key != name {
+        err.message = err.message.replace(key, name);
+    }
+    err
+}
+
+/// Refuses a caller whose role is below `needed` (a missing caller passes: authentication off).
+pub fn require_role(caller: Option<&Principal>, needed: Role) -> Result<()> {
+    match caller {
+        Some(principal) if principal.role < needed => Err(Error::permission_denied(format!(
+            "this needs the '{needed}' role or above; the credential has '{}'",
+            principal.role
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Reads the load API's parameters: `config` (a JSON model config) is honoured; `file:` overrides
+/// are refused, since writing client files into the repository is how CVE-2023-31036 happened.
+pub fn load_config_override<'a>(
+    params: impl IntoIterator<Item = (&'a str, Option<String>)>,
+) -> Result<Option<ModelConfig>> {
+    let mut config = None;
+    for (key, text) in params {
+        if key.starts_with("file:") {
+            return Err(Error::unsupported(format!("load parameter '{key}': file overrides are not supported")));
+        }
+        if key == "config" {
+            let text = text.ok_or_else(|| Error::invalid("load parameter 'config' must be a JSON string"))?;
+            let parsed = tessera_protocol::model_config::from_json(&text)
+                .map_err(|e| Error::invalid(format!("load parameter 'config' is not a valid model config: {e}")))?;
+            config = Some(parsed);
+        }
+    }
+    Ok(config)
+}
+
+/// Addresses the server actually bound (port 0 resolved).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BoundAddrs {
+    /// HTTP.
+    pub http: Option<SocketAddr>,
+    /// gRPC.
+    pub grpc: Option<SocketAddr>,
+    /// Metrics.
+    pub metrics: Option<SocketAddr>,
+}
+
+async fn bind(addr: Option<SocketAddr>, protocol: &'static str) -> anyhow::Result<Option<TcpListener>> {
+    let Some(addr) = addr else { return Ok(None) };
+    let listener = TcpListener::bind(addr).await.with_context(|| format!("bind the {protocol} listener on {addr}"))?;
+    let local = listener.local_addr().context("read the bound address")?;
+    tracing::info!(protocol, addr = %local, "listening");
+    Ok(Some(listener))
+}
+
+/// Runs `serve` until `shutdown` is cancelled; `on_bound` hears the bound addresses.
+pub async fn run(
+    config: ServeConfig,
+    shutdown: CancellationToken,
+    on_bound: impl FnOnce(BoundAddrs),
+) -> anyhow::Result<()> {
+    if config.load_models.len() > 1 && config.load_models.iter().any(|m| m == "*") {
+        anyhow::bail!("--load-model '*' loads every model, so it must be the only --load-model given");
+    }
+    crate::engine::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    let repository = Repository::open(&config.model_repository).map_err(anyhow::Error::msg)?;
+    let mut manager = ModelManager::new(repository, config.control_mode);
+    let runners_stop = CancellationToken::new();
+    let runners = config.runner_exe.map(|exe| {
+        let config = RunnersConfig { exe, limits: Default::default() };
+        Runners::new(config, runners_stop.clone())
+    });
+    if let Some(runners) = &runners {
+        let placement = Placement { tenant: "serve".into(), slice: "local".into() };
+        manager = manager.with_runners(runners.clone(), placement);
+    }
+    let manager = Arc::new(manager);
+    let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size);
+    if let Some(runners) = runners {
+        state = state.with_runners(runners);
+    }
+    let state = Arc::new(state);
+
+    let addrs = BoundAddrs { http: config.http_addr, grpc: config.grpc_addr, metrics: config.metrics_addr };
+    let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
+    on_bound(listeners.bound);
+
+    let failed = manager.load_startup(&config.load_models).await;
+    if !failed.is_empty() && config.exit_on_error {
+        shutdown.cancel();
+        listeners.tasks.close();
+        listeners.tasks.wait().await;
+        anyhow::bail!("models failed to load at start (--exit-on-error): {}", failed.join(", "));
+    }
+    state.mark_started();
+    tracing::info!(ready = state.is_ready(), failed = failed.len(), "server started");
+
+    if config.control_mode == ControlMode::Poll {
+        let (manager, token, interval) = (manager.clone(), shutdown.clone(), config.poll_interval);
+        listeners.tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    () = token.cancelled() => break,
+                    () = tokio::time::sleep(interval) => manager.poll_once().await,
+                }
+            }
+        });
+    }
+    shutdown.cancelled().await;
+    listeners.drain(&state).await;
+    // Runners stop only now: the requests drained above ran on them.
+    runners_stop.cancel();
+    Ok(())
+}
+
+/// The HTTP, gRPC and metrics servers of one [`ServerState`] (`serve` and `worker` share them).
+pub struct Listeners {
+    /// Addresses bound (port 0 resolved).
+    pub bound: BoundAddrs,
+    /// The server tasks; more may be spawned here to be awaited on shutdown.
+    pub tasks: tokio_util::task::TaskTracker,
+}
+
+impl Listeners {
+    /// Binds the addresses given (`None` = that protocol off) and starts serving them until
+    /// `shutdown` is cancelled.
+    pub async fn start(
+        state: Arc<ServerState>,
+        addrs: BoundAddrs,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Self> {
+        let http = bind(addrs.http, "http").await?;
+        let grpc = bind(addrs.grpc, "grpc").await?;
+        let metrics = bind(addrs.metrics, "metrics").await?;
+        let local = |l: &Option<TcpListener>| l.as_ref().and_then(|l| l.local_addr().ok());
+        let bound = BoundAddrs { http: local(&http), grpc: local(&grpc), metrics: local(&metrics) };
+
+        let tasks = tokio_util::task::TaskTracker::new();
+        if let Some(listener) = http {
+            let router = crate::serve::http::router(state.clone());
+            tasks.spawn(crate::serve::http::serve(listener, router, shutdown.clone()));
+        }
+        if let Some(listener) = grpc {
+            tasks.spawn(crate::serve::grpc::serve(listener, state.clone(), shutdown.clone()));
+        }
+        if let Some(listener) = metrics {
+            let (router, token) = (crate::serve::metrics::router(state.clone()), shutdown.clone());
+            tasks.spawn(async move {
+                let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
+                if let Err(e) = serve.await {
+                    tracing::error!(error = %e, "metrics server failed");
+                }
+            });
+        }
+        Ok(Self { bound, tasks })
+    }
+
+    /// After shutdown was cancelled: stops answering liveness and waits (up to 30 s) for
+    /// in-flight requests.
+    pub async fn drain(self, state: &ServerState) {
+        state.live.store(false, Ordering::Relaxed);
+        tracing::info!("shutting down: draining in-flight requests");
+        self.tasks.close();
+        if tokio::time::timeout(Duration::from_secs(30), self.tasks.wait()).await.is_err() {
+            tracing::warn!("in-flight requests did not finish within 30 s; exiting anyway");
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! Tools beside serving: the raw ONNX Runtime benchmark (`tessera bench ort`) and the builder of
+//! the small ONNX models that tests and `tessera dev` write.
+
+pub mod bench;
+pub mod onnx_builder;

@@ -1,0 +1,230 @@
+//! The usage meter on workers, from record to shipment: what was served, durably on local disk
+//! before the client hears back ([`record`], [`spool`]), what the worker adds besides requests
+//! ([`metering`]), and the shipper ([`ship`]) that delivers it to the control plane.
+//!
+//! **What is billable.** Every inference request (HTTP infer, gRPC `ModelInfer`, each
+//! `ModelStreamInfer` response) whose caller authenticated to a tenant and whose model name and
+//! version resolved to a loaded version in that tenant, however it ends afterwards: a success
+//! counts as a request with its batch rows as inferences; an error after that point (bad body,
+//! wrong shape, queue full, backend failure) counts as a failure. Requests refused before that
+//! (no or bad credential, unknown model or version, another tenant's model, body over the size
+//! limit) are not metered: they never reached a tenant's model.
+//!
+//! **Records.** Each such request appends one fixed-size record (labels id, finish time,
+//! success, batch rows, latency, bytes in and out) to the current spool file with a single
+//! `write` under the spool lock, before the response leaves: the page cache keeps it through a
+//! SIGKILL (no fsync per request; the worker syncs the spool to disk every second, off the
+//! request path, so a power loss loses at most that second). Tenant, model, version and slice profile are interned per
+//! file (a labels record precedes an id's first use). Executions, compute time and batch sizes
+//! come from each loaded version's statistics: the worker samples their deltas every second
+//! and when a version goes away, and appends them as execution records (exact over time; only
+//! the last second before a crash is lost). Reserved slice time comes from the assignments:
+//! every 10 s, when the set changes and at shutdown the worker appends, per assigned replica and
+//! UTC minute, the time it held its slice divided by the replicas sharing that slice.
+//!
+//! `serve` has no meter: its request path does no metering work at all.
+
+pub mod aggregate;
+pub mod metering;
+pub mod record;
+pub mod ship;
+pub mod spool;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use parking_lot::{Mutex, RwLock};
+
+use crate::engine::infer::InferRequest;
+use crate::engine::model_spec::ModelSpec;
+use record::{Labels, Record, RequestRecord};
+use spool::SpoolWriter;
+
+/// Slice profile of usage whose slice is not in the inventory (cannot happen when the control
+/// plane assigns the worker's own slices); never empty, which the control plane refuses.
+pub const UNKNOWN_PROFILE: &str = "unknown";
+
+/// Labels by tenant id, model name and version.
+type LabelIndex = HashMap<String, HashMap<String, BTreeMap<i64, Arc<Labels>>>>;
+
+/// The spool writer plus the labels of every assigned version.
+pub struct Meter {
+    dir: PathBuf,
+    /// Request handlers and the worker's samplers append under it: it orders a labels definition
+    /// before its use and keeps rotation from splitting a record.
+    writer: Mutex<SpoolWriter>,
+    /// Written when assignments change (before their installs start); read per request.
+    labels: RwLock<LabelIndex>,
+    write_errors: AtomicU64,
+}
+
+/// How one metered request ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    /// When the request reached the handler (after authentication).
+    pub started: Instant,
+    /// Answered successfully.
+    pub success: bool,
+    /// Batch rows of the request.
+    pub rows: u32,
+    /// Request body or message bytes.
+    pub bytes_in: u64,
+    /// Response body or message bytes (0 for a failure).
+    pub bytes_out: u64,
+}
+
+impl Meter {
+    /// A meter spooling to `dir` (a new spool file is started there).
+    pub fn open(dir: &Path) -> io::Result<Self> {
+        Self::open_with_rotation(dir, spool::ROTATE_BYTES)
+    }
+
+    /// As [`Self::open`], starting a new file past `rotate_at` bytes.
+    pub fn open_with_rotation(dir: &Path, rotate_at: u64) -> io::Result<Self> {
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            writer: Mutex::new(SpoolWriter::open(dir, rotate_at)?),
+            labels: RwLock::new(HashMap::new()),
+            write_errors: AtomicU64::new(0),
+        })
+    }
+
+    /// The spool directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Forces everything spooled so far onto the disk (blocks: call it off the request path).
+    pub fn sync(&self) -> io::Result<()> {
+        // The lock is held only to collect the files; appends go on while they sync.
+        let files = self.writer.lock().take_unsynced();
+        // Every file gets its sync even when one fails; the first error is reported.
+        let mut result = Ok(());
+        for file in &files {
+            if let Err(e) = file.sync_data() {
+                result = result.and(Err(e));
+            }
+        }
+        result
+    }
+
+    /// Spool appends that failed (disk full, ...): that usage is lost.
+    pub fn write_errors(&self) -> u64 {
+        self.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Sets the labels of these versions (kept for versions not named: a request may still run
+    /// on a version that was just unassigned). Unchanged labels keep their identity.
+    pub fn set_labels(&self, all: impl IntoIterator<Item = Labels>) {
+        let mut index = self.labels.write();
+        for labels in all {
+            let slot = index
+                .entry(labels.tenant_id.clone())
+                .or_default()
+                .entry(labels.model_name.clone())
+                .or_default()
+                .entry(labels.version)
+                .or_insert_with(|| Arc::new(labels.clone()));
+            if **slot != labels {
+                *slot = Arc::new(labels);
+            }
+        }
+    }
+
+    /// The labels of a version; a version never assigned (cannot happen on a worker: versions
+    /// load only from assignments) gets [`UNKNOWN_PROFILE`] rather than going unmetered.
+    pub fn labels(&self, tenant_id: &str, model_name: &str, version: i64) -> Arc<Labels> {
+        let found =
+            self.labels.read().get(tenant_id).and_then(|m| m.get(model_name)).and_then(|v| v.get(&version)).cloned();
+        found.unwrap_or_else(|| {
+            tracing::warn!(tenant_id, model_name, version, "metering a version without an assignment");
+            let labels = Labels {
+                tenant_id: tenant_id.into(),
+                model_name: model_name.into(),
+                version,
+                slice_profile: UNKNOWN_PROFILE.into(),
+            };
+            self.set_labels([labels]);
+            self.labels(tenant_id, model_name, version)
+        })
+    }
+
+    /// Spools one finished request of `model_name` version `version` in `tenant_id`.
+    pub fn record_request(&self, tenant_id: &str, model_name: &str, version: i64, outcome: Outcome) {
+        let labels = self.labels(tenant_id, model_name, version);
+        let latency_us = u64::try_from(outcome.started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.append(&labels, |id| {
+            Record::Request(RequestRecord {
+                id,
+                at_us: now_us(),
+                success: outcome.success,
+                rows: if outcome.success { outcome.rows } else { 0 },
+                latency_us,
+                bytes_in: outcome.bytes_in,
+                bytes_out: outcome.bytes_out,
+            })
+        });
+    }
+
+    /// Appends the record `make` builds for the labels' id (failures are counted and logged,
+    /// never returned: serving goes on when the disk is full).
+    pub fn append(&self, labels: &Arc<Labels>, make: impl FnOnce(u32) -> Record) {
+        if let Err(e) = self.writer.lock().append(labels, make) {
+            let n = self.write_errors.fetch_add(1, Ordering::Relaxed) + 1;
+            // Powers of two: the first failure and then ever more rarely, not once per request.
+            if n.is_power_of_two() {
+                tracing::error!(error = %e, failures = n, dir = %self.dir.display(), "cannot spool usage; it is lost");
+            }
+        }
+    }
+}
+
+/// Now, Unix microseconds.
+pub fn now_us() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+}
+
+/// Batch rows of a request for `spec`: the first input's leading dimension when the model
+/// batches, else 1 (exact for requests that succeeded, which passed the shape checks).
+pub fn batch_rows(spec: &ModelSpec, request: &InferRequest) -> u32 {
+    if spec.max_batch_size == 0 {
+        return 1;
+    }
+    let first = request.inputs.first().and_then(|i| i.shape.first()).copied().unwrap_or(1);
+    u32::try_from(first).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_are_spooled_with_their_labels() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let meter = Meter::open(dir.path()).expect("open");
+        let labels = Labels { tenant_id: "t".into(), model_name: "m".into(), version: 2, slice_profile: "gpu".into() };
+        meter.set_labels([labels.clone()]);
+        let first = meter.labels("t", "m", 2);
+        meter.set_labels([labels.clone()]);
+        assert!(Arc::ptr_eq(&first, &meter.labels("t", "m", 2)), "unchanged labels keep their id");
+        let outcome = Outcome { started: Instant::now(), success: false, rows: 5, bytes_in: 7, bytes_out: 0 };
+        meter.record_request("t", "m", 2, outcome);
+        meter.record_request("t", "m", 9, Outcome { success: true, ..outcome });
+        let files = spool::files(dir.path()).expect("list");
+        let scanned = spool::scan(&std::fs::read(&files[0].path).expect("read"));
+        let records: Vec<Record> = scanned.records.into_iter().map(|(_, r)| r).collect();
+        assert_eq!(records.len(), 4);
+        assert_eq!(records[0], Record::Labels(0, labels));
+        assert!(matches!(
+            records[1],
+            Record::Request(RequestRecord { id: 0, success: false, rows: 0, bytes_in: 7, .. })
+        ));
+        assert!(matches!(&records[2], Record::Labels(1, l) if l.version == 9 && l.slice_profile == UNKNOWN_PROFILE));
+        assert!(matches!(records[3], Record::Request(RequestRecord { id: 1, success: true, rows: 5, .. })));
+        assert_eq!(meter.write_errors(), 0);
+    }
+}
