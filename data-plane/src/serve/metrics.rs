@@ -56,9 +56,8 @@ async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResp
     if let Some(runners) = state.server.runners() {
         render_runners(&mut text, &runners.statuses());
     }
-    if let Some(meter) = state.server.meter() {
-        let backlog = crate::worker::usage::spool::backlog_bytes(meter.dir()).ok();
-        render_usage(&mut text, meter.write_errors(), backlog);
+    if let Some(usage) = state.server.usage() {
+        usage.render_metrics(&mut text);
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
@@ -147,7 +146,8 @@ const FAMILIES: &[Family] = &[
     },
 ];
 
-fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+/// Writes a family's `# HELP` and `# TYPE` lines.
+pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
     let _ = writeln!(out, "# TYPE {name} {kind}");
 }
@@ -220,16 +220,6 @@ fn render_system(out: &mut String, cpu: Option<f64>, mem: Option<MemInfo>) {
         let _ = writeln!(out, "nv_cpu_memory_total_bytes {}", mem.total);
         header(out, "nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", "gauge");
         let _ = writeln!(out, "nv_cpu_memory_used_bytes {}", mem.total.saturating_sub(mem.available));
-    }
-}
-
-fn render_usage(out: &mut String, write_errors: u64, backlog: Option<u64>) {
-    header(out, "tessera_usage_spool_write_errors_total", "Usage records that could not be spooled (lost)", "counter");
-    let _ = writeln!(out, "tessera_usage_spool_write_errors_total {write_errors}");
-    if let Some(bytes) = backlog {
-        let help = "Spooled usage bytes the control plane has not acknowledged yet";
-        header(out, "tessera_usage_spool_backlog_bytes", help, "gauge");
-        let _ = writeln!(out, "tessera_usage_spool_backlog_bytes {bytes}");
     }
 }
 
@@ -360,10 +350,6 @@ mod tests {
         for line in series {
             assert!(line.contains("{tenant=\"t-1\",model=\"m\",version=\"2\""), "{line}");
         }
-        let mut out = String::new();
-        render_usage(&mut out, 3, Some(96));
-        assert!(out.contains("tessera_usage_spool_write_errors_total 3"));
-        assert!(out.contains("tessera_usage_spool_backlog_bytes 96"));
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! The serving layer: the KServe v2 HTTP and gRPC endpoints, the Prometheus endpoint, and the
 //! listeners and connection handling under them (`net`), in front of the engine. `tessera serve`
-//! runs it alone; `tessera worker` runs it with authentication and a usage meter.
+//! runs it alone; `tessera worker` runs it with authentication and its usage meter as the facade's
+//! usage hook.
 
+pub mod facade;
 pub mod grpc;
 pub mod http;
 pub mod metrics;

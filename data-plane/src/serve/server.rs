@@ -21,7 +21,7 @@ use crate::engine::model::LoadedModel;
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
-use crate::worker::usage::Meter;
+use crate::serve::facade::UsageHook;
 
 /// Extensions this server implements, as listed in server metadata.
 pub const EXTENSIONS: &[&str] =
@@ -75,8 +75,8 @@ pub struct ServerState {
     started: AtomicBool,
     /// Checks callers' credentials; `None` (`serve`) leaves every endpoint open.
     auth: Option<Arc<Authenticator>>,
-    /// Spools billable requests (workers); `None` (`serve`) meters nothing.
-    meter: Option<Arc<Meter>>,
+    /// Hears billable requests (a worker's usage meter); `None` (`serve`) meters nothing.
+    usage: Option<Arc<dyn UsageHook>>,
     /// The runner processes models run in; `None` when they run in this process.
     runners: Option<Arc<Runners>>,
 }
@@ -93,7 +93,7 @@ impl ServerState {
             live: AtomicBool::new(true),
             started: AtomicBool::new(false),
             auth: None,
-            meter: None,
+            usage: None,
             runners: None,
         }
     }
@@ -121,15 +121,16 @@ impl ServerState {
         self
     }
 
-    /// Meters every inference request that reaches a tenant's model (workers).
-    pub fn with_meter(mut self, meter: Arc<Meter>) -> Self {
-        self.meter = Some(meter);
+    /// Tells `hook` of every inference request that reaches a tenant's model (a worker's
+    /// usage meter).
+    pub fn with_usage_hook(mut self, hook: Arc<dyn UsageHook>) -> Self {
+        self.usage = Some(hook);
         self
     }
 
-    /// The usage meter, on workers.
-    pub fn meter(&self) -> Option<&Meter> {
-        self.meter.as_deref()
+    /// The usage hook, on workers.
+    pub fn usage(&self) -> Option<&dyn UsageHook> {
+        self.usage.as_deref()
     }
 
     /// Whether model keys are tenant-scoped (`<tenant>/<model>`): authentication is on.

@@ -6,7 +6,6 @@ mod socket;
 
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
 
 use futures::stream::{FuturesOrdered, StreamExt};
 use prost::Message as _;
@@ -26,8 +25,8 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Principal, Role};
 use crate::error::Error;
+use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::server::ServerState;
-use crate::worker::usage::Outcome;
 
 type GrpcResult<T> = Result<Response<T>, Status>;
 
@@ -57,32 +56,32 @@ struct InferenceService {
 }
 
 impl InferenceService {
-    /// One inference; on workers metered once the model resolved in the caller's tenant (see
-    /// `crate::worker::usage`), before the response is handed back.
+    /// One inference through the request facade (metered on workers once the model resolved in
+    /// the caller's tenant, before the response is handed back).
     async fn infer(
         state: &ServerState,
         caller: Option<&Principal>,
         req: ModelInferRequest,
     ) -> Result<ModelInferResponse, Error> {
-        let started = state.meter().map(|_| Instant::now());
         let v = crate::engine::manager::parse_version(&req.model_name, Some(&req.model_version))?;
-        let loaded = state.model(caller, &req.model_name, v)?;
-        let bytes_in = started.map_or(0, |_| req.encoded_len() as u64);
-        let result = async {
-            let request = convert::infer_request(req)?;
-            let rows = crate::worker::usage::batch_rows(&loaded.spec, &request);
-            Ok::<_, Error>((convert::infer_response(loaded.infer(request).await?), rows))
-        }
-        .await;
-        if let (Some(meter), Some(caller), Some(started)) = (state.meter(), caller, started) {
-            let (success, rows, bytes_out) = match &result {
-                Ok((response, rows)) => (true, *rows, response.encoded_len() as u64),
-                Err(_) => (false, 0, 0),
-            };
-            let outcome = Outcome { started, success, rows, bytes_in, bytes_out };
-            meter.record_request(&caller.tenant_id, &loaded.spec.name, loaded.version, outcome);
-        }
-        result.map(|(response, _)| response)
+        let model = req.model_name.clone();
+        let metered = state.usage().is_some();
+        let bytes_in = if metered { req.encoded_len() as u64 } else { 0 };
+        state
+            .infer(
+                caller,
+                &model,
+                v,
+                || bytes_in,
+                async |loaded| {
+                    let request = convert::infer_request(req)?;
+                    let rows = batch_rows(&loaded.spec, &request);
+                    let answer = convert::infer_response(loaded.infer(request).await?);
+                    let bytes_out = if metered { answer.encoded_len() as u64 } else { 0 };
+                    Ok(Answered { answer, rows, bytes_out })
+                },
+            )
+            .await
     }
 
     /// The caller, from the `authorization` metadata, when the server requires authentication.

@@ -1,7 +1,6 @@
 //! KServe v2 REST handlers: thin wrappers that parse, call the model manager, and encode.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use axum::Json;
 use axum::body::Body;
@@ -16,8 +15,8 @@ use super::{Caller, UrlPath, codec};
 use crate::engine::manager::parse_version;
 use crate::engine::model::LoadedModel;
 use crate::error::{Error, ErrorKind, Result};
+use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::server::ServerState;
-use crate::worker::usage::{Outcome, batch_rows};
 
 type AppState = State<Arc<ServerState>>;
 
@@ -74,8 +73,8 @@ pub async fn handle_model_stats(s: &ServerState, c: Caller, path: Option<ModelPa
     Ok(Json(crate::engine::stats::to_json(&stats)))
 }
 
-/// `POST /v2/models/{m}[/versions/{v}]/infer`. On workers, metered once the model resolved in
-/// the caller's tenant (see `crate::worker::usage`).
+/// `POST /v2/models/{m}[/versions/{v}]/infer`, through the request facade (which meters it on
+/// workers once the model resolved in the caller's tenant).
 pub async fn handle_infer(
     s: &ServerState,
     c: Caller,
@@ -83,31 +82,14 @@ pub async fn handle_infer(
     headers: &HeaderMap,
     body: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Response> {
-    let started = s.meter().map(|_| Instant::now());
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     let v = parse_version(&model, version.as_deref())?;
-    let loaded = s.model(c.principal(), &model, v)?;
-    let result = run_infer(&loaded, headers, &body).await;
-    if let (Some(meter), Some(caller), Some(started)) = (s.meter(), c.principal(), started) {
-        let (success, rows, bytes_out) = match &result {
-            Ok(done) => (true, done.rows, done.bytes_out),
-            Err(_) => (false, 0, 0),
-        };
-        let outcome = Outcome { started, success, rows, bytes_in: body.len() as u64, bytes_out };
-        meter.record_request(&caller.tenant_id, &loaded.spec.name, loaded.version, outcome);
-    }
-    result.map(|done| done.response)
-}
-
-/// A successful inference: the response and what metering needs of it.
-struct Inferred {
-    response: Response,
-    rows: u32,
-    bytes_out: u64,
+    s.infer(c.principal(), &model, v, || body.len() as u64, async |loaded| run_infer(loaded, headers, &body).await)
+        .await
 }
 
 /// Decodes the body, runs it on `loaded` and encodes the answer.
-async fn run_infer(loaded: &LoadedModel, headers: &HeaderMap, body: &Bytes) -> Result<Inferred> {
+async fn run_infer(loaded: &LoadedModel, headers: &HeaderMap, body: &Bytes) -> Result<Answered<Response>> {
     let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
     let request = codec::decode_body(body, header_length)?;
     let choice = codec::BinaryChoice::of(&request)?;
@@ -127,7 +109,7 @@ async fn run_infer(loaded: &LoadedModel, headers: &HeaderMap, body: &Bytes) -> R
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
     }
-    Ok(Inferred { response: resp, rows, bytes_out })
+    Ok(Answered { answer: resp, rows, bytes_out })
 }
 
 /// Maps a body-reading failure: over the limit is 413, anything else 400.

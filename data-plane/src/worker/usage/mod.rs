@@ -35,12 +35,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::engine::infer::InferRequest;
-use crate::engine::model_spec::ModelSpec;
+use crate::serve::facade::UsageHook;
+use crate::serve::metrics::header;
 use record::{Labels, Record, RequestRecord};
 use spool::SpoolWriter;
 
@@ -62,20 +62,7 @@ pub struct Meter {
     write_errors: AtomicU64,
 }
 
-/// How one metered request ended.
-#[derive(Debug, Clone, Copy)]
-pub struct Outcome {
-    /// When the request reached the handler (after authentication).
-    pub started: Instant,
-    /// Answered successfully.
-    pub success: bool,
-    /// Batch rows of the request.
-    pub rows: u32,
-    /// Request body or message bytes.
-    pub bytes_in: u64,
-    /// Response body or message bytes (0 for a failure).
-    pub bytes_out: u64,
-}
+pub use crate::serve::facade::Outcome;
 
 impl Meter {
     /// A meter spooling to `dir` (a new spool file is started there).
@@ -188,19 +175,40 @@ pub fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
-/// Batch rows of a request for `spec`: the first input's leading dimension when the model
-/// batches, else 1 (exact for requests that succeeded, which passed the shape checks).
-pub fn batch_rows(spec: &ModelSpec, request: &InferRequest) -> u32 {
-    if spec.max_batch_size == 0 {
-        return 1;
+/// The worker's meter is the serving layer's usage hook: it hears every inference that reached
+/// a tenant's model and adds the spool's health to `/metrics`.
+impl UsageHook for Meter {
+    fn record(&self, tenant_id: &str, model: &str, version: i64, outcome: Outcome) {
+        self.record_request(tenant_id, model, version, outcome);
     }
-    let first = request.inputs.first().and_then(|i| i.shape.first()).copied().unwrap_or(1);
-    u32::try_from(first).unwrap_or(0)
+
+    fn render_metrics(&self, out: &mut String) {
+        render_usage(out, self.write_errors(), spool::backlog_bytes(self.dir()).ok());
+    }
+}
+
+fn render_usage(out: &mut String, write_errors: u64, backlog: Option<u64>) {
+    use std::fmt::Write as _;
+    header(out, "tessera_usage_spool_write_errors_total", "Usage records that could not be spooled (lost)", "counter");
+    let _ = writeln!(out, "tessera_usage_spool_write_errors_total {write_errors}");
+    if let Some(bytes) = backlog {
+        let help = "Spooled usage bytes the control plane has not acknowledged yet";
+        header(out, "tessera_usage_spool_backlog_bytes", help, "gauge");
+        let _ = writeln!(out, "tessera_usage_spool_backlog_bytes {bytes}");
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_spool_health_is_in_the_metrics() {
+        let mut out = String::new();
+        render_usage(&mut out, 3, Some(96));
+        assert!(out.contains("tessera_usage_spool_write_errors_total 3"));
+        assert!(out.contains("tessera_usage_spool_backlog_bytes 96"));
+    }
 
     #[test]
     fn requests_are_spooled_with_their_labels() {
@@ -211,7 +219,8 @@ mod tests {
         let first = meter.labels("t", "m", 2);
         meter.set_labels([labels.clone()]);
         assert!(Arc::ptr_eq(&first, &meter.labels("t", "m", 2)), "unchanged labels keep their id");
-        let outcome = Outcome { started: Instant::now(), success: false, rows: 5, bytes_in: 7, bytes_out: 0 };
+        let outcome =
+            Outcome { started: std::time::Instant::now(), success: false, rows: 5, bytes_in: 7, bytes_out: 0 };
         meter.record_request("t", "m", 2, outcome);
         meter.record_request("t", "m", 9, Outcome { success: true, ..outcome });
         let files = spool::files(dir.path()).expect("list");

@@ -1,0 +1,83 @@
+//! The request facade HTTP and gRPC both call for an inference: the model resolved in the
+//! caller's tenant, the protocol's decode, infer and encode, and what the usage hook hears of
+//! it, in one place. The serving layer knows no meter: a worker installs its usage meter as a
+//! [`UsageHook`]; `tessera serve` installs none.
+
+use std::time::Instant;
+
+use crate::auth::Principal;
+use crate::engine::infer::InferRequest;
+use crate::engine::model::LoadedModel;
+use crate::engine::model_spec::ModelSpec;
+use crate::error::Result;
+use crate::serve::server::ServerState;
+
+/// What one inference that reached a tenant's model came to.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome {
+    /// When the request reached the handler (after authentication).
+    pub started: Instant,
+    /// Answered successfully.
+    pub success: bool,
+    /// Batch rows of the request.
+    pub rows: u32,
+    /// Request body or message bytes.
+    pub bytes_in: u64,
+    /// Response body or message bytes (0 for a failure).
+    pub bytes_out: u64,
+}
+
+/// Hears every inference that reached a tenant's model (a worker's usage meter).
+pub trait UsageHook: Send + Sync {
+    /// One inference, before its answer goes back to the client.
+    fn record(&self, tenant_id: &str, model: &str, version: i64, outcome: Outcome);
+    /// Appends the hook's own families to a `/metrics` scrape.
+    fn render_metrics(&self, out: &mut String);
+}
+
+/// A protocol's inference: its encoded answer and what usage counts of it.
+pub struct Answered<T> {
+    /// The answer as the protocol sends it.
+    pub answer: T,
+    /// Batch rows of the request ([`batch_rows`]).
+    pub rows: u32,
+    /// Encoded answer bytes.
+    pub bytes_out: u64,
+}
+
+impl ServerState {
+    /// One inference: resolves `model` in the caller's tenant, runs the protocol's `run` on it
+    /// (decode, infer, encode), and tells the usage hook how it went. `bytes_in` is asked only
+    /// when a hook listens.
+    pub async fn infer<T>(
+        &self,
+        caller: Option<&Principal>,
+        model: &str,
+        version: Option<i64>,
+        bytes_in: impl FnOnce() -> u64,
+        run: impl AsyncFnOnce(&LoadedModel) -> Result<Answered<T>>,
+    ) -> Result<T> {
+        let metered = self.usage().zip(caller).map(|(hook, caller)| (hook, caller, Instant::now(), bytes_in()));
+        let loaded = self.model(caller, model, version)?;
+        let result = run(&loaded).await;
+        if let Some((hook, caller, started, bytes_in)) = metered {
+            let (success, rows, bytes_out) = match &result {
+                Ok(done) => (true, done.rows, done.bytes_out),
+                Err(_) => (false, 0, 0),
+            };
+            let outcome = Outcome { started, success, rows, bytes_in, bytes_out };
+            hook.record(&caller.tenant_id, &loaded.spec.name, loaded.version, outcome);
+        }
+        result.map(|done| done.answer)
+    }
+}
+
+/// The batch rows of a request as usage counts them: the first input's first dimension for
+/// a batching model, else 1.
+pub fn batch_rows(spec: &ModelSpec, request: &InferRequest) -> u32 {
+    if spec.max_batch_size == 0 {
+        return 1;
+    }
+    let first = request.inputs.first().and_then(|i| i.shape.first()).copied().unwrap_or(1);
+    u32::try_from(first).unwrap_or(0)
+}
