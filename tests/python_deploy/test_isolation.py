@@ -308,3 +308,33 @@ def test_a_replica_whose_runner_keeps_dying_is_placed_on_another_worker(make_clu
     texts = [e.get("message", "") for e in (events.get("events", events) if isinstance(events, dict) else events)]
     assert any("runner crash loop" in t and f"from worker {first['worker_id']}" in t for t in texts), texts
     print(f"\n[isolation] crash loop on {first['worker_id']}: replica moved to {moved['replica_status'][0]['worker_id']}")
+
+
+def test_a_runner_left_with_nothing_to_host_exits_and_a_new_deployment_starts_another(make_cluster):
+    cluster = make_cluster(1, worker_args=["--runner-idle-exit-secs", "1"])
+    keys = cluster.create_tenant("acme")
+    admin = keys["tenant-admin"]
+    tenant_id = cluster.api("GET", "/v1/tenants/acme", admin)["id"]
+    cluster.push_version("acme", admin, "adder", marker_model(1.0))
+    body = {"name": "adder", "model": "adder", "replicas": 1}
+    cluster.api("POST", "/v1/tenants/acme/deployments", admin, body, expect=201)
+    replica = cluster.wait_ready("acme", admin, "adder")["replica_status"][0]
+    worker = cluster.workers[0]
+    first = wait_until(lambda: runners_of(worker.proc.pid).get(tenant_id), 30, "acme's runner")
+
+    cluster.api("DELETE", "/v1/tenants/acme/deployments/adder", admin, expect=204)
+    wait_until(lambda: tenant_id not in runners_of(worker.proc.pid), 30, "the idle runner to exit")
+    assert f'tessera_runner_up{{tenant="{tenant_id}"' not in metrics(worker)
+
+    cluster.api("POST", "/v1/tenants/acme/deployments", admin, body, expect=201)
+    replica = cluster.wait_ready("acme", admin, "adder")["replica_status"][0]
+    second = wait_until(lambda: runners_of(worker.proc.pid).get(tenant_id), 30, "a new runner")
+    assert second[0] != first[0]
+    client = httpclient.InferenceServerClient(replica["http_endpoint"].split("://", 1)[1])
+    try:
+        inp = httpclient.InferInput("INPUT0", list(X.shape), "FP32")
+        inp.set_data_from_numpy(X, binary_data=True)
+        out = client.infer("adder", [inp], headers={"Authorization": f"Bearer {keys['inference']}"})
+        np.testing.assert_allclose(out.as_numpy("OUTPUT0"), X + 1.0)
+    finally:
+        client.close()

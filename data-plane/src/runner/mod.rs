@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::time::Instant;
 
 pub use process::RunnerArgs;
-pub use supervisor::{RunnerStatus, Runners, RunnersConfig};
+pub use supervisor::{DEFAULT_IDLE_EXIT, RunnerStatus, Runners, RunnersConfig};
 
 use crate::engine::infer::ValidInferRequest;
 use crate::engine::stats::{FailReason, ModelStats, nanos};
@@ -124,12 +124,17 @@ fn failed(stats: &ModelStats, started: Instant, e: Error) -> Error {
     e
 }
 
-/// Counts a request in flight to the runner while it lives.
+/// Counts something (a request in flight, a load on its way) while it lives.
 struct Pending<'a>(&'a AtomicUsize);
 
 impl<'a> Pending<'a> {
     fn start(count: &'a AtomicUsize) -> Self {
         count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+
+    /// Takes over one count already added.
+    fn counting(count: &'a AtomicUsize) -> Self {
         Self(count)
     }
 }

@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::conn::{RunnerConn, StatsSinks};
 use super::limits::{MemoryEnforcement, SliceLimits, child_setup, prepare_memory};
 use super::wire::{FromRunner, LoadCall, ToRunner};
-use super::{Placement, RemoteVersion};
+use super::{Pending, Placement, RemoteVersion};
 use crate::engine::model::LoadedModel;
 use crate::error::{Error, Result};
 
@@ -57,7 +57,13 @@ pub struct RunnersConfig {
     pub exe: PathBuf,
     /// Limits per slice id; a slice not listed runs unlimited.
     pub limits: HashMap<String, SliceLimits>,
+    /// How long a runner left with no versions lives on before it exits (a tenant's last
+    /// replica left this slice); a version placed meanwhile reuses it.
+    pub idle_exit: Duration,
 }
+
+/// Default [`RunnersConfig::idle_exit`].
+pub const DEFAULT_IDLE_EXIT: Duration = Duration::from_secs(30);
 
 /// A runner as metrics and heartbeats see it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +89,8 @@ pub struct Runners {
     deaths: watch::Sender<u64>,
     /// Numbers every load, so each gets its own key in its runner.
     loads: AtomicU64,
-    slots: Mutex<HashMap<Placement, Arc<Slot>>>,
+    /// The live slots. `slot` adds; a slot's task removes its slot when the runner retires.
+    slots: Arc<Mutex<HashMap<Placement, Arc<Slot>>>>,
     shutdown: CancellationToken,
 }
 
@@ -94,6 +101,9 @@ pub struct Slot {
     conn: watch::Sender<Option<Arc<RunnerConn>>>,
     /// Versions to (re)load in every runner this slot starts.
     loads: Mutex<BTreeMap<(String, i64), LoadCall>>,
+    /// Loads on their way (counted under the slots lock): an idle runner is not retired
+    /// under them.
+    loading: std::sync::atomic::AtomicUsize,
     /// The statistics of each loaded version, for what runners report unasked.
     sinks: Arc<StatsSinks>,
     pid: AtomicU32,
@@ -107,7 +117,7 @@ impl Runners {
     /// No runners yet; each starts with the first version placed on its (tenant, slice).
     pub fn new(config: RunnersConfig, shutdown: CancellationToken) -> Arc<Self> {
         let (deaths, _) = watch::channel(0);
-        Arc::new(Self { config, deaths, loads: AtomicU64::new(0), slots: Mutex::new(HashMap::new()), shutdown })
+        Arc::new(Self { config, deaths, loads: AtomicU64::new(0), slots: Arc::default(), shutdown })
     }
 
     /// Loads a version in the runner of `placement` (starting it if needed) and returns the
@@ -117,6 +127,7 @@ impl Runners {
         // beside the old one, and dropping the old handle unloads only the old instance.
         call.key = format!("{}#{}", call.key, self.loads.fetch_add(1, Ordering::Relaxed));
         let slot = self.slot(placement);
+        let _loading = Pending::counting(&slot.loading);
         let conn = slot.ready(RESTART_WAIT * 3, &call.name).await.map_err(|e| e.message)?;
         let io = match conn.call(&ToRunner::Load(Box::new(call.clone())), None).await {
             Ok(FromRunner::Loaded(io)) => io,
@@ -159,9 +170,11 @@ impl Runners {
         self.deaths.subscribe()
     }
 
+    /// The slot of `placement` (made and started if there is none), counted as loading.
     fn slot(&self, placement: &Placement) -> Arc<Slot> {
         let mut slots = self.slots.lock();
         if let Some(slot) = slots.get(placement) {
+            slot.loading.fetch_add(1, Ordering::Relaxed);
             return slot.clone();
         }
         let (conn, _) = watch::channel(None);
@@ -169,16 +182,25 @@ impl Runners {
             placement: placement.clone(),
             conn,
             loads: Mutex::new(BTreeMap::new()),
+            loading: std::sync::atomic::AtomicUsize::new(0),
             sinks: Arc::default(),
             pid: AtomicU32::new(0),
             restarts: Mutex::new(BTreeMap::new()),
             deaths: Mutex::new(VecDeque::new()),
             last_exit: Mutex::new(None),
         });
+        slot.loading.fetch_add(1, Ordering::Relaxed);
         slots.insert(placement.clone(), slot.clone());
         let limits = self.config.limits.get(&placement.slice).cloned().unwrap_or_default();
-        let deaths = self.deaths.clone();
-        tokio::spawn(slot_task(slot.clone(), self.config.exe.clone(), limits, deaths, self.shutdown.clone()));
+        let task = SlotTask {
+            exe: self.config.exe.clone(),
+            limits,
+            idle_exit: self.config.idle_exit,
+            deaths: self.deaths.clone(),
+            slots: self.slots.clone(),
+            shutdown: self.shutdown.clone(),
+        };
+        tokio::spawn(slot_task(slot.clone(), task));
         slot
     }
 }
@@ -227,13 +249,20 @@ impl Slot {
 }
 
 /// Keeps the slot's runner alive until shutdown.
-async fn slot_task(
-    slot: Arc<Slot>,
+/// What a slot's task needs besides its slot.
+struct SlotTask {
     exe: PathBuf,
     limits: SliceLimits,
+    idle_exit: Duration,
+    /// Bumped when the runner dies.
     deaths: watch::Sender<u64>,
+    /// The runners' slots, to leave when the runner retires.
+    slots: Arc<Mutex<HashMap<Placement, Arc<Slot>>>>,
     shutdown: CancellationToken,
-) {
+}
+
+async fn slot_task(slot: Arc<Slot>, task: SlotTask) {
+    let SlotTask { exe, limits, idle_exit, deaths, slots, shutdown } = task;
     let label = slot.placement.to_string();
     // The cgroup lives as long as this task (dropping it removes the directory).
     let (cgroup, memory) = match prepare_memory(&cgroup_name(&slot.placement), limits.memory_bytes) {
@@ -252,7 +281,7 @@ async fn slot_task(
         let started = Instant::now();
         let oom_before = cgroup.as_ref().and_then(|c| c.oom_kills());
         let mut ended = match spawn(&slot, &exe, &limits, &memory) {
-            Ok(running) => serve(&slot, running, &shutdown).await,
+            Ok(running) => serve(&slot, running, &shutdown, &Retire { slots: &slots, after: idle_exit }).await,
             Err(e) => Some(format!("could not start: {e}")),
         };
         if let (Some(reason), Some(before)) = (&mut ended, oom_before)
@@ -369,7 +398,7 @@ fn place_socket(fd: std::os::fd::RawFd) -> std::io::Result<()> {
 
 /// Reloads the slot's versions, publishes the connection and waits for the runner to end.
 /// Returns why it died, or `None` at shutdown.
-async fn serve(slot: &Slot, mut running: Running, shutdown: &CancellationToken) -> Option<String> {
+async fn serve(slot: &Slot, mut running: Running, shutdown: &CancellationToken, retire: &Retire<'_>) -> Option<String> {
     let loads: Vec<LoadCall> = slot.loads.lock().values().cloned().collect();
     for call in loads {
         match running.conn.call(&ToRunner::Load(Box::new(call.clone())), None).await {
@@ -395,6 +424,15 @@ async fn serve(slot: &Slot, mut running: Running, shutdown: &CancellationToken) 
             let _ = running.child.start_kill();
             running.child.wait().await
         }
+        () = retire.when_idle(slot) => {
+            tracing::info!(runner = %slot.placement, "runner has no versions left; it exits");
+            running.conn.shutdown();
+            if tokio::time::timeout(EXIT_GRACE, running.child.wait()).await.is_err() {
+                let _ = running.child.start_kill();
+                let _ = running.child.wait().await;
+            }
+            return None;
+        }
         () = shutdown.cancelled() => {
             running.conn.shutdown();
             if tokio::time::timeout(EXIT_GRACE, running.child.wait()).await.is_err() {
@@ -413,6 +451,38 @@ async fn serve(slot: &Slot, mut running: Running, shutdown: &CancellationToken) 
         Err(e) => format!("could not be waited for: {e}"),
     };
     Some(if tail.is_empty() { how } else { format!("{how}; last output: {}", tail.join(" | ")) })
+}
+
+/// When a runner with nothing to host leaves.
+struct Retire<'a> {
+    slots: &'a Mutex<HashMap<Placement, Arc<Slot>>>,
+    after: Duration,
+}
+
+impl Retire<'_> {
+    /// Resolves once the slot has hosted nothing (and had nothing on its way) for `after`, with
+    /// the slot taken out of the map in the same step, so a new load makes a new slot.
+    async fn when_idle(&self, slot: &Slot) {
+        let check = (self.after / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
+        let mut idle_since: Option<Instant> = None;
+        loop {
+            tokio::time::sleep(check).await;
+            let idle = || slot.loads.lock().is_empty() && slot.loading.load(Ordering::Relaxed) == 0;
+            if !idle() {
+                idle_since = None;
+                continue;
+            }
+            let since = *idle_since.get_or_insert_with(Instant::now);
+            if since.elapsed() < self.after {
+                continue;
+            }
+            let mut slots = self.slots.lock();
+            if idle() {
+                slots.remove(&slot.placement);
+                return;
+            }
+        }
+    }
 }
 
 /// Pings the runner every [`PING_EVERY`]; returns (with why) once one goes unanswered for

@@ -327,7 +327,7 @@ pub async fn run(
     let mut manager = ModelManager::new(repository, config.control_mode);
     let runners_stop = CancellationToken::new();
     let runners = config.runner_exe.map(|exe| {
-        let config = RunnersConfig { exe, limits: Default::default() };
+        let config = RunnersConfig { exe, limits: Default::default(), idle_exit: crate::runner::DEFAULT_IDLE_EXIT };
         Runners::new(config, runners_stop.clone())
     });
     if let Some(runners) = &runners {

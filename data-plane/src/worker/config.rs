@@ -73,6 +73,10 @@ pub struct WorkerArgs {
     /// `<data-dir>/usage/` keeps what is not acknowledged yet).
     #[arg(long, env = "TESSERA_USAGE_SHIP_INTERVAL_MS", default_value_t = DEFAULT_USAGE_SHIP_INTERVAL_MS)]
     pub usage_ship_interval_ms: u64,
+    /// Seconds a runner process left with no versions (its tenant's last replica left the slice)
+    /// lives on before it exits.
+    #[arg(long, env = "TESSERA_RUNNER_IDLE_EXIT_SECS", default_value_t = crate::runner::DEFAULT_IDLE_EXIT.as_secs())]
+    pub runner_idle_exit_secs: u64,
     /// Where tenants' models run: a runner process per (tenant, slice), or inside the worker.
     #[arg(long, env = "TESSERA_ISOLATION", value_enum, default_value_t = Isolation::Runner)]
     pub isolation: Isolation,
@@ -127,6 +131,8 @@ pub struct WorkerConfig {
     pub usage_ship_interval: Duration,
     /// The `tessera` binary runners are started from; `None` runs models inside the worker.
     pub runner_exe: Option<PathBuf>,
+    /// How long a runner with no versions lives on.
+    pub runner_idle_exit: Duration,
 }
 
 impl WorkerConfig {
@@ -149,6 +155,7 @@ impl WorkerConfig {
             max_input_size: DEFAULT_MAX_INPUT_SIZE,
             usage_ship_interval: Duration::from_millis(DEFAULT_USAGE_SHIP_INTERVAL_MS),
             runner_exe: None,
+            runner_idle_exit: crate::runner::DEFAULT_IDLE_EXIT,
         }
     }
 }
@@ -176,6 +183,7 @@ impl WorkerArgs {
             max_input_size: DEFAULT_MAX_INPUT_SIZE,
             usage_ship_interval: Duration::from_millis(self.usage_ship_interval_ms.max(1)),
             runner_exe,
+            runner_idle_exit: Duration::from_secs(self.runner_idle_exit_secs),
         })
     }
 }

@@ -69,7 +69,10 @@ pub async fn run(
         for (slice, l) in &limits {
             tracing::info!(slice = %slice, cpus = ?l.cpus, memory_bytes = l.memory_bytes, "runner limits of the slice");
         }
-        runners::Runners::new(runners::RunnersConfig { exe, limits }, runners_stop.clone())
+        runners::Runners::new(
+            runners::RunnersConfig { exe, limits, idle_exit: config.runner_idle_exit },
+            runners_stop.clone(),
+        )
     });
     if let Some(runners) = &runners {
         // Every assignment names its slice; this placement is never used by a worker.
