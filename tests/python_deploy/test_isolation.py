@@ -42,6 +42,20 @@ def hog_model() -> bytes:
     return model.SerializeToString()
 
 
+def overeat(endpoint: str, key: str) -> InferenceServerException:
+    """Asks the hog model for 2 GiB of floats; returns how the request failed."""
+    client = httpclient.InferenceServerClient(endpoint.split("://", 1)[1], network_timeout=60)
+    n = httpclient.InferInput("N", [1], "INT64")
+    n.set_data_from_numpy(np.array([512 * 1024 * 1024], dtype=np.int64), binary_data=True)
+    try:
+        client.infer("hog", [n], headers={"Authorization": f"Bearer {key}"})
+    except InferenceServerException as e:
+        return e
+    finally:
+        client.close()
+    raise AssertionError("a 2 GiB allocation in a 512 MiB slice succeeded")
+
+
 def runners_of(worker_pid: int) -> Dict[str, Tuple[int, str]]:
     """The worker's runner processes: tenant id -> (pid, slice), read from their command lines."""
     found = {}
@@ -222,16 +236,8 @@ def test_a_runner_past_its_memory_limit_or_hung_is_replaced_alone(make_cluster):
     # 2 GiB of floats in a 512 MiB slice: the kernel kills acme's runner (or, where no memory
     # cgroup can be made, its rlimit makes the allocation fail); nothing else is touched.
     t_fault = time.monotonic()
-    client = httpclient.InferenceServerClient(replicas["acme"]["http_endpoint"].split("://", 1)[1], network_timeout=60)
-    n = httpclient.InferInput("N", [1], "INT64")
-    n.set_data_from_numpy(np.array([512 * 1024 * 1024], dtype=np.int64), binary_data=True)
-    try:
-        client.infer("hog", [n], headers={"Authorization": f"Bearer {keys['acme']['inference']}"})
-        raise AssertionError("a 2 GiB allocation in a 512 MiB slice succeeded")
-    except InferenceServerException as e:
-        assert e.status() in ("503", "500", "400"), e
-    finally:
-        client.close()
+    failure = overeat(replicas["acme"]["http_endpoint"], keys["acme"]["inference"])
+    assert failure.status() in ("503", "500", "400"), failure
     time.sleep(5.0)
     t_end = time.monotonic()
     judge(loads, "acme", t_start, t_fault, t_end, "over its memory limit")
@@ -260,13 +266,7 @@ def test_a_runner_past_its_memory_limit_or_hung_is_replaced_alone(make_cluster):
         return  # without a memory cgroup the hog's allocation fails instead of killing the runner
     # A third death within a minute is a crash loop: the worker reports acme's replicas on that
     # runner failed, with the reason, in its heartbeat; globex's stay ready.
-    client = httpclient.InferenceServerClient(replicas["acme"]["http_endpoint"].split("://", 1)[1], network_timeout=60)
-    try:
-        client.infer("hog", [n], headers={"Authorization": f"Bearer {keys['acme']['inference']}"})
-    except InferenceServerException:
-        pass
-    finally:
-        client.close()
+    overeat(replicas["acme"]["http_endpoint"], keys["acme"]["inference"])
 
     def failed_in_a_loop():
         d = cluster.deployment("acme", admin, "adder")
@@ -289,18 +289,10 @@ def test_a_replica_whose_runner_keeps_dying_is_placed_on_another_worker(make_clu
     worker = cluster.workers[cluster.worker_by_http(first["http_endpoint"])]
     if not worker.saw("memory=cgroup"):
         return  # without a memory cgroup the allocation fails instead of killing the runner
-    n = httpclient.InferInput("N", [1], "INT64")
-    n.set_data_from_numpy(np.array([512 * 1024 * 1024], dtype=np.int64), binary_data=True)
     # Three out-of-memory deaths within a minute: a crash loop. (A request sent while the runner
     # restarts waits for it, so each one reaches a fresh runner.)
     for _ in range(3):
-        client = httpclient.InferenceServerClient(first["http_endpoint"].split("://", 1)[1], network_timeout=60)
-        try:
-            client.infer("hog", [n], headers={"Authorization": f"Bearer {keys['inference']}"})
-        except InferenceServerException:
-            pass
-        finally:
-            client.close()
+        overeat(first["http_endpoint"], keys["inference"])
     # The control plane moves the replica to the other worker, and it serves there.
     moved = cluster.wait_ready("acme", admin, "hog", timeout_s=30,
                                pred=lambda d: d["replica_status"][0]["worker_id"] != first["worker_id"])
