@@ -9,6 +9,7 @@ use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::serve::net::rewake::RewakeExecutor;
 
@@ -19,14 +20,26 @@ use crate::serve::net::rewake::RewakeExecutor;
 /// listener flags are outside the HTTP module.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long a request body may go without sending more of itself: a body shorter than its
+/// `Content-Length` (or an HTTP/2 stream that stops sending data) then fails its request
+/// instead of holding it, and its connection, forever.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// Serves `router` on `listener` until `shutdown`; then stops accepting, lets every open
 /// connection finish its request in progress, and returns once all are closed.
 pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) {
-    serve_with(listener, router, shutdown, HEADER_READ_TIMEOUT).await;
+    serve_with(listener, router, shutdown, HEADER_READ_TIMEOUT, BODY_READ_TIMEOUT).await;
 }
 
-/// [`serve`] with a given header read timeout.
-async fn serve_with(listener: TcpListener, router: Router, shutdown: CancellationToken, header_timeout: Duration) {
+/// [`serve`] with given header and body read timeouts.
+async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    header_timeout: Duration,
+    body_timeout: Duration,
+) {
+    let router = router.layer(RequestBodyTimeoutLayer::new(body_timeout));
     crate::serve::net::accept::serve(listener, "http", shutdown, move |tcp, shutdown| {
         connection(tcp, router.clone(), shutdown, header_timeout)
     })
@@ -76,12 +89,19 @@ mod tests {
         (started.elapsed(), seen)
     }
 
+    /// A server whose header and body timeouts are both `header_timeout`.
     async fn start(header_timeout: Duration) -> (SocketAddr, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
-        let router = Router::new().route("/", get(|| async { "ok" }));
+        let read_body = |body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>| async move {
+            match body {
+                Ok(b) => (axum::http::StatusCode::OK, b.len().to_string()),
+                Err(e) => (e.status(), e.body_text()),
+            }
+        };
+        let router = Router::new().route("/", get(|| async { "ok" }).post(read_body));
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve_with(listener, router, shutdown.clone(), header_timeout));
+        tokio::spawn(serve_with(listener, router, shutdown.clone(), header_timeout, header_timeout));
         (addr, shutdown)
     }
 
@@ -103,6 +123,27 @@ mod tests {
         let mut silent = TcpStream::connect(addr).await.expect("connect");
         let (waited, seen) = closed_after(&mut silent, "a silent client").await;
         assert!(waited >= timeout - Duration::from_millis(50) && seen.is_empty(), "closed after {waited:?}");
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_body_shorter_than_its_content_length_fails_instead_of_waiting_forever() {
+        let timeout = Duration::from_millis(300);
+        let (addr, shutdown) = start(timeout).await;
+
+        let mut short = TcpStream::connect(addr).await.expect("connect");
+        let head = "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\nConnection: close\r\n\r\n";
+        short.write_all(format!("{head}only ten b").as_bytes()).await.expect("write");
+        let (waited, reply) = closed_after(&mut short, "a short body").await;
+        let reply = String::from_utf8_lossy(&reply);
+        assert!(reply.starts_with("HTTP/1.1 4"), "answered with a client error: {reply}");
+        assert!(waited >= timeout - Duration::from_millis(50), "after the timeout, not before: {waited:?}");
+
+        let mut whole = TcpStream::connect(addr).await.expect("connect");
+        let head = "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nConnection: close\r\n\r\n";
+        whole.write_all(format!("{head}full").as_bytes()).await.expect("write");
+        let (_, reply) = closed_after(&mut whole, "a whole body").await;
+        assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 200"));
         shutdown.cancel();
     }
 }
