@@ -69,9 +69,12 @@ from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN_MODELS = ROOT / "tests" / "python" / "gen_models.py"
-MAX_BATCH = {"add_sub": 8, "mlp": 32}
+MAX_BATCH = {"add_sub": 8, "mlp": 32, "large": 8}
+# Elements of the `large` model's one FP32 tensor: 1 MiB in and 1 MiB out (an Identity), where
+# moving bytes is the whole cost; it shows what a runner's shared memory saves.
+LARGE = 1 << 18
 # FP32 inputs per batch-1 sample, as tests/python/gen_models.py writes the models.
-INPUTS = {"add_sub": {"INPUT0": 16, "INPUT1": 16}, "mlp": {"INPUT0": 256}}
+INPUTS = {"add_sub": {"INPUT0": 16, "INPUT1": 16}, "mlp": {"INPUT0": 256}, "large": {"INPUT0": LARGE}}
 
 T0 = time.monotonic()
 
@@ -108,9 +111,11 @@ SCENARIOS = [
     Scenario("mlp c4", "mlp", 1, 4, ("quick", "full")),
     Scenario("mlp c16", "mlp", 1, 16, ("full",)),
     Scenario("mlp b8 c8", "mlp", 8, 8, ("full",)),
+    Scenario("1 MiB c1", "large", 1, 1, ("full", "large")),
+    Scenario("1 MiB c4", "large", 1, 4, ("full", "large")),
 ]
 # Raw ONNX Runtime in-process: (model, batch) per suite.
-RAW = {"quick": [("mlp", 1)], "full": [("mlp", 1), ("mlp", 8), ("add_sub", 1)]}
+RAW = {"quick": [("mlp", 1)], "full": [("mlp", 1), ("mlp", 8), ("add_sub", 1)], "large": []}
 PROTOCOLS = ("http", "grpc")
 
 
@@ -156,11 +161,17 @@ class Row:
 
 def write_repository(repo: Path, args) -> None:
     subprocess.run(
-        [sys.executable, str(GEN_MODELS), str(repo), "--only", "mlp", "add_sub"],
+        [sys.executable, str(GEN_MODELS), str(repo), "--only", "mlp", "add_sub", "identity_FP32"],
         check=True,
         stdout=subprocess.DEVNULL,
     )
-    for model in ("add_sub", "mlp"):
+    # `large`: the FP32 identity with its one dimension fixed at LARGE elements.
+    (repo / "identity_FP32").rename(repo / "large")
+    (repo / "large" / "config.pbtxt").write_text(
+        'name: "large"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+        f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {LARGE} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {LARGE} ] }} ]\n')
+    for model in ("add_sub", "mlp", "large"):
         cfg = repo / model / "config.pbtxt"
         extra = [
             f"instance_group [ {{ count: {args.instances}, kind: KIND_CPU }} ]",
@@ -618,8 +629,9 @@ def git_describe() -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", choices=("quick", "full"), default="full",
-                    help="quick: raw mlp b1 + tessera mlp c1/c4 over HTTP and gRPC; full: everything (default)")
+    ap.add_argument("--suite", choices=("quick", "full", "large"), default="full",
+                    help="quick: raw mlp b1 + tessera mlp c1/c4 over HTTP and gRPC; large: 1 MiB tensors "
+                         "through an identity; full: everything (default)")
     ap.add_argument("--no-triton", action="store_true", help="leave Triton out of the full suite")
     ap.add_argument("--runner", action="store_true",
                     help="also measure tessera serve --runner: the models in a runner process, behind the socket a worker uses")
@@ -650,7 +662,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    use_triton = args.suite == "full" and not args.no_triton
+    use_triton = args.suite in ("full", "large") and not args.no_triton
     if use_triton and not args.triton:
         print("compare.py: --triton LAUNCHER is needed for the full suite (or pass --no-triton)", file=sys.stderr)
         return 1

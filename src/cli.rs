@@ -119,6 +119,10 @@ pub struct ServeArgs {
     /// Run the models in a runner process, as a worker runs each tenant's (for comparing the two).
     #[arg(long, env = "TESSERA_RUNNER", default_value_t = false, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub runner: bool,
+    /// MiB of each shared-memory arena the runner gets (requests, answers): tensors from 64 KiB
+    /// cross in it instead of through the runner's socket; 0 turns it off.
+    #[arg(long, env = "TESSERA_RUNNER_SHM_MIB", default_value_t = tessera_data_plane::runner::shm::DEFAULT_ARENA_BYTES >> 20)]
+    pub runner_shm_mib: usize,
 }
 
 /// Model control modes.
@@ -178,6 +182,7 @@ impl ServeArgs {
             exit_on_error: self.exit_on_error,
             max_input_size: self.http_max_input_size,
             runner_exe,
+            runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
         })
     }
 }

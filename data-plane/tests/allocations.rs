@@ -100,6 +100,7 @@ async fn start(dir: &std::path::Path) -> (SocketAddr, SocketAddr, tokio_util::sy
         exit_on_error: true,
         max_input_size: 64 << 20,
         runner_exe: None,
+        runner_shm_bytes: 0,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();

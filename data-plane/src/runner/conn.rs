@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::outbox::Outbox;
+use super::shm::FrontShm;
 use super::wire::{FromRunner, ToRunner, WireError, split_frame};
 use crate::engine::stats::ModelStats;
 
@@ -52,11 +53,14 @@ pub struct RunnerConn {
     /// Cancelled when the connection ends, for whatever reason.
     closed: CancellationToken,
     sinks: Arc<StatsSinks>,
+    /// The runner's shared-memory arenas, when it has them.
+    shm: Option<Arc<FrontShm>>,
 }
 
 impl RunnerConn {
-    /// Starts the reader and flush tasks over `stream`; `label` names the runner in logs.
-    pub fn start(stream: UnixStream, label: String, sinks: Arc<StatsSinks>) -> Arc<Self> {
+    /// Starts the reader and flush tasks over `stream` (large tensors through `shm` when
+    /// given); `label` names the runner in logs.
+    pub fn start(stream: UnixStream, label: String, sinks: Arc<StatsSinks>, shm: Option<Arc<FrontShm>>) -> Arc<Self> {
         // An idle front thread watches the runner's answers as it watches client connections,
         // so a lone request's answer is picked up without a wake-up.
         crate::serve::net::busy_poll::watch(&stream);
@@ -68,6 +72,7 @@ impl RunnerConn {
             next_id: AtomicU64::new(1),
             closed: CancellationToken::new(),
             sinks,
+            shm,
         });
         tokio::spawn(outbox.flush_task());
         tokio::spawn(reader_task(conn.clone(), stream, label));
@@ -82,7 +87,7 @@ impl RunnerConn {
         let (tx, rx) = oneshot::channel();
         self.calls.lock().insert(id, Waiter { reply: Some(tx), stats: stats.cloned() });
         let mut pending = PendingCall { conn: self, id, cancel: matches!(call, ToRunner::Infer(_)) };
-        if !self.outbox.send(|buf| call.encode(id, buf)) {
+        if !self.outbox.send(|buf| call.encode(id, buf, self.shm.as_deref())) {
             pending.cancel = false;
             // The socket is broken: nothing more can go through this connection.
             self.shutdown();
@@ -135,7 +140,7 @@ impl Drop for PendingCall<'_> {
         waiter.reply = None;
         drop(calls);
         let id = self.id;
-        self.conn.outbox.send(|buf| ToRunner::Cancel.encode(id, buf));
+        self.conn.outbox.send(|buf| ToRunner::Cancel.encode(id, buf, None));
     }
 }
 
@@ -177,13 +182,17 @@ pub async fn read_some(stream: &UnixStream, buf: &mut BytesMut) -> std::io::Resu
 
 fn complete_calls(conn: &RunnerConn, buf: &mut BytesMut) -> Result<(), WireError> {
     while let Some((kind, id, body)) = split_frame(buf)? {
-        let answer = FromRunner::decode(kind, body)?;
-        if let FromRunner::Stats { key, version, stats } = &answer {
-            let sink = conn.sinks.lock().get(&(key.clone(), *version)).and_then(Weak::upgrade);
-            if let Some(sink) = sink {
-                sink.add(stats);
+        let answer = FromRunner::decode(kind, body, conn.shm.as_deref())?;
+        match &answer {
+            FromRunner::Stats { key, version, stats } => {
+                let sink = conn.sinks.lock().get(&(key.clone(), *version)).and_then(Weak::upgrade);
+                if let Some(sink) = sink {
+                    sink.add(stats);
+                }
+                continue;
             }
-            continue;
+            FromRunner::Released => continue,
+            _ => {}
         }
         let Some(waiter) = conn.calls.lock().remove(&id) else { continue };
         if let (FromRunner::Answer { stats, .. }, Some(sink)) = (&answer, &waiter.stats) {

@@ -10,6 +10,7 @@ pub mod conn;
 pub mod limits;
 pub mod outbox;
 pub mod process;
+pub mod shm;
 pub mod supervisor;
 pub mod wire;
 

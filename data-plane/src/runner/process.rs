@@ -16,6 +16,7 @@ use tokio::task::AbortHandle;
 
 use super::conn::read_some;
 use super::outbox::Outbox;
+use super::shm::RunnerShm;
 use super::wire::{FromRunner, InferCall, LoadCall, ToRunner, WireError, split_frame};
 use crate::engine::model::LoadedModel;
 use crate::engine::stats::Tally;
@@ -43,6 +44,11 @@ pub struct RunnerArgs {
     /// Nice value of model instance threads (the worker's `--instance-nice`).
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub instance_nice: i32,
+    /// The inherited shared-memory arenas for large tensors: requests (read-only) and
+    /// responses, as two descriptors `REQUEST,RESPONSE`; without them every tensor goes
+    /// through the socket.
+    #[arg(long, value_delimiter = ',')]
+    pub shm_fds: Vec<RawFd>,
 }
 
 /// How often statistics no answer carried are sent to the front.
@@ -71,6 +77,16 @@ struct State {
     models: Mutex<HashMap<(String, i64), Arc<Hosted>>>,
     /// Running inferences by call id, so a cancel can drop one.
     running: Mutex<HashMap<u64, AbortHandle>>,
+    /// The arenas large tensors cross in.
+    shm: Option<RunnerShm>,
+}
+
+impl State {
+    /// Writes an answer frame (under the outbox's lock, so outputs take the response arena in
+    /// frame order); false when the front is gone.
+    fn send(&self, outbox: &Outbox, id: u64, answer: &FromRunner) -> bool {
+        outbox.send(|b| answer.encode(id, b, self.shm.as_ref()))
+    }
 }
 
 /// Runs the runner until the front closes its socket.
@@ -87,10 +103,15 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     // The next request is picked up without a wake-up when it comes within the window.
     crate::serve::net::busy_poll::watch(&stream);
     let stream = Arc::new(stream);
-    tracing::info!(tenant = %args.tenant, slice = %args.slice, pid = std::process::id(), "runner started");
+    let shm = match args.shm_fds[..] {
+        [] => None,
+        [request, response] => Some(super::shm::adopt(request, response).context("map the shared-memory arenas")?),
+        _ => anyhow::bail!("--shm-fds takes two descriptors, REQUEST,RESPONSE"),
+    };
+    tracing::info!(tenant = %args.tenant, slice = %args.slice, pid = std::process::id(), shared_memory = shm.is_some(), "runner started");
     let outbox = Outbox::new(stream.clone());
     tokio::spawn(outbox.clone().flush_task());
-    let state = Arc::new(State::default());
+    let state = Arc::new(State { shm, ..State::default() });
     tokio::spawn(stats_task(state.clone(), outbox.clone()));
     let mut buf = BytesMut::with_capacity(256 * 1024);
     loop {
@@ -116,16 +137,20 @@ async fn stats_task(state: Arc<State>, outbox: Arc<Outbox>) {
             state.models.lock().iter().map(|(k, h)| (k.clone(), h.clone())).collect();
         for ((key, version), h) in hosted {
             let stats = h.delta();
-            if !stats.is_empty() && !outbox.send(|b| FromRunner::Stats { key, version, stats }.encode(0, b)) {
+            if !stats.is_empty() && !state.send(&outbox, 0, &FromRunner::Stats { key, version, stats }) {
                 return;
             }
+        }
+        // Request regions whose tensors were dropped after their answer went out.
+        if state.shm.as_ref().is_some_and(RunnerShm::has_released) && !state.send(&outbox, 0, &FromRunner::Released) {
+            return;
         }
     }
 }
 
 fn dispatch_all(state: &Arc<State>, outbox: &Arc<Outbox>, buf: &mut BytesMut) -> Result<(), WireError> {
     while let Some((kind, id, body)) = split_frame(buf)? {
-        dispatch(state, outbox, id, ToRunner::decode(kind, body)?);
+        dispatch(state, outbox, id, ToRunner::decode(kind, body, state.shm.as_ref())?);
     }
     Ok(())
 }
@@ -142,18 +167,18 @@ fn dispatch(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: ToRunner) {
             let (state, outbox) = (state.clone(), outbox.clone());
             tokio::spawn(async move {
                 let answer = load(&state, *call).await;
-                outbox.send(|b| answer.encode(id, b));
+                state.send(&outbox, id, &answer);
             });
         }
         ToRunner::Unload { key, version } => {
             // Requests running on it hold it; it goes when the last one finishes.
             state.models.lock().remove(&(key, version));
-            outbox.send(|b| FromRunner::Done.encode(id, b));
+            state.send(outbox, id, &FromRunner::Done);
         }
         ToRunner::Ping => {
             let answer =
                 FromRunner::Pong { rss_bytes: super::supervisor::resident_bytes(std::process::id()).unwrap_or(0) };
-            outbox.send(|b| answer.encode(id, b));
+            state.send(outbox, id, &answer);
         }
     }
 }
@@ -178,12 +203,12 @@ fn infer(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: InferCall) {
     let Some(hosted) = state.models.lock().get(&(call.key, call.version)).cloned() else {
         let e = Error::unavailable(format!("model version {} is not loaded in its runner", call.version));
         let answer = FromRunner::Answer { result: Err(e), stats: Tally::default() };
-        outbox.send(|b| answer.encode(id, b));
+        state.send(outbox, id, &answer);
         return;
     };
     let (state2, outbox) = (state.clone(), outbox.clone());
     let task = tokio::spawn(async move {
-        let guard = Answered { hosted: hosted.clone(), outbox: outbox.clone(), id, done: false };
+        let guard = Answered { hosted: hosted.clone(), state: state2.clone(), outbox: outbox.clone(), id, done: false };
         let result = hosted.model.run_valid(call.request).await;
         guard.answer(result);
         state2.running.lock().remove(&id);
@@ -198,6 +223,7 @@ fn infer(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: InferCall) {
 /// with a cancellation, so the front's waiter and statistics always settle.
 struct Answered {
     hosted: Arc<Hosted>,
+    state: Arc<State>,
     outbox: Arc<Outbox>,
     id: u64,
     done: bool,
@@ -207,7 +233,7 @@ impl Answered {
     fn answer(mut self, result: Result<Vec<crate::engine::tensor::OutputTensor>, Error>) {
         self.done = true;
         let answer = FromRunner::Answer { result, stats: self.hosted.delta() };
-        self.outbox.send(|b| answer.encode(self.id, b));
+        self.state.send(&self.outbox, self.id, &answer);
     }
 }
 
@@ -216,7 +242,7 @@ impl Drop for Answered {
         if !self.done {
             let e = Error::new(crate::error::ErrorKind::Cancelled, "the request was cancelled");
             let answer = FromRunner::Answer { result: Err(e), stats: self.hosted.delta() };
-            self.outbox.send(|b| answer.encode(self.id, b));
+            self.state.send(&self.outbox, self.id, &answer);
         }
     }
 }

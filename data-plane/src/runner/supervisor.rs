@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::conn::{RunnerConn, StatsSinks};
 use super::limits::{MemoryEnforcement, SliceLimits, child_setup, prepare_memory};
+use super::shm::{FrontShm, Traffic};
 use super::wire::{FromRunner, LoadCall, ToRunner};
 use super::{Pending, Placement, RemoteVersion};
 use crate::engine::model::LoadedModel;
@@ -60,6 +61,9 @@ pub struct RunnersConfig {
     /// How long a runner left with no versions lives on before it exits (a tenant's last
     /// replica left this slice); a version placed meanwhile reuses it.
     pub idle_exit: Duration,
+    /// Bytes of each shared-memory arena (requests, responses) per runner; 0 sends every
+    /// tensor through the socket.
+    pub shm_bytes: usize,
 }
 
 /// Default [`RunnersConfig::idle_exit`].
@@ -78,6 +82,8 @@ pub struct RunnerStatus {
     pub restarts: BTreeMap<&'static str, u64>,
     /// Resident memory of the process, when it is up.
     pub rss_bytes: Option<u64>,
+    /// Tensor bytes sent and received: (request, response) × (inline, shared memory).
+    pub tensor_bytes: [[u64; 2]; 2],
     /// Why it last died, if it did.
     pub last_exit: Option<String>,
 }
@@ -107,6 +113,8 @@ pub struct Slot {
     /// The statistics of each loaded version, for what runners report unasked.
     sinks: Arc<StatsSinks>,
     pid: AtomicU32,
+    /// Tensor bytes its runners exchanged, across restarts.
+    traffic: Arc<Traffic>,
     restarts: Mutex<BTreeMap<&'static str, u64>>,
     /// When the runner died lately (the last [`CRASH_LOOP_DEATHS`]), to tell a crash loop.
     deaths: Mutex<VecDeque<Instant>>,
@@ -185,6 +193,7 @@ impl Runners {
             loading: std::sync::atomic::AtomicUsize::new(0),
             sinks: Arc::default(),
             pid: AtomicU32::new(0),
+            traffic: Arc::default(),
             restarts: Mutex::new(BTreeMap::new()),
             deaths: Mutex::new(VecDeque::new()),
             last_exit: Mutex::new(None),
@@ -196,6 +205,7 @@ impl Runners {
             exe: self.config.exe.clone(),
             limits,
             idle_exit: self.config.idle_exit,
+            shm_bytes: self.config.shm_bytes,
             deaths: self.deaths.clone(),
             slots: self.slots.clone(),
             shutdown: self.shutdown.clone(),
@@ -243,6 +253,8 @@ impl Slot {
             pid,
             restarts: self.restarts.lock().clone(),
             rss_bytes: (pid != 0).then(|| resident_bytes(pid)).flatten(),
+            tensor_bytes: [&self.traffic.request, &self.traffic.response]
+                .map(|way| way.each_ref().map(|n| n.load(Ordering::Relaxed))),
             last_exit: self.last_exit.lock().clone(),
         }
     }
@@ -254,6 +266,7 @@ struct SlotTask {
     exe: PathBuf,
     limits: SliceLimits,
     idle_exit: Duration,
+    shm_bytes: usize,
     /// Bumped when the runner dies.
     deaths: watch::Sender<u64>,
     /// The runners' slots, to leave when the runner retires.
@@ -262,7 +275,7 @@ struct SlotTask {
 }
 
 async fn slot_task(slot: Arc<Slot>, task: SlotTask) {
-    let SlotTask { exe, limits, idle_exit, deaths, slots, shutdown } = task;
+    let SlotTask { exe, limits, idle_exit, shm_bytes, deaths, slots, shutdown } = task;
     let label = slot.placement.to_string();
     // The cgroup lives as long as this task (dropping it removes the directory).
     let (cgroup, memory) = match prepare_memory(&cgroup_name(&slot.placement), limits.memory_bytes) {
@@ -280,7 +293,7 @@ async fn slot_task(slot: Arc<Slot>, task: SlotTask) {
     while !shutdown.is_cancelled() {
         let started = Instant::now();
         let oom_before = cgroup.as_ref().and_then(|c| c.oom_kills());
-        let mut ended = match spawn(&slot, &exe, &limits, &memory) {
+        let mut ended = match spawn(&slot, &exe, &limits, &memory, shm_bytes) {
             Ok(running) => serve(&slot, running, &shutdown, &Retire { slots: &slots, after: idle_exit }).await,
             Err(e) => Some(format!("could not start: {e}")),
         };
@@ -325,15 +338,32 @@ struct Running {
     stderr: Arc<Mutex<VecDeque<String>>>,
 }
 
-/// Starts the runner process with its socket on fd 3 and its limits applied.
+/// Starts the runner process with its socket on fd 3, its shared-memory arenas on fds 4 and 5
+/// (when `shm_bytes` > 0) and its limits applied.
 fn spawn(
     slot: &Slot,
     exe: &std::path::Path,
     limits: &SliceLimits,
     memory: &MemoryEnforcement,
+    shm_bytes: usize,
 ) -> std::io::Result<Running> {
     let (front, child_end) = std::os::unix::net::UnixStream::pair()?;
-    let child_fd = child_end.as_raw_fd();
+    let shm = match shm_bytes {
+        0 => None,
+        bytes => match FrontShm::create(bytes, slot.traffic.clone()) {
+            Ok(created) => Some(created),
+            // Without arenas every tensor still crosses, through the socket.
+            Err(error) => {
+                tracing::warn!(runner = %slot.placement, %error, "no shared memory for the runner; tensors go through its socket");
+                None
+            }
+        },
+    };
+    let mut fds = vec![(child_end.as_raw_fd(), super::process::SOCKET_FD)];
+    if let Some((_, arenas)) = &shm {
+        fds.push((arenas.request.as_raw_fd(), SHM_FDS[0]));
+        fds.push((arenas.response.as_raw_fd(), SHM_FDS[1]));
+    }
     let mut setup = child_setup(limits, memory).map_err(std::io::Error::other)?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("runner")
@@ -342,16 +372,16 @@ fn spawn(
         .arg("--slice")
         .arg(&slot.placement.slice)
         .arg(format!("--instance-nice={}", crate::engine::priority::instance_nice()))
-        .arg(format!("--busy-poll-us={}", crate::serve::net::busy_poll::window().as_micros()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+        .arg(format!("--busy-poll-us={}", crate::serve::net::busy_poll::window().as_micros()));
+    if shm.is_some() {
+        cmd.arg(format!("--shm-fds={},{}", SHM_FDS[0], SHM_FDS[1]));
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
     // SAFETY: the closure runs between fork and exec and only makes raw system calls (dup2,
     // fcntl, prctl, and the limit calls prepared by `child_setup`), which are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
-            place_socket(child_fd)?;
+            place_fds(&fds)?;
             // The runner never outlives its worker, even if the worker is killed.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
@@ -366,6 +396,8 @@ fn spawn(
     }
     let mut child = cmd.spawn()?;
     drop(child_end);
+    // The runner holds its own copies of the descriptors now; the front keeps its mappings.
+    let shm = shm.map(|(front_shm, _fds)| front_shm);
     let pid = child.id().unwrap_or(0);
     slot.pid.store(pid, Ordering::Relaxed);
     let stderr = Arc::new(Mutex::new(VecDeque::with_capacity(STDERR_TAIL)));
@@ -374,23 +406,31 @@ fn spawn(
     }
     front.set_nonblocking(true)?;
     let stream = tokio::net::UnixStream::from_std(front)?;
-    let conn = RunnerConn::start(stream, slot.placement.to_string(), slot.sinks.clone());
+    let conn = RunnerConn::start(stream, slot.placement.to_string(), slot.sinks.clone(), shm);
     tracing::info!(runner = %slot.placement, pid, "runner started");
     Ok(Running { child, conn, stderr })
 }
 
-/// In the child: the socket goes to fd 3, without close-on-exec.
-fn place_socket(fd: std::os::fd::RawFd) -> std::io::Result<()> {
-    let target = super::process::SOCKET_FD;
+/// Where the runner finds its shared-memory arenas (requests, responses).
+const SHM_FDS: [std::os::fd::RawFd; 2] = [4, 5];
+
+/// In the child: each (descriptor, target) pair lands on its target, without close-on-exec.
+/// Every source is first copied above the targets, so placing one never overwrites another.
+fn place_fds(fds: &[(std::os::fd::RawFd, std::os::fd::RawFd)]) -> std::io::Result<()> {
+    let mut high = [0; 3];
     // SAFETY: plain system calls on descriptors this (forked) process owns.
     unsafe {
-        if fd == target {
-            let flags = libc::fcntl(fd, libc::F_GETFD);
-            if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+        for (slot, (fd, _)) in high.iter_mut().zip(fds) {
+            *slot = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 64);
+            if *slot < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-        } else if libc::dup2(fd, target) < 0 {
-            return Err(std::io::Error::last_os_error());
+        }
+        // dup2 clears close-on-exec on the copy it makes.
+        for (copy, (_, target)) in high.iter().zip(fds) {
+            if libc::dup2(*copy, *target) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
         }
     }
     Ok(())

@@ -2,9 +2,11 @@
 //!
 //! A frame is `u32` LE length of the rest, `u8` kind, `u64` LE call id, then the body. The front
 //! numbers its calls; the runner answers each id once, in any order (the batcher reorders).
-//! Tensor bytes are written once into the frame and read back as slices of the received frame,
-//! so they are not copied again on either side. The runner is not trusted: the front decodes its
-//! frames with every length checked and checks each output's size against its type and shape.
+//! A tensor's bytes are either inline (written once into the frame, read back as a slice of the
+//! received frame) or, from 64 KiB, a position in one of the runner's shared-memory arenas
+//! ([`super::shm`]); every runner frame starts with the request regions it gives back. The
+//! runner is not trusted: the front decodes its frames with every length and position checked
+//! and checks each output's size against its type and shape.
 
 use std::path::PathBuf;
 
@@ -18,6 +20,8 @@ use crate::engine::model_spec::{IoInfo, ModelIo};
 use crate::engine::stats::Tally;
 use crate::engine::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count};
 use crate::error::{Error, ErrorKind};
+
+use super::shm::{FrontShm, RunnerShm};
 
 /// Largest frame either side accepts (a request is capped far lower by the front's input limit).
 pub const MAX_FRAME: usize = 1 << 30;
@@ -101,6 +105,8 @@ pub enum FromRunner {
         /// Resident set size.
         rss_bytes: u64,
     },
+    /// Nothing but request regions given back (every runner frame carries those); call id 0.
+    Released,
 }
 
 mod kind {
@@ -116,6 +122,7 @@ mod kind {
     pub const ANSWER_ERR: u8 = 105;
     pub const PONG: u8 = 106;
     pub const STATS: u8 = 107;
+    pub const RELEASED: u8 = 108;
 }
 
 /// A malformed frame; the connection is dropped, since nothing after it can be trusted.
@@ -152,14 +159,38 @@ fn put_bytes(out: &mut BytesMut, b: &[u8]) {
     out.put_slice(b);
 }
 
-fn put_tensor(out: &mut BytesMut, name: &str, datatype: DataType, shape: &[i64], data: &[u8]) {
+/// Places a tensor's bytes in shared memory: their position, or `None` to write them inline.
+type Place<'a> = Option<&'a dyn Fn(&[u8]) -> Option<u64>>;
+/// Reads a tensor's bytes from shared memory at (position, length); `None` when outside the arena.
+type Fetch<'a> = Option<&'a dyn Fn(u64, u64) -> Option<Bytes>>;
+
+/// Tensor data tags: the bytes follow, or a shared-memory (position, length).
+const INLINE: u8 = 0;
+const SHARED: u8 = 1;
+
+fn put_tensor(out: &mut BytesMut, name: &str, datatype: DataType, shape: &[i64], data: &[u8], place: Place<'_>) {
     put_str(out, name);
     put_str(out, datatype.as_wire());
     out.put_u32_le(shape.len() as u32);
     for d in shape {
         out.put_i64_le(*d);
     }
-    put_bytes(out, data);
+    match place.and_then(|place| place(data)) {
+        Some(pos) => {
+            out.put_u8(SHARED);
+            out.put_u64_le(pos);
+            out.put_u64_le(data.len() as u64);
+        }
+        None => {
+            out.put_u8(INLINE);
+            put_bytes(out, data);
+        }
+    }
+}
+
+/// Bytes a tensor takes in a frame: all of it, or a position when shared memory takes it.
+fn frame_size(data: &[u8], shared: bool) -> usize {
+    if shared && data.len() >= super::shm::INLINE_MAX { 64 } else { data.len() + 64 }
 }
 
 fn put_params(out: &mut BytesMut, params: &Parameters) {
@@ -223,8 +254,8 @@ fn put_io(out: &mut BytesMut, infos: &[IoInfo]) {
 }
 
 impl ToRunner {
-    /// Appends this call as frame `id`.
-    pub fn encode(&self, id: u64, out: &mut BytesMut) {
+    /// Appends this call as frame `id`, its large tensors placed in `shm` when it has room.
+    pub fn encode(&self, id: u64, out: &mut BytesMut, shm: Option<&FrontShm>) {
         match self {
             ToRunner::Load(call) => frame(out, kind::LOAD, id, |b| {
                 put_str(b, &call.key);
@@ -237,16 +268,19 @@ impl ToRunner {
                 put_str(b, key);
                 b.put_i64_le(*version);
             }),
-            ToRunner::Infer(call) => frame(out, kind::INFER, id, |b| encode_infer(b, call)),
+            ToRunner::Infer(call) => frame(out, kind::INFER, id, |b| {
+                let place = |data: &[u8]| shm.and_then(|shm| shm.put(data));
+                encode_infer(b, call, shm.is_some().then_some(&place))
+            }),
             ToRunner::Cancel => frame(out, kind::CANCEL, id, |_| {}),
             ToRunner::Ping => frame(out, kind::PING, id, |_| {}),
         }
     }
 }
 
-fn encode_infer(b: &mut BytesMut, call: &InferCall) {
+fn encode_infer(b: &mut BytesMut, call: &InferCall, place: Place<'_>) {
     let r = &call.request;
-    let data: usize = r.inputs.iter().flatten().map(|t| t.data.len() + 64).sum();
+    let data: usize = r.inputs.iter().flatten().map(|t| frame_size(&t.data, place.is_some())).sum();
     b.reserve(data + 128);
     put_str(b, &call.key);
     b.put_i64_le(call.version);
@@ -261,7 +295,7 @@ fn encode_infer(b: &mut BytesMut, call: &InferCall) {
             None => b.put_u8(0),
             Some(t) => {
                 b.put_u8(1);
-                put_tensor(b, &t.name, t.datatype, &t.shape, &t.data);
+                put_tensor(b, &t.name, t.datatype, &t.shape, &t.data, place);
             }
         }
     }
@@ -272,33 +306,57 @@ fn encode_infer(b: &mut BytesMut, call: &InferCall) {
 }
 
 impl FromRunner {
-    /// Appends this answer as frame `id`.
-    pub fn encode(&self, id: u64, out: &mut BytesMut) {
+    /// Appends this answer as frame `id`, with the request regions `shm` has to give back and
+    /// large outputs placed in it when it has room. Call it under the socket's write lock, so
+    /// outputs take the response arena in the order their frames go out.
+    pub fn encode(&self, id: u64, out: &mut BytesMut, shm: Option<&RunnerShm>) {
+        let released = shm.map(RunnerShm::take_released).unwrap_or_default();
+        let kind = match self {
+            FromRunner::Loaded(_) => kind::LOADED,
+            FromRunner::Failed(_) => kind::FAILED,
+            FromRunner::Done => kind::DONE,
+            FromRunner::Answer { result: Ok(_), .. } => kind::ANSWER_OK,
+            FromRunner::Answer { result: Err(_), .. } => kind::ANSWER_ERR,
+            FromRunner::Pong { .. } => kind::PONG,
+            FromRunner::Stats { .. } => kind::STATS,
+            FromRunner::Released => kind::RELEASED,
+        };
+        frame(out, kind, id, |b| {
+            b.put_u32_le(released.len() as u32);
+            for pos in &released {
+                b.put_u64_le(*pos);
+            }
+            self.encode_body(b, shm);
+        });
+    }
+
+    fn encode_body(&self, b: &mut BytesMut, shm: Option<&RunnerShm>) {
         match self {
-            FromRunner::Loaded(io) => frame(out, kind::LOADED, id, |b| {
+            FromRunner::Loaded(io) => {
                 put_io(b, &io.inputs);
                 put_io(b, &io.outputs);
-            }),
-            FromRunner::Failed(e) => frame(out, kind::FAILED, id, |b| put_error(b, e)),
-            FromRunner::Done => frame(out, kind::DONE, id, |_| {}),
-            FromRunner::Answer { result: Ok(outputs), stats } => frame(out, kind::ANSWER_OK, id, |b| {
-                b.reserve(outputs.iter().map(|t| t.data.len() + 64).sum());
+            }
+            FromRunner::Failed(e) => put_error(b, e),
+            FromRunner::Done | FromRunner::Released => {}
+            FromRunner::Answer { result: Ok(outputs), stats } => {
+                b.reserve(outputs.iter().map(|t| frame_size(&t.data, shm.is_some())).sum());
                 put_tally(b, stats);
                 b.put_u32_le(outputs.len() as u32);
+                let place = |data: &[u8]| shm.and_then(|shm| shm.put(data));
                 for t in outputs {
-                    put_tensor(b, &t.name, t.datatype, &t.shape, &t.data);
+                    put_tensor(b, &t.name, t.datatype, &t.shape, &t.data, shm.is_some().then_some(&place));
                 }
-            }),
-            FromRunner::Answer { result: Err(e), stats } => frame(out, kind::ANSWER_ERR, id, |b| {
+            }
+            FromRunner::Answer { result: Err(e), stats } => {
                 put_tally(b, stats);
                 put_error(b, e);
-            }),
-            FromRunner::Pong { rss_bytes } => frame(out, kind::PONG, id, |b| b.put_u64_le(*rss_bytes)),
-            FromRunner::Stats { key, version, stats } => frame(out, kind::STATS, id, |b| {
+            }
+            FromRunner::Pong { rss_bytes } => b.put_u64_le(*rss_bytes),
+            FromRunner::Stats { key, version, stats } => {
                 put_str(b, key);
                 b.put_i64_le(*version);
                 put_tally(b, stats);
-            }),
+            }
         }
     }
 }
@@ -385,12 +443,25 @@ impl Reader {
         DataType::from_wire(&s).ok_or_else(|| bad(format!("{what} has unknown datatype '{s}'")))
     }
 
-    fn tensor(&mut self) -> WireResult<(String, DataType, Vec<i64>, Bytes)> {
+    /// A tensor: name, type, shape, bytes, and whether the bytes came from shared memory.
+    fn tensor(&mut self, fetch: Fetch<'_>) -> WireResult<(String, DataType, Vec<i64>, Bytes, bool)> {
         let name = self.string("tensor name")?;
         let datatype = self.datatype("tensor")?;
         let shape = self.shape("tensor shape")?;
-        let data = self.bytes("tensor data")?;
-        Ok((name, datatype, shape, data))
+        let tag = self.u8("tensor data tag")?;
+        let data = match tag {
+            INLINE => self.bytes("tensor data")?,
+            SHARED => {
+                let (pos, len) = (self.u64("tensor position")?, self.u64("tensor length")?);
+                let fetch =
+                    fetch.ok_or_else(|| bad(format!("tensor '{name}' is in shared memory, but none is mapped")))?;
+                fetch(pos, len).ok_or_else(|| {
+                    bad(format!("tensor '{name}' at {pos} ({len} bytes) lies outside the shared memory"))
+                })?
+            }
+            t => return Err(bad(format!("tensor data tag {t}"))),
+        };
+        Ok((name, datatype, shape, data, tag == SHARED))
     }
 
     fn params(&mut self) -> WireResult<Parameters> {
@@ -456,8 +527,8 @@ impl Reader {
 }
 
 impl ToRunner {
-    /// Decodes a frame the front sent (runner side).
-    pub fn decode(kind: u8, body: Bytes) -> WireResult<Self> {
+    /// Decodes a frame the front sent (runner side); tensors in shared memory are read in place.
+    pub fn decode(kind: u8, body: Bytes, shm: Option<&RunnerShm>) -> WireResult<Self> {
         let mut r = Reader(body);
         let call = match kind {
             kind::LOAD => {
@@ -469,7 +540,10 @@ impl ToRunner {
                 ToRunner::Load(Box::new(LoadCall { key, name, version, file, config }))
             }
             kind::UNLOAD => ToRunner::Unload { key: r.string("key")?, version: r.i64("version")? },
-            kind::INFER => ToRunner::Infer(decode_infer(&mut r)?),
+            kind::INFER => {
+                let fetch = |pos, len| shm.and_then(|shm| shm.get(pos, len));
+                ToRunner::Infer(decode_infer(&mut r, shm.is_some().then_some(&fetch))?)
+            }
             kind::CANCEL => ToRunner::Cancel,
             kind::PING => ToRunner::Ping,
             k => return Err(bad(format!("kind {k}"))),
@@ -479,7 +553,7 @@ impl ToRunner {
     }
 }
 
-fn decode_infer(r: &mut Reader) -> WireResult<InferCall> {
+fn decode_infer(r: &mut Reader, fetch: Fetch<'_>) -> WireResult<InferCall> {
     let key = r.string("key")?;
     let version = r.i64("version")?;
     let id = r.string("request id")?;
@@ -493,7 +567,7 @@ fn decode_infer(r: &mut Reader) -> WireResult<InferCall> {
         inputs.push(match r.u8("input presence")? {
             0 => None,
             _ => {
-                let (name, datatype, shape, data) = r.tensor()?;
+                let (name, datatype, shape, data, _) = r.tensor(fetch)?;
                 Some(InputTensor { name, datatype, shape, data })
             }
         });
@@ -505,9 +579,20 @@ fn decode_infer(r: &mut Reader) -> WireResult<InferCall> {
 }
 
 impl FromRunner {
-    /// Decodes a frame a runner sent (front side), checking every output tensor's size.
-    pub fn decode(kind: u8, body: Bytes) -> WireResult<Self> {
+    /// Decodes a frame a runner sent (front side), checking every output tensor's size and
+    /// every shared-memory position; outputs in shared memory are copied out, and the request
+    /// regions the frame gives back return to `shm`.
+    pub fn decode(kind: u8, body: Bytes, shm: Option<&FrontShm>) -> WireResult<Self> {
         let mut r = Reader(body);
+        let n = r.count(8, "released regions")?;
+        for _ in 0..n {
+            let pos = r.u64("released region")?;
+            if !shm.is_some_and(|shm| shm.release(pos)) {
+                return Err(bad(format!("the runner gave back region {pos}, which it does not hold")));
+            }
+        }
+        let fetch = |pos, len| shm.and_then(|shm| shm.take(pos, len));
+        let fetch: Fetch<'_> = shm.is_some().then_some(&fetch);
         let answer = match kind {
             kind::LOADED => FromRunner::Loaded(ModelIo { inputs: r.io()?, outputs: r.io()? }),
             kind::FAILED => FromRunner::Failed(r.error()?),
@@ -517,7 +602,10 @@ impl FromRunner {
                 let n = r.count(20, "outputs")?;
                 let mut outputs = Vec::with_capacity(n);
                 for _ in 0..n {
-                    let (name, datatype, shape, data) = r.tensor()?;
+                    let (name, datatype, shape, data, shared) = r.tensor(fetch)?;
+                    if let Some(shm) = shm {
+                        shm.count_response(shared, data.len());
+                    }
                     let count = checked_element_count(&name, &shape).map_err(|e| bad(e.message))?;
                     check_data_size(&name, datatype, count, &data).map_err(|e| bad(e.message))?;
                     outputs.push(OutputTensor { name, datatype, shape, data });
@@ -530,6 +618,7 @@ impl FromRunner {
             }
             kind::PONG => FromRunner::Pong { rss_bytes: r.u64("rss")? },
             kind::STATS => FromRunner::Stats { key: r.string("key")?, version: r.i64("version")?, stats: r.tally()? },
+            kind::RELEASED => FromRunner::Released,
             k => return Err(bad(format!("kind {k}"))),
         };
         r.end()?;
@@ -586,10 +675,10 @@ mod tests {
             outputs: vec![1, 0],
         };
         let mut buf = BytesMut::new();
-        ToRunner::Infer(InferCall { key: "t/m".into(), version: 4, request }).encode(77, &mut buf);
+        ToRunner::Infer(InferCall { key: "t/m".into(), version: 4, request }).encode(77, &mut buf, None);
         let (kind, id, body) = one_frame(&mut buf);
         assert!(buf.is_empty());
-        let ToRunner::Infer(call) = ToRunner::decode(kind, body).expect("decodes") else { panic!("not infer") };
+        let ToRunner::Infer(call) = ToRunner::decode(kind, body, None).expect("decodes") else { panic!("not infer") };
         assert_eq!((id, call.key.as_str(), call.version), (77, "t/m", 4));
         let r = call.request;
         assert_eq!((r.id.as_str(), r.priority, r.timeout_us, r.batch_size, r.outputs), ("req-1", 2, 10, 3, vec![1, 0]));
@@ -605,21 +694,24 @@ mod tests {
             OutputTensor { name: "OUT".into(), datatype: DataType::Fp32, shape: vec![2], data: vec![0; 8].into() };
         let stats = Tally { counters: vec![1, 2, 3], batches: vec![(4, [1, 2, 3, 4])] };
         let mut buf = BytesMut::new();
-        FromRunner::Answer { result: Ok(vec![out]), stats: stats.clone() }.encode(5, &mut buf);
+        FromRunner::Answer { result: Ok(vec![out]), stats: stats.clone() }.encode(5, &mut buf, None);
         FromRunner::Answer { result: Err(Error::unavailable("queue full")), stats: Tally::default() }
-            .encode(6, &mut buf);
+            .encode(6, &mut buf, None);
         let whole = buf.clone();
         let mut partial = BytesMut::from(&whole[..whole.len() - 1]);
         let (k, id, body) = one_frame(&mut partial);
         assert_eq!(id, 5);
-        let FromRunner::Answer { result: Ok(outputs), stats: got } = FromRunner::decode(k, body).expect("ok") else {
+        let FromRunner::Answer { result: Ok(outputs), stats: got } = FromRunner::decode(k, body, None).expect("ok")
+        else {
             panic!("not an answer")
         };
         assert_eq!((outputs[0].shape.as_slice(), got), (&[2][..], stats));
         assert!(split_frame(&mut partial).expect("fine").is_none(), "the second frame is incomplete");
         let (_, _, _) = one_frame(&mut buf);
         let (k, id, body) = one_frame(&mut buf);
-        let FromRunner::Answer { result: Err(e), .. } = FromRunner::decode(k, body).expect("err") else { panic!() };
+        let FromRunner::Answer { result: Err(e), .. } = FromRunner::decode(k, body, None).expect("err") else {
+            panic!()
+        };
         assert_eq!((id, e.kind, e.message.as_str()), (6, ErrorKind::Unavailable, "queue full"));
     }
 
@@ -629,26 +721,108 @@ mod tests {
         let lie =
             OutputTensor { name: "OUT".into(), datatype: DataType::Fp32, shape: vec![4], data: vec![0; 8].into() };
         let mut buf = BytesMut::new();
-        FromRunner::Answer { result: Ok(vec![lie]), stats: Tally::default() }.encode(1, &mut buf);
+        FromRunner::Answer { result: Ok(vec![lie]), stats: Tally::default() }.encode(1, &mut buf, None);
         let (k, _, body) = one_frame(&mut buf);
-        assert!(FromRunner::decode(k, body).is_err());
+        assert!(FromRunner::decode(k, body, None).is_err());
         // Lengths that run past the end, absurd counts, unknown kinds, oversized frames.
         let mut buf = BytesMut::new();
-        FromRunner::Loaded(ModelIo::default()).encode(1, &mut buf);
+        FromRunner::Loaded(ModelIo::default()).encode(1, &mut buf, None);
         let (k, _, body) = one_frame(&mut buf);
         let mut cut = body.to_vec();
         cut[0] = 0xff;
-        assert!(FromRunner::decode(k, Bytes::from(cut)).is_err());
-        assert!(FromRunner::decode(99, Bytes::new()).is_err());
+        assert!(FromRunner::decode(k, Bytes::from(cut), None).is_err());
+        assert!(FromRunner::decode(99, Bytes::new(), None).is_err());
         let mut huge = BytesMut::from(&u32::MAX.to_le_bytes()[..]);
         assert!(split_frame(&mut huge).is_err());
         let mut short = BytesMut::from(&3u32.to_le_bytes()[..]);
         assert!(split_frame(&mut short).is_err());
         // Trailing bytes.
         let mut buf = BytesMut::new();
-        frame(&mut buf, kind::DONE, 1, |b| b.put_u8(0));
+        frame(&mut buf, kind::DONE, 1, |b| {
+            b.put_u32_le(0);
+            b.put_u8(0);
+        });
         let (k, _, body) = one_frame(&mut buf);
-        assert!(FromRunner::decode(k, body).is_err());
+        assert!(FromRunner::decode(k, body, None).is_err());
+    }
+
+    #[test]
+    fn large_tensors_cross_in_shared_memory_and_their_regions_come_back() {
+        let (front, fds) = FrontShm::create(4 << 20, Default::default()).expect("arenas");
+        let runner = RunnerShm::map(fds.request, fds.response).expect("map");
+        let request = ValidInferRequest {
+            id: String::new(),
+            parameters: Parameters::new(),
+            priority: 0,
+            timeout_us: 0,
+            batch_size: 1,
+            inputs: vec![Some(tensor("BIG", 2048)), Some(tensor("SMALL", 1))],
+            outputs: vec![0],
+        };
+        let big = request.inputs[0].as_ref().map(|t| t.data.clone()).expect("big");
+        let mut buf = BytesMut::new();
+        ToRunner::Infer(InferCall { key: "k".into(), version: 1, request }).encode(1, &mut buf, Some(&front));
+        assert!(buf.len() < 4096, "the 128 KiB input is not in the frame ({} bytes)", buf.len());
+        let (k, _, body) = one_frame(&mut buf);
+        let ToRunner::Infer(call) = ToRunner::decode(k, body, Some(&runner)).expect("decodes") else { panic!() };
+        let input = call.request.inputs[0].as_ref().expect("present");
+        assert_eq!(input.data, big, "read in place, intact");
+        assert_eq!(call.request.inputs[1].as_ref().map(|t| t.data.len()), Some(64));
+
+        // The answer carries a large output through the response arena; the input's region
+        // comes back with it once the runner dropped the request.
+        drop(call);
+        let out = OutputTensor { name: "OUT".into(), datatype: DataType::Int32, shape: vec![2048, 16], data: big };
+        FromRunner::Answer { result: Ok(vec![out]), stats: Tally::default() }.encode(1, &mut buf, Some(&runner));
+        assert!(buf.len() < 4096);
+        let (k, _, body) = one_frame(&mut buf);
+        let FromRunner::Answer { result: Ok(outputs), .. } = FromRunner::decode(k, body, Some(&front)).expect("ok")
+        else {
+            panic!()
+        };
+        assert_eq!(outputs[0].data, tensor("x", 2048).data);
+        assert!(!front.release(0), "the region already came back with the answer");
+    }
+
+    #[test]
+    fn hostile_shared_memory_references_are_refused() {
+        let (front, _fds) = FrontShm::create(1 << 20, Default::default()).expect("arenas");
+        let answer = |body: &dyn Fn(&mut BytesMut)| {
+            let mut buf = BytesMut::new();
+            frame(&mut buf, kind::ANSWER_OK, 1, body);
+            let (k, _, body) = one_frame(&mut buf);
+            FromRunner::decode(k, body, Some(&front))
+        };
+        let output_at = |pos: u64, len: u64| {
+            move |b: &mut BytesMut| {
+                b.put_u32_le(0);
+                put_tally(b, &Tally::default());
+                b.put_u32_le(1);
+                put_str(b, "OUT");
+                put_str(b, "UINT8");
+                b.put_u32_le(1);
+                b.put_i64_le(len as i64);
+                b.put_u8(SHARED);
+                b.put_u64_le(pos);
+                b.put_u64_le(len);
+            }
+        };
+        assert!(answer(&output_at(0, 1 << 20)).is_ok(), "a region inside the arena is read");
+        let err = answer(&output_at((1 << 20) - 8, 16)).expect_err("past the end");
+        assert!(err.0.contains("outside the shared memory"), "{err}");
+        assert!(answer(&output_at(0, u64::MAX)).is_err());
+        // Giving back a region the front never handed out.
+        let err = answer(&|b: &mut BytesMut| {
+            b.put_u32_le(1);
+            b.put_u64_le(4096);
+        })
+        .expect_err("unknown region");
+        assert!(err.0.contains("does not hold"), "{err}");
+        // A shared reference where no shared memory is mapped.
+        let mut buf = BytesMut::new();
+        frame(&mut buf, kind::ANSWER_OK, 1, output_at(0, 64));
+        let (k, _, body) = one_frame(&mut buf);
+        assert!(FromRunner::decode(k, body, None).is_err());
     }
 
     #[test]

@@ -251,6 +251,19 @@ fn render_runners(out: &mut String, runners: &[crate::runner::RunnerStatus]) {
             let _ = writeln!(out, "tessera_runner_resident_memory_bytes{{{}}} {bytes}", labels(r));
         }
     }
+    let help = "Tensor bytes exchanged with a runner process, by direction and path (inline in the socket frame, or through its shared-memory arenas)";
+    header(out, "tessera_runner_tensor_bytes_total", help, "counter");
+    for r in runners {
+        for (direction, paths) in ["request", "response"].iter().zip(r.tensor_bytes) {
+            for (path, n) in ["inline", "shared_memory"].iter().zip(paths) {
+                let _ = writeln!(
+                    out,
+                    "tessera_runner_tensor_bytes_total{{{},direction=\"{direction}\",path=\"{path}\"}} {n}",
+                    labels(r)
+                );
+            }
+        }
+    }
 }
 
 /// The closed set of runner restart reasons.

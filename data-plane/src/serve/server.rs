@@ -56,6 +56,8 @@ pub struct ServeConfig {
     /// Run the models in a runner process started from this `tessera` binary, as workers do,
     /// instead of in this process.
     pub runner_exe: Option<PathBuf>,
+    /// Bytes of each of the runner's shared-memory arenas (0: none).
+    pub runner_shm_bytes: usize,
 }
 
 /// Shared state of one server: the model manager plus server-level flags.
@@ -327,7 +329,12 @@ pub async fn run(
     let mut manager = ModelManager::new(repository, config.control_mode);
     let runners_stop = CancellationToken::new();
     let runners = config.runner_exe.map(|exe| {
-        let config = RunnersConfig { exe, limits: Default::default(), idle_exit: crate::runner::DEFAULT_IDLE_EXIT };
+        let config = RunnersConfig {
+            exe,
+            limits: Default::default(),
+            idle_exit: crate::runner::DEFAULT_IDLE_EXIT,
+            shm_bytes: config.runner_shm_bytes,
+        };
         Runners::new(config, runners_stop.clone())
     });
     if let Some(runners) = &runners {

@@ -77,6 +77,10 @@ pub struct WorkerArgs {
     /// lives on before it exits.
     #[arg(long, env = "TESSERA_RUNNER_IDLE_EXIT_SECS", default_value_t = crate::runner::DEFAULT_IDLE_EXIT.as_secs())]
     pub runner_idle_exit_secs: u64,
+    /// MiB of each shared-memory arena a runner gets (one for requests, one for answers):
+    /// tensors from 64 KiB cross in it instead of through the runner's socket; 0 turns it off.
+    #[arg(long, env = "TESSERA_RUNNER_SHM_MIB", default_value_t = crate::runner::shm::DEFAULT_ARENA_BYTES >> 20)]
+    pub runner_shm_mib: usize,
     /// Where tenants' models run: a runner process per (tenant, slice), or inside the worker.
     #[arg(long, env = "TESSERA_ISOLATION", value_enum, default_value_t = Isolation::Runner)]
     pub isolation: Isolation,
@@ -133,6 +137,8 @@ pub struct WorkerConfig {
     pub runner_exe: Option<PathBuf>,
     /// How long a runner with no versions lives on.
     pub runner_idle_exit: Duration,
+    /// Bytes of each of a runner's shared-memory arenas (0: none).
+    pub runner_shm_bytes: usize,
 }
 
 impl WorkerConfig {
@@ -156,6 +162,7 @@ impl WorkerConfig {
             usage_ship_interval: Duration::from_millis(DEFAULT_USAGE_SHIP_INTERVAL_MS),
             runner_exe: None,
             runner_idle_exit: crate::runner::DEFAULT_IDLE_EXIT,
+            runner_shm_bytes: crate::runner::shm::DEFAULT_ARENA_BYTES,
         }
     }
 }
@@ -184,6 +191,7 @@ impl WorkerArgs {
             usage_ship_interval: Duration::from_millis(self.usage_ship_interval_ms.max(1)),
             runner_exe,
             runner_idle_exit: Duration::from_secs(self.runner_idle_exit_secs),
+            runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
         })
     }
 }

@@ -70,7 +70,12 @@ pub async fn run(
             tracing::info!(slice = %slice, cpus = ?l.cpus, memory_bytes = l.memory_bytes, "runner limits of the slice");
         }
         runners::Runners::new(
-            runners::RunnersConfig { exe, limits, idle_exit: config.runner_idle_exit },
+            runners::RunnersConfig {
+                exe,
+                limits,
+                idle_exit: config.runner_idle_exit,
+                shm_bytes: config.runner_shm_bytes,
+            },
             runners_stop.clone(),
         )
     });
