@@ -15,6 +15,7 @@ mod tenancy;
 mod uploads;
 mod usage;
 mod users;
+mod validation;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
