@@ -27,11 +27,13 @@ pub struct Price {
     pub slice_profile: String,
     /// Cents per slice-hour reserved: decimals down to the micro-cent (0.000001); finer
     /// precision is refused, not rounded.
-    #[schema(minimum = 0, maximum = 1e12, multiple_of = 0.000001)]
+    // Not stated as `multipleOf`: JSON Schema checks that in binary floating point, where a
+    // stored 0.3 is no multiple of 0.000001 and responses would fail their own schema.
+    #[schema(minimum = 0, maximum = 1e12)]
     pub per_slice_hour_cents: f64,
     /// Cents per 1,000 inferences: decimals down to the micro-cent (0.000001); finer
     /// precision is refused, not rounded.
-    #[schema(minimum = 0, maximum = 1e12, multiple_of = 0.000001)]
+    #[schema(minimum = 0, maximum = 1e12)]
     pub per_1000_inferences_cents: f64,
     /// When the entry takes effect (RFC 3339, a whole minute, 2000-01-01T00:00:00Z to
     /// 9999-12-31T23:59:00Z); it applies until the profile's next entry.
