@@ -230,7 +230,10 @@ impl UploadRequest {
         let config = match header_text("x-model-config")? {
             None => None,
             Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(v @ serde_json::Value::Object(_)) if !crate::api::contains_nul(&v) => Some(v),
+                Ok(v @ serde_json::Value::Object(_)) if !crate::api::contains_nul(&v) => {
+                    crate::model_config::check_json("X-Model-Config", &v)?;
+                    Some(v)
+                }
                 _ => return Err(Error::invalid("X-Model-Config", "X-Model-Config must be a JSON object")),
             },
         };
@@ -296,9 +299,11 @@ impl App {
         created
     }
 
-    /// The model config of a stored artifact: for an archive, its `config.pbtxt` (checked,
-    /// with the archive's entries, by [`ArtifactStore::inspect_archive`]); else what the
-    /// client gave. Both at once is refused: one of them would be silently ignored.
+    /// Checks a stored artifact's contents and finds its model config: a plain model must be
+    /// a well-formed ONNX file ([`ArtifactStore::check_onnx`]) and keeps what the client gave;
+    /// an archive is read through ([`ArtifactStore::inspect_archive`]) and its `config.pbtxt`
+    /// is the config. Both a `config.pbtxt` and a client config is refused: one of them would
+    /// be silently ignored.
     async fn artifact_config(
         &self,
         key: &object_store::path::Path,
@@ -306,9 +311,10 @@ impl App {
         given: Option<serde_json::Value>,
     ) -> Result<Option<serde_json::Value>> {
         if format == ArtifactFormat::Onnx {
+            self.store.check_onnx(key).await?;
             return Ok(given);
         }
-        let manifest = self.store.inspect_archive(key, format).await?;
+        let manifest = self.store.inspect_archive(key, format, self.config.archive_limits).await?;
         match (manifest.config, given) {
             (Some(_), Some(_)) => Err(Error::invalid(
                 "config",
@@ -357,6 +363,9 @@ impl App {
         let upload = upload.ok_or(Error::NotFound("upload"))?;
         if upload.completed_at.is_some() {
             return Err(Error::conflict("upload_completed", "this upload was already completed"));
+        }
+        if let Some(config) = &config {
+            crate::model_config::check_json("config", config)?;
         }
         let format = ArtifactFormat::parse(&upload.format).ok_or_else(|| Error::Internal("stored format".into()))?;
         let key = object_store::path::Path::from(upload.artifact_key.as_str());

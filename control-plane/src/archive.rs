@@ -6,21 +6,76 @@
 //!
 //! Every entry is checked before anything is believed: absolute paths, `..` components,
 //! symbolic and hard links and special files are refused (an archive that would write outside
-//! the model directory when a worker unpacks it never becomes a version). Inspection reads
-//! through any `Read` (`Read + Seek` for zip, whose directory sits at the end): only entry
-//! headers and `config.pbtxt` (capped at [`MAX_CONFIG_BYTES`]) are held in memory, never the
-//! artifact.
+//! the model directory when a worker unpacks it never becomes a version). The archive is read
+//! to its end: every `.onnx` file in it must be a well-formed ONNX model ([`crate::onnx`]),
+//! every entry must hold the bytes its header promises, a tar must end with its end-of-archive
+//! marker and a gzip stream with its checksum, so a truncated archive is refused. What the
+//! archive expands to is bounded by [`ArchiveLimits`] (entries, and bytes in all and per byte
+//! of archive), checked against the sizes entries declare before their data is read, so a
+//! gzip or zip bomb is refused without being inflated. Inspection reads through any `Read`
+//! (`Read + Seek` for zip, whose directory sits at the end): only entry headers and
+//! `config.pbtxt` (capped at [`MAX_CONFIG_BYTES`]) are held in memory, never the artifact.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Seek};
+use std::io::{self, BufRead, BufReader, Read, Seek};
+use std::rc::Rc;
 
 use crate::error::{Error, Result};
+use crate::onnx::{OnnxError, Streamed, check_model};
 use crate::types::ArtifactFormat;
 
 /// Largest `config.pbtxt` read.
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
-/// Most entries an archive may have (a model directory has a handful).
-pub const MAX_ENTRIES: usize = 10_000;
+/// Default [`ArchiveLimits::max_entries`] (a model directory has a handful).
+pub const DEFAULT_MAX_ENTRIES: usize = 10_000;
+/// Default [`ArchiveLimits::max_expansion_ratio`]: model weights compress poorly (about 1.1 to
+/// 3 times), so sixteen leaves room for sparse models while refusing bombs (zeros compress
+/// about a thousand times).
+pub const DEFAULT_MAX_EXPANSION_RATIO: u64 = 16;
+/// Every archive may expand to this much whatever its size (small archives of small files
+/// compress well).
+pub const EXPANSION_FLOOR_BYTES: u64 = 64 * 1024 * 1024;
+/// Least default [`ArchiveLimits::max_expanded_bytes`]: 8 GiB (twice the upload cap when
+/// that is larger).
+pub const MIN_DEFAULT_EXPANDED_BYTES: u64 = 8 * 1024 * 1024 * 1024;
+
+/// What an archive may expand to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArchiveLimits {
+    /// Most entries (files, directories, links).
+    pub max_entries: usize,
+    /// Most bytes the entries may hold in all, whatever the archive's size.
+    pub max_expanded_bytes: u64,
+    /// Most bytes the entries may hold per byte of archive (above [`EXPANSION_FLOOR_BYTES`]).
+    pub max_expansion_ratio: u64,
+}
+
+impl ArchiveLimits {
+    /// The defaults for an upload cap of `max_upload_bytes`.
+    pub fn for_upload_cap(max_upload_bytes: u64) -> Self {
+        ArchiveLimits {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_expanded_bytes: max_upload_bytes.saturating_mul(2).max(MIN_DEFAULT_EXPANDED_BYTES),
+            max_expansion_ratio: DEFAULT_MAX_EXPANSION_RATIO,
+        }
+    }
+
+    /// Most bytes an archive of `archive_bytes` may expand to.
+    pub fn budget(&self, archive_bytes: u64) -> u64 {
+        archive_bytes.saturating_mul(self.max_expansion_ratio).max(EXPANSION_FLOOR_BYTES).min(self.max_expanded_bytes)
+    }
+
+    fn too_large(&self, archive_bytes: u64) -> Error {
+        refuse(format!(
+            "the archive expands to more than {} bytes: an archive may expand to {}x its size of {archive_bytes} \
+             bytes (at least {EXPANSION_FLOOR_BYTES} bytes), and to at most {} bytes in all",
+            self.budget(archive_bytes),
+            self.max_expansion_ratio,
+            self.max_expanded_bytes
+        ))
+    }
+}
 
 /// What an archive turned out to hold.
 #[derive(Debug, Clone, PartialEq)]
@@ -37,6 +92,17 @@ enum EntryKind {
     File,
     Dir,
     Link,
+    Other,
+}
+
+/// What to do with an entry's contents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Contents {
+    /// A `config.pbtxt` where a model directory's could be: read it.
+    Config(Vec<String>),
+    /// A `.onnx` file: check it is a model.
+    Model,
+    /// Anything else: read it through, to know it is all there.
     Other,
 }
 
@@ -61,21 +127,85 @@ fn checked_path(raw: &str) -> Result<Vec<String>> {
     Ok(parts)
 }
 
+/// Marks the read error of a [`Budgeted`] reader that went over its budget.
+#[derive(Debug)]
+struct OverBudget;
+
+impl std::fmt::Display for OverBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the archive expands past its limit")
+    }
+}
+
+impl std::error::Error for OverBudget {}
+
+/// A reader that counts the bytes through it and fails once they pass `limit`: the backstop
+/// for data no header declared (gzip padding, a zip entry larger than it says).
+struct Budgeted<R> {
+    inner: R,
+    used: Rc<Cell<u64>>,
+    limit: u64,
+}
+
+impl<R: Read> Read for Budgeted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        let used = self.used.get() + n as u64;
+        self.used.set(used);
+        if used > self.limit {
+            return Err(io::Error::other(OverBudget));
+        }
+        Ok(n)
+    }
+}
+
+/// Whether `e` (or what it wraps) is a [`Budgeted`] reader's refusal.
+fn is_over_budget(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.is::<OverBudget>() {
+            return true;
+        }
+        if let Some(io) = c.downcast_ref::<io::Error>()
+            && io.get_ref().is_some_and(|inner| inner.is::<OverBudget>())
+        {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// Collects entries as an archive is walked, then finds the model directory in them.
-#[derive(Default)]
 struct Walk {
+    limits: ArchiveLimits,
+    archive_bytes: u64,
     files: Vec<Vec<String>>,
     configs: BTreeMap<Vec<String>, String>,
     entries: usize,
+    /// Bytes the entries so far declared.
+    declared: u64,
 }
 
 impl Walk {
-    /// Checks one entry; returns its path when it is a file whose contents are wanted (a
-    /// `config.pbtxt` where a model directory's could be).
-    fn entry(&mut self, raw: &str, kind: EntryKind) -> Result<Option<Vec<String>>> {
+    fn new(limits: ArchiveLimits, archive_bytes: u64) -> Self {
+        Walk { limits, archive_bytes, files: Vec::new(), configs: BTreeMap::new(), entries: 0, declared: 0 }
+    }
+
+    /// The error for a failed read: over the expansion limit, or an unreadable archive.
+    fn read_error(&self, e: impl std::error::Error + 'static) -> Error {
+        if is_over_budget(&e) { self.limits.too_large(self.archive_bytes) } else { unreadable(e) }
+    }
+
+    /// Checks one entry of `size` bytes; says what to do with its contents.
+    fn entry(&mut self, raw: &str, kind: EntryKind, size: u64) -> Result<Contents> {
         self.entries += 1;
-        if self.entries > MAX_ENTRIES {
-            return Err(refuse(format!("the archive has more than {MAX_ENTRIES} entries")));
+        if self.entries > self.limits.max_entries {
+            return Err(refuse(format!("the archive has more than {} entries", self.limits.max_entries)));
+        }
+        self.declared = self.declared.saturating_add(size);
+        if self.declared > self.limits.budget(self.archive_bytes) {
+            return Err(self.limits.too_large(self.archive_bytes));
         }
         let path = checked_path(raw)?;
         match kind {
@@ -83,22 +213,50 @@ impl Walk {
             EntryKind::Other => {
                 return Err(refuse(format!("archive entry '{raw}' is not a regular file or directory")));
             }
-            EntryKind::Dir => return Ok(None),
+            EntryKind::Dir => return Ok(Contents::Other),
             EntryKind::File => {}
         }
-        let wanted = path.len() <= 2 && path.last().is_some_and(|n| n == "config.pbtxt");
-        self.files.push(path.clone());
-        Ok(wanted.then_some(path))
+        let name = path.last().map_or("", String::as_str);
+        let contents = if path.len() <= 2 && name == "config.pbtxt" {
+            Contents::Config(path.clone())
+        } else if name.ends_with(".onnx") {
+            Contents::Model
+        } else {
+            Contents::Other
+        };
+        self.files.push(path);
+        Ok(contents)
     }
 
-    fn config_text(&mut self, path: Vec<String>, reader: impl Read) -> Result<()> {
+    /// Reads an entry's contents as `contents` says, checking it holds all `size` bytes.
+    fn contents(&mut self, raw: &str, contents: Contents, size: u64, mut reader: impl Read) -> Result<()> {
+        match contents {
+            Contents::Config(path) => self.config_text(path, size, reader),
+            Contents::Model => check_model(&mut Streamed::new(reader), size).map_err(|e| match e {
+                OnnxError::Invalid(m) => refuse(format!("archive entry '{raw}' is not a valid ONNX model: {m}")),
+                OnnxError::Io(e) => self.read_error(e),
+            }),
+            Contents::Other => {
+                let read = io::copy(&mut reader, &mut io::sink()).map_err(|e| self.read_error(e))?;
+                if read != size {
+                    return Err(refuse(format!("archive entry '{raw}' is truncated: {read} of its {size} bytes")));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn config_text(&mut self, path: Vec<String>, size: u64, reader: impl Read) -> Result<()> {
+        if size > MAX_CONFIG_BYTES {
+            return Err(refuse(format!("config.pbtxt is larger than {MAX_CONFIG_BYTES} bytes")));
+        }
         let mut text = String::new();
         reader
             .take(MAX_CONFIG_BYTES + 1)
             .read_to_string(&mut text)
             .map_err(|e| refuse(format!("config.pbtxt could not be read as UTF-8 text: {e}")))?;
-        if text.len() as u64 > MAX_CONFIG_BYTES {
-            return Err(refuse(format!("config.pbtxt is larger than {MAX_CONFIG_BYTES} bytes")));
+        if text.len() as u64 != size {
+            return Err(refuse(format!("config.pbtxt is truncated: {} of its {size} bytes", text.len())));
         }
         self.configs.insert(path, text);
         Ok(())
@@ -139,9 +297,7 @@ impl Walk {
                 let parsed = tessera_protocol::model_config::from_pbtxt(&text).map_err(|e| {
                     Error::invalid("config.pbtxt", format!("config.pbtxt is not a valid model config: {e}"))
                 })?;
-                // Workers join this name to the version directory: a path would reach outside it.
-                tessera_protocol::model_config::model_filename(&parsed, "model.onnx")
-                    .map_err(|e| Error::invalid("config.pbtxt", e))?;
+                crate::model_config::check("config.pbtxt", &parsed)?;
                 Some(tessera_protocol::model_config::to_json_value(&parsed))
             }
         };
@@ -157,33 +313,52 @@ fn unreadable(e: impl std::fmt::Display) -> Error {
     refuse(format!("the archive could not be read: {e}"))
 }
 
-/// Inspects an archive of `format` (tar, gzipped tar or zip).
-pub fn inspect<R: Read + Seek>(format: ArtifactFormat, reader: R) -> Result<ArchiveManifest> {
+/// Inspects an archive of `format` (tar, gzipped tar or zip), `archive_bytes` long.
+pub fn inspect<R: Read + Seek>(
+    format: ArtifactFormat,
+    reader: R,
+    archive_bytes: u64,
+    limits: ArchiveLimits,
+) -> Result<ArchiveManifest> {
     match format {
-        ArtifactFormat::Tar => inspect_tar(reader),
-        ArtifactFormat::Zip => inspect_zip(reader),
+        ArtifactFormat::Tar => inspect_tar(reader, archive_bytes, limits),
+        ArtifactFormat::Zip => inspect_zip(reader, archive_bytes, limits),
         ArtifactFormat::Onnx => Err(Error::Internal("inspect called on a plain onnx artifact".into())),
     }
 }
 
-/// Inspects a tar archive, gzipped or not (told apart by the gzip magic number). A plain tar
-/// is walked with seeks over file contents; a gzipped one has to be read through.
-pub fn inspect_tar<R: Read + Seek>(reader: R) -> Result<ArchiveManifest> {
+/// Inspects a tar archive, gzipped or not (told apart by the gzip magic number), reading it
+/// through to its end.
+pub fn inspect_tar<R: Read>(reader: R, archive_bytes: u64, limits: ArchiveLimits) -> Result<ArchiveManifest> {
     let mut buffered = BufReader::with_capacity(64 * 1024, reader);
     let gzipped = buffered.fill_buf().map_err(unreadable)?.starts_with(&[0x1f, 0x8b]);
+    let mut walk = Walk::new(limits, archive_bytes);
+    let used = Rc::new(Cell::new(0));
+    let budget = limits.budget(archive_bytes).saturating_add(TAR_SLACK);
     if gzipped {
-        let mut archive = tar::Archive::new(flate2::bufread::GzDecoder::new(buffered));
-        walk_tar(archive.entries().map_err(unreadable)?)
+        let inner = flate2::bufread::GzDecoder::new(buffered);
+        let mut rest = walk_tar(&mut walk, Budgeted { inner, used, limit: budget })?;
+        // The gzip trailer (checksum and length) is only checked at the end of the stream.
+        io::copy(&mut rest, &mut io::sink()).map_err(|e| walk.read_error(e))?;
     } else {
-        let mut archive = tar::Archive::new(buffered);
-        walk_tar(archive.entries_with_seek().map_err(unreadable)?)
+        walk_tar(&mut walk, Budgeted { inner: buffered, used, limit: budget })?;
     }
+    walk.finish()
 }
 
-fn walk_tar<R: Read>(entries: tar::Entries<'_, R>) -> Result<ArchiveManifest> {
-    let mut walk = Walk::default();
-    for entry in entries {
-        let entry = entry.map_err(unreadable)?;
+/// Room for tar headers and padding on top of what entries declare.
+const TAR_SLACK: u64 = 16 * 1024 * 1024;
+
+/// A tar block.
+const BLOCK: u64 = 512;
+
+/// Walks a tar's entries, reading each through; returns the reader after the end marker.
+fn walk_tar<R: Read>(walk: &mut Walk, reader: Budgeted<R>) -> Result<Budgeted<R>> {
+    let mut archive = tar::Archive::new(reader);
+    // Where the last entry's data (padded to a block) ends: the end marker starts there.
+    let mut data_end = 0;
+    for entry in archive.entries().map_err(unreadable)? {
+        let entry = entry.map_err(|e| walk.read_error(e))?;
         let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
         let kind = match entry.header().entry_type() {
             tar::EntryType::Regular | tar::EntryType::Continuous => EntryKind::File,
@@ -192,19 +367,40 @@ fn walk_tar<R: Read>(entries: tar::Entries<'_, R>) -> Result<ArchiveManifest> {
             // pax and GNU long-name headers are folded into the entries they describe.
             _ => EntryKind::Other,
         };
-        if let Some(path) = walk.entry(&raw, kind)? {
-            walk.config_text(path, entry)?;
-        }
+        let size = entry.size();
+        data_end = entry.raw_file_position().saturating_add(size.div_ceil(BLOCK) * BLOCK);
+        let contents = walk.entry(&raw, kind, size)?;
+        walk.contents(&raw, contents, size, entry)?;
     }
-    walk.finish()
+    let rest = archive.into_inner();
+    // The tar reader stops at an all-zero block or, silently, at the end of its input: only
+    // the first means the archive is complete.
+    if rest.used.get() < data_end + BLOCK {
+        return Err(refuse("the archive is truncated: it ends before its end-of-archive marker".into()));
+    }
+    Ok(rest)
 }
 
-/// Inspects a zip archive through its central directory (what unpackers trust).
-pub fn inspect_zip<R: Read + Seek>(reader: R) -> Result<ArchiveManifest> {
+/// Inspects a zip archive through its central directory (what unpackers trust), reading
+/// every entry through (which checks its CRC).
+pub fn inspect_zip<R: Read + Seek>(reader: R, archive_bytes: u64, limits: ArchiveLimits) -> Result<ArchiveManifest> {
     let mut archive = zip::ZipArchive::new(reader).map_err(unreadable)?;
-    let mut walk = Walk::default();
+    if archive.len() > limits.max_entries {
+        return Err(refuse(format!("the archive has more than {} entries", limits.max_entries)));
+    }
+    // Refuse a bomb from its directory, before inflating anything.
+    let mut declared: u64 = 0;
     for i in 0..archive.len() {
-        let wanted = {
+        declared = declared.saturating_add(archive.by_index_raw(i).map_err(unreadable)?.size());
+    }
+    if declared > limits.budget(archive_bytes) {
+        return Err(limits.too_large(archive_bytes));
+    }
+    let mut walk = Walk::new(limits, archive_bytes);
+    let used = Rc::new(Cell::new(0));
+    let budget = limits.budget(archive_bytes);
+    for i in 0..archive.len() {
+        let (raw, contents, size) = {
             let file = archive.by_index_raw(i).map_err(unreadable)?;
             let kind = if file.is_symlink() {
                 EntryKind::Link
@@ -215,12 +411,12 @@ pub fn inspect_zip<R: Read + Seek>(reader: R) -> Result<ArchiveManifest> {
             } else {
                 EntryKind::File
             };
-            walk.entry(file.name(), kind)?
+            let raw = file.name().to_string();
+            let contents = walk.entry(&raw, kind, file.size())?;
+            (raw, contents, file.size())
         };
-        if let Some(path) = wanted {
-            let file = archive.by_index(i).map_err(unreadable)?;
-            walk.config_text(path, file)?;
-        }
+        let file = archive.by_index(i).map_err(unreadable)?;
+        walk.contents(&raw, contents, size, Budgeted { inner: file, used: used.clone(), limit: budget })?;
     }
     walk.finish()
 }
@@ -230,6 +426,7 @@ pub(crate) mod tests {
     use std::io::{Cursor, Write};
 
     use super::*;
+    use crate::onnx::tests::model;
 
     pub const CONFIG: &str = "name: \"resnet\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n";
 
@@ -276,8 +473,20 @@ pub(crate) mod tests {
         w.finish().unwrap().into_inner()
     }
 
+    fn limits() -> ArchiveLimits {
+        ArchiveLimits::for_upload_cap(crate::config::DEFAULT_MAX_UPLOAD_BYTES)
+    }
+
+    fn inspect_tar_bytes(bytes: &[u8]) -> Result<ArchiveManifest> {
+        inspect_tar(Cursor::new(bytes), bytes.len() as u64, limits())
+    }
+
+    fn inspect_zip_bytes(bytes: &[u8]) -> Result<ArchiveManifest> {
+        inspect_zip(Cursor::new(bytes), bytes.len() as u64, limits())
+    }
+
     fn tar(files: &[(&str, &[u8])]) -> Result<ArchiveManifest> {
-        inspect_tar(Cursor::new(tar_of(files, &[])))
+        inspect_tar_bytes(&tar_of(files, &[]))
     }
 
     fn message(r: Result<ArchiveManifest>) -> String {
@@ -289,7 +498,7 @@ pub(crate) mod tests {
 
     #[test]
     fn reads_the_config_in_every_layout_and_packaging() {
-        let onnx: &[u8] = &[0x08, 0x07];
+        let onnx = &model(10)[..];
         let layouts: [&[(&str, &[u8])]; 3] = [
             &[("resnet/config.pbtxt", CONFIG.as_bytes()), ("resnet/1/model.onnx", onnx)],
             &[("config.pbtxt", CONFIG.as_bytes()), ("1/model.onnx", onnx)],
@@ -298,9 +507,9 @@ pub(crate) mod tests {
         for files in layouts {
             let plain = tar_of(files, &[]);
             for m in [
-                inspect_tar(Cursor::new(plain.clone())).unwrap(),
-                inspect_tar(Cursor::new(gzip(&plain))).unwrap(),
-                inspect_zip(Cursor::new(zip_of(files, &[]))).unwrap(),
+                inspect_tar_bytes(&plain).unwrap(),
+                inspect_tar_bytes(&gzip(&plain)).unwrap(),
+                inspect_zip_bytes(&zip_of(files, &[])).unwrap(),
             ] {
                 let config = m.config.expect("config read");
                 assert_eq!((config["name"].as_str(), config["max_batch_size"].as_i64()), (Some("resnet"), Some(8)));
@@ -313,15 +522,15 @@ pub(crate) mod tests {
 
     #[test]
     fn refuses_traversal_links_and_archives_without_a_model() {
-        let onnx: &[u8] = &[0x08, 0x07];
+        let onnx = &model(0)[..];
         assert!(message(tar(&[("m/1/model.onnx", onnx), ("../evil", b"x")])).contains("path traversal"));
         assert!(message(tar(&[("m/../../evil.onnx", onnx)])).contains("path traversal"));
         assert!(message(tar(&[("/etc/model.onnx", onnx)])).contains("absolute path"));
         let linked = tar_of(&[("m/1/model.onnx", onnx)], &[("m/config.pbtxt", "/etc/passwd")]);
-        assert!(message(inspect_tar(Cursor::new(linked))).contains("is a link"));
+        assert!(message(inspect_tar_bytes(&linked)).contains("is a link"));
         let zipped = zip_of(&[("m/1/model.onnx", onnx)], &[("m/2", "/tmp")]);
-        assert!(message(inspect_zip(Cursor::new(zipped))).contains("is a link"));
-        assert!(message(inspect_zip(Cursor::new(zip_of(&[("../x.onnx", onnx)], &[])))).contains("path traversal"));
+        assert!(message(inspect_zip_bytes(&zipped)).contains("is a link"));
+        assert!(message(inspect_zip_bytes(&zip_of(&[("../x.onnx", onnx)], &[]))).contains("path traversal"));
         assert!(message(tar(&[("m/config.pbtxt", CONFIG.as_bytes())])).contains("no .onnx model file"));
         assert!(message(tar(&[("m/1/sub/model.onnx", onnx)])).contains("no .onnx model file"));
         let bad_config = tar(&[("config.pbtxt", b"max_batch_size: \"many\""), ("model.onnx", onnx)]);
@@ -329,9 +538,96 @@ pub(crate) mod tests {
         let outside =
             tar(&[("config.pbtxt", b"default_model_filename: \"../../t2/m/1/model.onnx\""), ("model.onnx", onnx)]);
         assert!(message(outside).contains("default_model_filename"));
-        assert!(
-            message(inspect_tar(Cursor::new(b"not a tar at all, just text".repeat(40)))).contains("could not be read")
-        );
+        assert!(message(inspect_tar_bytes(&b"not a tar at all, just text".repeat(40))).contains("could not be read"));
+    }
+
+    #[test]
+    fn every_onnx_file_must_be_a_model() {
+        let good = model(100);
+        let fake: &[u8] = &[0x08, 0x07, b'h', b'i'];
+        for files in [
+            &[("m/1/model.onnx", fake)][..],
+            &[("m/1/model.onnx", &good[..]), ("m/2/model.onnx", &good[..20])],
+            &[("m/1/model.onnx", &good[..]), ("m/extra/other.onnx", fake)],
+        ] {
+            for r in [
+                inspect_tar_bytes(&tar_of(files, &[])),
+                inspect_tar_bytes(&gzip(&tar_of(files, &[]))),
+                inspect_zip_bytes(&zip_of(files, &[])),
+            ] {
+                let m = message(r);
+                assert!(m.contains("is not a valid ONNX model"), "{m}");
+            }
+        }
+        let m = message(tar(&[("m/1/model.onnx", &good[..20])]));
+        assert!(m.contains("'m/1/model.onnx' is not a valid ONNX model: truncated at byte 20"), "{m}");
+    }
+
+    #[test]
+    fn truncated_archives_are_refused() {
+        let good = model(5000);
+        let files: &[(&str, &[u8])] = &[("m/config.pbtxt", CONFIG.as_bytes()), ("m/1/model.onnx", &good)];
+        let whole = tar_of(files, &[]);
+        assert!(inspect_tar_bytes(&whole).is_ok());
+        // Cut inside the model, at a block boundary inside it, inside the config, and just
+        // before the end-of-archive marker.
+        let model_data = 3 * 512;
+        for cut in [model_data + 100, model_data + 1024, 512 + 10, whole.len() - 1024] {
+            let m = message(inspect_tar_bytes(&whole[..cut]));
+            assert!(m.contains("truncated"), "cut at {cut}: {m}");
+        }
+        // A gzip stream cut short, or with its checksum wrong, is refused too.
+        let gz = gzip(&whole);
+        assert!(inspect_tar_bytes(&gz).is_ok());
+        assert!(inspect_tar_bytes(&gz[..gz.len() - 4]).is_err());
+        let mut bad_crc = gz.clone();
+        let at = bad_crc.len() - 8;
+        bad_crc[at] ^= 0xff;
+        assert!(message(inspect_tar_bytes(&bad_crc)).contains("could not be read"));
+        // A zip without its central directory cannot be read.
+        let zipped = zip_of(files, &[]);
+        assert!(message(inspect_zip_bytes(&zipped[..zipped.len() - 30])).contains("could not be read"));
+    }
+
+    #[test]
+    fn archives_that_expand_too_far_are_refused_before_expanding() {
+        let good = model(0);
+        let zeros = vec![0u8; 8 * 1024 * 1024];
+        let files: &[(&str, &[u8])] = &[("m/1/model.onnx", &good), ("m/1/weights.bin", &zeros)];
+        let small = ArchiveLimits { max_entries: 10, max_expanded_bytes: 4 * 1024 * 1024, max_expansion_ratio: 16 };
+        let tarred = tar_of(files, &[]);
+        let gz = gzip(&tarred);
+        let zipped = zip_of(files, &[]);
+        for r in [
+            inspect_tar(Cursor::new(&tarred), tarred.len() as u64, small),
+            inspect_tar(Cursor::new(&gz), gz.len() as u64, small),
+            inspect_zip(Cursor::new(&zipped), zipped.len() as u64, small),
+        ] {
+            let m = message(r);
+            assert!(m.contains("expands to more than 4194304 bytes"), "{m}");
+        }
+        // The ratio: 8 MiB of zeros compress to a few KiB, far more than 16 times.
+        let ratio_only = ArchiveLimits { max_expanded_bytes: u64::MAX, ..small };
+        assert_eq!(ratio_only.budget(gz.len() as u64), EXPANSION_FLOOR_BYTES);
+        let tight = ArchiveLimits { max_expansion_ratio: 1, ..ratio_only };
+        assert_eq!(tight.budget(1 << 40), 1 << 40);
+        assert!(inspect_tar(Cursor::new(&gz), gz.len() as u64, ratio_only).is_ok());
+        // Entries are counted.
+        let many: Vec<(String, Vec<u8>)> = (0..11).map(|i| (format!("m/{i}.txt"), vec![b'x'])).collect();
+        let many: Vec<(&str, &[u8])> = many.iter().map(|(p, d)| (p.as_str(), d.as_slice())).collect();
+        let m = message(inspect_tar(Cursor::new(tar_of(&many, &[])), 1 << 20, small));
+        assert!(m.contains("more than 10 entries"), "{m}");
+        let m = message(inspect_zip(Cursor::new(zip_of(&many, &[])), 1 << 20, small));
+        assert!(m.contains("more than 10 entries"), "{m}");
+    }
+
+    #[test]
+    fn default_limits_scale_with_the_upload_cap() {
+        let l = ArchiveLimits::for_upload_cap(1 << 30);
+        assert_eq!((l.max_entries, l.max_expanded_bytes, l.max_expansion_ratio), (10_000, 8 << 30, 16));
+        assert_eq!(ArchiveLimits::for_upload_cap(16 << 30).max_expanded_bytes, 32 << 30);
+        assert_eq!(l.budget(1 << 20), 64 << 20);
+        assert_eq!(l.budget(1 << 30), 8 << 30);
     }
 
     #[test]

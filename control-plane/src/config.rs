@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use crate::archive::ArchiveLimits;
+
 /// Default `--max-upload-bytes`: 4 GiB.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 4 * 1024 * 1024 * 1024;
 
@@ -58,6 +60,17 @@ pub struct ControlPlaneArgs {
     /// Largest model artifact accepted, in bytes.
     #[arg(long, env = "TESSERA_MAX_UPLOAD_BYTES", default_value_t = DEFAULT_MAX_UPLOAD_BYTES)]
     pub max_upload_bytes: u64,
+    /// Most entries (files, directories) a tar or zip upload may hold.
+    #[arg(long, env = "TESSERA_MAX_ARCHIVE_ENTRIES", default_value_t = crate::archive::DEFAULT_MAX_ENTRIES)]
+    pub max_archive_entries: usize,
+    /// Most bytes the files of a tar or zip upload may hold in all, unpacked. Default: twice
+    /// `--max-upload-bytes`, at least 8 GiB.
+    #[arg(long, env = "TESSERA_MAX_ARCHIVE_EXPANDED_BYTES")]
+    pub max_archive_expanded_bytes: Option<u64>,
+    /// Most bytes the files of a tar or zip upload may hold per byte of the upload (an
+    /// archive may always expand to 64 MiB): refuses gzip and zip bombs.
+    #[arg(long, env = "TESSERA_MAX_ARCHIVE_EXPANSION_RATIO", default_value_t = crate::archive::DEFAULT_MAX_EXPANSION_RATIO)]
+    pub max_archive_expansion_ratio: u64,
     /// Lifetime of access tokens from `POST /v1/auth/token`, in seconds.
     #[arg(long, env = "TESSERA_TOKEN_TTL_SECS", default_value_t = 900)]
     pub token_ttl_secs: u64,
@@ -117,6 +130,8 @@ pub struct Config {
     pub object_store: String,
     /// Upload cap.
     pub max_upload_bytes: u64,
+    /// What an archive upload may expand to.
+    pub archive_limits: ArchiveLimits,
     /// Access token lifetime.
     pub token_ttl: Duration,
     /// Token issuer.
@@ -154,6 +169,13 @@ impl ControlPlaneArgs {
             database_wait: Duration::from_secs(self.database_wait_secs),
             object_store: self.object_store,
             max_upload_bytes: self.max_upload_bytes,
+            archive_limits: ArchiveLimits {
+                max_entries: self.max_archive_entries.max(1),
+                max_expanded_bytes: self
+                    .max_archive_expanded_bytes
+                    .unwrap_or(ArchiveLimits::for_upload_cap(self.max_upload_bytes).max_expanded_bytes),
+                max_expansion_ratio: self.max_archive_expansion_ratio.max(1),
+            },
             token_ttl: Duration::from_secs(self.token_ttl_secs.max(1)),
             token_issuer: self.token_issuer,
             token_audience: self.token_audience,

@@ -64,6 +64,15 @@ pub enum Error {
     /// A request that could not be read at all (malformed JSON, bad header).
     #[error("{0}")]
     BadRequest(String),
+    /// A value that cannot be decoded at all, in a named field (a page cursor this server
+    /// never issued): 400, where a value that decodes but is not acceptable is 422.
+    #[error("{message}")]
+    Malformed {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// No credentials, or credentials that do not check out. Deliberately vague.
     #[error("missing or invalid credentials")]
     Unauthenticated,
@@ -140,7 +149,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidInput { .. } => ErrorKind::InvalidArgument,
-            Error::BadRequest(_) => ErrorKind::BadRequest,
+            Error::BadRequest(_) | Error::Malformed { .. } => ErrorKind::BadRequest,
             Error::Unauthenticated => ErrorKind::Unauthenticated,
             Error::Forbidden { .. } => ErrorKind::PermissionDenied,
             Error::NotFound(_) => ErrorKind::NotFound,
@@ -170,6 +179,7 @@ impl Error {
         };
         let field = match self {
             Error::InvalidInput { field, .. } => field.clone(),
+            Error::Malformed { field, .. } => Some(field.to_string()),
             _ => None,
         };
         ErrorBody { error: ErrorDetail { code: self.code().to_string(), message, field } }

@@ -16,6 +16,8 @@ pub mod config;
 pub mod console;
 pub mod error;
 pub mod metrics;
+pub mod model_config;
+pub mod onnx;
 pub mod registry;
 pub mod scheduler;
 pub mod store;

@@ -19,8 +19,9 @@ use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::archive::ArchiveManifest;
+use crate::archive::{ArchiveLimits, ArchiveManifest};
 use crate::error::{Error, Result};
+use crate::onnx::{OnnxError, Seeking, check_model};
 use crate::types::ArtifactFormat;
 
 /// Multipart part size (S3's minimum is 5 MiB).
@@ -142,15 +143,36 @@ impl ArtifactStore {
         hashed.verdict(format, Some(expected))
     }
 
-    /// Inspects a stored archive (tar, gzipped tar, zip): checks its entries and reads its
-    /// `config.pbtxt` (see [`crate::archive`]). Reads the object in ranges on a blocking
-    /// thread, so neither memory nor the async runtime holds the artifact.
-    pub async fn inspect_archive(&self, key: &Path, format: ArtifactFormat) -> Result<ArchiveManifest> {
+    /// Inspects a stored archive (tar, gzipped tar, zip): checks its entries, the models in it
+    /// and what it expands to, and reads its `config.pbtxt` (see [`crate::archive`]). Reads
+    /// the object in ranges on a blocking thread, so neither memory nor the async runtime
+    /// holds the artifact.
+    pub async fn inspect_archive(
+        &self,
+        key: &Path,
+        format: ArtifactFormat,
+        limits: ArchiveLimits,
+    ) -> Result<ArchiveManifest> {
         let size = self.store.head(key).await?.size;
         let reader = RangeReader::new(self.store.clone(), key.clone(), size, tokio::runtime::Handle::current());
-        tokio::task::spawn_blocking(move || crate::archive::inspect(format, reader))
+        tokio::task::spawn_blocking(move || crate::archive::inspect(format, reader, size, limits))
             .await
             .map_err(|e| Error::Internal(format!("archive inspection task: {e}")))?
+    }
+
+    /// Checks that a stored plain ONNX artifact is a well-formed model ([`crate::onnx`]).
+    /// Walks the object in ranges on a blocking thread, seeking over tensors, so a model of
+    /// any size costs little more than its structure.
+    pub async fn check_onnx(&self, key: &Path) -> Result<()> {
+        let size = self.store.head(key).await?.size;
+        let reader = RangeReader::new(self.store.clone(), key.clone(), size, tokio::runtime::Handle::current());
+        let checked = tokio::task::spawn_blocking(move || check_model(&mut Seeking::new(reader, size), size))
+            .await
+            .map_err(|e| Error::Internal(format!("onnx check task: {e}")))?;
+        checked.map_err(|e| match e {
+            OnnxError::Invalid(m) => Error::invalid("body", format!("model.onnx is not a valid ONNX model: {m}")),
+            OnnxError::Io(e) => Error::Internal(format!("read the artifact back: {e}")),
+        })
     }
 
     /// Streams a stored object in chunks of `chunk` bytes (the last one shorter), whatever
@@ -343,10 +365,9 @@ impl Hashing {
 mod tests {
     use super::*;
 
+    /// A well-formed model, `n` bytes long or a few more.
     fn onnx_bytes(n: usize) -> Vec<u8> {
-        let mut v = vec![0x08, 0x07];
-        v.resize(n, 0xab);
-        v
+        crate::onnx::tests::model(n)
     }
 
     fn chunks(data: &[u8], size: usize) -> impl Stream<Item = std::result::Result<Bytes, std::io::Error>> + Unpin {
@@ -416,9 +437,35 @@ mod tests {
         ] {
             let key = ArtifactStore::new_key(Uuid::nil(), Uuid::nil(), format);
             store.put_stream(&key, chunks(&data, 65536), u64::MAX, format, None).await.unwrap();
-            let manifest = store.inspect_archive(&key, format).await.unwrap();
+            let limits = ArchiveLimits::for_upload_cap(u64::MAX);
+            let manifest = store.inspect_archive(&key, format, limits).await.unwrap();
             assert_eq!(manifest.config.unwrap()["max_batch_size"], 8);
             assert_eq!(manifest.onnx_files, ["1/model.onnx"]);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stored_models_are_checked_across_ranges() {
+        let (_dir, store) = local();
+        // The doc string spans several ranges: the check seeks over it.
+        let data = onnx_bytes(3 * RANGE_LEN as usize + 5);
+        for (bytes, ok) in [(&data[..], true), (&data[..RANGE_LEN as usize + 3], false), (&data[..20], false)] {
+            let key = ArtifactStore::new_key(Uuid::nil(), Uuid::nil(), ArtifactFormat::Onnx);
+            store.put_stream(&key, chunks(bytes, 65536), u64::MAX, ArtifactFormat::Onnx, None).await.unwrap();
+            match store.check_onnx(&key).await {
+                Ok(()) => assert!(ok, "a {}-byte prefix was accepted", bytes.len()),
+                Err(Error::InvalidInput { message, .. }) => {
+                    assert!(!ok, "{message}");
+                    assert!(
+                        message.starts_with(&format!(
+                            "model.onnx is not a valid ONNX model: truncated at byte {}",
+                            bytes.len()
+                        )),
+                        "{message}"
+                    );
+                }
+                Err(e) => panic!("{e}"),
+            }
         }
     }
 
@@ -430,7 +477,10 @@ mod tests {
         store.put_stream(&key, chunks(&data, 7_000), u64::MAX, ArtifactFormat::Onnx, None).await.unwrap();
         let pieces: Vec<Bytes> =
             store.get_chunks(key.as_ref(), 1024 * 1024).await.unwrap().map(|c| c.unwrap()).collect().await;
-        assert_eq!(pieces.iter().map(Bytes::len).collect::<Vec<_>>(), [1024 * 1024, 1024 * 1024, 10]);
+        assert_eq!(
+            pieces.iter().map(Bytes::len).collect::<Vec<_>>(),
+            [1024 * 1024, 1024 * 1024, data.len() - 2 * 1024 * 1024]
+        );
         assert_eq!(pieces.concat(), data);
         let missing = store.get_chunks("tenants/x/nothing", 10).await.err().unwrap();
         assert!(matches!(missing, Error::NotFound(_)));

@@ -114,6 +114,34 @@ impl fmt::Display for Name {
     }
 }
 
+/// Earliest time a stored timestamp may name (a price's `effective_from`, a key's expiry):
+/// 2000-01-01T00:00:00Z.
+pub const EARLIEST_TIME: i64 = 946_684_800;
+/// Latest: 9999-12-31T23:59:59Z.
+pub const LATEST_TIME: i64 = 253_402_300_799;
+
+/// Refuses a time outside [`EARLIEST_TIME`]..=[`LATEST_TIME`], blaming `field`: RFC 3339 lets
+/// a client send year 0, which nothing here means.
+pub fn check_time(field: &str, t: time::OffsetDateTime) -> Result<(), Error> {
+    if (EARLIEST_TIME..=LATEST_TIME).contains(&t.unix_timestamp()) {
+        Ok(())
+    } else {
+        Err(Error::invalid(field, format!("{field} must be between 2000-01-01T00:00:00Z and 9999-12-31T23:59:59Z")))
+    }
+}
+
+/// Whether `s` names a slice profile: `cpu`, `gpu` or `mig-<profile>` (1 to 32 of `a-z`,
+/// `0-9`, `.`, e.g. `mig-1g.10gb`).
+pub fn is_slice_profile(s: &str) -> bool {
+    let mig_ok = s.strip_prefix("mig-").is_some_and(|p| {
+        !p.is_empty() && p.len() <= 32 && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.')
+    });
+    s == "cpu" || s == "gpu" || mig_ok
+}
+
+/// The pattern [`is_slice_profile`] accepts, for OpenAPI schemas.
+pub const SLICE_PROFILE_PATTERN: &str = "^(cpu|gpu|mig-[a-z0-9.]{1,32})$";
+
 /// A user's email address, lower-cased: `local@domain`, at most 254 characters, no spaces or
 /// control characters. Not proof the mailbox exists; only a stable, unique handle per tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -199,7 +227,9 @@ impl ArtifactFormat {
     }
 
     /// Checks the first bytes of an artifact against the format's signature, so a zip sent as
-    /// `onnx` (or an HTML error page sent as anything) is refused before it becomes a version.
+    /// `onnx` (or an HTML error page sent as anything) is refused as soon as it is stored. Only
+    /// a first filter: ONNX files are then walked whole ([`crate::onnx`]), archives read
+    /// through ([`crate::archive`]).
     pub fn matches_head(self, head: &[u8]) -> bool {
         match self {
             // ONNX is a protobuf ModelProto: its first byte is the key of one of its fields
@@ -262,6 +292,15 @@ mod tests {
         ] {
             assert!(Email::parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn times_are_bounded() {
+        use time::macros::datetime;
+        assert!(check_time("t", datetime!(2000-01-01 0:00 UTC)).is_ok());
+        assert!(check_time("t", datetime!(9999-12-31 23:59:59 UTC)).is_ok());
+        assert!(check_time("t", datetime!(0000-01-01 0:00 UTC)).is_err());
+        assert!(check_time("t", datetime!(1999-12-31 23:59:59 UTC)).is_err());
     }
 
     #[test]

@@ -94,6 +94,29 @@ def control_plane(start_control_plane):
     return start_control_plane()
 
 
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _field(number: int, body: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(body)) + body
+
+
+def onnx_model(padding: int = 0) -> bytes:
+    """A small well-formed ONNX model (one Identity node), padded by a doc_string.
+
+    The control plane walks uploads as ONNX protobuf and refuses anything else."""
+    node = _field(1, b"x") + _field(2, b"y") + _field(4, b"Identity")
+    graph = _field(1, node) + _field(2, b"g") + _field(11, b"\x0a\x01x") + _field(12, b"\x0a\x01y")
+    doc = _field(6, b"z" * padding) if padding else b""
+    return b"\x08\x08" + _field(8, b"\x10\x0d") + doc + _field(7, graph)
+
+
 def wait_for_port(host: str, port: int, timeout: float = 15.0):
     import socket
 

@@ -8,7 +8,7 @@ import io
 import subprocess
 import sys
 
-from conftest import OPENAPI
+from conftest import OPENAPI, onnx_model
 
 
 def generate_client(tmp_path):
@@ -51,7 +51,7 @@ def test_pipeline_with_generated_client(control_plane, tmp_path):
     retried = create_model.sync(client=pipeline, tenant="acme", body=CreateModel(name="resnet"), idempotency_key="run-1")
     assert retried.id == model.id
 
-    artifact = b"\x08\x07" + b"\x00" * 4094
+    artifact = onnx_model(4000)
     digest = hashlib.sha256(artifact).hexdigest()
     for _ in range(2):
         version = upload_version.sync(

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import wait_for_port
+from conftest import onnx_model, wait_for_port
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_presigned_upload_round_trip(start_control_plane, s3):
     api.post("/v1/tenants", json={"name": "acme"}).raise_for_status()
     api.post("/v1/tenants/acme/models", json={"name": "big"}).raise_for_status()
 
-    artifact = b"\x08\x07" + bytes(range(256)) * 4096
+    artifact = onnx_model(1 << 20)
     digest = hashlib.sha256(artifact).hexdigest()
     upload = api.post("/v1/tenants/acme/models/big/uploads", json={"format": "onnx"})
     assert upload.status_code == 201, upload.text

@@ -78,6 +78,9 @@ pub async fn handle_alias_set(
 ) -> Result<Json<Alias>> {
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "move aliases").await?;
     let alias = Name::from_path("alias", &alias)?;
+    if body.version < 1 {
+        return Err(Error::invalid("version", "version must be at least 1"));
+    }
     let row = app.registry.set_alias(&caller.actor, &m, &alias, body.version).await?;
     // A deployment following the alias rolls to the new version.
     app.signals.wake_scheduler();

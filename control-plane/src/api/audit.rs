@@ -7,7 +7,7 @@ use time::OffsetDateTime;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::{ApiQuery, AppState, Caller};
+use super::{ApiQuery, AppState, Caller, cursor};
 use crate::app::TenantRef;
 use crate::error::{Error, Result};
 use crate::registry::{AuditEventRow, AuditFilter};
@@ -85,12 +85,16 @@ pub struct AuditPage {
 #[into_params(parameter_in = Query)]
 pub struct AuditParams {
     /// Tenant (default: the caller's; platform admins may name any).
+    #[param(pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
     pub tenant: Option<String>,
     /// Only this action.
+    #[param(max_length = 200)]
     pub action: Option<String>,
     /// Only this resource type.
+    #[param(max_length = 200)]
     pub resource_type: Option<String>,
     /// Only this resource.
+    #[param(max_length = 200)]
     pub resource_id: Option<String>,
     /// Only this acting key.
     pub actor_key_id: Option<Uuid>,
@@ -99,8 +103,26 @@ pub struct AuditParams {
     /// Most events to return (1 to 500, default 100).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
-    /// `next_cursor` of the previous page.
+    /// `next_cursor` of the previous page (opaque; anything else is refused with 400).
+    #[param(max_length = 256)]
     pub cursor: Option<String>,
+}
+
+/// Longest audit filter value.
+const MAX_FILTER_LEN: usize = 200;
+
+impl AuditParams {
+    /// Refuses filter values longer than the schema allows, naming the parameter.
+    fn check(&self) -> Result<()> {
+        let filters =
+            [("action", &self.action), ("resource_type", &self.resource_type), ("resource_id", &self.resource_id)];
+        for (field, value) in filters {
+            if value.as_ref().is_some_and(|v| v.chars().count() > MAX_FILTER_LEN) {
+                return Err(Error::invalid(field, format!("{field} must be at most {MAX_FILTER_LEN} characters")));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Which tenant's chain.
@@ -108,6 +130,7 @@ pub struct AuditParams {
 #[into_params(parameter_in = Query)]
 pub struct VerifyParams {
     /// Tenant (default: the caller's; platform admins may name any).
+    #[param(pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
     pub tenant: Option<String>,
 }
 
@@ -149,15 +172,13 @@ pub async fn handle_audit_list(
     ApiQuery(params): ApiQuery<AuditParams>,
 ) -> Result<Json<AuditPage>> {
     let t = audit_tenant(&app, &caller, params.tenant.as_deref()).await?;
+    params.check()?;
     let limit = match params.limit {
         None => 100,
         Some(n @ 1..=500) => n,
         Some(_) => return Err(Error::invalid("limit", "limit must be between 1 and 500")),
     };
-    let before_seq = match params.cursor.as_deref() {
-        None => None,
-        Some(c) => Some(c.parse::<i64>().map_err(|_| Error::invalid("cursor", "not a cursor from this list"))?),
-    };
+    let before_seq = params.cursor.as_deref().map(|c| cursor::decode_number("audit", c)).transpose()?;
     let filter = AuditFilter {
         action: params.action,
         resource_type: params.resource_type,
@@ -169,7 +190,7 @@ pub async fn handle_audit_list(
     let rows = app.registry.conn().await?.audit_events(t.id, &filter, limit + 1).await?;
     let more = rows.len() as i64 > limit;
     let events: Vec<AuditEvent> = rows.into_iter().take(limit as usize).map(AuditEvent::from).collect();
-    let next_cursor = if more { events.last().map(|e| e.seq.to_string()) } else { None };
+    let next_cursor = if more { events.last().map(|e| cursor::encode("audit", &e.seq.to_string())) } else { None };
     Ok(Json(AuditPage { events, next_cursor }))
 }
 

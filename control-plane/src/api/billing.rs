@@ -13,7 +13,7 @@ use super::usage::to_time;
 use super::{ApiJson, ApiQuery, AppState, Caller};
 use crate::error::{Error, Result};
 use crate::registry::{PriceRow, UsageFilter, now};
-use crate::types::Role;
+use crate::types::{Role, check_time};
 use crate::usage::billing::{Period, cents_to_micro, invoice, micro_to_cents};
 
 /// Most entries in the price schedule.
@@ -25,14 +25,18 @@ const MAX_PRICES: usize = 1_000;
 pub struct Price {
     /// Slice profile priced: `cpu`, `gpu` or `mig-<profile>`.
     pub slice_profile: String,
-    /// Cents per slice-hour reserved (decimals allowed; kept to the micro-cent).
-    #[schema(minimum = 0)]
+    /// Cents per slice-hour reserved: decimals down to the micro-cent (0.000001); finer
+    /// precision is refused, not rounded.
+    // Not stated as `multipleOf`: JSON Schema checks that in binary floating point, where a
+    // stored 0.3 is no multiple of 0.000001 and responses would fail their own schema.
+    #[schema(minimum = 0, maximum = 1e12)]
     pub per_slice_hour_cents: f64,
-    /// Cents per 1,000 inferences (decimals allowed; kept to the micro-cent).
-    #[schema(minimum = 0)]
+    /// Cents per 1,000 inferences: decimals down to the micro-cent (0.000001); finer
+    /// precision is refused, not rounded.
+    #[schema(minimum = 0, maximum = 1e12)]
     pub per_1000_inferences_cents: f64,
-    /// When the entry takes effect (RFC 3339, a whole minute); it applies until the profile's
-    /// next entry.
+    /// When the entry takes effect (RFC 3339, a whole minute, 2000-01-01T00:00:00Z to
+    /// 9999-12-31T23:59:00Z); it applies until the profile's next entry.
     #[serde(with = "time::serde::rfc3339")]
     pub effective_from: OffsetDateTime,
 }
@@ -88,6 +92,7 @@ pub struct Invoice {
 #[into_params(parameter_in = Query)]
 pub struct InvoiceParams {
     /// Month, `YYYY-MM` (default: the current month, UTC).
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}$")]
     pub period: Option<String>,
 }
 
@@ -100,6 +105,7 @@ fn to_rows(body: Prices) -> Result<Vec<PriceRow>> {
         let field = |name: &str| format!("prices[{i}].{name}");
         check_profile(&p.slice_profile)
             .map_err(|_| Error::invalid(field("slice_profile"), "slice_profile must be cpu, gpu or mig-<profile>"))?;
+        check_time(&field("effective_from"), p.effective_from)?;
         let effective_from = p.effective_from.unix_timestamp();
         if effective_from % 60 != 0 || p.effective_from.nanosecond() != 0 {
             return Err(Error::invalid(field("effective_from"), "effective_from must be a whole minute"));
@@ -249,7 +255,16 @@ mod tests {
             serde_json::json!({ "prices": [{ "slice_profile": "cpu", "per_slice_hour_cents": 1, "per_1000_inferences_cents": 1, "effective_from": "2026-01-01T00:00:30Z" }]}),
             "prices[0].effective_from",
         );
+        fails(
+            serde_json::json!({ "prices": [{ "slice_profile": "cpu", "per_slice_hour_cents": 1, "per_1000_inferences_cents": 1, "effective_from": "0000-01-01T00:00:00Z" }]}),
+            "prices[0].effective_from",
+        );
+        fails(
+            serde_json::json!({ "prices": [{ "slice_profile": "cpu", "per_slice_hour_cents": 1e-12, "per_1000_inferences_cents": 1, "effective_from": "2026-01-01T00:00:00Z" }]}),
+            "prices[0].per_slice_hour_cents",
+        );
         assert_eq!(parse_time("from", Some("2026-01-01T00:01:00Z")).unwrap(), Some(1_767_225_660));
+        assert!(parse_time("from", Some("0000-01-01T00:00:00Z")).is_err());
         assert!(parse_time("from", Some("yesterday")).is_err());
     }
 }

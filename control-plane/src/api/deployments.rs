@@ -16,7 +16,7 @@ use super::{ApiJson, AppState, Caller};
 use crate::error::{Error, Result};
 use crate::registry::{DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef, WorkerRow};
 use crate::scheduler::plan::replica_memory;
-use crate::types::{Name, Role};
+use crate::types::{Name, Role, is_slice_profile};
 
 /// Most replicas of one deployment.
 const MAX_REPLICAS: i64 = 64;
@@ -25,17 +25,43 @@ const MAX_INSTANCES: i64 = 16;
 /// Events returned by the events endpoint (the latest ones).
 const EVENTS_SHOWN: i64 = 500;
 
+/// Longest queue delay a deployment may ask for: 60 s, in microseconds.
+const MAX_QUEUE_DELAY_US: i64 = 60_000_000;
+/// Most preferred batch sizes.
+const MAX_PREFERRED_SIZES: usize = 16;
+/// Largest batch size (Triton's `int32`).
+const MAX_BATCH: i64 = i32::MAX as i64;
+/// Most memory a replica may ask for: 1 TiB.
+const MAX_MEMORY_BYTES: i64 = 1 << 40;
+
 /// Triton's dynamic batcher settings for the deployment's model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DynamicBatching {
-    /// Longest a request waits for a batch to fill, in microseconds.
+    /// Longest a request waits for a batch to fill, in microseconds (at most 60 s).
     #[serde(default)]
-    #[schema(minimum = 0)]
+    #[schema(minimum = 0, maximum = 60_000_000)]
     pub max_queue_delay_microseconds: i64,
-    /// Batch sizes the batcher prefers to form.
+    /// Batch sizes the batcher prefers to form: at most 16, each 1 to 2^31-1 and at most
+    /// `max_batch_size` when that is set.
     #[serde(default)]
+    #[schema(schema_with = preferred_sizes_schema)]
     pub preferred_batch_size: Vec<i64>,
+}
+
+/// The schema of [`DynamicBatching::preferred_batch_size`].
+fn preferred_sizes_schema() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    let size = ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+        .minimum(Some(1))
+        .maximum(Some(MAX_BATCH));
+    ArrayBuilder::new()
+        .items(size)
+        .max_items(Some(MAX_PREFERRED_SIZES))
+        .description(Some("Batch sizes the batcher prefers to form: each at most `max_batch_size` when that is set."))
+        .build()
 }
 
 /// A new deployment.
@@ -46,7 +72,8 @@ pub struct DeploymentCreate {
     #[schema(value_type = String, pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
     pub name: Name,
     /// Model to deploy (one deployment per model).
-    pub model: String,
+    #[schema(value_type = String, pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
+    pub model: Name,
     /// Version to pin. At most one of `version` and `alias`; neither pins the latest version.
     #[serde(default)]
     #[schema(minimum = 1)]
@@ -57,6 +84,7 @@ pub struct DeploymentCreate {
     pub alias: Option<Name>,
     /// Slice profile: `cpu` (default), `gpu` or `mig-<profile>` (e.g. `mig-1g.10gb`).
     #[serde(default)]
+    #[schema(pattern = "^(cpu|gpu|mig-[a-z0-9.]{1,32})$")]
     pub profile: Option<String>,
     /// Replicas (0 to 64, default 1).
     #[serde(default)]
@@ -71,11 +99,12 @@ pub struct DeploymentCreate {
     pub dynamic_batching: Option<DynamicBatching>,
     /// Max batch size; absent: the model's own config decides.
     #[serde(default)]
-    #[schema(minimum = 0)]
+    #[schema(minimum = 0, maximum = 2147483647)]
     pub max_batch_size: Option<i64>,
-    /// Memory per replica in bytes; absent: four times the artifact, at least 64 MiB.
+    /// Memory per replica in bytes (at most 1 TiB); absent: four times the artifact, at least
+    /// 64 MiB.
     #[serde(default)]
-    #[schema(minimum = 1)]
+    #[schema(minimum = 1, maximum = 1_099_511_627_776_i64)]
     pub memory_bytes: Option<i64>,
 }
 
@@ -92,8 +121,9 @@ pub struct DeploymentUpdate {
     #[serde(default)]
     #[schema(value_type = Option<String>)]
     pub alias: Option<Name>,
-    /// Slice profile.
+    /// Slice profile: `cpu`, `gpu` or `mig-<profile>`.
     #[serde(default)]
+    #[schema(pattern = "^(cpu|gpu|mig-[a-z0-9.]{1,32})$")]
     pub profile: Option<String>,
     /// Replicas (0 to 64).
     #[serde(default)]
@@ -109,11 +139,11 @@ pub struct DeploymentUpdate {
     pub dynamic_batching: Option<Option<DynamicBatching>>,
     /// Max batch size (`null` clears it).
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<i64>, minimum = 0)]
+    #[schema(value_type = Option<i64>, minimum = 0, maximum = 2147483647)]
     pub max_batch_size: Option<Option<i64>>,
-    /// Memory per replica (`null` returns to the default).
+    /// Memory per replica, at most 1 TiB (`null` returns to the default).
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<i64>, minimum = 1)]
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 1_099_511_627_776_i64)]
     pub memory_bytes: Option<Option<i64>>,
 }
 
@@ -222,10 +252,7 @@ pub struct DeploymentEventList {
 
 /// Checks a slice profile name: `cpu`, `gpu` or `mig-<profile>`.
 pub(super) fn check_profile(profile: &str) -> Result<()> {
-    let mig_ok = profile.strip_prefix("mig-").is_some_and(|p| {
-        !p.is_empty() && p.len() <= 32 && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.')
-    });
-    if profile == "cpu" || profile == "gpu" || mig_ok {
+    if is_slice_profile(profile) {
         Ok(())
     } else {
         Err(Error::invalid("profile", "profile must be cpu, gpu or mig-<profile> (e.g. mig-1g.10gb)"))
@@ -239,13 +266,22 @@ fn check_range(field: &str, value: Option<i64>, min: i64, max: i64) -> Result<()
     }
 }
 
-fn check_batching(b: Option<&DynamicBatching>) -> Result<Option<serde_json::Value>> {
+/// Checks batching settings; `max_batch_size` is the one asked for with them, if any.
+fn check_batching(b: Option<&DynamicBatching>, max_batch_size: Option<i64>) -> Result<Option<serde_json::Value>> {
     let Some(b) = b else { return Ok(None) };
-    if b.max_queue_delay_microseconds < 0 {
-        return Err(Error::invalid("dynamic_batching.max_queue_delay_microseconds", "must not be negative"));
+    check_range(
+        "dynamic_batching.max_queue_delay_microseconds",
+        Some(b.max_queue_delay_microseconds),
+        0,
+        MAX_QUEUE_DELAY_US,
+    )?;
+    let field = "dynamic_batching.preferred_batch_size";
+    if b.preferred_batch_size.len() > MAX_PREFERRED_SIZES {
+        return Err(Error::invalid(field, format!("{field} may list at most {MAX_PREFERRED_SIZES} sizes")));
     }
-    if b.preferred_batch_size.iter().any(|n| *n < 1) {
-        return Err(Error::invalid("dynamic_batching.preferred_batch_size", "batch sizes must be at least 1"));
+    let ceiling = max_batch_size.filter(|m| *m > 0).unwrap_or(MAX_BATCH);
+    if b.preferred_batch_size.iter().any(|n| !(1..=ceiling).contains(n)) {
+        return Err(Error::invalid(field, format!("{field} entries must be between 1 and {ceiling}")));
     }
     serde_json::to_value(b).map(Some).map_err(|e| Error::Internal(e.to_string()))
 }
@@ -261,20 +297,20 @@ fn version_ref(version: Option<i64>, alias: Option<Name>) -> Result<Option<Versi
 }
 
 impl DeploymentCreate {
-    fn into_spec(self) -> Result<(Name, String, DeploymentSpec)> {
+    fn into_spec(self) -> Result<(Name, Name, DeploymentSpec)> {
         let profile = self.profile.unwrap_or_else(|| "cpu".into());
         check_profile(&profile)?;
         check_range("replicas", self.replicas, 0, MAX_REPLICAS)?;
         check_range("instance_count", self.instance_count, 1, MAX_INSTANCES)?;
-        check_range("max_batch_size", self.max_batch_size, 0, i64::from(i32::MAX))?;
-        check_range("memory_bytes", self.memory_bytes, 1, i64::MAX)?;
+        check_range("max_batch_size", self.max_batch_size, 0, MAX_BATCH)?;
+        check_range("memory_bytes", self.memory_bytes, 1, MAX_MEMORY_BYTES)?;
         let spec = DeploymentSpec {
             version: version_ref(self.version, self.alias)?.unwrap_or(VersionRef::Latest),
             profile,
             replicas: self.replicas.unwrap_or(1),
             instance_count: self.instance_count.unwrap_or(1),
             max_batch_size: self.max_batch_size,
-            dynamic_batching: check_batching(self.dynamic_batching.as_ref())?,
+            dynamic_batching: check_batching(self.dynamic_batching.as_ref(), self.max_batch_size)?,
             memory_bytes: self.memory_bytes,
         };
         Ok((self.name, self.model, spec))
@@ -288,11 +324,11 @@ impl DeploymentUpdate {
         }
         check_range("replicas", self.replicas, 0, MAX_REPLICAS)?;
         check_range("instance_count", self.instance_count, 1, MAX_INSTANCES)?;
-        check_range("max_batch_size", self.max_batch_size.flatten(), 0, i64::from(i32::MAX))?;
-        check_range("memory_bytes", self.memory_bytes.flatten(), 1, i64::MAX)?;
+        check_range("max_batch_size", self.max_batch_size.flatten(), 0, MAX_BATCH)?;
+        check_range("memory_bytes", self.memory_bytes.flatten(), 1, MAX_MEMORY_BYTES)?;
         let dynamic_batching = match self.dynamic_batching {
             None => None,
-            Some(b) => Some(check_batching(b.as_ref())?),
+            Some(b) => Some(check_batching(b.as_ref(), self.max_batch_size.flatten())?),
         };
         Ok(DeploymentPatch {
             version: version_ref(self.version, self.alias)?,
@@ -415,7 +451,7 @@ pub async fn handle_deployment_create(
 ) -> Result<(StatusCode, Json<Deployment>)> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::Deployer, "create deployments").await?;
     let (name, model, spec) = body.into_spec()?;
-    let row = app.registry.create_deployment(&caller.actor, t.id, &name, &model, spec).await?;
+    let row = app.registry.create_deployment(&caller.actor, t.id, &name, model.as_str(), spec).await?;
     app.signals.wake_scheduler();
     Ok((StatusCode::CREATED, Json(view_one(&app, row).await?)))
 }
@@ -558,6 +594,28 @@ mod tests {
         let (_, _, mig) =
             body(serde_json::json!({ "name": "d", "model": "m", "profile": "mig-1g.10gb" })).into_spec().unwrap();
         assert_eq!(mig.profile, "mig-1g.10gb");
+        let batching = |b: serde_json::Value| serde_json::json!({ "name": "d", "model": "m", "dynamic_batching": b });
+        let sizes = "dynamic_batching.preferred_batch_size";
+        fails(batching(serde_json::json!({ "preferred_batch_size": [1_i64 << 40] })), sizes);
+        fails(batching(serde_json::json!({ "preferred_batch_size": [0] })), sizes);
+        fails(batching(serde_json::json!({ "preferred_batch_size": vec![1; 17] })), sizes);
+        fails(
+            serde_json::json!({ "name": "d", "model": "m", "max_batch_size": 4,
+                                "dynamic_batching": { "preferred_batch_size": [8] } }),
+            sizes,
+        );
+        fails(
+            batching(serde_json::json!({ "max_queue_delay_microseconds": 60_000_001 })),
+            "dynamic_batching.max_queue_delay_microseconds",
+        );
+        fails(serde_json::json!({ "name": "d", "model": "m", "max_batch_size": 1_i64 << 31 }), "max_batch_size");
+        fails(serde_json::json!({ "name": "d", "model": "m", "memory_bytes": (1_i64 << 40) + 1 }), "memory_bytes");
+        let ok = batching(serde_json::json!({ "preferred_batch_size": [4, 8], "max_queue_delay_microseconds": 100 }));
+        assert!(body(ok).into_spec().is_ok());
+        // The model is a name, like the deployment's.
+        assert!(
+            serde_json::from_value::<DeploymentCreate>(serde_json::json!({ "name": "d", "model": "../m" })).is_err()
+        );
     }
 
     #[test]

@@ -74,7 +74,8 @@ pub struct CreateApiKey {
     /// service key, owned by no user.
     #[serde(default)]
     pub user_id: Option<Uuid>,
-    /// Expiry (RFC 3339); must be in the future. Absent: never expires.
+    /// Expiry (RFC 3339); must be in the future, and before 9999-12-31T23:59:59Z. Absent:
+    /// never expires.
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub expires_at: Option<OffsetDateTime>,
 }
@@ -109,8 +110,11 @@ impl CreateApiKey {
         if self.role == Role::PlatformAdmin && !tenant_is_platform {
             return Err(Error::invalid("role", "platform-admin keys exist only in the platform tenant"));
         }
-        if self.expires_at.is_some_and(|t| t <= now()) {
-            return Err(Error::invalid("expires_at", "expires_at must be in the future"));
+        if let Some(t) = self.expires_at {
+            if t <= now() {
+                return Err(Error::invalid("expires_at", "expires_at must be in the future"));
+            }
+            crate::types::check_time("expires_at", t)?;
         }
         Ok(())
     }

@@ -7,6 +7,7 @@
 mod aliases;
 mod audit;
 mod billing;
+mod cursor;
 mod deployments;
 mod extract;
 mod idempotency;

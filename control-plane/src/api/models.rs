@@ -8,7 +8,7 @@ use time::OffsetDateTime;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
-use super::{ApiJson, ApiQuery, AppState, Caller};
+use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::error::{Error, Result};
 use crate::registry::ModelRow;
 use crate::types::{Name, Role};
@@ -77,7 +77,8 @@ pub struct PageParams {
     /// Most items to return (1 to 200, default 50).
     #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
-    /// `next_cursor` of the previous page.
+    /// `next_cursor` of the previous page (opaque; anything else is refused with 400).
+    #[param(max_length = 256)]
     pub cursor: Option<String>,
 }
 
@@ -126,10 +127,11 @@ pub async fn handle_model_list(
 ) -> Result<Json<ModelPage>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::Viewer, "list models").await?;
     let limit = page.limit()?;
-    let rows = app.registry.conn().await?.models(t.id, page.cursor.as_deref(), limit + 1).await?;
+    let after = page.cursor.as_deref().map(|c| cursor::decode_name("models", c)).transpose()?;
+    let rows = app.registry.conn().await?.models(t.id, after.as_ref().map(Name::as_str), limit + 1).await?;
     let more = rows.len() as i64 > limit;
     let models: Vec<Model> = rows.into_iter().take(limit as usize).map(Model::from).collect();
-    let next_cursor = if more { models.last().map(|m| m.name.clone()) } else { None };
+    let next_cursor = if more { models.last().map(|m| cursor::encode("models", &m.name)) } else { None };
     Ok(Json(ModelPage { models, next_cursor }))
 }
 

@@ -24,16 +24,21 @@ const MAX_POINTS: i64 = 10_080;
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct UsageParams {
-    /// Start (RFC 3339), inclusive; default: the start of the current month (UTC).
+    /// Start (RFC 3339, 2000 to 9999), inclusive; default: the start of the current month (UTC).
+    #[param(format = DateTime)]
     pub from: Option<String>,
-    /// End (RFC 3339), exclusive; default: the end of the current month (UTC).
+    /// End (RFC 3339, 2000 to 9999), exclusive; default: the end of the current month (UTC).
+    #[param(format = DateTime)]
     pub to: Option<String>,
     /// Only this model.
+    #[param(pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
     pub model: Option<String>,
     /// Only this version.
+    #[param(minimum = 0)]
     pub version: Option<i64>,
     /// Comma-separated: `model`, `version`, `profile` and at most one of `minute`, `hour`, `day`.
     /// Absent: one total.
+    #[param(pattern = "^(model|version|profile|minute|hour|day)(,(model|version|profile|minute|hour|day)){0,5}$")]
     pub group_by: Option<String>,
 }
 
@@ -78,14 +83,19 @@ pub struct UsageReport {
 #[into_params(parameter_in = Query)]
 pub struct MetricsParams {
     /// Only this model (default: all of the tenant's).
+    #[param(pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
     pub model: Option<String>,
     /// Only this version.
+    #[param(minimum = 0)]
     pub version: Option<i64>,
-    /// Start (RFC 3339), aligned down to the step; default: 60 steps before `to`.
+    /// Start (RFC 3339, 2000 to 9999), aligned down to the step; default: 60 steps before `to`.
+    #[param(format = DateTime)]
     pub from: Option<String>,
-    /// End (RFC 3339), exclusive; default: now.
+    /// End (RFC 3339, 2000 to 9999), exclusive; default: now.
+    #[param(format = DateTime)]
     pub to: Option<String>,
     /// `minute` (default) or `hour`.
+    #[param(pattern = "^(minute|hour)$")]
     pub step: Option<String>,
 }
 
@@ -125,9 +135,11 @@ pub struct MetricsReport {
 /// An RFC 3339 time as Unix seconds, blaming `field`.
 pub(super) fn parse_time(field: &str, s: Option<&str>) -> Result<Option<i64>> {
     s.map(|s| {
-        OffsetDateTime::parse(s, &Rfc3339)
-            .map(|t| t.unix_timestamp())
-            .map_err(|_| Error::invalid(field, format!("{field} must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z")))
+        let t = OffsetDateTime::parse(s, &Rfc3339).map_err(|_| {
+            Error::invalid(field, format!("{field} must be an RFC 3339 time, e.g. 2026-11-30T12:00:00Z"))
+        })?;
+        crate::types::check_time(field, t)?;
+        Ok(t.unix_timestamp())
     })
     .transpose()
 }
@@ -137,7 +149,11 @@ pub(super) fn to_time(unix: i64) -> OffsetDateTime {
     OffsetDateTime::from_unix_timestamp(unix).unwrap_or(OffsetDateTime::UNIX_EPOCH)
 }
 
-fn check_version(version: Option<i64>) -> Result<()> {
+/// Checks the model and version filters of a usage or metrics query.
+fn check_filter(model: Option<&str>, version: Option<i64>) -> Result<()> {
+    if let Some(m) = model {
+        crate::types::Name::from_path("model", m)?;
+    }
     match version {
         Some(v) if v < 0 => Err(Error::invalid("version", "version must not be negative")),
         _ => Ok(()),
@@ -175,7 +191,7 @@ pub async fn handle_usage(
 ) -> Result<Json<UsageReport>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::Viewer, "read usage").await?;
     let group_by = GroupBy::parse(params.group_by.as_deref())?;
-    check_version(params.version)?;
+    check_filter(params.model.as_deref(), params.version)?;
     let month = Period::of(now()).bounds();
     let to = parse_time("to", params.to.as_deref())?.unwrap_or(month.1);
     let from = parse_time("from", params.from.as_deref())?.unwrap_or(month.0);
@@ -204,7 +220,7 @@ pub async fn handle_metrics(
         Some("hour") => 3600,
         Some(_) => return Err(Error::invalid("step", "step must be minute or hour")),
     };
-    check_version(params.version)?;
+    check_filter(params.model.as_deref(), params.version)?;
     let to = parse_time("to", params.to.as_deref())?.unwrap_or_else(|| now().unix_timestamp() + 1);
     let from = parse_time("from", params.from.as_deref())?.unwrap_or(to - 60 * step).div_euclid(step) * step;
     if from >= to || (to - from) / step > MAX_POINTS {

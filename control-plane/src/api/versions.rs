@@ -10,7 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 use super::models::PageParams;
-use super::{ApiJson, ApiQuery, AppState, Caller};
+use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::app::UploadRequest;
 use crate::error::{Error, Result};
 use crate::registry::VersionRow;
@@ -81,13 +81,16 @@ pub struct UploadParams {
     /// Packaging of the body (default `onnx`).
     pub format: Option<ArtifactFormat>,
     /// Expected hex sha256 of the body; a mismatch refuses the upload (also `X-Content-Sha256`).
+    #[param(pattern = "^[0-9a-fA-F]{64}$")]
     pub sha256: Option<String>,
 }
 
 /// Uploads a new version as the request body, streamed to the object store with its sha256
 /// computed on the way (deployers). Refused, leaving nothing behind: bodies over the size cap
-/// (413), a sha256 other than the one given, content that is not the declared format (422),
-/// a full version or storage quota (409).
+/// (413), a sha256 other than the one given, content that is not the declared format (422: an
+/// `onnx` body must be a well-formed ONNX model; an archive is read through, every `.onnx` in
+/// it checked, and refused when truncated or when it expands past the archive limits), an
+/// `X-Model-Config` with values no worker can use (422), a full version or storage quota (409).
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/models/{model}/versions", operation_id = "upload_version", tag = "models",
     request_body(content = ArtifactBytes, content_type = "application/octet-stream"),
     params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
@@ -156,14 +159,12 @@ pub async fn handle_version_list(
 ) -> Result<Json<VersionPage>> {
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Viewer, "list versions").await?;
     let limit = page.limit()?;
-    let before = match page.cursor.as_deref() {
-        None => None,
-        Some(c) => Some(c.parse::<i64>().map_err(|_| Error::invalid("cursor", "not a cursor from this list"))?),
-    };
+    let before = page.cursor.as_deref().map(|c| cursor::decode_number("versions", c)).transpose()?;
     let rows = app.registry.conn().await?.versions(m.tenant_id, m.id, before, limit + 1).await?;
     let more = rows.len() as i64 > limit;
     let versions: Vec<_> = rows.into_iter().take(limit as usize).map(|v| ModelVersion::new(&m.name, v)).collect();
-    let next_cursor = if more { versions.last().map(|v| v.version.to_string()) } else { None };
+    let next_cursor =
+        if more { versions.last().map(|v| cursor::encode("versions", &v.version.to_string())) } else { None };
     Ok(Json(VersionPage { versions, next_cursor }))
 }
 

@@ -18,6 +18,10 @@ use uuid::Uuid;
 use super::audit::{Actor, NewAuditEvent};
 use super::{Conn, Registry, exec, now, on_conn};
 use crate::error::{Error, QuotaName, Result};
+use crate::types::is_slice_profile;
+
+/// Most slice profiles a quota may name.
+pub const MAX_SLICE_PROFILES: usize = 64;
 
 /// A tenant's limits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -42,8 +46,28 @@ pub struct QuotaLimits {
     /// reaches it, new deployments and scale-ups are refused (`quota_exceeded.monthly_spend_cents`).
     #[schema(minimum = 0)]
     pub monthly_spend_cents: i64,
-    /// Most slices per slice profile (e.g. `{"cpu": 8, "mig-1g.10gb": 2}`).
+    /// Most slices per slice profile (e.g. `{"cpu": 8, "mig-1g.10gb": 2}`): at most 64 profiles,
+    /// each `cpu`, `gpu` or `mig-<profile>` (`^(cpu|gpu|mig-[a-z0-9.]{1,32})$`), each limit at
+    /// least 0.
+    #[schema(schema_with = slices_schema)]
     pub slices: BTreeMap<String, i64>,
+}
+
+/// The schema of [`QuotaLimits::slices`]: profile names as keys, limits of at least 0.
+fn slices_schema() -> utoipa::openapi::Object {
+    use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, SchemaFormat, Type};
+    let limit = ObjectBuilder::new()
+        .schema_type(Type::Integer)
+        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+        .minimum(Some(0));
+    let name = ObjectBuilder::new().schema_type(Type::String).pattern(Some(crate::types::SLICE_PROFILE_PATTERN));
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some("Most slices per slice profile (e.g. `{\"cpu\": 8, \"mig-1g.10gb\": 2}`)."))
+        .property_names(Some(name))
+        .additional_properties(Some(limit))
+        .max_properties(Some(MAX_SLICE_PROFILES))
+        .build()
 }
 
 impl Default for QuotaLimits {
@@ -77,8 +101,18 @@ impl QuotaLimits {
                 return Err(Error::invalid(field, format!("{field} must not be negative")));
             }
         }
+        if self.slices.len() > MAX_SLICE_PROFILES {
+            return Err(Error::invalid("slices", format!("slices may name at most {MAX_SLICE_PROFILES} profiles")));
+        }
+        if let Some(profile) = self.slices.keys().find(|p| !is_slice_profile(p)) {
+            // The key is the caller's text: say what it must be without echoing it as a path.
+            return Err(Error::invalid(
+                "slices",
+                format!("slices key '{}' is not a slice profile (cpu, gpu or mig-<profile>)", profile.escape_default()),
+            ));
+        }
         if let Some((profile, _)) = self.slices.iter().find(|(_, v)| **v < 0) {
-            return Err(Error::invalid(format!("slices.{profile}"), "slice limits must not be negative"));
+            return Err(Error::invalid(format!("slices.{profile}"), format!("slices.{profile} must not be negative")));
         }
         Ok(())
     }
@@ -250,6 +284,23 @@ mod tests {
         assert_eq!(q.check_spend(100).unwrap_err().code(), "quota_exceeded.monthly_spend_cents");
         let unlimited = QuotaLimits { monthly_spend_cents: 0, ..QuotaLimits::default() };
         assert!(unlimited.check_spend(i64::MAX).is_ok());
+    }
+
+    #[test]
+    fn slice_keys_must_be_profiles() {
+        for bad in ["../x", "", "CPU", "mig-", "tpu", "cpu/../gpu"] {
+            let q = QuotaLimits { slices: BTreeMap::from([(bad.to_string(), 1)]), ..QuotaLimits::default() };
+            match q.validate() {
+                Err(Error::InvalidInput { field, .. }) => assert_eq!(field.as_deref(), Some("slices"), "{bad}"),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        let many = (0..65).map(|i| (format!("mig-{i}g"), 1)).collect();
+        assert!(QuotaLimits { slices: many, ..QuotaLimits::default() }.validate().is_err());
+        let ok = BTreeMap::from([("cpu".to_string(), 8), ("mig-1g.10gb".to_string(), 2)]);
+        assert!(QuotaLimits { slices: ok, ..QuotaLimits::default() }.validate().is_ok());
+        let negative = QuotaLimits { slices: BTreeMap::from([("gpu".to_string(), -1)]), ..QuotaLimits::default() };
+        assert!(negative.validate().is_err());
     }
 
     #[test]

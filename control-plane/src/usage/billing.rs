@@ -200,13 +200,26 @@ pub fn invoice(usage: &[UsageTotalsRow], prices: &[PriceRow]) -> Invoice {
     out
 }
 
-/// A decimal number of cents as integer micro-cents, rounded to the nearest micro-cent; refuses
-/// negative, non-finite or absurdly large values, blaming `field`.
+/// A decimal number of cents as integer micro-cents, exactly: prices are stored to the
+/// micro-cent (0.000001 cents), and a price with finer precision (`1e-12`, `0.0000015`) is
+/// refused rather than rounded (to 0, a price that silently makes something free). Refuses
+/// negative, non-finite or absurdly large values too, blaming `field`.
 pub fn cents_to_micro(field: &str, cents: f64) -> Result<i64> {
     if !cents.is_finite() || !(0.0..=1e12).contains(&cents) {
         return Err(Error::invalid(field, format!("{field} must be a non-negative number of cents (at most 1e12)")));
     }
-    Ok((cents * MICRO_PER_CENT as f64).round() as i64)
+    let scaled = cents * MICRO_PER_CENT as f64;
+    let micro = scaled.round();
+    // Decimal fractions are not exact in binary: allow a few units of float rounding, far
+    // below a micro-cent; a non-zero price never becomes 0.
+    let slack = (4.0 * f64::EPSILON * scaled).max(1e-7);
+    if (scaled - micro).abs() > slack || (cents > 0.0 && micro == 0.0) {
+        return Err(Error::invalid(
+            field,
+            format!("{field} must be a whole number of micro-cents (at most 6 decimals of a cent), not {cents:e}"),
+        ));
+    }
+    Ok(micro as i64)
 }
 
 /// Integer micro-cents as decimal cents (exact for the magnitudes [`cents_to_micro`] accepts).
@@ -348,6 +361,15 @@ mod tests {
         assert_eq!(cents_to_micro("p", 0.000001).unwrap(), 1);
         assert!(cents_to_micro("p", -1.0).is_err());
         assert!(cents_to_micro("p", f64::NAN).is_err());
+        // Finer than a micro-cent is refused, not rounded (to 0 or otherwise).
+        for fine in [1e-12, 0.0000015, 1e-7, 12.3456789] {
+            assert!(cents_to_micro("p", fine).is_err(), "{fine}");
+        }
+        for (exact, micro) in
+            [(0.0, 0), (0.1, 100_000), (0.3, 300_000), (1e12, 1_000_000_000_000_000_000), (123.456789, 123_456_789)]
+        {
+            assert_eq!(cents_to_micro("p", exact).unwrap(), micro, "{exact}");
+        }
         assert_eq!(micro_to_cents(12_500_000), 12.5);
     }
 }

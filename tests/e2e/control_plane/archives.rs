@@ -1,6 +1,8 @@
 //! Triton model-directory archives: a tar (gzipped or not) or zip upload becomes a version
-//! with the config read from its `config.pbtxt`; archives with path traversal, links or no
-//! `.onnx` file are refused with a 422 naming the problem, and leave nothing behind.
+//! with the config read from its `config.pbtxt`; archives with path traversal, links, no
+//! `.onnx` file, an `.onnx` file that is not a model, a truncated end, or more content than
+//! the expansion limits allow (a gzip bomb) are refused with a 422 naming the problem, and
+//! leave nothing behind.
 
 use std::io::{Cursor, Write};
 
@@ -121,4 +123,97 @@ async fn unsafe_or_incomplete_archives_are_refused_and_leave_nothing() {
     assert_eq!(app.stored_files(), 0, "refused archives leave nothing behind");
     let versions = app.get(&t.viewer, "/v1/tenants/acme/models/m/versions").await;
     assert_eq!(versions.expect(200)["versions"].as_array().unwrap().len(), 0);
+}
+
+/// Raw deflate of `input` from a fresh compressor: a full flush (byte-aligned, nothing
+/// referred to across it, so copies can be concatenated) or the stream's final block.
+fn deflate_part(input: &[u8], finish: bool) -> Vec<u8> {
+    use flate2::{Compress, Compression, FlushCompress, Status};
+    let flush = if finish { FlushCompress::Finish } else { FlushCompress::Full };
+    let mut c = Compress::new(Compression::best(), false);
+    let mut out = Vec::new();
+    loop {
+        out.reserve(1 << 20);
+        let consumed = c.total_in() as usize;
+        let status = c.compress_vec(&input[consumed..], &mut out, flush).expect("deflate");
+        let all_in = c.total_in() as usize == input.len();
+        if (finish && status == Status::StreamEnd) || (!finish && all_in && out.len() < out.capacity()) {
+            return out;
+        }
+    }
+}
+
+fn tar_header(path: &str, size: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_gnu();
+    h.set_path(path).unwrap();
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    h.as_bytes().to_vec()
+}
+
+/// A valid gzipped tar (a model, then `m/1/weights.bin` of 1 GiB of zeros) built without
+/// compressing 1 GiB: one megabyte of zeros is deflated once and its block repeated.
+fn gzip_bomb(model: &[u8]) -> Vec<u8> {
+    const MIB: usize = 1 << 20;
+    const COPIES: usize = 1024;
+    let mut head = tar_header("m/1/model.onnx", model.len() as u64);
+    head.extend_from_slice(model);
+    head.resize(head.len().div_ceil(512) * 512, 0);
+    head.extend_from_slice(&tar_header("m/1/weights.bin", (COPIES * MIB) as u64));
+    let zeros = vec![0u8; MIB];
+    let tail = vec![0u8; 1024];
+
+    let mut gz = vec![0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff];
+    gz.extend_from_slice(&deflate_part(&head, false));
+    let block = deflate_part(&zeros, false);
+    for _ in 0..COPIES {
+        gz.extend_from_slice(&block);
+    }
+    gz.extend_from_slice(&deflate_part(&tail, true));
+    let mut crc = flate2::Crc::new();
+    crc.update(&head);
+    let mut zeros_crc = flate2::Crc::new();
+    zeros_crc.update(&zeros);
+    for _ in 0..COPIES {
+        crc.combine(&zeros_crc);
+    }
+    let mut tail_crc = flate2::Crc::new();
+    tail_crc.update(&tail);
+    crc.combine(&tail_crc);
+    gz.extend_from_slice(&crc.sum().to_le_bytes());
+    gz.extend_from_slice(&crc.amount().to_le_bytes());
+    gz
+}
+
+#[tokio::test]
+async fn truncated_archives_bad_models_and_bombs_are_refused() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    app.create_model(&t.deployer, "acme", "m").await.expect(201);
+    let onnx = onnx_bytes(64 * 1024);
+    let whole = tar_of(&[("m/config.pbtxt", CONFIG.as_bytes()), ("m/1/model.onnx", &onnx)], &[]);
+    let cut = whole[..whole.len() / 2].to_vec();
+    let fake: &[u8] = &[0x08, 0x07, b'h', b'i'];
+    let bomb = gzip_bomb(&onnx);
+    assert!(bomb.len() < 8 << 20, "the bomb is small: {} bytes", bomb.len());
+    let refused = [
+        ("tar", cut.clone(), "truncated"),
+        ("tar", gzip(&cut), "truncated"),
+        ("tar", whole[..whole.len() - 1024].to_vec(), "end-of-archive marker"),
+        ("tar", tar_of(&[("m/1/model.onnx", fake)], &[]), "'m/1/model.onnx' is not a valid ONNX model"),
+        ("zip", zip_of(&[("1/model.onnx", &onnx[..20])], &[]), "not a valid ONNX model: truncated at byte 20"),
+        ("tar", bomb, "the archive expands to more than"),
+    ];
+    for (format, body, problem) in refused {
+        let started = std::time::Instant::now();
+        let r = app.upload(&t.deployer, "acme", "m", &format!("?format={format}"), body).await;
+        let message = r.body["error"]["message"].as_str().unwrap_or("").to_string();
+        assert_eq!(r.status, 422, "{format} ({problem}): {:?}", r.body);
+        assert!(message.contains(problem), "{format}: '{message}' should name '{problem}'");
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "{problem}: refused promptly");
+    }
+    assert_eq!(app.stored_files(), 0, "refused archives leave nothing behind");
+    app.upload(&t.deployer, "acme", "m", "?format=tar", gzip(&whole)).await.expect(201);
 }

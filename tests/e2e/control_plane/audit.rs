@@ -10,7 +10,7 @@ async fn changes_are_audited_filtered_paged_and_verified() {
     let app = TestApp::spawn().await;
     let t = app.tenant("acme").await;
     app.create_model(&t.deployer, "acme", "m").await.expect(201);
-    app.upload(&t.deployer, "acme", "m", "", onnx_bytes(10)).await.expect(201);
+    app.upload(&t.deployer, "acme", "m", "", onnx_bytes(100)).await.expect(201);
     let req = app
         .client
         .put(format!("{}/v1/tenants/acme/models/m/aliases/production", app.url))

@@ -15,6 +15,7 @@ mod tenancy;
 mod uploads;
 mod usage;
 mod users;
+mod validation;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -377,11 +378,53 @@ pub struct Tenant {
     pub inference: String,
 }
 
-/// Bytes that pass the ONNX signature check, `n` long.
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn len_field(number: u64, body: &[u8], out: &mut Vec<u8>) {
+    varint(number << 3 | 2, out);
+    varint(body.len() as u64, out);
+    out.extend_from_slice(body);
+}
+
+/// Length of the smallest model [`onnx_bytes`] makes.
+pub const MIN_ONNX_BYTES: usize = 39;
+
+/// A well-formed ONNX model (one Identity node from `x` to `y`), exactly `n` bytes long: a
+/// `doc_string` pads it. `n` is [`MIN_ONNX_BYTES`] or at least 2 more.
 pub fn onnx_bytes(n: usize) -> Vec<u8> {
-    let mut v = vec![0x08, 0x07, 0x12, 0x04];
-    v.resize(n, 0x5a);
-    v
+    let mut node = Vec::new();
+    len_field(1, b"x", &mut node);
+    len_field(2, b"y", &mut node);
+    len_field(4, b"Identity", &mut node);
+    let mut graph = Vec::new();
+    len_field(1, &node, &mut graph);
+    len_field(2, b"g", &mut graph);
+    len_field(11, &[0x0a, 0x01, b'x'], &mut graph);
+    len_field(12, &[0x0a, 0x01, b'y'], &mut graph);
+    let mut m = vec![0x08, 0x08]; // ir_version 8
+    len_field(8, &[0x10, 0x0d], &mut m); // opset_import { version: 13 }
+    len_field(7, &graph, &mut m);
+    assert_eq!(m.len(), MIN_ONNX_BYTES);
+    if n > m.len() {
+        // The doc string's key and length take 1 + (1 to 5) bytes.
+        let pad = (1..=5)
+            .filter_map(|len_bytes| n.checked_sub(MIN_ONNX_BYTES + 1 + len_bytes))
+            .find(|&pad| {
+                let mut l = Vec::new();
+                varint(pad as u64, &mut l);
+                MIN_ONNX_BYTES + 1 + l.len() + pad == n
+            })
+            .unwrap_or_else(|| panic!("no {n}-byte model"));
+        len_field(6, &vec![b'z'; pad], &mut m);
+    }
+    assert_eq!(m.len(), n.max(MIN_ONNX_BYTES));
+    m
 }
 
 #[test]

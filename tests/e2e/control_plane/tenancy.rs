@@ -56,7 +56,7 @@ async fn call(app: &TestApp, key: &str, method: Method, path: &str, body: Option
     let mut req = app.client.request(method, format!("{}{path}", app.url)).bearer_auth(key);
     req = match body {
         Some(b) => req.json(b),
-        None => req.header("content-type", "application/octet-stream").body(onnx_bytes(10)),
+        None => req.header("content-type", "application/octet-stream").body(onnx_bytes(100)),
     };
     app.raw(req).await
 }
@@ -67,7 +67,7 @@ async fn other_tenants_get_404_on_every_scoped_route() {
     let a = app.tenant("acme").await;
     let b = app.tenant("umbrella").await;
     app.create_model(&a.deployer, "acme", "resnet").await.expect(201);
-    app.upload(&a.deployer, "acme", "resnet", "", onnx_bytes(10)).await.expect(201);
+    app.upload(&a.deployer, "acme", "resnet", "", onnx_bytes(100)).await.expect(201);
     app.set_alias(&a.deployer, "acme", "resnet", "production", 1).await.expect(200);
     let keys = app.get(&a.admin, "/v1/tenants/acme/api-keys").await;
     let key_id = keys.expect(200)["api_keys"][0]["id"].as_str().unwrap().to_string();
@@ -101,7 +101,7 @@ async fn roles_decide_what_a_key_may_do() {
     app.get(&t.viewer, "/v1/tenants/acme/quotas").await.expect(200);
     let r = app.create_model(&t.viewer, "acme", "x").await;
     assert_eq!((r.status, r.code()), (403, "permission_denied"));
-    assert_eq!(app.upload(&t.viewer, "acme", "resnet", "", onnx_bytes(10)).await.status, 403);
+    assert_eq!(app.upload(&t.viewer, "acme", "resnet", "", onnx_bytes(100)).await.status, 403);
     assert_eq!(app.set_alias(&t.viewer, "acme", "resnet", "p", 1).await.status, 403);
     assert_eq!(app.get(&t.viewer, "/v1/tenants/acme/api-keys").await.status, 403);
     assert_eq!(app.get(&t.viewer, "/v1/audit").await.status, 403);
@@ -111,7 +111,7 @@ async fn roles_decide_what_a_key_may_do() {
     app.token(&t.inference).await.expect(200);
 
     // Deployers manage models, not keys or tenants.
-    app.upload(&t.deployer, "acme", "resnet", "", onnx_bytes(10)).await.expect(201);
+    app.upload(&t.deployer, "acme", "resnet", "", onnx_bytes(100)).await.expect(201);
     let r = app.post(&t.deployer, "/v1/tenants/acme/api-keys", &json!({ "name": "x", "role": "viewer" })).await;
     assert_eq!(r.status, 403);
 

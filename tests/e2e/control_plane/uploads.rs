@@ -110,3 +110,50 @@ fn find_artifact(app: &TestApp) -> std::path::PathBuf {
     }
     panic!("no artifact stored")
 }
+
+/// `n` bytes from a fixed xorshift sequence.
+fn noise(n: usize) -> Vec<u8> {
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn uploads_that_are_not_onnx_models_are_refused() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    app.create_model(&t.deployer, "acme", "m").await.expect(201);
+    let real = tessera_data_plane::tools::onnx_builder::add_sub();
+
+    let mut text = vec![0x08, 0x07];
+    text.extend_from_slice(b"ir_version: 7\ngraph { node { op_type: \"Add\" } }\n");
+    let refused: [(&str, Vec<u8>, &str); 5] = [
+        ("20 bytes of a model", real[..20].to_vec(), "truncated at byte 20"),
+        ("a model less its last byte", real[..real.len() - 1].to_vec(), "truncated"),
+        ("1 MB of noise", noise(1 << 20), ""),
+        ("64 MB of noise", noise(64 << 20), ""),
+        ("two bytes and text", text, ""),
+    ];
+    for (what, body, detail) in refused {
+        let r = app.upload(&t.deployer, "acme", "m", "", body).await;
+        let message = r.body["error"]["message"].as_str().unwrap_or("").to_string();
+        assert_eq!((r.status, r.body["error"]["field"].as_str()), (422, Some("body")), "{what}: {:?}", r.body);
+        assert!(message.starts_with("model.onnx is not a valid ONNX model: "), "{what}: {message}");
+        assert!(message.contains(detail), "{what}: '{message}' should say '{detail}'");
+    }
+    assert_eq!(app.stored_files(), 0, "refused uploads leave nothing behind");
+
+    // A real model (and the same model with a trailing byte, which is not) is told apart.
+    let mut longer = real.clone();
+    longer.push(0);
+    assert_eq!(app.upload(&t.deployer, "acme", "m", "", longer).await.status, 422);
+    let v = app.upload(&t.deployer, "acme", "m", "", real.clone()).await;
+    assert_eq!(v.expect(201)["size_bytes"].as_u64(), Some(real.len() as u64));
+    assert_eq!(app.stored_files(), 1);
+}
