@@ -23,6 +23,8 @@ pub enum ErrorKind {
     Unauthenticated,
     /// The caller is known but its role does not allow this (403 / PERMISSION_DENIED).
     PermissionDenied,
+    /// The caller's tenant has as many requests in flight as it may (429 / RESOURCE_EXHAUSTED).
+    TooManyRequests,
 }
 
 /// A data-plane error: a kind plus a message meant for the client.
@@ -105,6 +107,7 @@ pub fn codes_for(kind: ErrorKind) -> (StatusCode, tonic::Code) {
         ErrorKind::Internal => (StatusCode::INTERNAL_SERVER_ERROR, tonic::Code::Internal),
         ErrorKind::Unauthenticated => (StatusCode::UNAUTHORIZED, tonic::Code::Unauthenticated),
         ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, tonic::Code::PermissionDenied),
+        ErrorKind::TooManyRequests => (StatusCode::TOO_MANY_REQUESTS, tonic::Code::ResourceExhausted),
     }
 }
 
@@ -145,6 +148,7 @@ mod tests {
             (ErrorKind::Internal, 500, tonic::Code::Internal),
             (ErrorKind::Unauthenticated, 401, tonic::Code::Unauthenticated),
             (ErrorKind::PermissionDenied, 403, tonic::Code::PermissionDenied),
+            (ErrorKind::TooManyRequests, 429, tonic::Code::ResourceExhausted),
         ];
         for (kind, http, grpc) in cases {
             let (status, code) = codes_for(kind);

@@ -626,7 +626,7 @@ impl FromRunner {
     }
 }
 
-const KINDS: [ErrorKind; 9] = [
+const KINDS: [ErrorKind; 10] = [
     ErrorKind::InvalidArg,
     ErrorKind::NotFound,
     ErrorKind::Unavailable,
@@ -636,6 +636,7 @@ const KINDS: [ErrorKind; 9] = [
     ErrorKind::Internal,
     ErrorKind::Unauthenticated,
     ErrorKind::PermissionDenied,
+    ErrorKind::TooManyRequests,
 ];
 
 fn error_kind_code(kind: ErrorKind) -> u8 {

@@ -57,6 +57,11 @@ impl ServerState {
         bytes_in: impl FnOnce() -> u64,
         run: impl AsyncFnOnce(&LoadedModel) -> Result<Answered<T>>,
     ) -> Result<T> {
+        // Refused over its tenant's cap before it reaches a model: not billed.
+        let _admitted = match (self.tenant_gate(), caller) {
+            (Some(gate), Some(caller)) => Some(gate.admit(&caller.tenant_id)?),
+            _ => None,
+        };
         let metered = self.usage().zip(caller).map(|(hook, caller)| (hook, caller, Instant::now(), bytes_in()));
         let loaded = self.model(caller, model, version)?;
         let result = run(&loaded).await;

@@ -9,3 +9,4 @@ pub mod http;
 pub mod metrics;
 pub mod net;
 pub mod server;
+pub mod tenant_gate;

@@ -22,6 +22,7 @@ use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::serve::facade::UsageHook;
+use crate::serve::tenant_gate::TenantGate;
 
 /// Extensions this server implements, as listed in server metadata.
 pub const EXTENSIONS: &[&str] =
@@ -81,6 +82,8 @@ pub struct ServerState {
     usage: Option<Arc<dyn UsageHook>>,
     /// The runner processes models run in; `None` when they run in this process.
     runners: Option<Arc<Runners>>,
+    /// Each tenant's cap on requests in flight (workers); `None` (`serve`): no cap.
+    tenant_gate: Option<TenantGate>,
 }
 
 impl ServerState {
@@ -97,7 +100,19 @@ impl ServerState {
             auth: None,
             usage: None,
             runners: None,
+            tenant_gate: None,
         }
+    }
+
+    /// Caps each tenant's inference requests in flight at `limit`.
+    pub fn with_tenant_limit(mut self, limit: usize) -> Self {
+        self.tenant_gate = Some(TenantGate::new(limit));
+        self
+    }
+
+    /// The per-tenant cap, when one is set.
+    pub fn tenant_gate(&self) -> Option<&TenantGate> {
+        self.tenant_gate.as_ref()
     }
 
     /// Notes the runner processes models run in (for their metrics).

@@ -77,6 +77,10 @@ pub struct WorkerArgs {
     /// lives on before it exits.
     #[arg(long, env = "TESSERA_RUNNER_IDLE_EXIT_SECS", default_value_t = crate::runner::DEFAULT_IDLE_EXIT.as_secs())]
     pub runner_idle_exit_secs: u64,
+    /// Inference requests one tenant may have in flight on this worker; one more gets 429 /
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TESSERA_TENANT_MAX_IN_FLIGHT", default_value_t = crate::serve::tenant_gate::DEFAULT_TENANT_MAX_IN_FLIGHT)]
+    pub tenant_max_in_flight: usize,
     /// MiB of each shared-memory arena a runner gets (one for requests, one for answers):
     /// tensors from 64 KiB cross in it instead of through the runner's socket; 0 turns it off.
     #[arg(long, env = "TESSERA_RUNNER_SHM_MIB", default_value_t = crate::runner::shm::DEFAULT_ARENA_BYTES >> 20)]
@@ -139,6 +143,8 @@ pub struct WorkerConfig {
     pub runner_idle_exit: Duration,
     /// Bytes of each of a runner's shared-memory arenas (0: none).
     pub runner_shm_bytes: usize,
+    /// Requests one tenant may have in flight.
+    pub tenant_max_in_flight: usize,
 }
 
 impl WorkerConfig {
@@ -163,6 +169,7 @@ impl WorkerConfig {
             runner_exe: None,
             runner_idle_exit: crate::runner::DEFAULT_IDLE_EXIT,
             runner_shm_bytes: crate::runner::shm::DEFAULT_ARENA_BYTES,
+            tenant_max_in_flight: crate::serve::tenant_gate::DEFAULT_TENANT_MAX_IN_FLIGHT,
         }
     }
 }
@@ -192,6 +199,7 @@ impl WorkerArgs {
             runner_exe,
             runner_idle_exit: Duration::from_secs(self.runner_idle_exit_secs),
             runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
+            tenant_max_in_flight: self.tenant_max_in_flight.max(1),
         })
     }
 }

@@ -38,8 +38,8 @@ async fn connection(tcp: TcpStream, routes: Routes, shutdown: CancellationToken)
     let socket = Socket::new(tcp);
     let service = Calls { routes, peer: socket.connect_info() };
     let mut builder = Builder::new(RewakeExecutor).http2_only();
-    // hyper's HTTP/2 defaults otherwise, as tonic's server leaves them.
     builder.http2().timer(TokioTimer::new());
+    crate::serve::net::limits::http2(&mut builder.http2());
     let conn = builder.serve_connection(TokioIo::new(socket), service);
     crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown()).await;
 }

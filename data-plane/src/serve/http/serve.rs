@@ -59,6 +59,7 @@ async fn connection(tcp: TcpStream, router: Router, shutdown: CancellationToken,
     }
     let mut builder = Builder::new(RewakeExecutor);
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    crate::serve::net::limits::http2(&mut builder.http2());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(router));
     crate::serve::net::accept::drive(conn, "http", shutdown, |conn| conn.graceful_shutdown()).await;
 }

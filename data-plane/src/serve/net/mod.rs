@@ -3,5 +3,6 @@
 
 pub mod accept;
 pub mod busy_poll;
+pub mod limits;
 pub mod listen;
 pub mod rewake;
