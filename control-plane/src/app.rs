@@ -34,6 +34,26 @@ pub struct App {
     pub config: Config,
     /// Wake-ups between the API, the scheduler and agent sessions.
     pub signals: Signals,
+    /// Uploads streaming through this process, by tenant.
+    uploads: Arc<parking_lot::Mutex<std::collections::HashMap<Uuid, usize>>>,
+}
+
+/// One upload in progress, counted against its tenant until dropped.
+struct UploadSlot {
+    uploads: Arc<parking_lot::Mutex<std::collections::HashMap<Uuid, usize>>>,
+    tenant: Uuid,
+}
+
+impl Drop for UploadSlot {
+    fn drop(&mut self) {
+        let mut uploads = self.uploads.lock();
+        if let Some(n) = uploads.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                uploads.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 /// In-process wake-ups. Other control-plane replicas notice changes by polling the registry
@@ -101,7 +121,8 @@ impl App {
         }
         let hasher = KeyHasher::new(config.api_key_pepper.expose().as_bytes());
         let auth = Authenticator::new(registry.clone(), hasher, tokens.clone());
-        Ok(Arc::new(App { registry, store, auth, tokens, config, signals: Signals::default() }))
+        let uploads = Arc::default();
+        Ok(Arc::new(App { registry, store, auth, tokens, config, signals: Signals::default(), uploads }))
     }
 
     /// The tenant named in a path, if the caller may see it, and only if the caller's role
@@ -256,6 +277,22 @@ pub fn parse_sha256(field: &str, s: &str) -> Result<String> {
 }
 
 impl App {
+    /// Counts an upload against its tenant's concurrent uploads, or refuses it (429) when the
+    /// tenant has `--max-concurrent-uploads` streaming already: one tenant's many slow uploads
+    /// must not hold every connection and disk of the control plane.
+    fn upload_slot(&self, tenant: Uuid) -> Result<UploadSlot> {
+        let limit = self.config.max_concurrent_uploads;
+        let mut uploads = self.uploads.lock();
+        let n = uploads.entry(tenant).or_insert(0);
+        if *n >= limit {
+            return Err(Error::Busy(format!(
+                "the tenant already has {limit} uploads in progress (--max-concurrent-uploads); retry when one finishes"
+            )));
+        }
+        *n += 1;
+        Ok(UploadSlot { uploads: self.uploads.clone(), tenant })
+    }
+
     /// Streams an artifact into the store and registers it as the model's next version. A
     /// failure at any step leaves no object behind.
     pub async fn upload_version<S, E>(
@@ -269,6 +306,7 @@ impl App {
         S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
+        let _slot = self.upload_slot(model.tenant_id)?;
         let max = self.config.max_upload_bytes;
         if let Some(len) = request.declared_len {
             if len > max {

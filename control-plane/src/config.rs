@@ -41,6 +41,9 @@ impl FromStr for Secret {
     }
 }
 
+/// Default of `--max-concurrent-uploads`.
+pub const DEFAULT_MAX_CONCURRENT_UPLOADS: usize = 4;
+
 /// `tessera control-plane` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ControlPlaneArgs {
@@ -60,6 +63,13 @@ pub struct ControlPlaneArgs {
     /// Largest model artifact accepted, in bytes.
     #[arg(long, env = "TESSERA_MAX_UPLOAD_BYTES", default_value_t = DEFAULT_MAX_UPLOAD_BYTES)]
     pub max_upload_bytes: u64,
+    /// Seconds a client has to send a request's head, and a request body may send nothing,
+    /// before the connection or the request is given up.
+    #[arg(long, env = "TESSERA_CLIENT_TIMEOUT_SECS", default_value_t = 30)]
+    pub client_timeout_secs: u64,
+    /// Uploads one tenant may stream through the control plane at once; one more gets 429.
+    #[arg(long, env = "TESSERA_MAX_CONCURRENT_UPLOADS", default_value_t = DEFAULT_MAX_CONCURRENT_UPLOADS)]
+    pub max_concurrent_uploads: usize,
     /// Most entries (files, directories) a tar or zip upload may hold.
     #[arg(long, env = "TESSERA_MAX_ARCHIVE_ENTRIES", default_value_t = crate::archive::DEFAULT_MAX_ENTRIES)]
     pub max_archive_entries: usize,
@@ -130,6 +140,10 @@ pub struct Config {
     pub object_store: String,
     /// Upload cap.
     pub max_upload_bytes: u64,
+    /// Uploads per tenant at once.
+    pub max_concurrent_uploads: usize,
+    /// How long a request head may take, and a request body may stall.
+    pub client_timeout: Duration,
     /// What an archive upload may expand to.
     pub archive_limits: ArchiveLimits,
     /// Access token lifetime.
@@ -169,6 +183,8 @@ impl ControlPlaneArgs {
             database_wait: Duration::from_secs(self.database_wait_secs),
             object_store: self.object_store,
             max_upload_bytes: self.max_upload_bytes,
+            max_concurrent_uploads: self.max_concurrent_uploads.max(1),
+            client_timeout: Duration::from_secs(self.client_timeout_secs.max(1)),
             archive_limits: ArchiveLimits {
                 max_entries: self.max_archive_entries.max(1),
                 max_expanded_bytes: self

@@ -111,6 +111,10 @@ pub enum Error {
         /// The cap in bytes.
         limit: u64,
     },
+    /// The tenant has as many of something in progress as it may (concurrent uploads): 429,
+    /// retrying shortly helps.
+    #[error("{0}")]
+    Busy(String),
     /// Registry failure.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
@@ -156,6 +160,7 @@ impl Error {
             Error::Conflict { .. } => ErrorKind::Conflict,
             Error::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,
             Error::PayloadTooLarge { .. } => ErrorKind::PayloadTooLarge,
+            Error::Busy(_) => ErrorKind::TooManyRequests,
             Error::Database(e) if registry_unreachable(e) => ErrorKind::Unavailable,
             Error::Database(_) | Error::Store(_) | Error::Internal(_) => ErrorKind::Internal,
         }
@@ -205,6 +210,8 @@ pub enum ErrorKind {
     QuotaExceeded,
     /// 413.
     PayloadTooLarge,
+    /// 429: too much in progress at once (retrying shortly helps).
+    TooManyRequests,
     /// 500.
     Internal,
     /// 503: the registry database cannot be reached (retrying later helps).
@@ -224,6 +231,7 @@ impl ErrorKind {
             // does not help until something is deleted or the quota is raised.
             ErrorKind::Conflict | ErrorKind::QuotaExceeded => StatusCode::CONFLICT,
             ErrorKind::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::TooManyRequests => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
@@ -237,7 +245,9 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
             ErrorKind::NotFound => tonic::Code::NotFound,
             ErrorKind::Conflict => tonic::Code::AlreadyExists,
-            ErrorKind::QuotaExceeded | ErrorKind::PayloadTooLarge => tonic::Code::ResourceExhausted,
+            ErrorKind::QuotaExceeded | ErrorKind::PayloadTooLarge | ErrorKind::TooManyRequests => {
+                tonic::Code::ResourceExhausted
+            }
             // A worker treats anything but UNAUTHENTICATED as "control plane unavailable" and
             // keeps its cached answers, which is right for a failing registry too.
             ErrorKind::Internal | ErrorKind::Unavailable => tonic::Code::Unavailable,
@@ -254,6 +264,7 @@ impl ErrorKind {
             ErrorKind::Conflict => "conflict",
             ErrorKind::QuotaExceeded => "quota_exceeded",
             ErrorKind::PayloadTooLarge => "payload_too_large",
+            ErrorKind::TooManyRequests => "too_many_requests",
             ErrorKind::Internal => "internal",
             ErrorKind::Unavailable => "unavailable",
         }
@@ -315,7 +326,7 @@ impl IntoResponse for Error {
             _ => {}
         }
         let mut response = (status, Json(self.body())).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if status == StatusCode::SERVICE_UNAVAILABLE || status == StatusCode::TOO_MANY_REQUESTS {
             response.headers_mut().insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
         }
         if status == StatusCode::UNAUTHORIZED {

@@ -20,6 +20,7 @@ pub mod model_config;
 pub mod onnx;
 pub mod registry;
 pub mod scheduler;
+pub mod serve;
 pub mod store;
 pub mod types;
 pub mod usage;
@@ -67,13 +68,12 @@ pub async fn run_with(
     let stop = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler::run::run_scheduler(app.clone(), stop.clone()));
     let retention = tokio::spawn(usage::run_retention(app.clone(), stop.clone()));
+    let limits = serve::ConnLimits { header_read_timeout: app.config.client_timeout, ..serve::ConnLimits::default() };
     let router = api::router(app.clone()).merge(agent::routes(app, stop.clone()));
-    let service = router.into_make_service_with_connect_info::<SocketAddr>();
-    let served = axum::serve(listener, service).with_graceful_shutdown(stop.clone().cancelled_owned()).await;
+    serve::serve(listener, router, stop.clone(), limits).await;
     stop.cancel();
     let _ = scheduler.await;
     let _ = retention.await;
-    served.context("serve http")?;
     registry.close().await;
     tracing::info!("control plane stopped");
     Ok(())

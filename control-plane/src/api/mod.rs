@@ -191,6 +191,7 @@ pub fn router(app: AppState) -> Router {
     let (api, doc) = api_router().split_for_parts();
     let doc_json = Arc::new(to_json(&finish_doc(doc)));
     let console = crate::console::Console::open(app.config.console_dir.as_deref());
+    let body_timeout = app.config.client_timeout;
     api.route("/v1/openapi.json", get(move || serve_openapi(doc_json.clone())))
         .route("/docs", get(serve_docs))
         .route("/metrics", get(|| async { crate::metrics::render() }))
@@ -198,6 +199,10 @@ pub fn router(app: AppState) -> Router {
         .layer(middleware::from_fn_with_state(app.clone(), idempotency::idempotency))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
         .layer(middleware::from_fn(request_context))
+        // A body that stops arriving fails its request instead of holding it forever; each frame
+        // resets the clock, so a long upload that keeps sending is fine. (Not on the workers'
+        // agent streams, merged beside this router, which are idle for minutes by design.)
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout))
         .with_state(app)
 }
 

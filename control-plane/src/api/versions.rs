@@ -102,7 +102,9 @@ pub struct UploadParams {
         (status = 201, description = "The new version.", body = ModelVersion),
         (status = 409, description = "A quota is full (`quota_exceeded.versions`, `quota_exceeded.storage_bytes`).",
          body = crate::error::ErrorBody),
-        (status = 413, description = "The artifact is larger than the cap.", body = crate::error::ErrorBody)))]
+        (status = 413, description = "The artifact is larger than the cap.", body = crate::error::ErrorBody),
+        (status = 429, description = "The tenant has `--max-concurrent-uploads` uploads in progress already (`too_many_requests`, with `Retry-After`).",
+         body = crate::error::ErrorBody)))]
 pub async fn handle_version_create(
     State(app): State<AppState>,
     caller: Caller,

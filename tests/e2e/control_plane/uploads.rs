@@ -157,3 +157,54 @@ async fn uploads_that_are_not_onnx_models_are_refused() {
     assert_eq!(v.expect(201)["size_bytes"].as_u64(), Some(real.len() as u64));
     assert_eq!(app.stored_files(), 1);
 }
+
+/// Writes `head` (and nothing more) on a fresh connection to the control plane at `url`; how
+/// long the server takes to close it, and what it answered.
+async fn held_open(url: String, head: String) -> (Duration, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(url.trim_start_matches("http://")).await.expect("connect");
+    tcp.write_all(head.as_bytes()).await.expect("write");
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(15), tcp.read_to_end(&mut seen)).await;
+    assert!(read.is_ok(), "the control plane held a connection that sent only {head:?} for 15 s");
+    (started.elapsed(), String::from_utf8_lossy(&seen).into_owned())
+}
+
+#[tokio::test]
+async fn slow_clients_are_cut_off_and_a_tenant_streams_a_bounded_number_of_uploads() {
+    let args = ["--client-timeout-secs", "3", "--max-concurrent-uploads", "2"];
+    let app = TestApp::spawn_with(Opts { args: &args, ..Opts::default() }).await;
+    let t = app.tenant("acme").await;
+    app.create_model(&t.deployer, "acme", "m").await.expect(201);
+    let upload_head = |len: usize| {
+        format!(
+            "POST /v1/tenants/acme/models/m/versions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+             Content-Type: application/octet-stream\r\nContent-Length: {len}\r\n\r\n",
+            t.deployer
+        )
+    };
+
+    // A head that never ends, and an upload whose body stops: each is given up after 3 s.
+    let (waited, _) = held_open(app.url.clone(), "GET /v1/tenants HTTP/1.1\r\nHost: x\r\n".into()).await;
+    assert!(waited < Duration::from_secs(8), "closed after {waited:?}");
+    let (waited, answer) = held_open(app.url.clone(), upload_head(4096) + "\u{8}\u{7}").await;
+    assert!(waited < Duration::from_secs(8), "closed after {waited:?}");
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 4"), "no success for half a body: {answer}");
+
+    // Two uploads streaming at once hold the tenant's places; a third gets 429 at once.
+    let slow = [(); 2].map(|()| tokio::spawn(held_open(app.url.clone(), upload_head(4096))));
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let r = app.upload(&t.deployer, "acme", "m", "", onnx_bytes(4096)).await;
+    assert_eq!((r.status, r.code()), (429, "too_many_requests"), "{:?}", r.body);
+    assert_eq!(r.headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    assert!(r.body["error"]["message"].as_str().is_some_and(|m| m.contains("2 uploads in progress")), "{:?}", r.body);
+    let other = app.tenant("other").await;
+    app.create_model(&other.deployer, "other", "m").await.expect(201);
+    app.upload(&other.deployer, "other", "m", "", onnx_bytes(4096)).await.expect(201);
+    // Once the stalled uploads are given up, their places come back.
+    for task in slow {
+        task.await.expect("the stalled upload ended");
+    }
+    app.upload(&t.deployer, "acme", "m", "", onnx_bytes(4096)).await.expect(201);
+}

@@ -1,0 +1,175 @@
+//! The control plane's listener: one task per connection, with the limits `axum::serve` leaves
+//! unset — a deadline for a request's first bytes and headers, a cap on HTTP/2 streams per
+//! connection, keep-alive pings that find dead peers — and a graceful shutdown that lets the
+//! requests in progress finish.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// How the listener treats each connection.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// How long a client has to send a request's headers (and a new connection its first
+    /// bytes) before the connection is closed.
+    pub header_read_timeout: Duration,
+    /// Requests one HTTP/2 connection may have open at once.
+    pub max_streams: u32,
+    /// How often an idle HTTP/2 connection is pinged; a peer that does not answer within the
+    /// same time is dropped.
+    pub keep_alive: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        Self { header_read_timeout: Duration::from_secs(30), max_streams: 128, keep_alive: Duration::from_secs(30) }
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown`; then stops accepting, lets every connection
+/// finish its requests in progress, and returns once all are closed. Handlers see the peer's
+/// address as [`ConnectInfo<SocketAddr>`].
+pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken, limits: ConnLimits) {
+    let connections = TaskTracker::new();
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = shutdown.cancelled() => break,
+        };
+        match accepted {
+            Ok((tcp, peer)) => {
+                connections.spawn(connection(tcp, peer, router.clone(), shutdown.clone(), limits));
+            }
+            Err(e) => {
+                // Out of file descriptors and the like: wait rather than spin on the error.
+                tracing::warn!(error = %e, "accepting a connection failed");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        }
+    }
+    drop(listener);
+    connections.close();
+    connections.wait().await;
+}
+
+async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, shutdown: CancellationToken, limits: ConnLimits) {
+    // hyper-util reads the first bytes (HTTP/1 or HTTP/2?) with no deadline, and hyper's header
+    // timer starts only after them, so a client that sends nothing needs a deadline of its own.
+    let mut first = [0u8; 1];
+    tokio::select! {
+        sent = tokio::time::timeout(limits.header_read_timeout, tcp.peek(&mut first)) => if sent.is_err() {
+            return;
+        },
+        () = shutdown.cancelled() => return,
+    }
+    let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(ConnectInfo(peer));
+        tower::ServiceExt::oneshot(router.clone(), req)
+    });
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_streams)
+        .max_header_list_size(16 << 10)
+        .keep_alive_interval(limits.keep_alive)
+        .keep_alive_timeout(limits.keep_alive);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
+    let mut conn = std::pin::pin!(conn);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            served = conn.as_mut() => {
+                if let Err(e) = served {
+                    tracing::trace!(error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = shutdown.cancelled(), if !draining => {
+                draining = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use axum::routing::{get, post};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+
+    async fn start(limits: ConnLimits) -> (SocketAddr, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let router = Router::new()
+            .route("/peer", get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.to_string() }))
+            .route("/echo", post(|body: String| async move { body }))
+            .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(limits.header_read_timeout));
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(listener, router, shutdown.clone(), limits));
+        (addr, shutdown)
+    }
+
+    /// Reads until the server closes the connection: how long that took, and what it sent.
+    async fn closed_after(tcp: &mut TcpStream) -> (Duration, String) {
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut seen)).await;
+        assert!(read.is_ok(), "the server kept the connection open for 10 s");
+        (started.elapsed(), String::from_utf8_lossy(&seen).into_owned())
+    }
+
+    #[tokio::test]
+    async fn slow_clients_are_cut_off_and_prompt_ones_are_served() {
+        let limits = ConnLimits { header_read_timeout: Duration::from_millis(300), ..ConnLimits::default() };
+        let (addr, _shutdown) = start(limits).await;
+
+        // Nothing at all, then headers that never end, then a body shorter than announced.
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        let (waited, _) = closed_after(&mut silent).await;
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+        let mut slow = TcpStream::connect(addr).await.expect("connect");
+        slow.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\n").await.expect("write");
+        let (waited, _) = closed_after(&mut slow).await;
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+        let mut short = TcpStream::connect(addr).await.expect("connect");
+        short.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc").await.expect("write");
+        let (waited, answer) = closed_after(&mut short).await;
+        assert!(waited < Duration::from_secs(3), "{waited:?}");
+        assert!(answer.starts_with("HTTP/1.1 4"), "a client error, not a hang: {answer}");
+
+        // A whole request is answered, with the peer's address known to the handler.
+        let mut ok = TcpStream::connect(addr).await.expect("connect");
+        ok.write_all(b"GET /peer HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+        let (_, answer) = closed_after(&mut ok).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains(&ok.local_addr().expect("local").to_string()), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn shutdown_lets_the_request_in_progress_finish() {
+        let (addr, shutdown) = start(ConnLimits::default()).await;
+        let mut tcp = TcpStream::connect(addr).await.expect("connect");
+        tcp.write_all(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nab").await.expect("write");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        shutdown.cancel();
+        tcp.write_all(b"cd").await.expect("write the rest");
+        let (_, answer) = closed_after(&mut tcp).await;
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("abcd"), "{answer}");
+    }
+}
