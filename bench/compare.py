@@ -645,6 +645,7 @@ def parse_args(argv=None):
     ap.add_argument("--max-queue-delay-us", type=int, default=0, help="mlp dynamic_batching max_queue_delay_microseconds (default 0)")
     ap.add_argument("--no-dynamic-batching", action="store_true", help="leave dynamic_batching out of mlp's config")
     ap.add_argument("--protocols", default="http,grpc", help="comma-separated subset of http,grpc")
+    ap.add_argument("--scenarios", help="comma-separated scenario names of the suite to run (e.g. 'add_sub c1,mlp b8 c8'); default: all")
     ap.add_argument("--raw-seconds", type=float, default=2.0, help="seconds per raw ONNX Runtime measurement (default 2)")
     ap.add_argument("--rounds", type=int, default=3,
                     help="measurements per scenario x protocol x server, servers alternating; the table shows medians (default 3)")
@@ -675,6 +676,14 @@ def main(argv=None) -> int:
         print(f"compare.py: --protocols must be a subset of {','.join(PROTOCOLS)}", file=sys.stderr)
         return 1
     scenarios = [s for s in SCENARIOS if args.suite in s.suites]
+    if args.scenarios:
+        wanted = [w.strip() for w in args.scenarios.split(",") if w.strip()]
+        unknown = [w for w in wanted if w not in {s.name for s in scenarios}]
+        if unknown:
+            print(f"compare.py: no scenario {', '.join(unknown)} in suite {args.suite}; it has: "
+                  f"{', '.join(s.name for s in scenarios)}", file=sys.stderr)
+            return 1
+        scenarios = [s for s in scenarios if s.name in wanted]
     servers = ["tessera"] + (["tessera-runner"] if args.runner else []) + (["triton"] if use_triton else [])
 
     # SIGTERM (the wrapper's trap, or anyone) unwinds through the finally below.

@@ -233,7 +233,8 @@ pub struct DeploymentEvent {
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
     /// `created`, `updated`, `scaled`, `placed`, `unplaceable`, `ready`, `failed`, `worker_lost`,
-    /// `rescheduled`, `retargeted`, `rollout_started`, `rollout_switched`, `drained`.
+    /// `rescheduled`, `retargeted`, `rollout_started`, `rollout_switched`, `drained`,
+    /// `crash_loop` (a replica that crash-looped on several workers stays where it is).
     pub kind: String,
     /// Replica concerned.
     pub replica_id: Option<Uuid>,
@@ -645,6 +646,7 @@ mod tests {
             reason: None,
             serving,
             drain_until: None,
+            crash_moves: 0,
             created_at: OffsetDateTime::UNIX_EPOCH,
             updated_at: OffsetDateTime::UNIX_EPOCH,
         }

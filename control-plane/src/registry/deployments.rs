@@ -100,6 +100,8 @@ pub struct ReplicaRow {
     pub serving: bool,
     /// End of its drain.
     pub drain_until: Option<OffsetDateTime>,
+    /// Times it was moved off a worker where its runner kept dying (0 once ready).
+    pub crash_moves: i64,
     /// Created.
     pub created_at: OffsetDateTime,
     /// Last changed.
@@ -187,7 +189,8 @@ macro_rules! select_replicas {
     ($rest:literal) => {
         concat!(
             "SELECT id, tenant_id, deployment_id, replica_index, version, spec_generation, profile, memory_bytes, ",
-            "config, worker_id, slice_id, state, reason, serving, drain_until, created_at, updated_at FROM replicas ",
+            "config, worker_id, slice_id, state, reason, serving, drain_until, crash_moves, created_at, updated_at ",
+            "FROM replicas ",
             $rest
         )
     };

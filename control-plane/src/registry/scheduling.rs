@@ -139,7 +139,7 @@ impl Conn {
                 touched.insert((*w).clone());
             }
             self.apply_change(change, at).await?;
-            if let ReplicaChange::Place { placement, .. } = change {
+            if let ReplicaChange::Place { placement, .. } | ReplicaChange::MoveOffCrashLoop { placement, .. } = change {
                 touched.insert(placement.worker.clone());
             }
         }
@@ -171,6 +171,23 @@ impl Conn {
             .bind(at)
             .execute(c)
             }),
+            ReplicaChange::MoveOffCrashLoop { id, placement } => exec!(self, "replica.move_off_crash_loop", |c| {
+                sqlx::query(
+                    "UPDATE replicas SET worker_id = $2, slice_id = $3, state = 'scheduled', reason = NULL, \
+                 crash_moves = crash_moves + 1, updated_at = $4 WHERE id = $1",
+                )
+                .bind(id)
+                .bind(&placement.worker)
+                .bind(&placement.slice)
+                .bind(at)
+                .execute(c)
+            }),
+            ReplicaChange::StayInCrashLoop { id } => exec!(self, "replica.stay_in_crash_loop", |c| sqlx::query(
+                "UPDATE replicas SET crash_moves = crash_moves + 1, updated_at = $2 WHERE id = $1"
+            )
+            .bind(id)
+            .bind(at)
+            .execute(c)),
             ReplicaChange::Unplaced { id, reason } => exec!(self, "replica.unplace", |c| {
                 sqlx::query(
                 "UPDATE replicas SET worker_id = NULL, slice_id = NULL, state = 'pending', reason = $2, updated_at = $3 \
@@ -207,6 +224,8 @@ impl Conn {
 fn change_id(change: &ReplicaChange) -> Uuid {
     match change {
         ReplicaChange::Place { id, .. }
+        | ReplicaChange::MoveOffCrashLoop { id, .. }
+        | ReplicaChange::StayInCrashLoop { id }
         | ReplicaChange::Unplaced { id, .. }
         | ReplicaChange::Serve { id }
         | ReplicaChange::Drain { id, .. }
@@ -262,5 +281,6 @@ fn replica_info(r: ReplicaRow) -> ReplicaInfo {
         reason: r.reason,
         serving: r.serving,
         drain_until: r.drain_until,
+        crash_moves: r.crash_moves,
     }
 }

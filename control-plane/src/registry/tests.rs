@@ -519,6 +519,56 @@ async fn workers_get_assignments_and_report_states() {
     .await;
 }
 
+#[tokio::test]
+async fn a_crash_looping_replica_moves_a_bounded_number_of_times_and_ready_resets_the_count() {
+    on_both(|r| async move {
+        for w in ["w1", "w2", "w3", "w4"] {
+            r.register_worker(&new_worker(w)).await.unwrap();
+        }
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        r.create_version(&actor(), &m, version(10)).await.unwrap();
+        let d = r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Latest, 1)).await.unwrap();
+        tick(&r).await;
+        let replica = |r: Registry| async move { r.conn().await.unwrap().replicas(a, d.id).await.unwrap().remove(0) };
+        let looping = format!("{}it keeps dying: killed by signal 11", tessera_protocol::CRASH_LOOP_REASON);
+        let crash = |worker: String, id: Uuid| {
+            let (r, looping) = (r.clone(), looping.clone());
+            async move {
+                let report = ReportedState { replica_id: id, state: "failed", reason: Some(looping) };
+                assert_eq!(r.report_states(&worker, std::slice::from_ref(&report)).await.unwrap().len(), 1);
+            }
+        };
+        let mut visited = Vec::new();
+        for moves in 0..=crate::scheduler::plan::MAX_CRASH_MOVES {
+            let now = replica(r.clone()).await;
+            assert_eq!(now.crash_moves, moves);
+            let worker = now.worker_id.clone().expect("placed");
+            visited.push(worker.clone());
+            crash(worker, now.id).await;
+            tick(&r).await;
+        }
+        // Out of moves: it stays on the last worker, failed, and one event says so.
+        let stayed = replica(r.clone()).await;
+        assert_eq!(stayed.worker_id.as_deref(), visited.last().map(String::as_str), "visited {visited:?}");
+        assert_eq!(
+            (stayed.state.as_str(), stayed.crash_moves),
+            ("failed", crate::scheduler::plan::MAX_CRASH_MOVES + 1)
+        );
+        assert!(visited.windows(2).all(|w| w[0] != w[1]), "each move went to another worker: {visited:?}");
+        tick(&r).await;
+        let mut c = r.conn().await.unwrap();
+        let kinds: Vec<String> = c.deployment_events(a, d.id, 50).await.unwrap().into_iter().map(|e| e.kind).collect();
+        assert_eq!(kinds.iter().filter(|k| *k == "crash_loop").count(), 1, "{kinds:?}");
+        drop(c);
+        // Once it serves, the count starts over.
+        let ready = ReportedState { replica_id: stayed.id, state: "ready", reason: None };
+        r.report_states(stayed.worker_id.as_deref().unwrap(), std::slice::from_ref(&ready)).await.unwrap();
+        assert_eq!(replica(r.clone()).await.crash_moves, 0);
+    })
+    .await;
+}
+
 fn usage(key: &str, tenant: Uuid, minute: i64, requests: i64, slice_us: i64) -> UsageRecordRow {
     UsageRecordRow {
         key: key.into(),

@@ -249,7 +249,8 @@ impl Registry {
         let mut tx = self.begin().await?;
         for report in reports {
             let row = on_conn!(tx, "replica.report_state", |c| sqlx::query_as::<_, ChangedReplica>(
-                "UPDATE replicas SET state = $3, reason = $4, updated_at = $5 \
+                "UPDATE replicas SET state = $3, reason = $4, updated_at = $5, \
+                 crash_moves = CASE WHEN $3 = 'ready' THEN 0 ELSE crash_moves END \
                  WHERE id = $1 AND worker_id = $2 AND state <> 'draining' \
                  AND (state <> $3 OR COALESCE(reason, '') <> COALESCE($4, '')) \
                  RETURNING tenant_id, deployment_id, replica_index"

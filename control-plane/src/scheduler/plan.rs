@@ -155,6 +155,8 @@ pub struct ReplicaInfo {
     pub state: String,
     /// Why it is pending or failed.
     pub reason: Option<String>,
+    /// Times it was moved off a worker where its runner kept dying (0 once ready).
+    pub crash_moves: i64,
     /// Whether unversioned requests reach it.
     pub serving: bool,
     /// End of its drain.
@@ -225,6 +227,18 @@ pub enum ReplicaChange {
         id: Uuid,
         /// Where.
         placement: Placement,
+    },
+    /// Moved off a worker where its runner keeps dying: state `scheduled`, one more crash move.
+    MoveOffCrashLoop {
+        /// Replica.
+        id: Uuid,
+        /// Where.
+        placement: Placement,
+    },
+    /// Crash-looping wherever it went: it stays where it is, and this is noted once.
+    StayInCrashLoop {
+        /// Replica.
+        id: Uuid,
     },
     /// Cannot be placed: state `pending` with the reason, no worker.
     Unplaced {
@@ -633,8 +647,13 @@ fn is_crash_looping(r: &ReplicaInfo) -> bool {
     r.state == "failed" && r.reason.as_deref().is_some_and(|why| why.starts_with(tessera_protocol::CRASH_LOOP_REASON))
 }
 
-/// Places a crash-looping replica on another worker; with no other worker to take it, it stays
-/// where it is (its worker keeps restarting the runner).
+/// Times a replica is moved off crash loops before it stays where it is: a model that kills
+/// every runner would otherwise bounce between workers forever, reloading each time.
+pub const MAX_CRASH_MOVES: i64 = 2;
+
+/// Places a crash-looping replica on another worker; with no other worker to take it, or once
+/// it was moved [`MAX_CRASH_MOVES`] times and still crash-loops, it stays where it is (its worker
+/// keeps restarting the runner with backoff; a `crash_loop` event says so once).
 fn move_off_crash_loop(
     placer: &mut Placer,
     d: &DeploymentInfo,
@@ -643,6 +662,27 @@ fn move_off_crash_loop(
     req: &ReplicaRequest,
     out: &mut Plan,
 ) {
+    if r.crash_moves >= MAX_CRASH_MOVES {
+        let _ = placer.assign(req, at);
+        if r.crash_moves == MAX_CRASH_MOVES {
+            let why = r.reason.as_deref().unwrap_or_default();
+            let message = format!(
+                "replica {} kept crash-looping after {} moves to other workers; it stays on worker {}, which keeps \
+                 restarting its runner with backoff, until the deployment changes: {why}",
+                r.index, MAX_CRASH_MOVES, at.worker
+            );
+            out.events.push(PlannedEvent {
+                tenant_id: d.tenant_id,
+                deployment_id: d.id,
+                kind: "crash_loop",
+                replica_id: Some(r.id),
+                worker_id: Some(at.worker.clone()),
+                message,
+            });
+            out.changes.push(ReplicaChange::StayInCrashLoop { id: r.id });
+        }
+        return;
+    }
     match placer.place_avoiding(req, Some(&at.worker)) {
         Ok(p) => {
             let why = r.reason.as_deref().unwrap_or_default();
@@ -658,7 +698,7 @@ fn move_off_crash_loop(
                 worker_id: Some(p.worker.clone()),
                 message,
             });
-            out.changes.push(ReplicaChange::Place { id: r.id, placement: p });
+            out.changes.push(ReplicaChange::MoveOffCrashLoop { id: r.id, placement: p });
         }
         Err(_) => {
             // Nowhere else: it keeps its place (and counts there).
@@ -743,6 +783,7 @@ mod tests {
             slice_id: at.map(|(_, s)| s.to_string()),
             state: state.into(),
             reason: None,
+            crash_moves: 0,
             serving: true,
             drain_until: None,
         }
@@ -826,7 +867,7 @@ mod tests {
         let mut looping = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "failed");
         looping.reason = Some(format!("{}it keeps dying: killed by signal 6", tessera_protocol::CRASH_LOOP_REASON));
         let p = run(&snapshot(vec![worker("w1", 2, 4), worker("w2", 2, 4)], vec![d.clone()], vec![looping.clone()]));
-        let moved = ReplicaChange::Place {
+        let moved = ReplicaChange::MoveOffCrashLoop {
             id: Uuid::from_u128(5_001),
             placement: Placement { worker: "w2".into(), slice: "cpu-0".into() },
         };
@@ -843,6 +884,27 @@ mod tests {
         looping.reason = Some("failed to load: bad model".into());
         let p = run(&snapshot(vec![worker("w1", 2, 4), worker("w2", 2, 4)], vec![d], vec![looping]));
         assert!(p.changes.is_empty(), "{p:?}");
+    }
+
+    #[test]
+    fn a_replica_that_crash_loops_everywhere_stops_moving_and_says_so_once() {
+        let d = deployment(1, tenant(1), 1, 1);
+        let workers = || vec![worker("w1", 2, 4), worker("w2", 2, 4), worker("w3", 2, 4)];
+        let mut looping = replica(&d, 1, 0, 1, Some(("w2", "cpu-0")), "failed");
+        looping.reason = Some(format!("{}it keeps dying: out of memory", tessera_protocol::CRASH_LOOP_REASON));
+        // Moves left: it moves.
+        looping.crash_moves = MAX_CRASH_MOVES - 1;
+        let p = run(&snapshot(workers(), vec![d.clone()], vec![looping.clone()]));
+        assert!(matches!(p.changes.as_slice(), [ReplicaChange::MoveOffCrashLoop { .. }]), "{p:?}");
+        // Out of moves: it stays on its worker, keeps its slice, and an event says why, once.
+        looping.crash_moves = MAX_CRASH_MOVES;
+        let p = run(&snapshot(workers(), vec![d.clone()], vec![looping.clone()]));
+        assert_eq!(p.changes, [ReplicaChange::StayInCrashLoop { id: looping.id }]);
+        let event = p.events.iter().find(|e| e.kind == "crash_loop").expect("a crash_loop event");
+        assert!(event.message.contains("after 2 moves") && event.message.contains("out of memory"), "{event:?}");
+        looping.crash_moves = MAX_CRASH_MOVES + 1;
+        let p = run(&snapshot(workers(), vec![d], vec![looping]));
+        assert!(p.changes.is_empty() && p.events.is_empty(), "nothing more to say: {p:?}");
     }
 
     #[test]
@@ -915,6 +977,7 @@ mod tests {
                     slice_id: Some(at.slice),
                     state: "ready".into(),
                     reason: None,
+                    crash_moves: 0,
                     serving: false,
                     drain_until: None,
                 }
