@@ -22,6 +22,7 @@ use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::serve::facade::UsageHook;
+use crate::serve::metrics::MetricsToken;
 
 /// Extensions this server implements, as listed in server metadata.
 pub const EXTENSIONS: &[&str] =
@@ -58,6 +59,8 @@ pub struct ServeConfig {
     pub runner_exe: Option<PathBuf>,
     /// Bytes of each of the runner's shared-memory arenas (0: none).
     pub runner_shm_bytes: usize,
+    /// Bearer token `/metrics` requires; `None`: open.
+    pub metrics_token: Option<MetricsToken>,
 }
 
 /// Shared state of one server: the model manager plus server-level flags.
@@ -81,6 +84,8 @@ pub struct ServerState {
     usage: Option<Arc<dyn UsageHook>>,
     /// The runner processes models run in; `None` when they run in this process.
     runners: Option<Arc<Runners>>,
+    /// Bearer token the metrics listener requires; `None`: open.
+    metrics_token: Option<MetricsToken>,
 }
 
 impl ServerState {
@@ -97,7 +102,19 @@ impl ServerState {
             auth: None,
             usage: None,
             runners: None,
+            metrics_token: None,
         }
+    }
+
+    /// Makes the metrics listener require `token` (`None` leaves it open).
+    pub fn with_metrics_token(mut self, token: Option<MetricsToken>) -> Self {
+        self.metrics_token = token;
+        self
+    }
+
+    /// The token the metrics listener requires, if any.
+    pub fn metrics_token(&self) -> Option<&MetricsToken> {
+        self.metrics_token.as_ref()
     }
 
     /// Notes the runner processes models run in (for their metrics).
@@ -342,7 +359,8 @@ pub async fn run(
         manager = manager.with_runners(runners.clone(), placement);
     }
     let manager = Arc::new(manager);
-    let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size);
+    let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size)
+        .with_metrics_token(config.metrics_token.clone());
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }

@@ -95,7 +95,8 @@ pub async fn run(
         Arc::new(Meter::open(&usage_dir).with_context(|| format!("open the usage spool in {}", usage_dir.display()))?);
     let mut state = ServerState::new(manager.clone(), false, config.max_input_size)
         .with_auth(authenticator)
-        .with_usage_hook(meter.clone());
+        .with_usage_hook(meter.clone())
+        .with_metrics_token(config.metrics_token.clone());
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }
