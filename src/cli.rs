@@ -246,7 +246,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ControlPlane(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
-            tessera_control_plane::run(args.into_config(), shutdown).await
+            tessera_control_plane::run(args.into_config()?, shutdown).await
         }
         Command::Openapi => {
             print!("{}", tessera_control_plane::openapi_json());

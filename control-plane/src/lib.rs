@@ -11,6 +11,7 @@ pub mod agent;
 pub mod api;
 pub mod app;
 pub mod archive;
+pub mod audit_checkpoints;
 pub mod auth;
 pub mod config;
 pub mod console;
@@ -51,6 +52,7 @@ pub async fn run_with(
     let registry = registry::Registry::connect(config.database_url.expose(), config.database_wait, &shutdown).await?;
     let store = store::ArtifactStore::open(&config.object_store).context("open the artifact store")?;
     let listen = config.listen;
+    let metrics_listen = config.metrics_listen;
     let app = app::App::new(registry.clone(), store, config).await.context("load token signing keys")?;
     if let Some(key) = app.bootstrap().await.context("bootstrap the platform tenant")? {
         // Shown once, on stdout (not in the logs, which are shipped elsewhere).
@@ -59,6 +61,14 @@ pub async fn run_with(
     let listener = TcpListener::bind(listen).await.with_context(|| format!("bind the http listener on {listen}"))?;
     let local = listener.local_addr().context("read the bound address")?;
     tracing::info!(protocol = "http", addr = %local, "listening");
+    let metrics_listener = match metrics_listen {
+        Some(addr) => {
+            let l = TcpListener::bind(addr).await.with_context(|| format!("bind the metrics listener on {addr}"))?;
+            tracing::info!(protocol = "metrics", addr = %l.local_addr().context("read the bound address")?, "listening");
+            Some(l)
+        }
+        None => None,
+    };
     if app.config.worker_token.is_none() {
         tracing::warn!("no --worker-token: workers cannot connect");
     }
@@ -67,12 +77,26 @@ pub async fn run_with(
     let stop = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler::run::run_scheduler(app.clone(), stop.clone()));
     let retention = tokio::spawn(usage::run_retention(app.clone(), stop.clone()));
+    let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(app.clone(), stop.clone()));
+    let metrics = metrics_listener.map(|l| {
+        let router = api::metrics_router(app.config.metrics_token.clone());
+        let served = axum::serve(l, router).with_graceful_shutdown(stop.clone().cancelled_owned());
+        tokio::spawn(async move {
+            if let Err(e) = served.await {
+                tracing::error!(error = %e, "metrics server failed");
+            }
+        })
+    });
     let router = api::router(app.clone()).merge(agent::routes(app, stop.clone()));
     let service = router.into_make_service_with_connect_info::<SocketAddr>();
     let served = axum::serve(listener, service).with_graceful_shutdown(stop.clone().cancelled_owned()).await;
     stop.cancel();
     let _ = scheduler.await;
     let _ = retention.await;
+    let _ = checkpoints.await;
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     served.context("serve http")?;
     registry.close().await;
     tracing::info!("control plane stopped");
