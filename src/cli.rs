@@ -183,6 +183,7 @@ impl ServeArgs {
             max_input_size: self.http_max_input_size,
             runner_exe,
             runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
+            metrics_token: self.listen.metrics_token()?,
         })
     }
 }
@@ -204,7 +205,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             args.listen.apply_process_settings();
-            let config = args.into_config().context("find the tessera binary to start runners from")?;
+            let config = args.into_config().context("read the flags")?;
             tracing::info!(?config, "starting tessera serve");
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -235,7 +236,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Worker(args) => {
             args.listen.apply_process_settings();
-            let config = args.into_config().context("find the tessera binary to start runners from")?;
+            let config = args.into_config().context("read the flags")?;
             tracing::info!(?config, "starting tessera worker");
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -245,7 +246,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ControlPlane(args) => {
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
-            tessera_control_plane::run(args.into_config(), shutdown).await
+            tessera_control_plane::run(args.into_config()?, shutdown).await
         }
         Command::Openapi => {
             print!("{}", tessera_control_plane::openapi_json());

@@ -5,8 +5,9 @@
 //!
 //! Everything lives under `--data-dir` (default `./.tessera`):
 //! `registry.db`, `objects/`, `worker/` (worker id, artifact cache), `models/simple.onnx`,
-//! `secrets.json` (platform-admin key, worker token, API key pepper; mode 0600) and
-//! `dev-credentials.json` (the demo tenant's keys; mode 0600). A restart reuses all of it:
+//! `secrets.json` (platform-admin key, worker token, API key pepper; mode 0600),
+//! `audit-signing-key.pem` (signs audit checkpoints; mode 0600) and `dev-credentials.json`
+//! (the demo tenant's keys; mode 0600). A restart reuses all of it:
 //! provisioning looks before it creates, so nothing is made twice.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -128,6 +129,7 @@ fn control_plane_config(
 ) -> anyhow::Result<tessera_control_plane::Config> {
     let database = format!("sqlite://{}", dir.join("registry.db").display());
     let objects = dir.join("objects").display().to_string();
+    let audit_key = audit_signing_key(dir)?.display().to_string();
     let flags = ControlPlaneFlags::try_parse_from([
         "control-plane",
         "--listen",
@@ -142,13 +144,26 @@ fn control_plane_config(
         &secrets.api_key_pepper,
         "--worker-token",
         &secrets.worker_token,
+        "--audit-signing-key-file",
+        &audit_key,
     ])
     .map_err(|e| anyhow::anyhow!("configure the control plane: {e}"))?;
-    let mut config = flags.args.into_config();
+    let mut config = flags.args.into_config()?;
     if let Some(dir) = &args.console_dir {
         config.console_dir = Some(dir.clone());
     }
     Ok(config)
+}
+
+/// The audit checkpoint signing key in the data directory, generated at first start. In
+/// production it belongs somewhere the database's administrators cannot read.
+fn audit_signing_key(dir: &Path) -> anyhow::Result<PathBuf> {
+    let path = dir.join("audit-signing-key.pem");
+    if !path.exists() {
+        let pem = tessera_control_plane::audit_checkpoints::CheckpointKey::generate().to_pem()?;
+        write_private(&path, pem.as_bytes()).with_context(|| format!("write {}", path.display()))?;
+    }
+    Ok(path)
 }
 
 /// A reachable form of a bound address (`0.0.0.0` becomes `127.0.0.1`).

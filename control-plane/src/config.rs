@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
+use anyhow::Context;
+
 use crate::archive::ArchiveLimits;
+use crate::audit_checkpoints::CheckpointKey;
+use crate::metrics::MetricsToken;
 
 /// Default `--max-upload-bytes`: 4 GiB.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 4 * 1024 * 1024 * 1024;
@@ -125,6 +129,25 @@ pub struct ControlPlaneArgs {
     /// under the working directory or in the source tree, if built; else the console is off.
     #[arg(long, env = "TESSERA_CONSOLE_DIR")]
     pub console_dir: Option<PathBuf>,
+    /// Address `/metrics` listens on, apart from the API; default: the API listener serves it.
+    #[arg(long, env = "TESSERA_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// File holding the bearer token `/metrics` requires (Prometheus: `authorization: {
+    /// credentials_file: FILE }`); without it or `--metrics-token`, `/metrics` is open.
+    #[arg(long, env = "TESSERA_METRICS_TOKEN_FILE", conflicts_with = "metrics_token")]
+    pub metrics_token_file: Option<PathBuf>,
+    /// The bearer token `/metrics` requires, given directly (prefer the variable or the file:
+    /// a flag shows in `ps`).
+    #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<Secret>,
+    /// Ed25519 private key (PKCS#8 PEM, `openssl genpkey -algorithm ed25519`) that signs the
+    /// audit checkpoints written to the object store; keep it away from the database. Without
+    /// it there are no checkpoints.
+    #[arg(long, env = "TESSERA_AUDIT_SIGNING_KEY_FILE")]
+    pub audit_signing_key_file: Option<PathBuf>,
+    /// Seconds between audit checkpoints (there is one at start and at shutdown too).
+    #[arg(long, env = "TESSERA_AUDIT_CHECKPOINT_SECS", default_value_t = crate::audit_checkpoints::DEFAULT_INTERVAL_SECS)]
+    pub audit_checkpoint_secs: u64,
 }
 
 /// Everything the control plane needs to run.
@@ -172,12 +195,31 @@ pub struct Config {
     pub usage_minute_retention: Duration,
     /// Web console directory; `None`: the console is off.
     pub console_dir: Option<PathBuf>,
+    /// Separate `/metrics` listen address; `None`: the API listener serves it.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Bearer token `/metrics` requires; `None`: open.
+    pub metrics_token: Option<MetricsToken>,
+    /// Key that signs audit checkpoints; `None`: no checkpoints.
+    pub audit_signing_key: Option<CheckpointKey>,
+    /// Time between audit checkpoints.
+    pub audit_checkpoint_interval: Duration,
 }
 
 impl ControlPlaneArgs {
-    /// The configuration these flags describe.
-    pub fn into_config(self) -> Config {
-        Config {
+    /// The configuration these flags describe, with the key and token files they name read.
+    pub fn into_config(self) -> anyhow::Result<Config> {
+        let metrics_token = match (&self.metrics_token_file, self.metrics_token.filter(|t| !t.expose().is_empty())) {
+            (Some(path), _) => Some(MetricsToken::from_file(path)?),
+            (None, Some(token)) => Some(MetricsToken::new(token.expose())?),
+            (None, None) => None,
+        };
+        let audit_signing_key = self
+            .audit_signing_key_file
+            .as_deref()
+            .map(CheckpointKey::load)
+            .transpose()
+            .context("load the audit signing key")?;
+        Ok(Config {
             listen: self.listen,
             database_url: self.database_url,
             database_wait: Duration::from_secs(self.database_wait_secs),
@@ -205,7 +247,11 @@ impl ControlPlaneArgs {
             scheduler_interval: Duration::from_millis(self.scheduler_interval_ms.max(10)),
             usage_minute_retention: Duration::from_secs(self.usage_minute_retention_days.max(1) * 86_400),
             console_dir: self.console_dir.filter(|d| !d.as_os_str().is_empty()).or_else(crate::console::default_dir),
-        }
+            metrics_listen: self.metrics_listen,
+            metrics_token,
+            audit_signing_key,
+            audit_checkpoint_interval: Duration::from_secs(self.audit_checkpoint_secs.max(1)),
+        })
     }
 }
 

@@ -11,6 +11,7 @@ pub mod agent;
 pub mod api;
 pub mod app;
 pub mod archive;
+pub mod audit_checkpoints;
 pub mod auth;
 pub mod config;
 pub mod console;
@@ -52,6 +53,7 @@ pub async fn run_with(
     let registry = registry::Registry::connect(config.database_url.expose(), config.database_wait, &shutdown).await?;
     let store = store::ArtifactStore::open(&config.object_store).context("open the artifact store")?;
     let listen = config.listen;
+    let metrics_listen = config.metrics_listen;
     let app = app::App::new(registry.clone(), store, config).await.context("load token signing keys")?;
     if let Some(key) = app.bootstrap().await.context("bootstrap the platform tenant")? {
         // Shown once, on stdout (not in the logs, which are shipped elsewhere).
@@ -60,6 +62,14 @@ pub async fn run_with(
     let listener = TcpListener::bind(listen).await.with_context(|| format!("bind the http listener on {listen}"))?;
     let local = listener.local_addr().context("read the bound address")?;
     tracing::info!(protocol = "http", addr = %local, "listening");
+    let metrics_listener = match metrics_listen {
+        Some(addr) => {
+            let l = TcpListener::bind(addr).await.with_context(|| format!("bind the metrics listener on {addr}"))?;
+            tracing::info!(protocol = "metrics", addr = %l.local_addr().context("read the bound address")?, "listening");
+            Some(l)
+        }
+        None => None,
+    };
     if app.config.worker_token.is_none() {
         tracing::warn!("no --worker-token: workers cannot connect");
     }
@@ -69,11 +79,20 @@ pub async fn run_with(
     let scheduler = tokio::spawn(scheduler::run::run_scheduler(app.clone(), stop.clone()));
     let retention = tokio::spawn(usage::run_retention(app.clone(), stop.clone()));
     let limits = serve::ConnLimits { header_read_timeout: app.config.client_timeout, ..serve::ConnLimits::default() };
+    let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(app.clone(), stop.clone()));
+    let metrics = metrics_listener.map(|l| {
+        let router = api::metrics_router(app.config.metrics_token.clone());
+        tokio::spawn(serve::serve(l, router, stop.clone(), limits))
+    });
     let router = api::router(app.clone()).merge(agent::routes(app, stop.clone()));
     serve::serve(listener, router, stop.clone(), limits).await;
     stop.cancel();
     let _ = scheduler.await;
     let _ = retention.await;
+    let _ = checkpoints.await;
+    if let Some(metrics) = metrics {
+        let _ = metrics.await;
+    }
     registry.close().await;
     tracing::info!("control plane stopped");
     Ok(())

@@ -3,7 +3,49 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
+use anyhow::Context;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
+use sha2::{Digest, Sha256};
+
+/// The bearer token `/metrics` requires. Only its sha256 is kept; a presented token is hashed
+/// and the digests compared in constant time, so timing says nothing about the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MetricsToken([u8; 32]);
+
+impl std::fmt::Debug for MetricsToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsToken([redacted])")
+    }
+}
+
+impl MetricsToken {
+    /// A token from its text (surrounding white space dropped); refuses an empty one.
+    pub fn new(token: &str) -> anyhow::Result<Self> {
+        let token = token.trim();
+        anyhow::ensure!(!token.is_empty(), "the metrics token is empty");
+        Ok(MetricsToken(Sha256::digest(token.as_bytes()).into()))
+    }
+
+    /// Reads a token file (Prometheus reads the same file as `credentials_file`).
+    pub fn from_file(path: &std::path::Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
+        Self::new(&text).with_context(|| format!("read {}", path.display()))
+    }
+
+    /// Whether `headers` carry `Authorization: Bearer <this token>`.
+    pub fn admits(&self, headers: &http::HeaderMap) -> bool {
+        let presented = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        let Some(presented) = presented else { return false };
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        // Every byte is looked at whatever differs.
+        digest.iter().zip(self.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
+}
 
 /// The control plane's metric registry.
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
@@ -74,6 +116,15 @@ static USAGE_RECORDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     c
 });
 
+/// Audit checkpoints by outcome (`signed`; `refused`: the chain no longer extends the last
+/// checkpoint, a sign of tampering; `error`: the database or store failed).
+static AUDIT_CHECKPOINTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    let opts = Opts::new("tessera_audit_checkpoints_total", "Audit chain checkpoints by outcome.");
+    let c = IntCounterVec::new(opts, &["outcome"]).expect("valid counter definition");
+    REGISTRY.register(Box::new(c.clone())).expect("metric registered once");
+    c
+});
+
 /// Replica and worker states the gauges always show (so a state that empties reads 0).
 const REPLICA_STATES: &[&str] = &["pending", "scheduled", "loading", "ready", "failed", "draining"];
 const WORKER_STATES: &[&str] = &["ready", "lost"];
@@ -112,6 +163,11 @@ pub fn observe_usage(stored: u64, duplicates: u64) {
     USAGE_RECORDS.with_label_values(&["duplicate"]).inc_by(duplicates);
 }
 
+/// Records one audit checkpoint attempt: `signed`, `refused` or `error`.
+pub fn observe_checkpoint(outcome: &'static str) {
+    AUDIT_CHECKPOINTS.with_label_values(&[outcome]).inc();
+}
+
 /// Records one registry query.
 pub fn observe_query(label: &'static str, elapsed: Duration, ok: bool) {
     let outcome = if ok { "ok" } else { "error" };
@@ -138,6 +194,23 @@ pub fn render() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_tokens_admit_only_themselves() {
+        let token = MetricsToken::new("s3cret\n").expect("a token");
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(http::header::AUTHORIZATION, v.parse().expect("header value"));
+            h
+        };
+        assert!(token.admits(&with("Bearer s3cret")));
+        assert!(token.admits(&with("bearer s3cret")));
+        assert!(!token.admits(&with("Bearer s3cre")));
+        assert!(!token.admits(&with("Basic s3cret")));
+        assert!(!token.admits(&http::HeaderMap::new()));
+        assert!(MetricsToken::new(" \n").is_err());
+        assert!(!format!("{token:?}").contains("s3cret"));
+    }
 
     #[test]
     fn state_gauges_count_every_known_state_and_lump_the_rest() {

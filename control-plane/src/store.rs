@@ -15,7 +15,7 @@ use futures::{Stream, StreamExt};
 use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::signer::Signer;
-use object_store::{ObjectStore, ObjectStoreExt, WriteMultipart};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, WriteMultipart};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
@@ -220,6 +220,52 @@ impl ArtifactStore {
     /// Whether this store can presign URLs.
     pub fn can_presign(&self) -> bool {
         self.signer.is_some()
+    }
+
+    /// Writes a small object unless one is at `key` already (audit checkpoints are never
+    /// replaced); `Ok(false)` when one was.
+    pub async fn put_if_absent(&self, key: &str, bytes: Bytes) -> Result<bool> {
+        let path = Path::from(key);
+        let opts = PutOptions { mode: PutMode::Create, ..PutOptions::default() };
+        match self.store.put_opts(&path, bytes.clone().into(), opts).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            // S3 without conditional puts configured: look first. Two writers racing here
+            // write the same head, so the loser's copy is as good.
+            Err(object_store::Error::NotImplemented { .. }) => match self.store.head(&path).await {
+                Ok(_) => Ok(false),
+                Err(object_store::Error::NotFound { .. }) => {
+                    self.store.put(&path, bytes.into()).await?;
+                    Ok(true)
+                }
+                Err(e) => Err(e.into()),
+            },
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The keys of every object under `prefix` (a folder, ending in `/`), in no order.
+    pub async fn list_keys(&self, prefix: &str) -> Result<Vec<String>> {
+        let prefix = Path::from(prefix.trim_end_matches('/'));
+        let mut listing = self.store.list(Some(&prefix));
+        let mut keys = Vec::new();
+        while let Some(meta) = listing.next().await {
+            keys.push(meta?.location.to_string());
+        }
+        Ok(keys)
+    }
+
+    /// A small object's bytes, or `None` when there is none; refuses more than `max` bytes.
+    pub async fn get_small(&self, key: &str, max: u64) -> Result<Option<Bytes>> {
+        let get = match self.store.get(&Path::from(key)).await {
+            Ok(get) => get,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        if get.meta.size > max {
+            return Err(Error::Internal(format!("{key} is larger than {max} bytes")));
+        }
+        Ok(Some(get.bytes().await?))
     }
 }
 

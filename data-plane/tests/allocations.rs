@@ -101,6 +101,7 @@ async fn start(dir: &std::path::Path) -> (SocketAddr, SocketAddr, tokio_util::sy
         max_input_size: 64 << 20,
         runner_exe: None,
         runner_shm_bytes: 0,
+        metrics_token: None,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();

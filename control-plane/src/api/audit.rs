@@ -2,6 +2,8 @@
 
 use axum::Json;
 use axum::extract::State;
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use utoipa::{IntoParams, ToSchema};
@@ -9,6 +11,7 @@ use uuid::Uuid;
 
 use super::{ApiQuery, AppState, Caller, cursor};
 use crate::app::TenantRef;
+use crate::audit_checkpoints::{self, CheckpointKey};
 use crate::error::{Error, Result};
 use crate::registry::{AuditEventRow, AuditFilter};
 use crate::types::Role;
@@ -150,13 +153,90 @@ pub struct ChainBreak {
 pub struct AuditVerification {
     /// The tenant whose chain was checked.
     pub tenant: String,
-    /// True when every link holds.
+    /// True when every link holds and the chain matches its newest signed checkpoint, and no
+    /// checkpoint file fails to verify.
     pub ok: bool,
     /// Events that checked out before the first break (all of them when intact).
     pub events_checked: u64,
-    /// The first broken link.
+    /// The first broken link; when the links hold but the chain no longer matches its newest
+    /// checkpoint, the checkpointed sequence number with the reason.
     pub first_break: Option<ChainBreak>,
+    /// The chain compared with the signed checkpoints in the object store; absent when this
+    /// control plane has no `--audit-signing-key-file`.
+    pub checkpoints: Option<CheckpointVerification>,
 }
+
+/// The chain compared with its signed checkpoints.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointVerification {
+    /// Id of the key checkpoints must be signed with (`GET /v1/audit/checkpoints/key`).
+    pub key_id: String,
+    /// The newest checkpoint whose signature verifies; absent before the first one.
+    pub latest: Option<CheckpointRef>,
+    /// How the chain no longer matches `latest`, if it does not.
+    pub violation: Option<CheckpointViolation>,
+    /// Events after `latest`: no checkpoint covers them yet.
+    pub events_after_checkpoint: i64,
+    /// Checkpoint files newer than `latest` whose signature or content does not verify.
+    pub invalid: Vec<InvalidCheckpoint>,
+    /// What a checkpoint can and cannot prove.
+    pub proves: String,
+}
+
+/// A checkpoint file.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointRef {
+    /// Its key in the object store (`audit/checkpoints/<tenant id>/<seq>.json`).
+    pub object: String,
+    /// The chain's head sequence number it signs.
+    pub seq: i64,
+    /// The hash of that event.
+    pub head_hash: String,
+    /// When it was signed (RFC 3339).
+    pub signed_at: String,
+}
+
+/// A history rewritten since a checkpoint was signed.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointViolation {
+    /// `truncated` (events deleted after the checkpoint was signed) or `rewritten` (the
+    /// checkpointed event, or one before it, changed).
+    pub kind: String,
+    /// The checkpoint it contradicts (its object key).
+    pub checkpoint: String,
+    /// The checkpointed sequence number.
+    pub seq: i64,
+    /// What is wrong.
+    pub reason: String,
+}
+
+/// A checkpoint file that does not verify.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct InvalidCheckpoint {
+    /// Its key in the object store.
+    pub object: String,
+    /// Why it does not verify.
+    pub reason: String,
+}
+
+/// The public key that verifies audit checkpoints.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CheckpointKeyInfo {
+    /// Always `Ed25519`.
+    pub algorithm: String,
+    /// The `key_id` checkpoints name: hex of the first 8 bytes of the sha256 of the raw key.
+    pub key_id: String,
+    /// The raw 32-byte public key, base64.
+    pub public_key: String,
+    /// The same key as SPKI PEM (for `openssl pkeyutl -verify -pubin -inkey`).
+    pub public_key_pem: String,
+}
+
+/// What a checkpoint proves, stated in every verification answer.
+const CHECKPOINTS_PROVE: &str = "A checkpoint proves that events 1..seq are unchanged since signed_at: truncating, \
+    editing or re-chaining them is reported. Events after the newest checkpoint (events_after_checkpoint) are only as \
+    trustworthy as the database: they can be appended, removed or re-chained unnoticed until a checkpoint covers \
+    them. A checkpoint file deleted from the object store is not noticed.";
 
 async fn audit_tenant(app: &AppState, caller: &Caller, tenant: Option<&str>) -> Result<TenantRef> {
     let tenant = tenant.unwrap_or(&caller.principal.tenant_name);
@@ -205,12 +285,69 @@ pub async fn handle_audit_verify(
 ) -> Result<Json<AuditVerification>> {
     let t = audit_tenant(&app, &caller, params.tenant.as_deref()).await?;
     let report = app.registry.verify_audit_chain(t.id).await?;
-    let first_break =
+    let mut first_break =
         report.first_break.map(|b| ChainBreak { seq: b.seq, event_id: b.event_id, reason: b.reason.into() });
+    let checkpoints = match &app.config.audit_signing_key {
+        Some(key) => Some(check_checkpoints(&app, key, t.id).await?),
+        None => None,
+    };
+    let checkpoints_hold = checkpoints.as_ref().is_none_or(|c| c.violation.is_none() && c.invalid.is_empty());
+    if let (None, Some(v)) = (&first_break, checkpoints.as_ref().and_then(|c| c.violation.as_ref())) {
+        let at = app.registry.conn().await?.audit_event_hash(t.id, v.seq).await?;
+        first_break = Some(ChainBreak { seq: v.seq, event_id: at.map(|(id, _)| id), reason: v.reason.clone() });
+    }
     Ok(Json(AuditVerification {
         tenant: t.name,
-        ok: first_break.is_none(),
+        ok: first_break.is_none() && checkpoints_hold,
         events_checked: report.events_checked,
         first_break,
+        checkpoints,
+    }))
+}
+
+/// Compares a tenant's chain with its newest valid checkpoint.
+async fn check_checkpoints(app: &AppState, key: &CheckpointKey, tenant: Uuid) -> Result<CheckpointVerification> {
+    let found = audit_checkpoints::latest(&app.store, &key.verifying_key(), tenant).await?;
+    let mut conn = app.registry.conn().await?;
+    let head_seq = conn.audit_head(tenant).await?.map_or(0, |(seq, _)| seq);
+    let (mut latest, mut violation, mut after) = (None, None, head_seq);
+    if let Some((object, c)) = found.valid {
+        let at = conn.audit_event_hash(tenant, c.seq).await?;
+        violation = audit_checkpoints::compare(&c, head_seq, at.as_ref().map(|(_, h)| h.as_str())).map(|v| {
+            CheckpointViolation {
+                kind: v.as_str().into(),
+                checkpoint: object.clone(),
+                seq: c.seq,
+                reason: v.reason().into(),
+            }
+        });
+        after = (head_seq - c.seq).max(0);
+        latest = Some(CheckpointRef { object, seq: c.seq, head_hash: c.head_hash, signed_at: c.signed_at });
+    }
+    let invalid = found.invalid.into_iter().map(|i| InvalidCheckpoint { object: i.object, reason: i.reason }).collect();
+    Ok(CheckpointVerification {
+        key_id: key.key_id().to_string(),
+        latest,
+        violation,
+        events_after_checkpoint: after,
+        invalid,
+        proves: CHECKPOINTS_PROVE.into(),
+    })
+}
+
+/// The public key that verifies the audit checkpoints in the object store, so an auditor can
+/// check them offline (any authenticated caller; 404 when checkpoints are off).
+#[utoipa::path(get, path = "/v1/audit/checkpoints/key", operation_id = "get_audit_checkpoint_key", tag = "audit",
+    responses((status = 200, description = "The Ed25519 public key.", body = CheckpointKeyInfo)))]
+pub async fn handle_checkpoint_key_get(
+    State(app): State<AppState>,
+    _caller: Caller,
+) -> Result<Json<CheckpointKeyInfo>> {
+    let key = app.config.audit_signing_key.as_ref().ok_or(Error::NotFound("audit checkpoint key"))?;
+    Ok(Json(CheckpointKeyInfo {
+        algorithm: "Ed25519".into(),
+        key_id: key.key_id().to_string(),
+        public_key: BASE64.encode(key.verifying_key().as_bytes()),
+        public_key_pem: key.public_pem(),
     }))
 }

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
-use axum::http::{HeaderValue, header};
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -40,6 +40,7 @@ pub use versions::content_length;
 
 use crate::app::App;
 use crate::error::Error;
+use crate::metrics::MetricsToken;
 
 /// Shared state of every handler.
 pub type AppState = Arc<App>;
@@ -160,6 +161,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(billing::handle_invoice_get))
         .routes(routes!(audit::handle_audit_list))
         .routes(routes!(audit::handle_audit_verify))
+        .routes(routes!(audit::handle_checkpoint_key_get))
 }
 
 /// The OpenAPI document of the API.
@@ -192,9 +194,12 @@ pub fn router(app: AppState) -> Router {
     let doc_json = Arc::new(to_json(&finish_doc(doc)));
     let console = crate::console::Console::open(app.config.console_dir.as_deref());
     let body_timeout = app.config.client_timeout;
-    api.route("/v1/openapi.json", get(move || serve_openapi(doc_json.clone())))
+    // `/metrics` has its own credential, so it stays outside the API's middleware; with
+    // `--metrics-listen` it is served there instead.
+    let metrics = app.config.metrics_listen.is_none().then(|| metrics_router(app.config.metrics_token.clone()));
+    let router = api
+        .route("/v1/openapi.json", get(move || serve_openapi(doc_json.clone())))
         .route("/docs", get(serve_docs))
-        .route("/metrics", get(|| async { crate::metrics::render() }))
         .fallback(move |req: Request| console.clone().respond(req))
         .layer(middleware::from_fn_with_state(app.clone(), idempotency::idempotency))
         .layer(middleware::from_fn_with_state(app.clone(), authenticate))
@@ -203,7 +208,29 @@ pub fn router(app: AppState) -> Router {
         // resets the clock, so a long upload that keeps sending is fine. (Not on the workers'
         // agent streams, merged beside this router, which are idle for minutes by design.)
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(body_timeout))
-        .with_state(app)
+        .with_state(app);
+    match metrics {
+        Some(metrics) => router.merge(metrics),
+        None => router,
+    }
+}
+
+/// `/metrics`, behind `Authorization: Bearer <token>` when a token is configured.
+pub fn metrics_router(token: Option<MetricsToken>) -> Router {
+    let router = Router::new().route("/metrics", get(|| async { crate::metrics::render() }));
+    match token {
+        Some(token) => router.layer(middleware::from_fn_with_state(token, require_metrics_token)),
+        None => router,
+    }
+}
+
+/// 401 with a `WWW-Authenticate` challenge unless the request carries the metrics token.
+async fn require_metrics_token(State(token): State<MetricsToken>, req: Request, next: Next) -> Response {
+    if token.admits(req.headers()) {
+        return next.run(req).await;
+    }
+    let challenge = [(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"metrics\""))];
+    (StatusCode::UNAUTHORIZED, challenge, "missing or invalid metrics token\n").into_response()
 }
 
 async fn serve_openapi(doc: Arc<String>) -> Response {

@@ -174,6 +174,11 @@ impl Default for ChainVerifier {
 }
 
 impl ChainVerifier {
+    /// A verifier that continues after event `seq` with hash `hash` (a checkpoint).
+    pub fn resume(seq: i64, hash: &str) -> Self {
+        ChainVerifier { next_seq: seq + 1, prev_hash: hash.to_string(), checked: 0 }
+    }
+
     /// Checks the next event.
     pub fn check(&mut self, event: &AuditEventRow) -> Result<(), ChainBreak> {
         let broken = |reason| ChainBreak { seq: self.next_seq, event_id: Some(event.id), reason };
@@ -311,20 +316,32 @@ impl Conn {
         .fetch_all(c))
     }
 
-    /// Oldest-first page of a tenant's chain after `after_seq`.
+    /// Oldest-first page of a tenant's chain after `after_seq`, up to `until_seq`.
     pub async fn audit_chain_page(
         &mut self,
         tenant_id: Uuid,
         after_seq: i64,
+        until_seq: i64,
         limit: i64,
     ) -> Result<Vec<AuditEventRow>> {
         on_conn!(self, "audit.chain_page", |c| sqlx::query_as::<_, AuditEventRow>(select_events!(
-            "WHERE tenant_id = $1 AND seq > $2 ORDER BY seq LIMIT $3"
+            "WHERE tenant_id = $1 AND seq > $2 AND seq <= $3 ORDER BY seq LIMIT $4"
         ))
         .bind(tenant_id)
         .bind(after_seq)
+        .bind(until_seq)
         .bind(limit)
         .fetch_all(c))
+    }
+
+    /// The id and hash of a tenant's event `seq`, if there is one.
+    pub async fn audit_event_hash(&mut self, tenant_id: Uuid, seq: i64) -> Result<Option<(Uuid, String)>> {
+        on_conn!(self, "audit.event_hash", |c| sqlx::query_as::<_, (Uuid, String)>(
+            "SELECT id, hash FROM audit_events WHERE tenant_id = $1 AND seq = $2"
+        )
+        .bind(tenant_id)
+        .bind(seq)
+        .fetch_optional(c))
     }
 
     /// The recorded head of a tenant's chain.
@@ -346,28 +363,85 @@ pub struct ChainReport {
     pub first_break: Option<ChainBreak>,
 }
 
+/// Events read per query while walking a chain.
+const CHAIN_PAGE: i64 = 500;
+
 impl Registry {
     /// Walks a tenant's whole chain in pages and reports the first broken link.
     pub async fn verify_audit_chain(&self, tenant_id: Uuid) -> Result<ChainReport> {
-        const PAGE: i64 = 500;
         let mut conn = self.conn().await?;
         let head = conn.audit_head(tenant_id).await?;
         let mut verifier = ChainVerifier::default();
-        let mut after = 0;
-        loop {
-            let page = conn.audit_chain_page(tenant_id, after, PAGE).await?;
-            for event in &page {
-                if let Err(b) = verifier.check(event) {
-                    return Ok(ChainReport { events_checked: verifier.checked(), first_break: Some(b) });
-                }
-                after = event.seq;
-            }
-            if (page.len() as i64) < PAGE {
-                break;
+        let first_break = match walk(&mut conn, tenant_id, &mut verifier, i64::MAX).await? {
+            Err(b) => Some(b),
+            Ok(()) => verifier.finish(head).err(),
+        };
+        Ok(ChainReport { events_checked: verifier.checked(), first_break })
+    }
+
+    /// Every chain's recorded head, `(tenant, seq, hash)`: what the checkpointer signs. The one
+    /// audit query across tenants, for that background task only.
+    pub async fn audit_heads(&self) -> Result<Vec<(Uuid, i64, String)>> {
+        let mut conn = self.conn().await?;
+        on_conn!(conn, "audit.heads", |c| sqlx::query_as::<_, (Uuid, i64, String)>(
+            "SELECT tenant_id, seq, hash FROM audit_heads ORDER BY tenant_id"
+        )
+        .fetch_all(c))
+    }
+
+    /// Whether a tenant's chain, up to `head`, extends `from` (a checkpoint's `(seq, hash)`;
+    /// `None`: the chain's start): the event at `from` still has its hash, and every event after
+    /// it links up to `head`. Reads only the events after `from`.
+    pub async fn audit_chain_extends(
+        &self,
+        tenant_id: Uuid,
+        from: Option<(i64, String)>,
+        head: &(i64, String),
+    ) -> Result<Result<(), ChainBreak>> {
+        let (from_seq, from_hash) = from.unwrap_or_else(|| (0, GENESIS_HASH.to_string()));
+        let mut conn = self.conn().await?;
+        if head.0 < from_seq {
+            return Ok(Err(ChainBreak {
+                seq: head.0 + 1,
+                event_id: None,
+                reason: "the chain is shorter than its last checkpoint",
+            }));
+        }
+        if from_seq > 0 {
+            let at = conn.audit_event_hash(tenant_id, from_seq).await?;
+            if at.as_ref().is_none_or(|(_, hash)| *hash != from_hash) {
+                let reason = "the checkpointed event is gone or has another hash";
+                return Ok(Err(ChainBreak { seq: from_seq, event_id: at.map(|(id, _)| id), reason }));
             }
         }
-        let first_break = verifier.finish(head).err();
-        Ok(ChainReport { events_checked: verifier.checked(), first_break })
+        let mut verifier = ChainVerifier::resume(from_seq, &from_hash);
+        Ok(match walk(&mut conn, tenant_id, &mut verifier, head.0).await? {
+            Err(b) => Err(b),
+            Ok(()) => verifier.finish(Some(head.clone())),
+        })
+    }
+}
+
+/// Feeds a tenant's events after the verifier's position, up to `until_seq`, to the verifier
+/// in pages; stops at the first break.
+async fn walk(
+    conn: &mut Conn,
+    tenant_id: Uuid,
+    verifier: &mut ChainVerifier,
+    until_seq: i64,
+) -> Result<Result<(), ChainBreak>> {
+    let mut after = verifier.next_seq - 1;
+    loop {
+        let page = conn.audit_chain_page(tenant_id, after, until_seq, CHAIN_PAGE).await?;
+        for event in &page {
+            if let Err(b) = verifier.check(event) {
+                return Ok(Err(b));
+            }
+            after = event.seq;
+        }
+        if (page.len() as i64) < CHAIN_PAGE {
+            return Ok(Ok(()));
+        }
     }
 }
 
@@ -441,6 +515,18 @@ mod tests {
         events[2].hash = events[2].compute_hash();
         let b = verify(&events, head).unwrap_err();
         assert_eq!((b.seq, b.reason), (4, "prev_hash does not match the previous event's hash"));
+    }
+
+    #[test]
+    fn resumed_verifier_checks_from_a_checkpoint() {
+        let events = chain(5);
+        let mut v = ChainVerifier::resume(2, &events[1].hash);
+        for e in &events[2..] {
+            v.check(e).unwrap();
+        }
+        assert_eq!((v.checked(), v.finish(head_of(&events))), (3, Ok(())));
+        let mut wrong = ChainVerifier::resume(2, &events[0].hash);
+        assert_eq!(wrong.check(&events[2]).unwrap_err().reason, "prev_hash does not match the previous event's hash");
     }
 
     #[test]

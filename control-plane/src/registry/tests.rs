@@ -178,6 +178,38 @@ async fn quotas_hold_under_concurrent_creates() {
 }
 
 #[tokio::test]
+async fn audit_chains_extend_their_checkpoints_or_say_where_not() {
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        let heads = r.audit_heads().await.unwrap();
+        let (_, seq, hash) = heads.iter().find(|(t, _, _)| *t == a).cloned().unwrap();
+        let first = (seq, hash);
+        assert_eq!(r.audit_chain_extends(a, None, &first).await.unwrap(), Ok(()), "from the start");
+        r.create_version(&actor(), &m, version(1)).await.unwrap();
+        let head = r.conn().await.unwrap().audit_head(a).await.unwrap().unwrap();
+        assert_eq!(r.audit_chain_extends(a, Some(first.clone()), &head).await.unwrap(), Ok(()));
+        let shorter = r.audit_chain_extends(a, Some(head.clone()), &first).await.unwrap().unwrap_err();
+        assert_eq!(shorter.reason, "the chain is shorter than its last checkpoint");
+
+        let mut c = r.conn().await.unwrap();
+        exec!(c, "test.tamper", |x| sqlx::query(
+            "UPDATE audit_events SET hash = 'f' WHERE tenant_id = $1 AND seq = $2"
+        )
+        .bind(a)
+        .bind(first.0)
+        .execute(x))
+        .unwrap();
+        drop(c);
+        let moved = r.audit_chain_extends(a, Some(first.clone()), &head).await.unwrap().unwrap_err();
+        assert_eq!((moved.seq, moved.reason), (first.0, "the checkpointed event is gone or has another hash"));
+        let broken = r.audit_chain_extends(a, None, &head).await.unwrap().unwrap_err();
+        assert_eq!(broken.seq, first.0, "a first checkpoint needs the whole chain to verify");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn audit_chain_verifies_and_finds_tampering() {
     on_both(|r| async move {
         let a = tenant(&r, "a", QuotaLimits::default()).await;

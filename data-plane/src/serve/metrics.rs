@@ -6,11 +6,13 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State;
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use parking_lot::Mutex;
+use sha2::{Digest, Sha256};
 use tessera_protocol::inference::{ModelStatistics, StatisticDuration};
 
 use crate::engine::model::LoadedModel;
@@ -24,10 +26,74 @@ struct MetricsState {
     cpu: Mutex<Option<CpuSample>>,
 }
 
-/// Builds the router for the metrics listener.
+/// Builds the router for the metrics listener: behind `Authorization: Bearer <token>` when
+/// the server has a metrics token, open otherwise.
 pub fn router(server: Arc<ServerState>) -> Router {
+    let token = server.metrics_token().cloned();
     let state = Arc::new(MetricsState { server, cpu: Mutex::new(None) });
-    Router::new().route("/metrics", get(handle_metrics)).with_state(state)
+    let router = Router::new().route("/metrics", get(handle_metrics)).with_state(state);
+    match token {
+        Some(token) => router.layer(middleware::from_fn_with_state(token, require_token)),
+        None => router,
+    }
+}
+
+/// 401 with a `WWW-Authenticate` challenge unless the request carries the metrics token.
+async fn require_token(State(token): State<MetricsToken>, req: Request, next: Next) -> Response {
+    if token.admits(req.headers()) {
+        return next.run(req).await;
+    }
+    let challenge = [(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"metrics\""))];
+    (StatusCode::UNAUTHORIZED, challenge, "missing or invalid metrics token\n").into_response()
+}
+
+/// The bearer token `/metrics` requires (`--metrics-token-file`, `TESSERA_METRICS_TOKEN`).
+/// Only its sha256 is kept; a presented token is hashed and the digests compared in constant
+/// time, so timing says nothing about the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct MetricsToken([u8; 32]);
+
+impl std::fmt::Debug for MetricsToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("MetricsToken([redacted])")
+    }
+}
+
+impl std::str::FromStr for MetricsToken {
+    type Err = String;
+
+    /// A token from its text (surrounding white space dropped); refuses an empty one.
+    fn from_str(token: &str) -> Result<Self, String> {
+        let token = token.trim();
+        if token.is_empty() {
+            return Err("the metrics token is empty".into());
+        }
+        Ok(MetricsToken(Sha256::digest(token.as_bytes()).into()))
+    }
+}
+
+impl MetricsToken {
+    /// Reads a token file (Prometheus reads the same file as `credentials_file`).
+    pub fn from_file(path: &std::path::Path) -> std::io::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("read {}: {e}", path.display())))?;
+        text.parse()
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))
+    }
+
+    /// Whether `headers` carry `Authorization: Bearer <this token>`.
+    pub fn admits(&self, headers: &http::HeaderMap) -> bool {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        let Some(presented) = presented else { return false };
+        let digest: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
+        // Every byte is looked at whatever differs.
+        digest.iter().zip(self.0.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0
+    }
 }
 
 async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResponse {
@@ -324,6 +390,23 @@ impl MemInfo {
 mod tests {
     use super::*;
     use crate::engine::stats::{Execution, ModelStats};
+
+    #[test]
+    fn metrics_tokens_admit_only_themselves() {
+        let token: MetricsToken = "s3cret\n".parse().expect("a token");
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(header::AUTHORIZATION, v.parse().expect("header value"));
+            h
+        };
+        assert!(token.admits(&with("Bearer s3cret")));
+        assert!(token.admits(&with("bearer s3cret")));
+        assert!(!token.admits(&with("Bearer s3cre")));
+        assert!(!token.admits(&with("Basic s3cret")));
+        assert!(!token.admits(&http::HeaderMap::new()));
+        assert!(" \n".parse::<MetricsToken>().is_err());
+        assert!(!format!("{token:?}").contains("s3cret"));
+    }
 
     #[test]
     fn families_render_with_model_and_version_labels() {

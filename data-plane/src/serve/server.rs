@@ -22,6 +22,7 @@ use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::serve::facade::UsageHook;
+use crate::serve::metrics::MetricsToken;
 use crate::serve::tenant_gate::TenantGate;
 
 /// Extensions this server implements, as listed in server metadata.
@@ -59,6 +60,8 @@ pub struct ServeConfig {
     pub runner_exe: Option<PathBuf>,
     /// Bytes of each of the runner's shared-memory arenas (0: none).
     pub runner_shm_bytes: usize,
+    /// Bearer token `/metrics` requires; `None`: open.
+    pub metrics_token: Option<MetricsToken>,
 }
 
 /// Shared state of one server: the model manager plus server-level flags.
@@ -84,6 +87,8 @@ pub struct ServerState {
     runners: Option<Arc<Runners>>,
     /// Each tenant's cap on requests in flight (workers); `None` (`serve`): no cap.
     tenant_gate: Option<TenantGate>,
+    /// Bearer token the metrics listener requires; `None`: open.
+    metrics_token: Option<MetricsToken>,
 }
 
 impl ServerState {
@@ -101,6 +106,7 @@ impl ServerState {
             usage: None,
             runners: None,
             tenant_gate: None,
+            metrics_token: None,
         }
     }
 
@@ -113,6 +119,17 @@ impl ServerState {
     /// The per-tenant cap, when one is set.
     pub fn tenant_gate(&self) -> Option<&TenantGate> {
         self.tenant_gate.as_ref()
+    }
+
+    /// Makes the metrics listener require `token` (`None` leaves it open).
+    pub fn with_metrics_token(mut self, token: Option<MetricsToken>) -> Self {
+        self.metrics_token = token;
+        self
+    }
+
+    /// The token the metrics listener requires, if any.
+    pub fn metrics_token(&self) -> Option<&MetricsToken> {
+        self.metrics_token.as_ref()
     }
 
     /// Notes the runner processes models run in (for their metrics).
@@ -357,7 +374,8 @@ pub async fn run(
         manager = manager.with_runners(runners.clone(), placement);
     }
     let manager = Arc::new(manager);
-    let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size);
+    let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size)
+        .with_metrics_token(config.metrics_token.clone());
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }

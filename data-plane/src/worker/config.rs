@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::serve::metrics::MetricsToken;
 use crate::serve::net::listen::ListenArgs;
 use crate::serve::server::DEFAULT_MAX_INPUT_SIZE;
 
@@ -145,6 +146,8 @@ pub struct WorkerConfig {
     pub runner_shm_bytes: usize,
     /// Requests one tenant may have in flight.
     pub tenant_max_in_flight: usize,
+    /// Bearer token the metrics endpoint requires; `None`: open.
+    pub metrics_token: Option<MetricsToken>,
 }
 
 impl WorkerConfig {
@@ -170,13 +173,16 @@ impl WorkerConfig {
             runner_idle_exit: crate::runner::DEFAULT_IDLE_EXIT,
             runner_shm_bytes: crate::runner::shm::DEFAULT_ARENA_BYTES,
             tenant_max_in_flight: crate::serve::tenant_gate::DEFAULT_TENANT_MAX_IN_FLIGHT,
+            metrics_token: None,
         }
     }
 }
 
 impl WorkerArgs {
-    /// The configuration these flags describe; runners start from this very binary.
+    /// The configuration these flags describe, with the metrics token file read; runners
+    /// start from this very binary.
     pub fn into_config(self) -> std::io::Result<WorkerConfig> {
+        let metrics_token = self.listen.metrics_token()?;
         let runner_exe = match self.isolation {
             Isolation::Runner => Some(std::env::current_exe()?),
             Isolation::InProcess => None,
@@ -200,6 +206,7 @@ impl WorkerArgs {
             runner_idle_exit: Duration::from_secs(self.runner_idle_exit_secs),
             runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
             tenant_max_in_flight: self.tenant_max_in_flight.max(1),
+            metrics_token,
         })
     }
 }

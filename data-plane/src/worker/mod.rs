@@ -96,7 +96,8 @@ pub async fn run(
     let mut state = ServerState::new(manager.clone(), false, config.max_input_size)
         .with_auth(authenticator)
         .with_usage_hook(meter.clone())
-        .with_tenant_limit(config.tenant_max_in_flight);
+        .with_tenant_limit(config.tenant_max_in_flight)
+        .with_metrics_token(config.metrics_token.clone());
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }

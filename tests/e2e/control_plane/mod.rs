@@ -10,6 +10,7 @@ mod audit;
 mod auth;
 mod deployments;
 mod flows;
+mod metrics;
 mod openapi;
 mod tenancy;
 mod uploads;
@@ -27,6 +28,7 @@ use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 use sqlx::Connection;
 use tessera_control_plane::auth::keys;
+use tessera_control_plane::registry::AuditEventRow;
 
 /// Which database a test app runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -96,6 +98,23 @@ impl TestDb {
             DbKind::Sqlite => {
                 let mut c = sqlx::SqliteConnection::connect(&self.url).await.expect("connect");
                 sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_string())).execute(&mut c).await.expect("sql").rows_affected()
+            }
+        }
+    }
+
+    /// A tenant's audit chain, oldest first (the tampering tests rewrite it).
+    pub async fn audit_chain(&self, tenant: &str) -> Vec<AuditEventRow> {
+        let sql = "SELECT id, tenant_id, seq, actor_key_id, actor_user_id, action, resource_type, resource_id, \
+                   before_state, after_state, request_id, client_addr, created_at, prev_hash, hash FROM audit_events \
+                   WHERE tenant_id = (SELECT id FROM tenants WHERE name = $1) ORDER BY seq";
+        match self.kind {
+            DbKind::Postgres => {
+                let mut c = sqlx::PgConnection::connect(&self.url).await.expect("connect");
+                sqlx::query_as(sql).bind(tenant).fetch_all(&mut c).await.expect("sql")
+            }
+            DbKind::Sqlite => {
+                let mut c = sqlx::SqliteConnection::connect(&self.url).await.expect("connect");
+                sqlx::query_as(sql).bind(tenant).fetch_all(&mut c).await.expect("sql")
             }
         }
     }

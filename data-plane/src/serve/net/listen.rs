@@ -1,6 +1,9 @@
 //! Flags of the HTTP, gRPC and metrics listeners, shared by `tessera serve` and `tessera worker`.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use crate::serve::metrics::MetricsToken;
 
 /// Ports of the three endpoints (tritonserver's flag names); `tessera dev` takes only these.
 #[derive(Debug, Clone, clap::Args)]
@@ -37,6 +40,14 @@ pub struct ListenArgs {
     /// Address the metrics endpoint binds.
     #[arg(long, env = "TESSERA_METRICS_ADDRESS", default_value = "0.0.0.0")]
     pub metrics_address: IpAddr,
+    /// File holding the bearer token the metrics endpoint requires (Prometheus: `authorization:
+    /// { credentials_file: FILE }`); without it or `--metrics-token`, metrics are open.
+    #[arg(long, env = "TESSERA_METRICS_TOKEN_FILE", conflicts_with = "metrics_token")]
+    pub metrics_token_file: Option<PathBuf>,
+    /// The bearer token the metrics endpoint requires, given directly (prefer the variable or
+    /// the file: a flag shows in `ps`).
+    #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<MetricsToken>,
     /// Microseconds an idle server thread keeps polling client connections before it sleeps,
     /// when nothing is in flight: lower latency for low-concurrency clients for some idle CPU;
     /// 0 turns it off.
@@ -64,6 +75,15 @@ impl ListenArgs {
     /// Where the metrics endpoint binds.
     pub fn metrics(&self) -> SocketAddr {
         SocketAddr::new(self.metrics_address, self.ports.metrics_port)
+    }
+
+    /// The token the metrics endpoint requires: `--metrics-token-file` read, else
+    /// `--metrics-token`.
+    pub fn metrics_token(&self) -> std::io::Result<Option<MetricsToken>> {
+        match &self.metrics_token_file {
+            Some(path) => MetricsToken::from_file(path).map(Some),
+            None => Ok(self.metrics_token.clone()),
+        }
     }
 
     /// Applies the process-wide serving settings: busy-polling of client connections
