@@ -1,5 +1,5 @@
 """Chaos tests, bounded and on loopback: a worker SIGKILLed under load, Postgres stopped for a
-minute, the control plane SIGKILLed mid-rollout, and a short soak.
+minute, the control plane SIGKILLed mid-rollout, the usage spool's disk full, and a short soak.
 Each prints what it measured ([chaos] lines; run pytest with -s to see them)."""
 
 from __future__ import annotations
@@ -311,6 +311,87 @@ def test_the_control_plane_killed_mid_rollout_comes_back_and_finishes_it(make_cl
     assert most <= 4 and per_version <= 2 and per_worker_version <= 1, (most, per_version, per_worker_version)
     assert len(endpoints) == 2, "the two new replicas are on two workers"
     assert not failed, failed[:3]
+
+
+# --------------------------------------------------------------------------
+# 4. The usage spool's disk full
+# --------------------------------------------------------------------------
+
+
+def test_a_full_usage_disk_keeps_serving_and_loses_no_record_once_space_returns(make_cluster):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs for the usage spool needs root")
+    cluster = make_cluster(0, worker_args=SHIP)
+    spool = cluster.workdir / "worker0" / "usage"
+    spool.mkdir(parents=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(spool)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"mount -t tmpfs is not permitted here: {mounted.stderr.strip()}")
+    filler = spool / "filler.bin"
+    try:
+        cluster.start_worker()
+        keys = cluster.create_tenant("acme")
+        admin = keys["tenant-admin"]
+        cluster.push_version("acme", admin, "adder", marker_model(1.0))
+        cluster.api("POST", "/v1/tenants/acme/deployments", admin, {"name": "adder", "model": "adder"}, expect=201)
+        d = cluster.wait_ready("acme", admin, "adder")
+        replica = [(d["replica_status"][0]["http_endpoint"], d["replica_status"][0]["grpc_endpoint"])]
+        worker = cluster.workers[0]
+
+        def send(n: int):
+            c = Client("http", "adder", keys["inference"], replica, bad_every=5).start()
+            wait_until(lambda: len(c.snapshot()) >= n, 60, f"{n} requests")
+            c.finish()
+            return c.snapshot()
+
+        sent = send(50)
+        # Fill the disk: write until ENOSPC.
+        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        free = os.statvfs(spool).f_bavail
+        full = send(600)  # more than the spool file's last page holds
+        sent += full
+        errors_full = metric(worker, "tessera_usage_spool_write_errors_total")
+        pending_full = metric(worker, "tessera_usage_spool_pending_records")
+        answered = sum(s.expected for s in full)
+        say(f"usage disk full ({free} free blocks): {len(full)} requests, {answered} answered as intended, "
+            f"{len(full) - answered} not; spool write errors {errors_full}, records held in memory {pending_full}")
+        # Held, not lost: the full disk delays usage (pending records) and drops none.
+        assert errors_full == 0 and pending_full and pending_full > 0, (errors_full, pending_full)
+        t_free = time.monotonic()
+        filler.unlink()
+        wait_until(lambda: metric(worker, "tessera_usage_spool_pending_records") == 0, 10,
+                   "held records written once space returned")
+        say(f"usage disk freed: held records written within {time.monotonic() - t_free:.2f} s")
+        sent += send(50)
+        seen = Seen(sent)
+
+        def matches():
+            u = stored_usage(cluster, "acme", admin).get("adder")
+            return u if u and (u["requests"], u["failures"], u["inferences"]) == (
+                seen.ok["adder"], seen.bad["adder"], seen.rows["adder"]) else None
+
+        try:
+            usage = wait_until(matches, 30, "stored usage to equal what the clients saw")
+        finally:
+            say(f"usage after space returned: stored {stored_usage(cluster, 'acme', admin).get('adder')}, clients saw "
+                f"{seen.ok['adder']} ok ({seen.rows['adder']} rows), {seen.bad['adder']} failed; lost records "
+                f"{metric(worker, 'tessera_usage_spool_write_errors_total')}")
+        assert all(s.expected for s in sent), [s for s in sent if not s.expected][:3]
+        assert metric(worker, "tessera_usage_spool_write_errors_total") == 0
+        assert usage["requests"] + usage["failures"] == len(sent)
+    finally:
+        for w in cluster.workers:
+            if w:
+                w.terminate()
+        subprocess.run(["umount", "-l", str(spool)], capture_output=True)
 
 
 # --------------------------------------------------------------------------
