@@ -58,7 +58,7 @@ def soak(seconds: float, workdir: Path, interval_s: float = 5.0, say: Callable[[
             worker = rss_bytes(worker_pid)
             runners = sum(rss_bytes(p) for p in pids if p != worker_pid)
             n = len(all_sent(clients))
-            rate = (n - last_n) / max(now - last_t, 1e-9)
+            rate = (n - last_n) / (now - last_t) if now - last_t >= 1.0 else 0.0
             last_n, last_t = n, now
             samples.append({"t": now - t0, "requests": n, "worker": worker, "runners": runners,
                             "total": worker + runners})
