@@ -171,13 +171,13 @@ class ApiError(Exception):
 class Cluster:
     """Control plane + workers + a fresh database; REST helpers for the tests."""
 
-    def __init__(self, workdir: Path, workers: int, worker_args: List[str]):
+    def __init__(self, workdir: Path, workers: int, worker_args: List[str], db_admin: Optional[str] = None):
         self.workdir = workdir
         self.admin_key = new_key()
         self.worker_token = secrets.token_urlsafe(24)
         self.cp_port = free_port()
         self.url = f"http://127.0.0.1:{self.cp_port}"
-        self.db_admin = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+        self.db_admin = db_admin or os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
         self.db_name = f"deploy_e2e_{uuid.uuid4().hex[:12]}"
         self._psql(f"CREATE DATABASE {self.db_name}")
         parsed = urlparse(self.db_admin)
@@ -315,8 +315,8 @@ class Cluster:
 def make_cluster(tmp_path):
     made: List[Cluster] = []
 
-    def make(workers: int = 3, worker_args: Optional[List[str]] = None) -> Cluster:
-        c = Cluster(tmp_path, workers, worker_args or [])
+    def make(workers: int = 3, worker_args: Optional[List[str]] = None, db_admin: Optional[str] = None) -> Cluster:
+        c = Cluster(tmp_path, workers, worker_args or [], db_admin)
         made.append(c)
         return c
 

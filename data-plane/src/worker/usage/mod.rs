@@ -14,7 +14,12 @@
 //! success, batch rows, latency, bytes in and out) to the current spool file with a single
 //! `write` under the spool lock, before the response leaves: the page cache keeps it through a
 //! SIGKILL (no fsync per request; the worker syncs the spool to disk every second, off the
-//! request path, so a power loss loses at most that second). Tenant, model, version and slice profile are interned per
+//! request path, so a power loss loses at most that second). A record the spool cannot take
+//! (disk full, I/O error) is held in memory, in order, and written before any newer one as soon
+//! as a write succeeds again (tried on every append and every second), so a full disk delays
+//! usage rather than losing it; serving goes on. Up to [`PENDING_MAX`] records wait so (a few
+//! MiB); past that, or if the worker dies before space returns, they are lost and counted in
+//! `tessera_usage_spool_write_errors_total`. Tenant, model, version and slice profile are interned per
 //! file (a labels record precedes an id's first use). Executions, compute time and batch sizes
 //! come from each loaded version's statistics: the worker samples their deltas every second
 //! and when a version goes away, and appends them as execution records (exact over time; only
@@ -30,7 +35,7 @@ pub mod record;
 pub mod ship;
 pub mod spool;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -48,6 +53,9 @@ use spool::SpoolWriter;
 /// plane assigns the worker's own slices); never empty, which the control plane refuses.
 pub const UNKNOWN_PROFILE: &str = "unknown";
 
+/// Most records held in memory while the spool cannot take them (about 150 bytes each).
+pub const PENDING_MAX: usize = 100_000;
+
 /// Labels by tenant id, model name and version.
 type LabelIndex = HashMap<String, HashMap<String, BTreeMap<i64, Arc<Labels>>>>;
 
@@ -56,10 +64,38 @@ pub struct Meter {
     dir: PathBuf,
     /// Request handlers and the worker's samplers append under it: it orders a labels definition
     /// before its use and keeps rotation from splitting a record.
-    writer: Mutex<SpoolWriter>,
+    spool: Mutex<Spool>,
     /// Written when assignments change (before their installs start); read per request.
     labels: RwLock<LabelIndex>,
     write_errors: AtomicU64,
+}
+
+/// The writer and the records it could not take yet, oldest first.
+struct Spool {
+    writer: SpoolWriter,
+    pending: VecDeque<(Arc<Labels>, Record)>,
+    /// Appends that failed since the spool last took everything (for rare logging).
+    failures: u64,
+}
+
+impl Spool {
+    /// Writes the pending records, in order, until one fails.
+    fn write_pending(&mut self) -> io::Result<()> {
+        let was = self.pending.len();
+        while let Some((labels, record)) = self.pending.front() {
+            self.writer.append(labels, |id| record.clone().with_id(id))?;
+            self.pending.pop_front();
+        }
+        if was > 0 {
+            tracing::warn!(
+                records = was,
+                failures = self.failures,
+                "the usage spool is writable again; held records written"
+            );
+            self.failures = 0;
+        }
+        Ok(())
+    }
 }
 
 pub use crate::serve::facade::Outcome;
@@ -74,7 +110,11 @@ impl Meter {
     pub fn open_with_rotation(dir: &Path, rotate_at: u64) -> io::Result<Self> {
         Ok(Self {
             dir: dir.to_path_buf(),
-            writer: Mutex::new(SpoolWriter::open(dir, rotate_at)?),
+            spool: Mutex::new(Spool {
+                writer: SpoolWriter::open(dir, rotate_at)?,
+                pending: VecDeque::new(),
+                failures: 0,
+            }),
             labels: RwLock::new(HashMap::new()),
             write_errors: AtomicU64::new(0),
         })
@@ -85,10 +125,16 @@ impl Meter {
         &self.dir
     }
 
-    /// Forces everything spooled so far onto the disk (blocks: call it off the request path).
+    /// Writes records held since the spool failed, if it takes them now, and forces everything
+    /// spooled so far onto the disk (blocks: call it off the request path).
     pub fn sync(&self) -> io::Result<()> {
         // The lock is held only to collect the files; appends go on while they sync.
-        let files = self.writer.lock().take_unsynced();
+        let files = {
+            let mut spool = self.spool.lock();
+            // Still failing: they wait for the next try (the error was logged when it began).
+            let _ = spool.write_pending();
+            spool.writer.take_unsynced()
+        };
         // Every file gets its sync even when one fails; the first error is reported.
         let mut result = Ok(());
         for file in &files {
@@ -99,9 +145,15 @@ impl Meter {
         result
     }
 
-    /// Spool appends that failed (disk full, ...): that usage is lost.
+    /// Records that could not be spooled and were dropped (more than [`PENDING_MAX`] waiting):
+    /// that usage is lost.
     pub fn write_errors(&self) -> u64 {
         self.write_errors.load(Ordering::Relaxed)
+    }
+
+    /// Records held in memory until the spool takes them.
+    pub fn pending(&self) -> usize {
+        self.spool.lock().pending.len()
     }
 
     /// Sets the labels of these versions (kept for versions not named: a request may still run
@@ -157,14 +209,28 @@ impl Meter {
         });
     }
 
-    /// Appends the record `make` builds for the labels' id (failures are counted and logged,
-    /// never returned: serving goes on when the disk is full).
+    /// Appends the record `make` builds for the labels' id, after any records held since a
+    /// failure. A record the spool cannot take is held in memory (see the module docs); failures
+    /// are logged, never returned: serving goes on when the disk is full.
     pub fn append(&self, labels: &Arc<Labels>, make: impl FnOnce(u32) -> Record) {
-        if let Err(e) = self.writer.lock().append(labels, make) {
-            let n = self.write_errors.fetch_add(1, Ordering::Relaxed) + 1;
+        let record = make(0);
+        let mut spool = self.spool.lock();
+        let written = spool.write_pending().and_then(|()| spool.writer.append(labels, |id| record.clone().with_id(id)));
+        let Err(e) = written else { return };
+        spool.failures += 1;
+        let n = spool.failures;
+        if spool.pending.len() < PENDING_MAX {
+            spool.pending.push_back((labels.clone(), record));
             // Powers of two: the first failure and then ever more rarely, not once per request.
             if n.is_power_of_two() {
-                tracing::error!(error = %e, failures = n, dir = %self.dir.display(), "cannot spool usage; it is lost");
+                let held = spool.pending.len();
+                tracing::error!(error = %e, failures = n, held, dir = %self.dir.display(), "cannot spool usage; holding it in memory until the spool takes it");
+            }
+        } else {
+            drop(spool);
+            let lost = self.write_errors.fetch_add(1, Ordering::Relaxed) + 1;
+            if lost.is_power_of_two() {
+                tracing::error!(error = %e, lost, dir = %self.dir.display(), "cannot spool usage and {PENDING_MAX} records wait already; it is lost");
             }
         }
     }
@@ -183,14 +249,17 @@ impl UsageHook for Meter {
     }
 
     fn render_metrics(&self, out: &mut String) {
-        render_usage(out, self.write_errors(), spool::backlog_bytes(self.dir()).ok());
+        render_usage(out, self.write_errors(), self.pending(), spool::backlog_bytes(self.dir()).ok());
     }
 }
 
-fn render_usage(out: &mut String, write_errors: u64, backlog: Option<u64>) {
+fn render_usage(out: &mut String, write_errors: u64, pending: usize, backlog: Option<u64>) {
     use std::fmt::Write as _;
     header(out, "tessera_usage_spool_write_errors_total", "Usage records that could not be spooled (lost)", "counter");
     let _ = writeln!(out, "tessera_usage_spool_write_errors_total {write_errors}");
+    let help = "Usage records held in memory until the spool takes them (disk full)";
+    header(out, "tessera_usage_spool_pending_records", help, "gauge");
+    let _ = writeln!(out, "tessera_usage_spool_pending_records {pending}");
     if let Some(bytes) = backlog {
         let help = "Spooled usage bytes the control plane has not acknowledged yet";
         header(out, "tessera_usage_spool_backlog_bytes", help, "gauge");
@@ -205,9 +274,46 @@ mod tests {
     #[test]
     fn the_spool_health_is_in_the_metrics() {
         let mut out = String::new();
-        render_usage(&mut out, 3, Some(96));
+        render_usage(&mut out, 3, 5, Some(96));
         assert!(out.contains("tessera_usage_spool_write_errors_total 3"));
+        assert!(out.contains("tessera_usage_spool_pending_records 5"));
         assert!(out.contains("tessera_usage_spool_backlog_bytes 96"));
+    }
+
+    #[test]
+    fn records_the_disk_refuses_wait_in_memory_and_are_written_in_order_when_it_takes_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let meter = Meter::open(dir.path()).expect("open");
+        let ok = |rows| Outcome { started: std::time::Instant::now(), success: true, rows, bytes_in: 1, bytes_out: 1 };
+        meter.record_request("t", "m", 1, ok(1));
+        // The disk is full: /dev/full refuses every write with ENOSPC.
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").expect("/dev/full");
+        let spooled = meter.spool.lock().writer.swap_file(Arc::new(full));
+        for rows in 2..=4 {
+            meter.record_request("t", "m", 1, ok(rows));
+        }
+        assert_eq!((meter.pending(), meter.write_errors()), (3, 0), "held, not lost");
+        // A retry that fails keeps them (the sync itself fails here too: /dev/full cannot sync).
+        let _ = meter.sync();
+        assert_eq!((meter.pending(), meter.write_errors()), (3, 0));
+        // Space returns: the next sync (or append) writes them, oldest first, before newer ones.
+        meter.spool.lock().writer.swap_file(spooled);
+        meter.sync().expect("sync");
+        meter.record_request("t", "m", 1, ok(5));
+        assert_eq!((meter.pending(), meter.write_errors()), (0, 0));
+        let files = spool::files(dir.path()).expect("list");
+        assert_eq!(files.len(), 1, "a refused write does not start a new file");
+        let scanned = spool::scan(&std::fs::read(&files[0].path).expect("read"));
+        assert!(!scanned.damaged);
+        let rows: Vec<u32> = scanned
+            .records
+            .iter()
+            .filter_map(|(_, r)| match r {
+                Record::Request(r) => Some(r.rows),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(rows, [1, 2, 3, 4, 5]);
     }
 
     #[test]

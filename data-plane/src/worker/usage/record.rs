@@ -89,6 +89,19 @@ pub enum Record {
     Slice(SliceRecord),
 }
 
+impl Record {
+    /// The record with its labels id set to `id`.
+    pub fn with_id(mut self, id: u32) -> Self {
+        match &mut self {
+            Record::Labels(i, _) => *i = id,
+            Record::Request(r) => r.id = id,
+            Record::Executions(r) => r.id = id,
+            Record::Slice(r) => r.id = id,
+        }
+        self
+    }
+}
+
 /// What [`decode`] found at the start of a buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decoded {

@@ -164,10 +164,9 @@ impl SpoolWriter {
                 self.damaged = true;
                 Err(io::Error::new(io::ErrorKind::WriteZero, format!("short spool write: {n} of {}", bytes.len())))
             }
-            Err(e) => {
-                self.damaged = true;
-                Err(e)
-            }
+            // A failed `write` wrote nothing (Linux reports a partial write as a short count):
+            // the file is whole and the next append goes after its last record.
+            Err(e) => Err(e),
         }
     }
 
@@ -177,6 +176,12 @@ impl SpoolWriter {
         let mut files = std::mem::take(&mut self.sealed);
         files.push(self.file.clone());
         files
+    }
+
+    /// Puts `file` in place of the current file and returns that (tests: a failing disk).
+    #[cfg(test)]
+    pub(crate) fn swap_file(&mut self, file: Arc<File>) -> Arc<File> {
+        std::mem::replace(&mut self.file, file)
     }
 
     /// Seals the current file and starts the next.
