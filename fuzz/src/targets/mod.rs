@@ -20,8 +20,11 @@ pub mod onnx;
 pub mod runner_wire;
 pub mod tokens;
 
+/// A target's body: feeds it one input, panics when an assertion fails.
+pub type Run = fn(&[u8]);
+
 /// Every target by name: `fuzz_targets/<name>.rs`, `fuzz/seeds/<name>/`, `fuzz/regressions/<name>/`.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Run)] = &[
     ("model_config_pbtxt", model_config_pbtxt::run),
     ("model_config_json", model_config_json::run),
     ("http_infer", http_infer::run),
