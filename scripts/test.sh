@@ -2,7 +2,7 @@
 # Tessera's whole test suite: the one command README and .ci/run use.
 #
 #   1. set-up: ONNX Runtime library, Python venv, perf_analyzer (optional)
-#   2. Rust: cargo fmt --check, clippy -D warnings, build, cargo test
+#   2. Rust: cargo fmt --check, clippy -D warnings, build, cargo test, fuzz replay
 #   3. Python: generate test models, pytest tests/python against the binary
 #
 # Arguments are passed to pytest (e.g. ./scripts/test.sh -k health -x).
@@ -158,6 +158,10 @@ main() {
   # server's own threads, which hold no instances then.
   run_stage "cargo test (serve --runner)" env TESSERA_RUNNER=true cargo test --test e2e serve:: -- \
     --skip instance_and_intra_op_threads_take_the_configured_nice_value || true
+
+  # The fuzz targets' seeds and regression inputs on stable (cargo test ran them too; this stage
+  # names them). Fuzzing itself is scripts/fuzz.sh: its build takes too long for CI (README).
+  run_stage "fuzz replay" "$TESSERA_ROOT/scripts/fuzz.sh" --replay || true
 
   # --- Python -----------------------------------------------------------------
   if [[ -f tests/python/gen_models.py ]]; then

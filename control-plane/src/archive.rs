@@ -17,7 +17,7 @@
 //! `config.pbtxt` (capped at [`MAX_CONFIG_BYTES`]) are held in memory, never the artifact.
 
 use std::cell::Cell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{self, BufRead, BufReader, Read, Seek};
 use std::rc::Rc;
 
@@ -181,6 +181,9 @@ struct Walk {
     limits: ArchiveLimits,
     archive_bytes: u64,
     files: Vec<Vec<String>>,
+    /// Every directory the entries name or sit in: unpacking makes them, so no file may have
+    /// one's path.
+    dirs: BTreeSet<Vec<String>>,
     configs: BTreeMap<Vec<String>, String>,
     entries: usize,
     /// Bytes the entries so far declared.
@@ -189,7 +192,15 @@ struct Walk {
 
 impl Walk {
     fn new(limits: ArchiveLimits, archive_bytes: u64) -> Self {
-        Walk { limits, archive_bytes, files: Vec::new(), configs: BTreeMap::new(), entries: 0, declared: 0 }
+        Walk {
+            limits,
+            archive_bytes,
+            files: Vec::new(),
+            dirs: BTreeSet::new(),
+            configs: BTreeMap::new(),
+            entries: 0,
+            declared: 0,
+        }
     }
 
     /// The error for a failed read: over the expansion limit, or an unreadable archive.
@@ -208,12 +219,19 @@ impl Walk {
             return Err(self.limits.too_large(self.archive_bytes));
         }
         let path = checked_path(raw)?;
+        self.dirs.extend((0..path.len()).map(|n| path[..n].to_vec()));
         match kind {
             EntryKind::Link => return Err(refuse(format!("archive entry '{raw}' is a link; links are not allowed"))),
             EntryKind::Other => {
                 return Err(refuse(format!("archive entry '{raw}' is not a regular file or directory")));
             }
-            EntryKind::Dir => return Ok(Contents::Other),
+            EntryKind::Dir => {
+                self.dirs.insert(path);
+                return Ok(Contents::Other);
+            }
+            // A worker unpacks files by name: one that names the model directory itself (`.`)
+            // cannot be written.
+            EntryKind::File if path.is_empty() => return Err(refuse(format!("archive entry '{raw}' has no name"))),
             EntryKind::File => {}
         }
         let name = path.last().map_or("", String::as_str);
@@ -264,6 +282,10 @@ impl Walk {
 
     /// The model directory: the root, or the one top-level directory everything sits in.
     fn finish(mut self) -> Result<ArchiveManifest> {
+        // A worker cannot unpack a file where a directory goes (`m/1` beside `m/1/model.onnx`).
+        if let Some(file) = self.files.iter().find(|f| self.dirs.contains(*f)) {
+            return Err(refuse(format!("archive entry '{}' is both a file and a directory", file.join("/"))));
+        }
         let root: Vec<String> = match self.files.first().and_then(|f| f.first()) {
             Some(top) if self.files.iter().all(|f| f.len() > 1 && f[0] == *top) && !is_version(top) => {
                 vec![top.clone()]
@@ -539,6 +561,19 @@ pub(crate) mod tests {
             tar(&[("config.pbtxt", b"default_model_filename: \"../../t2/m/1/model.onnx\""), ("model.onnx", onnx)]);
         assert!(message(outside).contains("default_model_filename"));
         assert!(message(inspect_tar_bytes(&b"not a tar at all, just text".repeat(40))).contains("could not be read"));
+    }
+
+    #[test]
+    fn refuses_what_a_worker_cannot_unpack() {
+        // Found by the `archive` fuzz target, which unpacks on a worker what the control plane
+        // accepts: a file without a name, and a file where a directory goes.
+        let onnx = &model(0)[..];
+        assert!(message(tar(&[("model.onnx", onnx), (".", b"x")])).contains("has no name"));
+        assert!(message(tar(&[("m/1", b"x"), ("m/1/model.onnx", onnx)])).contains("'m/1' is both a file and"));
+        let zipped = zip_of(&[("m/1/model.onnx", onnx), ("m/1/model.onnx/x", b"x")], &[]);
+        assert!(message(inspect_zip_bytes(&zipped)).contains("'m/1/model.onnx' is both a file and"));
+        // The same file twice is fine: a worker writes it twice.
+        assert!(tar(&[("m/1/model.onnx", onnx), ("m/1/model.onnx", onnx)]).is_ok());
     }
 
     #[test]

@@ -16,6 +16,8 @@ pub mod auth;
 pub mod config;
 pub mod console;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod metrics;
 pub mod model_config;
 pub mod onnx;

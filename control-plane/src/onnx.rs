@@ -125,6 +125,10 @@ pub fn check_model(src: &mut impl Source, len: u64) -> Result<(), OnnxError> {
     Ok(())
 }
 
+/// The largest field number protobuf allows (2^29 - 1). Protobuf's own parsers, ONNX Runtime's
+/// among them, refuse a key above it, so a file with one would never load on a worker.
+const MAX_FIELD_NUMBER: u64 = (1 << 29) - 1;
+
 /// The messages the walk descends into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -224,8 +228,8 @@ impl<S: Source> Walker<'_, S> {
             let at = self.pos;
             let key = self.varint(end)?;
             let (number, bits) = (key >> 3, key & 7);
-            if number == 0 {
-                return Err(invalid(format!("invalid field number 0 at byte {at}")));
+            if number == 0 || number > MAX_FIELD_NUMBER {
+                return Err(invalid(format!("invalid field number {number} at byte {at}")));
             }
             let wire = Wire::of(bits)
                 .ok_or_else(|| invalid(format!("invalid wire type {bits} for field {number} at byte {at}")))?;
@@ -428,6 +432,21 @@ pub(crate) mod tests {
         m.extend_from_slice(&[0xfd, 0x01, 1, 2, 3, 4]); // field 31, fixed32
         m.extend_from_slice(&[0xf9, 0x01, 1, 2, 3, 4, 5, 6, 7, 8]); // field 31, fixed64
         assert_eq!(check(&m), Ok(()));
+    }
+
+    #[test]
+    fn refuses_field_numbers_protobuf_does_not_allow() {
+        // Found by the `onnx` fuzz target: prost (like protobuf C++) refuses these keys.
+        let with_field = |number: u64| {
+            let mut m = model(0);
+            varint(number << 3, &mut m);
+            m.push(0x01);
+            check(&m)
+        };
+        assert_eq!(with_field(MAX_FIELD_NUMBER), Ok(()));
+        for number in [MAX_FIELD_NUMBER + 1, 1 << 32, u64::MAX >> 3] {
+            assert!(with_field(number).unwrap_err().contains(&format!("invalid field number {number}")), "{number}");
+        }
     }
 
     #[test]

@@ -9,6 +9,8 @@
 pub mod auth;
 pub mod engine;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod runner;
 pub mod serve;
 pub mod tools;

@@ -3,4 +3,5 @@
 
 mod control_plane;
 mod dev;
+mod fuzz;
 mod serve;

@@ -137,9 +137,7 @@ impl TokenService {
 
     /// Checks a token's signature, algorithm, issuer, audience, expiry, `nbf` and `iat`.
     pub async fn verify(&self, token: &str) -> Result<Claims> {
-        // An `alg` outside jsonwebtoken's list (e.g. "none") fails to parse here.
-        let header = jsonwebtoken::decode_header(token).map_err(|_| Error::Unauthenticated)?;
-        let kid = header.kid.ok_or(Error::Unauthenticated)?;
+        let kid = token_kid(token)?;
         let mut ring = self.ring();
         if !ring.verifying.contains_key(&kid) && ring.loaded_at.elapsed() > Duration::from_secs(1) {
             self.reload().await?;
@@ -163,11 +161,18 @@ impl TokenService {
     }
 }
 
+/// The signing key a token's header names. An `alg` outside jsonwebtoken's list (e.g. "none")
+/// fails to parse here.
+pub(crate) fn token_kid(token: &str) -> Result<String> {
+    let header = jsonwebtoken::decode_header(token).map_err(|_| Error::Unauthenticated)?;
+    header.kid.ok_or(Error::Unauthenticated)
+}
+
 /// Verifies `token` with `key` against `config`. A token is refused while its `nbf` or `iat`
 /// lies more than [`LEEWAY_SECS`] ahead: one minted for later (or by a clock far ahead) must not
 /// work early. `iat` is compared with `unix_now`; jsonwebtoken reads the system clock for `exp`
 /// and `nbf`.
-fn decode_claims(token: &str, key: &DecodingKey, config: &TokenConfig, unix_now: i64) -> Result<Claims> {
+pub(crate) fn decode_claims(token: &str, key: &DecodingKey, config: &TokenConfig, unix_now: i64) -> Result<Claims> {
     let mut validation = Validation::new(Algorithm::EdDSA);
     validation.set_audience(&[&config.audience]);
     validation.set_issuer(&[&config.issuer]);
@@ -214,7 +219,7 @@ fn build_ring(rows: &[SigningKeyRow]) -> Result<Ring> {
     Ok(ring)
 }
 
-fn public_jwk(kid: &str, public_key: &[u8]) -> Jwk {
+pub(crate) fn public_jwk(kid: &str, public_key: &[u8]) -> Jwk {
     Jwk {
         common: CommonParameters {
             public_key_use: Some(PublicKeyUse::Signature),

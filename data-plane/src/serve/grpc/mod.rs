@@ -1,6 +1,7 @@
 //! The KServe v2 gRPC endpoint: `inference.GRPCInferenceService` and `grpc.health.v1.Health`.
 
-mod convert;
+// `pub(crate)` for `crate::fuzzing`, which hands the request conversion to the fuzz targets.
+pub(crate) mod convert;
 mod serve;
 mod socket;
 

@@ -2,7 +2,8 @@
 
 mod body;
 mod caller;
-mod codec;
+// `pub(crate)` for `crate::fuzzing`, which hands the request decoder to the fuzz targets.
+pub(crate) mod codec;
 mod encoding;
 mod handlers;
 mod nonfinite;

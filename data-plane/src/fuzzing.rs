@@ -1,0 +1,20 @@
+//! Entry points into the request decoders the serving layer keeps private, for the fuzz targets
+//! in `fuzz/` and their replay in the main workspace's tests. Not an API: nothing else calls
+//! these, and they may change with the decoders.
+
+use bytes::Bytes;
+use tessera_protocol::inference::ModelInferRequest;
+
+use crate::engine::infer::InferRequest;
+use crate::error::Result;
+
+/// Decodes a KServe v2 HTTP infer body as `POST /v2/models/{model}/infer` does: its JSON
+/// header, and the binary tail `Inference-Header-Content-Length` (`header_length`) splits off.
+pub fn decode_http_infer(body: &Bytes, header_length: Option<&str>) -> Result<InferRequest> {
+    crate::serve::http::codec::decode_body(body, header_length)
+}
+
+/// Converts a gRPC `ModelInferRequest` into an engine request as `ModelInfer` does.
+pub fn grpc_infer_request(request: ModelInferRequest) -> Result<InferRequest> {
+    crate::serve::grpc::convert::infer_request(request)
+}
