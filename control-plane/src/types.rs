@@ -139,6 +139,11 @@ pub fn is_slice_profile(s: &str) -> bool {
     s == "cpu" || s == "gpu" || mig_ok
 }
 
+/// Whether a slice profile is a GPU's: a whole GPU (`gpu`) or a MIG instance (`mig-…`).
+pub fn is_gpu_profile(profile: &str) -> bool {
+    profile == "gpu" || profile.starts_with("mig-")
+}
+
 /// The pattern [`is_slice_profile`] accepts, for OpenAPI schemas.
 pub const SLICE_PROFILE_PATTERN: &str = "^(cpu|gpu|mig-[a-z0-9.]{1,32})$";
 

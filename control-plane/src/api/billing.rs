@@ -85,6 +85,9 @@ pub struct Invoice {
     pub lines: Vec<InvoiceLine>,
     /// Sum of the lines' amounts, cents.
     pub total_cents: i64,
+    /// GPU-seconds in the month: time the tenant's replicas held whole GPUs or MIG instances
+    /// (their `slice_hours` lines price it per profile).
+    pub gpu_seconds: f64,
 }
 
 /// Which invoice.
@@ -193,6 +196,7 @@ async fn invoice_for(app: &AppState, caller: &Caller, tenant: &str, period: Opti
         currency: "USD".into(),
         lines,
         total_cents: computed.total_cents,
+        gpu_seconds: computed.gpu_us as f64 / 1e6,
     })
 }
 

@@ -65,6 +65,11 @@ pub struct UsageEntry {
     pub compute_seconds: f64,
     /// Slice time reserved, seconds.
     pub slice_seconds: f64,
+    /// GPU-seconds: the part of `slice_seconds` held on a whole GPU or a MIG instance (a MIG
+    /// instance's second counts once, whatever its size; prices per profile weigh them).
+    pub gpu_seconds: f64,
+    /// The part of `compute_seconds` spent on GPU and MIG slices.
+    pub gpu_compute_seconds: f64,
     /// Request bytes.
     pub bytes_in: i64,
     /// Response bytes.
@@ -172,6 +177,8 @@ impl From<UsageGroup> for UsageEntry {
             inferences: g.inferences,
             compute_seconds: g.compute_us as f64 / 1e6,
             slice_seconds: g.slice_us as f64 / 1e6,
+            gpu_seconds: g.gpu_slice_us as f64 / 1e6,
+            gpu_compute_seconds: g.gpu_compute_us as f64 / 1e6,
             bytes_in: g.bytes_in,
             bytes_out: g.bytes_out,
         }

@@ -89,6 +89,8 @@ pub struct Invoice {
     pub lines: Vec<Line>,
     /// Sum of the lines' amounts, cents.
     pub total_cents: i64,
+    /// Slice time held on GPU and MIG slices, microseconds (priced or not).
+    pub gpu_us: i64,
 }
 
 /// A month, `YYYY-MM`.
@@ -163,7 +165,11 @@ type LineKey = (String, String, LineKind, Option<i64>);
 pub fn invoice(usage: &[UsageTotalsRow], prices: &[PriceRow]) -> Invoice {
     // (model, profile, kind, effective_from) -> (raw quantity, unit price)
     let mut sums: BTreeMap<LineKey, (i128, i64)> = BTreeMap::new();
+    let mut out = Invoice::default();
     for u in usage {
+        if crate::types::is_gpu_profile(&u.slice_profile) {
+            out.gpu_us = out.gpu_us.saturating_add(u.slice_us);
+        }
         let price = price_at(prices, &u.slice_profile, u.period_start);
         let entry = price.map(|p| p.effective_from);
         for (kind, quantity, unit_price) in [
@@ -175,7 +181,6 @@ pub fn invoice(usage: &[UsageTotalsRow], prices: &[PriceRow]) -> Invoice {
             slot.0 += i128::from(quantity);
         }
     }
-    let mut out = Invoice::default();
     for ((model, slice_profile, kind, price_effective_from), (raw, unit_price)) in sums {
         if raw == 0 {
             continue;
@@ -296,6 +301,7 @@ mod tests {
         // 60 s at 360 c/h = 6 c; 1000 inferences at 10 c per 1000 = 10 c.
         assert_eq!(jan.lines.iter().map(|l| l.amount_cents).collect::<Vec<_>>(), [6, 10]);
         assert_eq!(jan.total_cents, 16);
+        assert_eq!(jan.gpu_us, 60_000_000);
         assert_eq!(feb.total_cents, 6 + 20);
         assert_eq!(feb.lines[1].raw_quantity, 2000);
         assert_eq!(feb.lines[1].quantity(), 2.0);

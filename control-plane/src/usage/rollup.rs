@@ -93,6 +93,10 @@ pub struct UsageGroup {
     pub compute_us: i64,
     /// Reserved slice time, microseconds.
     pub slice_us: i64,
+    /// The part of `slice_us` held on GPU and MIG slices (GPU-time).
+    pub gpu_slice_us: i64,
+    /// The part of `compute_us` spent on GPU and MIG slices.
+    pub gpu_compute_us: i64,
     /// Request bytes.
     pub bytes_in: i64,
     /// Response bytes.
@@ -122,6 +126,10 @@ pub fn group_usage(rows: &[UsageTotalsRow], g: GroupBy) -> Vec<UsageGroup> {
         e.inferences += r.inferences;
         e.compute_us += r.compute_us;
         e.slice_us += r.slice_us;
+        if crate::types::is_gpu_profile(&r.slice_profile) {
+            e.gpu_slice_us += r.slice_us;
+            e.gpu_compute_us += r.compute_us;
+        }
         e.bytes_in += r.bytes_in;
         e.bytes_out += r.bytes_out;
     }
@@ -260,6 +268,8 @@ mod tests {
         let all = group_usage(&rows, GroupBy::default());
         assert_eq!(all.len(), 1);
         assert_eq!((all[0].requests, all[0].failures, all[0].inferences, all[0].slice_us), (12, 3, 24, 300));
+        // Only the `gpu` row's time is GPU-time.
+        assert_eq!((all[0].gpu_slice_us, all[0].gpu_compute_us), (100, 10));
         assert_eq!((all[0].model.as_deref(), all[0].start), (None, None));
         let by_model = group_usage(&rows, GroupBy { model: true, ..GroupBy::default() });
         assert_eq!(

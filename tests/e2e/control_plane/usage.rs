@@ -127,7 +127,7 @@ async fn reported_usage_is_stored_once_and_shows_in_usage_metrics_and_invoices()
         total,
         json!({ "usage": [{ "model": null, "version": null, "slice_profile": null, "start": null,
             "requests": 14, "failures": 2, "inferences": 34, "compute_seconds": 3.0, "slice_seconds": 90.0,
-            "bytes_in": 2000, "bytes_out": 4000 }] })
+            "gpu_seconds": 0.0, "gpu_compute_seconds": 0.0, "bytes_in": 2000, "bytes_out": 4000 }] })
     );
     let by = app.get(&acme.viewer, &format!("/v1/tenants/acme/usage?{range}&group_by=version,minute")).await;
     let by = by.expect(200)["usage"].clone();
@@ -201,6 +201,8 @@ async fn reported_usage_is_stored_once_and_shows_in_usage_metrics_and_invoices()
         assert_eq!((got.2, got.3), (want.2, want.3));
     }
     assert_eq!(invoice["total_cents"], 14);
+    // Every record here is on a CPU slice: no GPU time.
+    assert_eq!(invoice["gpu_seconds"], 0.0);
     assert_eq!(invoice["lines"][0]["unit"], "slice_hour");
     assert_eq!(invoice["lines"][2]["unit"], "1000_inferences");
     let by_query = app.get(&acme.viewer, &format!("/v1/tenants/acme/invoices?period={period}")).await;

@@ -101,6 +101,14 @@ export function UsagePage(props: { tenant: string }) {
                       {formatCents(inv.total_cents, inv.currency)}
                     </td>
                   </tr>
+                  {inv.gpu_seconds > 0 && (
+                    <tr>
+                      <td colSpan={5}>GPU time (whole GPUs and MIG instances)</td>
+                      <td class="num" data-testid="invoice-gpu-seconds">
+                        {formatQuantity(inv.gpu_seconds, 1)} s
+                      </td>
+                    </tr>
+                  )}
                 </tfoot>
               </table>
             </div>
@@ -125,6 +133,7 @@ export function UsagePage(props: { tenant: string }) {
                     <th class="num">Inferences</th>
                     <th class="num">Compute s</th>
                     <th class="num">Slice s</th>
+                    <th class="num">GPU s</th>
                     <th class="num">In</th>
                     <th class="num">Out</th>
                   </tr>
@@ -140,6 +149,7 @@ export function UsagePage(props: { tenant: string }) {
                       <td class="num">{formatCount(r.inferences)}</td>
                       <td class="num">{formatQuantity(r.compute_seconds, 3)}</td>
                       <td class="num">{formatQuantity(r.slice_seconds, 1)}</td>
+                      <td class="num">{formatQuantity(r.gpu_seconds, 1)}</td>
                       <td class="num">{formatBytes(r.bytes_in)}</td>
                       <td class="num">{formatBytes(r.bytes_out)}</td>
                     </tr>
