@@ -1,0 +1,235 @@
+#!/usr/bin/env bash
+# GPU smoke test for a lent GPU machine (an H200 here), in two halves:
+#
+#   scripts/gpu-smoke.sh pack        here, with network: builds a stripped release binary,
+#                                    fetches the onnxruntime-gpu wheel's libraries, generates
+#                                    the test models, and cuts everything into parts of at most
+#                                    PART_MIB (60) MiB under .gpu-smoke/ (git-ignored), because
+#                                    the GPU machine takes at most 64 MiB per call. It prints the
+#                                    calls to make, one per part.
+#   scripts/gpu-smoke.sh run         on the GPU machine (no network, no Rust), once every part
+#                                    is there: joins and unpacks them, finds the CUDA libraries
+#                                    (the torch wheels' nvidia/* directories, else the system's)
+#                                    and prints, section by section:
+#                                      1. the NVML inventory as `tessera gpus` reads it;
+#                                      2. the CUDA provider against the CPU provider on the same
+#                                         inputs (max relative error);
+#                                      3. throughput of `tessera serve` on the GPU against raw
+#                                         ONNX Runtime CUDA in-process, same model and batch;
+#                                      4. a runner killed with SIGKILL, restarted by its server,
+#                                         and its GPU memory freed (nvidia-smi's compute apps).
+#                                    CUDA shared memory is checked once that extension exists.
+#
+# It never changes MIG mode, clocks or any other GPU setting: it only reads them.
+# Every section prints `ok` or `FAILED: why`; the exit status is the number of failed sections.
+set -uo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SMOKE="$ROOT/.gpu-smoke"
+PART_MIB="${PART_MIB:-60}"
+MODEL=mlp
+BATCH="${BATCH:-32}"
+SECONDS_EACH="${SECONDS_EACH:-10}"
+
+say() { printf '[gpu-smoke] %s\n' "$*" >&2; }
+die() { say "ERROR: $*"; exit 100; }
+
+pack() {
+  # shellcheck source=scripts/lib.sh
+  source "$ROOT/scripts/lib.sh"
+  rm -rf "$SMOKE" && mkdir -p "$SMOKE/stage/bin" "$SMOKE/stage/models"
+  say "building the release binary"
+  cargo build --release --bin tessera >&2 || die "cargo build failed"
+  strip -o "$SMOKE/stage/bin/tessera" "$CARGO_TARGET_DIR/release/tessera" || die "strip failed"
+  say "generating the $MODEL model"
+  "$ROOT/.venv/bin/python" "$ROOT/tests/python/gen_models.py" "$SMOKE/stage/models" --only "$MODEL" >&2 \
+    || die "gen_models failed (run ./scripts/setup-python.sh first)"
+  say "fetching onnxruntime-gpu==$TESSERA_ORT_VERSION libraries"
+  local ort_dir
+  ort_dir="$("$ROOT/scripts/setup-ort.sh" --gpu --print-dir)" || die "setup-ort.sh --gpu failed"
+  mkdir -p "$SMOKE/stage/ort"
+  cp -L "$ort_dir"/libonnxruntime*.so* "$SMOKE/stage/ort/" || die "no GPU libraries in $ort_dir"
+  cp "$ROOT/scripts/gpu-smoke.sh" "$SMOKE/stage/"
+  say "compressing (xz; a few minutes)"
+  tar -C "$SMOKE/stage" -cf - . | xz -T0 -6 >"$SMOKE/all.tar.xz" || die "tar/xz failed"
+  split -b "${PART_MIB}M" -d -a 1 "$SMOKE/all.tar.xz" "$SMOKE/part-"
+  rm -rf "$SMOKE/stage" "$SMOKE/all.tar.xz"
+  (cd "$SMOKE" && sha256sum part-* >SHA256SUMS)
+  local parts=("$SMOKE"/part-*)
+  say "${#parts[@]} parts of at most $PART_MIB MiB in $SMOKE; on the GPU machine run, back to back:"
+  local i=0 p
+  for p in "${parts[@]}"; do
+    i=$((i + 1))
+    if ((i < ${#parts[@]})); then
+      say "  call $i: carry [.gpu-smoke/$(basename "$p")${i:+, .gpu-smoke/SHA256SUMS}], command: ls -l .gpu-smoke"
+    else
+      say "  call $i: carry [.gpu-smoke/$(basename "$p"), .gpu-smoke/SHA256SUMS], command: scripts/gpu-smoke.sh run"
+    fi
+  done
+}
+
+# section NAME: starts a section; result ok|FAILED is printed by pass/fail.
+FAILS=0
+section() { printf '\n== %s\n' "$*"; }
+pass() { printf -- '-- ok%s\n' "${1:+: $1}"; }
+fail() { printf -- '-- FAILED: %s\n' "$*"; FAILS=$((FAILS + 1)); }
+
+# CUDA's user-space libraries: the torch wheels' nvidia/*/lib directories, then the system's.
+cuda_library_dirs() {
+  local py dirs=()
+  for py in python3 python; do
+    command -v "$py" >/dev/null 2>&1 || continue
+    mapfile -t dirs < <("$py" - <<'EOF' 2>/dev/null
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for root in roots:
+    for d in sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib"))):
+        print(d)
+EOF
+)
+    break
+  done
+  for d in /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu; do
+    [[ -d $d ]] && dirs+=("$d")
+  done
+  local IFS=:
+  printf '%s\n' "${dirs[*]}"
+}
+
+run() {
+  local work="$SMOKE/unpacked"
+  if [[ ! -x "$work/bin/tessera" ]]; then
+    [[ -f "$SMOKE/SHA256SUMS" ]] || die "no $SMOKE/SHA256SUMS: carry the parts first (scripts/gpu-smoke.sh pack)"
+    (cd "$SMOKE" && sha256sum -c --quiet SHA256SUMS) || die "a part is missing or damaged"
+    mkdir -p "$work"
+    cat "$SMOKE"/part-* | xz -d | tar -C "$work" -xf - || die "unpacking failed"
+  fi
+  local bin="$work/bin/tessera" repo="$work/models" out="${OUT:-$SMOKE/out}"
+  mkdir -p "$out"
+  export ORT_DYLIB_PATH
+  ORT_DYLIB_PATH="$(ls "$work"/ort/libonnxruntime.so.* | head -1)"
+  local cuda_dirs
+  cuda_dirs="$(cuda_library_dirs)"
+  export LD_LIBRARY_PATH="$work/ort:$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export TESSERA_CUDA_LIBRARY_DIRS="$work/ort:$cuda_dirs"
+
+  section "machine"
+  nvidia-smi --query-gpu=index,uuid,name,memory.total,mig.mode.current,driver_version --format=csv || true
+  nvidia-smi -L || true
+
+  section "1. NVML inventory (tessera gpus)"
+  if "$bin" gpus | tee "$out/inventory.json"; then pass; else fail "tessera gpus"; fi
+
+  section "2. CUDA provider vs CPU provider ($MODEL, batch $BATCH)"
+  if "$bin" bench ort --model "$repo/$MODEL/1/model.onnx" --batch "$BATCH" --gpu 0 --compare-cpu \
+    --seconds 2 | tee "$out/parity.json"; then
+    pass
+  else
+    fail "bench ort --compare-cpu"
+  fi
+
+  section "3. tessera serve on the GPU vs raw ONNX Runtime CUDA ($MODEL, batch $BATCH)"
+  gpu_repo "$repo" "$work/gpu-repo"
+  local raw served
+  raw="$("$bin" bench ort --model "$repo/$MODEL/1/model.onnx" --batch "$BATCH" --gpu 0 --seconds "$SECONDS_EACH")"
+  echo "raw ORT CUDA: $raw"
+  start_serve "$bin" "$work/gpu-repo" "$out/serve.log" ""
+  served="$("$bin" bench grpc -u "127.0.0.1:$GRPC_PORT" -m "$MODEL" -b "$BATCH" --concurrency 4 \
+    --duration "$SECONDS_EACH" --json 2>>"$out/bench.log" | tail -1)"
+  echo "tessera serve: $served"
+  stop_serve
+  ratio "$raw" "$served"
+
+  section "4. runner killed, restarted, GPU memory freed"
+  start_serve "$bin" "$work/gpu-repo" "$out/serve-runner.log" "--runner"
+  kill_runner "$bin"
+  stop_serve
+
+  printf '\n== %d section(s) failed\n' "$FAILS"
+  return "$FAILS"
+}
+
+# gpu_repo SRC DST: SRC's $MODEL with a KIND_GPU instance group.
+gpu_repo() {
+  rm -rf "$2" && mkdir -p "$2" && cp -r "$1/$MODEL" "$2/"
+  printf '\ninstance_group [ { kind: KIND_GPU, count: 1, gpus: [ 0 ] } ]\n' >>"$2/$MODEL/config.pbtxt"
+}
+
+SERVE_PID=""
+GRPC_PORT=""
+HTTP_PORT=""
+start_serve() {
+  local bin="$1" repo="$2" log="$3" extra="$4"
+  HTTP_PORT=18000 GRPC_PORT=18001
+  # shellcheck disable=SC2086  # extra is a flag list
+  "$bin" serve --model-repository "$repo" --http-port "$HTTP_PORT" --grpc-port "$GRPC_PORT" \
+    --metrics-port 18002 $extra >"$log" 2>&1 &
+  SERVE_PID=$!
+  local i
+  for i in $(seq 1 120); do
+    if curl -sf "http://127.0.0.1:$HTTP_PORT/v2/models/$MODEL/ready" >/dev/null; then return 0; fi
+    kill -0 "$SERVE_PID" 2>/dev/null || break
+    sleep 0.5
+  done
+  tail -20 "$log"
+  fail "tessera serve did not get $MODEL ready"
+  return 1
+}
+
+stop_serve() {
+  [[ -n $SERVE_PID ]] && kill "$SERVE_PID" 2>/dev/null && wait "$SERVE_PID" 2>/dev/null
+  SERVE_PID=""
+}
+
+# ratio RAW_JSON SERVED_JSON: served throughput over raw, against the 95 % goal.
+ratio() {
+  python3 - "$1" "$2" <<'EOF' || fail "throughput below 95 % of raw ONNX Runtime CUDA (or unreadable)"
+import json, sys
+raw = json.loads(sys.argv[1])["inferences_per_sec"]
+served = json.loads(sys.argv[2])
+served = served.get("inferences_per_sec") or served.get("throughput")
+share = served / raw
+print(f"raw ORT CUDA {raw:,.0f}/s, tessera serve {served:,.0f}/s: {share:.1%} of raw (goal >= 95%)")
+sys.exit(0 if share >= 0.95 else 1)
+EOF
+  [[ $? -eq 0 ]] && pass
+}
+
+# GPU memory (MiB) nvidia-smi shows for PID, empty when it shows none.
+gpu_memory_of() {
+  nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
+    | awk -F', *' -v p="$1" '$1 == p { print $2 }'
+}
+
+kill_runner() {
+  local bin="$1" old new mem i
+  old="$(pgrep -f "$bin runner" | head -1)"
+  [[ -n $old ]] || { fail "no runner process"; return; }
+  mem="$(gpu_memory_of "$old")"
+  echo "runner pid $old holds ${mem:-?} MiB of GPU memory"
+  kill -9 "$old"
+  for i in $(seq 1 60); do
+    new="$(pgrep -f "$bin runner" | head -1)"
+    [[ -n $new && $new != "$old" ]] && break
+    sleep 0.5
+  done
+  [[ -n $new && $new != "$old" ]] || { fail "the runner was not restarted"; return; }
+  for i in $(seq 1 60); do
+    curl -sf "http://127.0.0.1:$HTTP_PORT/v2/models/$MODEL/ready" >/dev/null && break
+    sleep 0.5
+  done
+  echo "restarted as pid $new, holding $(gpu_memory_of "$new") MiB"
+  if [[ -n "$(gpu_memory_of "$old")" ]]; then
+    fail "the killed runner's GPU memory is still held"
+  elif curl -sf "http://127.0.0.1:$HTTP_PORT/v2/models/$MODEL/ready" >/dev/null; then
+    pass "old pid holds no GPU memory; $MODEL ready again"
+  else
+    fail "$MODEL not ready after the restart"
+  fi
+}
+
+case "${1:-}" in
+  pack) pack ;;
+  run) run ;;
+  *) echo "usage: scripts/gpu-smoke.sh pack|run" >&2; exit 2 ;;
+esac
