@@ -279,7 +279,7 @@ mod tests {
     }
 
     #[test]
-    fn outputs_in_shared_memory_keep_an_empty_raw_entry_and_say_where() {
+    fn every_output_keeps_its_raw_entry_and_one_in_no_region_has_no_parameters() {
         use crate::engine::tensor::OutputTensor;
         let out = |name: &str| OutputTensor {
             name: name.into(),
