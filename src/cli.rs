@@ -123,6 +123,10 @@ pub struct ServeArgs {
     /// cross in it instead of through the runner's socket; 0 turns it off.
     #[arg(long, env = "TESSERA_RUNNER_SHM_MIB", default_value_t = tessera_data_plane::runner::shm::DEFAULT_ARENA_BYTES >> 20)]
     pub runner_shm_mib: usize,
+    /// Let clients register system shared memory regions and pass tensors through them (on, as
+    /// in Triton 2.51; Triton turned it off by default later).
+    #[arg(long, env = "TESSERA_ALLOW_CLIENT_SHM", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_client_shm: bool,
 }
 
 /// Model control modes.
@@ -184,6 +188,7 @@ impl ServeArgs {
             runner_exe,
             runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
             metrics_token: self.listen.metrics_token()?,
+            allow_client_shm: self.allow_client_shm,
         })
     }
 }

@@ -25,6 +25,9 @@ pub enum ErrorKind {
     PermissionDenied,
     /// The caller's tenant has as many requests in flight as it may (429 / RESOURCE_EXHAUSTED).
     TooManyRequests,
+    /// The thing to create exists already, e.g. a shared memory region's name (400 /
+    /// ALREADY_EXISTS, Triton's mapping: HTTP has no closer status it uses).
+    AlreadyExists,
 }
 
 /// A data-plane error: a kind plus a message meant for the client.
@@ -108,6 +111,7 @@ pub fn codes_for(kind: ErrorKind) -> (StatusCode, tonic::Code) {
         ErrorKind::Unauthenticated => (StatusCode::UNAUTHORIZED, tonic::Code::Unauthenticated),
         ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, tonic::Code::PermissionDenied),
         ErrorKind::TooManyRequests => (StatusCode::TOO_MANY_REQUESTS, tonic::Code::ResourceExhausted),
+        ErrorKind::AlreadyExists => (StatusCode::BAD_REQUEST, tonic::Code::AlreadyExists),
     }
 }
 
@@ -149,6 +153,7 @@ mod tests {
             (ErrorKind::Unauthenticated, 401, tonic::Code::Unauthenticated),
             (ErrorKind::PermissionDenied, 403, tonic::Code::PermissionDenied),
             (ErrorKind::TooManyRequests, 429, tonic::Code::ResourceExhausted),
+            (ErrorKind::AlreadyExists, 400, tonic::Code::AlreadyExists),
         ];
         for (kind, http, grpc) in cases {
             let (status, code) = codes_for(kind);

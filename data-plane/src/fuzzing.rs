@@ -11,10 +11,10 @@ use crate::error::Result;
 /// Decodes a KServe v2 HTTP infer body as `POST /v2/models/{model}/infer` does: its JSON
 /// header, and the binary tail `Inference-Header-Content-Length` (`header_length`) splits off.
 pub fn decode_http_infer(body: &Bytes, header_length: Option<&str>) -> Result<InferRequest> {
-    crate::serve::http::codec::decode_body(body, header_length)
+    crate::serve::http::codec::decode_body(body, header_length).map(|(request, _)| request)
 }
 
 /// Converts a gRPC `ModelInferRequest` into an engine request as `ModelInfer` does.
 pub fn grpc_infer_request(request: ModelInferRequest) -> Result<InferRequest> {
-    crate::serve::grpc::convert::infer_request(request)
+    crate::serve::grpc::convert::infer_request(request).map(|(request, _)| request)
 }

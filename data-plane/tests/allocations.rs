@@ -102,6 +102,7 @@ async fn start(dir: &std::path::Path) -> (SocketAddr, SocketAddr, tokio_util::sy
         runner_exe: None,
         runner_shm_bytes: 0,
         metrics_token: None,
+        allow_client_shm: true,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -9,4 +9,5 @@ pub mod http;
 pub mod metrics;
 pub mod net;
 pub mod server;
+pub mod shared_memory;
 pub mod tenant_gate;

@@ -23,11 +23,21 @@ use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::serve::facade::UsageHook;
 use crate::serve::metrics::MetricsToken;
+use crate::serve::shared_memory::{SharedMemory, ShmPolicy};
 use crate::serve::tenant_gate::TenantGate;
 
 /// Extensions this server implements, as listed in server metadata.
 pub const EXTENSIONS: &[&str] =
     &["binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics"];
+/// [`EXTENSIONS`] with system shared memory, when clients may use it.
+const EXTENSIONS_WITH_SHM: &[&str] = &[
+    "binary_tensor_data",
+    "parameters",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "system_shared_memory",
+];
 
 /// Default `--http-max-input-size`, Triton's 64 MiB.
 pub const DEFAULT_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
@@ -62,6 +72,8 @@ pub struct ServeConfig {
     pub runner_shm_bytes: usize,
     /// Bearer token `/metrics` requires; `None`: open.
     pub metrics_token: Option<MetricsToken>,
+    /// Clients may register and use system shared memory regions (Triton's `--allow-client-shm`).
+    pub allow_client_shm: bool,
 }
 
 /// Shared state of one server: the model manager plus server-level flags.
@@ -89,6 +101,8 @@ pub struct ServerState {
     tenant_gate: Option<TenantGate>,
     /// Bearer token the metrics listener requires; `None`: open.
     metrics_token: Option<MetricsToken>,
+    /// Clients' system shared memory regions.
+    shared_memory: SharedMemory,
 }
 
 impl ServerState {
@@ -107,7 +121,24 @@ impl ServerState {
             runners: None,
             tenant_gate: None,
             metrics_token: None,
+            shared_memory: SharedMemory::new(ShmPolicy::serve(true)),
         }
+    }
+
+    /// Replaces the shared memory registry with an empty one under `policy`.
+    pub fn with_shared_memory(mut self, policy: ShmPolicy) -> Self {
+        self.shared_memory = SharedMemory::new(policy);
+        self
+    }
+
+    /// Clients' system shared memory regions.
+    pub fn shared_memory(&self) -> &SharedMemory {
+        &self.shared_memory
+    }
+
+    /// The extensions server metadata lists.
+    pub fn extensions(&self) -> &'static [&'static str] {
+        if self.shared_memory.allowed() { EXTENSIONS_WITH_SHM } else { EXTENSIONS }
     }
 
     /// Caps each tenant's inference requests in flight at `limit`.
@@ -375,7 +406,8 @@ pub async fn run(
     }
     let manager = Arc::new(manager);
     let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size)
-        .with_metrics_token(config.metrics_token.clone());
+        .with_metrics_token(config.metrics_token.clone())
+        .with_shared_memory(ShmPolicy::serve(config.allow_client_shm));
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }

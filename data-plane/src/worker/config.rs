@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::serve::metrics::MetricsToken;
 use crate::serve::net::listen::ListenArgs;
 use crate::serve::server::DEFAULT_MAX_INPUT_SIZE;
+use crate::serve::shared_memory::{self, ShmPolicy, TenantLimits};
 
 /// The credential a worker presents to the control plane; never printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -89,6 +90,17 @@ pub struct WorkerArgs {
     /// Where tenants' models run: a runner process per (tenant, slice), or inside the worker.
     #[arg(long, env = "TESSERA_ISOLATION", value_enum, default_value_t = Isolation::Runner)]
     pub isolation: Isolation,
+    /// Let tenants register system shared memory regions and pass tensors through them (keys
+    /// must start with `/<tenant-name>:`); off, the shared memory calls answer as Triton's do
+    /// with `--allow-client-shm=false`.
+    #[arg(long, env = "TESSERA_ALLOW_CLIENT_SHM", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub allow_client_shm: bool,
+    /// System shared memory regions one tenant may have registered at once.
+    #[arg(long, env = "TESSERA_CLIENT_SHM_MAX_REGIONS", default_value_t = shared_memory::DEFAULT_MAX_REGIONS_PER_TENANT)]
+    pub client_shm_max_regions: usize,
+    /// MiB of system shared memory regions one tenant may have registered at once.
+    #[arg(long, env = "TESSERA_CLIENT_SHM_MAX_MIB", default_value_t = shared_memory::DEFAULT_MAX_MIB_PER_TENANT)]
+    pub client_shm_max_mib: u64,
 }
 
 /// Where a worker runs its tenants' models.
@@ -148,6 +160,8 @@ pub struct WorkerConfig {
     pub tenant_max_in_flight: usize,
     /// Bearer token the metrics endpoint requires; `None`: open.
     pub metrics_token: Option<MetricsToken>,
+    /// Whether tenants may use system shared memory, and how much.
+    pub client_shm: ShmPolicy,
 }
 
 impl WorkerConfig {
@@ -174,6 +188,7 @@ impl WorkerConfig {
             runner_shm_bytes: crate::runner::shm::DEFAULT_ARENA_BYTES,
             tenant_max_in_flight: crate::serve::tenant_gate::DEFAULT_TENANT_MAX_IN_FLIGHT,
             metrics_token: None,
+            client_shm: ShmPolicy::worker(false, default_shm_limits()),
         }
     }
 }
@@ -207,7 +222,22 @@ impl WorkerArgs {
             runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
             tenant_max_in_flight: self.tenant_max_in_flight.max(1),
             metrics_token,
+            client_shm: ShmPolicy::worker(
+                self.allow_client_shm,
+                TenantLimits {
+                    max_regions: self.client_shm_max_regions,
+                    max_bytes: self.client_shm_max_mib.saturating_mul(1 << 20),
+                },
+            ),
         })
+    }
+}
+
+/// The per-tenant shared memory caps by default.
+fn default_shm_limits() -> TenantLimits {
+    TenantLimits {
+        max_regions: shared_memory::DEFAULT_MAX_REGIONS_PER_TENANT,
+        max_bytes: shared_memory::DEFAULT_MAX_MIB_PER_TENANT << 20,
     }
 }
 
@@ -257,6 +287,8 @@ mod tests {
         assert_eq!(config.usage_ship_interval, Duration::from_secs(2));
         assert_eq!(config.data_dir, PathBuf::from("./.tessera-worker"));
         assert!(!format!("{config:?}").contains("s3cret"), "the token is redacted");
+        assert!(!config.client_shm.allow, "client shared memory is off unless asked for");
+        assert_eq!(config.client_shm.tenants, Some(default_shm_limits()));
     }
 
     #[test]

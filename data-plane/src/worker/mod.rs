@@ -97,7 +97,8 @@ pub async fn run(
         .with_auth(authenticator)
         .with_usage_hook(meter.clone())
         .with_tenant_limit(config.tenant_max_in_flight)
-        .with_metrics_token(config.metrics_token.clone());
+        .with_metrics_token(config.metrics_token.clone())
+        .with_shared_memory(config.client_shm);
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }

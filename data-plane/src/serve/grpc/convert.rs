@@ -15,6 +15,7 @@ use tonic::{Code, Status};
 use crate::engine::infer::{InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput};
 use crate::engine::tensor::{InputTensor, push_bytes_element};
 use crate::error::{Error, ErrorKind, Result};
+use crate::serve::shared_memory::tensors::{self as shm, OutputRegions, ShmInput, ShmInputs, ShmRef};
 
 /// Converts gRPC parameters into engine parameters.
 pub fn parameters(params: HashMap<String, InferParameter>) -> Parameters {
@@ -34,38 +35,55 @@ pub fn parameters(params: HashMap<String, InferParameter>) -> Parameters {
 }
 
 /// Converts a `ModelInferRequest` into an engine request (model name and version stay outside).
-pub fn infer_request(req: ModelInferRequest) -> Result<InferRequest> {
+/// The inputs whose bytes are in shared memory come back apart, their tensors still empty; as
+/// in Triton, `raw_input_contents` holds one entry per input that is not.
+pub fn infer_request(req: ModelInferRequest) -> Result<(InferRequest, ShmInputs)> {
     let raw = req.raw_input_contents;
     let uses_typed = req.inputs.iter().any(|i| i.contents.is_some());
     if !raw.is_empty() && uses_typed {
         return Err(Error::invalid("contents field must not be specified when using raw_input_contents for any input"));
     }
-    if !raw.is_empty() && raw.len() != req.inputs.len() {
-        return Err(Error::invalid(format!(
-            "raw_input_contents has {} entries but the request has {} inputs",
-            raw.len(),
-            req.inputs.len()
-        )));
-    }
-    let mut raw = raw.into_iter();
+    let mut shm_inputs = ShmInputs::new();
     let mut inputs = Vec::with_capacity(req.inputs.len());
+    let mut raw = raw.into_iter();
+    let raw_len = raw.len();
     for input in req.inputs {
         let datatype = DataType::from_wire(&input.datatype).ok_or_else(|| {
             Error::invalid(format!("input '{}' has an unknown datatype '{}'", input.name, input.datatype))
         })?;
-        let data = match (raw.next(), input.contents) {
-            (Some(bytes), _) => bytes,
+        let in_shm = match input.parameters.is_empty() {
+            true => None,
+            false => shm::parse(&parameters(input.parameters), &input.name)?,
+        };
+        let data = match (in_shm, input.contents) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid(format!(
+                    "unexpected 'content' provided when using shared memory for input tensor '{}' for model '{}'",
+                    input.name, req.model_name
+                )));
+            }
+            (Some(at), None) => {
+                shm_inputs.push(ShmInput { index: inputs.len(), at });
+                Bytes::new()
+            }
             (None, Some(contents)) => typed_contents(&input.name, datatype, contents)?,
-            (None, None) => Bytes::new(),
+            (None, None) => raw.next().unwrap_or_default(),
         };
         inputs.push(InputTensor { name: input.name, datatype, shape: input.shape, data });
+    }
+    let expected = inputs.len() - shm_inputs.len();
+    if raw_len != 0 && raw_len != expected {
+        let what = if shm_inputs.is_empty() { "inputs" } else { "inputs outside shared memory" };
+        return Err(Error::invalid(format!(
+            "raw_input_contents has {raw_len} entries but the request has {expected} {what}"
+        )));
     }
     let outputs = req
         .outputs
         .into_iter()
         .map(|o| RequestedOutput { name: o.name, parameters: parameters(o.parameters) })
         .collect();
-    Ok(InferRequest { id: req.id, parameters: parameters(req.parameters), inputs, outputs })
+    Ok((InferRequest { id: req.id, parameters: parameters(req.parameters), inputs, outputs }, shm_inputs))
 }
 
 /// Packs typed `contents` into little-endian bytes, with range checks for narrow types.
@@ -108,15 +126,21 @@ fn typed_contents(name: &str, datatype: DataType, c: InferTensorContents) -> Res
 }
 
 /// Converts an engine response into a `ModelInferResponse` with `raw_output_contents`, as Triton does.
-pub fn infer_response(resp: InferResponse) -> ModelInferResponse {
+/// An output written to shared memory (`shm`) carries its region's parameters and an empty raw
+/// entry: as in Triton, the entries stay one per output, which `tritonclient` indexes by position.
+pub fn infer_response(resp: InferResponse, shm: Option<&OutputRegions>) -> ModelInferResponse {
     let mut outputs = Vec::with_capacity(resp.outputs.len());
     let mut raw = Vec::with_capacity(resp.outputs.len());
     for out in resp.outputs {
+        let parameters = match shm.and_then(|s| s.find(&out.name)) {
+            Some(at) => shm_parameters(at),
+            None => HashMap::new(),
+        };
         outputs.push(InferOutputTensor {
             name: out.name,
             datatype: out.datatype.as_wire().to_string(),
             shape: out.shape,
-            parameters: HashMap::new(),
+            parameters,
             contents: None,
         });
         raw.push(out.data);
@@ -129,6 +153,18 @@ pub fn infer_response(resp: InferResponse) -> ModelInferResponse {
         outputs,
         raw_output_contents: raw,
     }
+}
+
+/// The parameters that say where an output in shared memory went.
+fn shm_parameters(at: &ShmRef) -> HashMap<String, InferParameter> {
+    let param = |choice| InferParameter { parameter_choice: Some(choice) };
+    let offset = i64::try_from(at.offset).unwrap_or(i64::MAX);
+    let byte_size = i64::try_from(at.byte_size).unwrap_or(i64::MAX);
+    HashMap::from([
+        (shm::REGION.to_string(), param(ParameterChoice::StringParam(at.region.clone()))),
+        (shm::OFFSET.to_string(), param(ParameterChoice::Int64Param(offset))),
+        (shm::BYTE_SIZE.to_string(), param(ParameterChoice::Int64Param(byte_size))),
+    ])
 }
 
 /// How tonic 0.14 words a request message over the size limit (its code: OUT_OF_RANGE).
@@ -178,7 +214,7 @@ mod tests {
             ],
             ..Default::default()
         };
-        let req = infer_request(req).expect("valid");
+        let (req, _) = infer_request(req).expect("valid");
         assert_eq!(req.inputs[0].data.as_ref(), &[1, 0, 255, 255]);
         assert_eq!(req.inputs[1].data.as_ref(), &[2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]);
     }
@@ -201,6 +237,66 @@ mod tests {
             ..Default::default()
         };
         assert!(infer_request(req).is_err());
+    }
+
+    fn shm_parameters_of(region: &str, byte_size: i64) -> HashMap<String, InferParameter> {
+        let param = |choice| InferParameter { parameter_choice: Some(choice) };
+        HashMap::from([
+            (shm::REGION.to_string(), param(ParameterChoice::StringParam(region.into()))),
+            (shm::BYTE_SIZE.to_string(), param(ParameterChoice::Int64Param(byte_size))),
+        ])
+    }
+
+    #[test]
+    fn inputs_in_shared_memory_take_no_raw_entry() {
+        let mut in_shm = tensor("INT32", None);
+        in_shm.name = "a".into();
+        in_shm.parameters = shm_parameters_of("r", 8);
+        let req = ModelInferRequest {
+            inputs: vec![in_shm.clone(), tensor("INT32", None)],
+            raw_input_contents: vec![Bytes::from_static(&[1, 0, 0, 0, 2, 0, 0, 0])],
+            ..Default::default()
+        };
+        let (req, shm_inputs) = infer_request(req).expect("one raw entry for the one input outside shm");
+        assert_eq!(shm_inputs, vec![ShmInput { index: 0, at: ShmRef { region: "r".into(), offset: 0, byte_size: 8 } }]);
+        assert!(req.inputs[0].data.is_empty());
+        assert_eq!(req.inputs[1].data.len(), 8);
+
+        let two_raw = ModelInferRequest {
+            inputs: vec![in_shm.clone(), tensor("INT32", None)],
+            raw_input_contents: vec![Bytes::from_static(&[0; 8]), Bytes::from_static(&[0; 8])],
+            ..Default::default()
+        };
+        let e = infer_request(two_raw).expect_err("one raw entry too many");
+        assert!(e.message.contains("has 1 inputs outside shared memory"), "{}", e.message);
+        in_shm.contents = Some(InferTensorContents { int_contents: vec![1, 2], ..Default::default() });
+        let typed = ModelInferRequest { model_name: "m".into(), inputs: vec![in_shm], ..Default::default() };
+        let e = infer_request(typed).expect_err("contents and shm");
+        assert_eq!(
+            e.message,
+            "unexpected 'content' provided when using shared memory for input tensor 'a' for model 'm'"
+        );
+    }
+
+    #[test]
+    fn every_output_keeps_its_raw_entry_and_one_in_no_region_has_no_parameters() {
+        use crate::engine::tensor::OutputTensor;
+        let out = |name: &str| OutputTensor {
+            name: name.into(),
+            datatype: DataType::Uint8,
+            shape: vec![2],
+            data: Bytes::from_static(&[1, 2]),
+        };
+        let mut response = InferResponse {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            id: String::new(),
+            outputs: vec![out("y"), out("z")],
+        };
+        response.outputs[0].data = Bytes::new();
+        let answer = infer_response(response, None);
+        assert_eq!(answer.raw_output_contents.len(), 2);
+        assert!(answer.outputs[0].parameters.is_empty(), "no region named, no parameters");
     }
 
     /// A gRPC message frame: the compressed flag, the length, the payload.

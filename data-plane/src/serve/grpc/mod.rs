@@ -17,6 +17,7 @@ use tessera_protocol::inference::grpc_inference_service_server::{GrpcInferenceSe
 use tessera_protocol::inference::model_metadata_response::TensorMetadata;
 use tessera_protocol::inference::model_repository_parameter::ParameterChoice as RepoParam;
 use tessera_protocol::inference::repository_index_response::ModelIndex;
+use tessera_protocol::inference::system_shared_memory_status_response::RegionStatus;
 use tessera_protocol::inference::*;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +29,7 @@ use crate::auth::{Principal, Role};
 use crate::error::Error;
 use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::server::ServerState;
+use crate::serve::shared_memory::tensors;
 
 type GrpcResult<T> = Result<Response<T>, Status>;
 
@@ -75,9 +77,14 @@ impl InferenceService {
                 v,
                 || bytes_in,
                 async |loaded| {
-                    let request = convert::infer_request(req)?;
+                    let (mut request, shm_inputs) = convert::infer_request(req)?;
+                    let shm = tensors::resolve(state.shared_memory(), caller, &mut request, shm_inputs).await?;
                     let rows = batch_rows(&loaded.spec, &request);
-                    let answer = convert::infer_response(loaded.infer(request).await?);
+                    let mut response = loaded.infer(request).await?;
+                    if let Some(shm) = &shm {
+                        shm.write(&mut response).await?;
+                    }
+                    let answer = convert::infer_response(response, shm.as_ref());
                     let bytes_out = if metered { answer.encoded_len() as u64 } else { 0 };
                     Ok(Answered { answer, rows, bytes_out })
                 },
@@ -126,7 +133,7 @@ impl GrpcInferenceService for InferenceService {
         Ok(Response::new(ServerMetadataResponse {
             name: self.state.name.to_string(),
             version: self.state.version.to_string(),
-            extensions: crate::serve::server::EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+            extensions: self.state.extensions().iter().map(|s| s.to_string()).collect(),
         }))
     }
 
@@ -247,23 +254,40 @@ impl GrpcInferenceService for InferenceService {
 
     async fn system_shared_memory_status(
         &self,
-        _: Request<SystemSharedMemoryStatusRequest>,
+        req: Request<SystemSharedMemoryStatusRequest>,
     ) -> GrpcResult<SystemSharedMemoryStatusResponse> {
-        unimplemented("system shared memory")
+        let caller = self.caller(&req, Role::Inference).await?;
+        let name = req.into_inner().name;
+        let regions = self.state.shared_memory().status(caller.as_ref(), (!name.is_empty()).then_some(&*name))?;
+        let regions = regions
+            .into_iter()
+            .map(|r| {
+                let status =
+                    RegionStatus { name: r.name.clone(), key: r.key, offset: r.offset, byte_size: r.byte_size };
+                (r.name, status)
+            })
+            .collect();
+        Ok(Response::new(SystemSharedMemoryStatusResponse { regions }))
     }
 
     async fn system_shared_memory_register(
         &self,
-        _: Request<SystemSharedMemoryRegisterRequest>,
+        req: Request<SystemSharedMemoryRegisterRequest>,
     ) -> GrpcResult<SystemSharedMemoryRegisterResponse> {
-        unimplemented("system shared memory")
+        let caller = self.caller(&req, Role::Inference).await?;
+        let r = req.into_inner();
+        self.state.shared_memory().register(caller.as_ref(), &r.name, &r.key, r.offset, r.byte_size)?;
+        Ok(Response::new(SystemSharedMemoryRegisterResponse {}))
     }
 
     async fn system_shared_memory_unregister(
         &self,
-        _: Request<SystemSharedMemoryUnregisterRequest>,
+        req: Request<SystemSharedMemoryUnregisterRequest>,
     ) -> GrpcResult<SystemSharedMemoryUnregisterResponse> {
-        unimplemented("system shared memory")
+        let caller = self.caller(&req, Role::Inference).await?;
+        let name = req.into_inner().name;
+        self.state.shared_memory().unregister(caller.as_ref(), (!name.is_empty()).then_some(&*name))?;
+        Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn cuda_shared_memory_status(

@@ -16,6 +16,7 @@ use crate::engine::infer::{
 };
 use crate::engine::tensor::{InputTensor, OutputTensor, bytes_elements, push_bytes_element};
 use crate::error::{Error, Result};
+use crate::serve::shared_memory::tensors::{self as shm, OutputRegions, ShmInput, ShmInputs, ShmRef};
 
 /// Header that splits the JSON part of a body from its binary tail.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -73,21 +74,27 @@ fn split_body(body: &Bytes, header_length: Option<&str>) -> Result<(Bytes, Bytes
 }
 
 /// Decodes an infer request body: its JSON header, then the binary tail that
-/// `Inference-Header-Content-Length` (`header_length`) splits off.
-pub fn decode_body(body: &Bytes, header_length: Option<&str>) -> Result<InferRequest> {
+/// `Inference-Header-Content-Length` (`header_length`) splits off. The inputs whose bytes are in
+/// shared memory come back apart, their tensors still empty.
+pub fn decode_body(body: &Bytes, header_length: Option<&str>) -> Result<(InferRequest, ShmInputs)> {
     let (header, tail) = split_body(body, header_length)?;
     decode_request(&header, &tail)
 }
 
 /// Decodes a request whose JSON part is `header` and binary tail is `tail`.
-fn decode_request(header: &[u8], tail: &Bytes) -> Result<InferRequest> {
+fn decode_request(header: &[u8], tail: &Bytes) -> Result<(InferRequest, ShmInputs)> {
     let prepared = nonfinite::prepare(header);
     let json = parse_header(&prepared.json)?;
     prepared.check_placement(json.inputs.iter().filter_map(|i| i.data)).map_err(Error::invalid)?;
     let mut offset = 0usize;
     let mut inputs = Vec::with_capacity(json.inputs.len());
+    let mut shm_inputs = ShmInputs::new();
     for input in json.inputs {
-        inputs.push(decode_input(input, tail, &mut offset, &prepared)?);
+        let (tensor, in_shm) = decode_input(input, tail, &mut offset, &prepared)?;
+        if let Some(at) = in_shm {
+            shm_inputs.push(ShmInput { index: inputs.len(), at });
+        }
+        inputs.push(tensor);
     }
     if offset != tail.len() {
         return Err(Error::invalid(format!(
@@ -101,12 +108,13 @@ fn decode_request(header: &[u8], tail: &Bytes) -> Result<InferRequest> {
         .into_iter()
         .map(|o| Ok(RequestedOutput { name: o.name, parameters: decode_parameters(o.parameters)? }))
         .collect::<Result<Vec<_>>>()?;
-    Ok(InferRequest {
+    let request = InferRequest {
         id: json.id.unwrap_or_default(),
         parameters: decode_parameters(json.parameters)?,
         inputs,
         outputs,
-    })
+    };
+    Ok((request, shm_inputs))
 }
 
 /// Parses the JSON header; bytes after it get a hint, as they are most often a binary tail
@@ -133,7 +141,7 @@ fn decode_input(
     tail: &Bytes,
     offset: &mut usize,
     prepared: &Prepared<'_>,
-) -> Result<InputTensor> {
+) -> Result<(InputTensor, Option<ShmRef>)> {
     let name = input.name;
     let datatype = DataType::from_wire(&input.datatype)
         .ok_or_else(|| Error::invalid(format!("input '{name}' has an unknown datatype '{}'", input.datatype)))?;
@@ -144,29 +152,43 @@ fn decode_input(
             Error::invalid(format!("input '{name}': binary_data_size must be a non-negative integer"))
         })?),
     };
-    let data = match (binary_size, input.data) {
-        (Some(_), Some(_)) => {
-            return Err(Error::invalid(format!("input '{name}' has both 'data' and binary_data_size")));
-        }
-        (Some(size), None) => {
-            let size = usize::try_from(size).map_err(|_| Error::invalid("binary_data_size too large"))?;
-            let end = offset.checked_add(size).filter(|end| *end <= tail.len()).ok_or_else(|| {
-                Error::invalid(format!(
-                    "binary data sizes do not add up: input '{name}' needs {size} bytes at offset {} but the body has only {}",
-                    offset,
-                    tail.len()
-                ))
-            })?;
-            let data = tail.slice(*offset..end);
-            *offset = end;
-            data
-        }
-        (None, Some(raw)) => decode_json_data(&name, datatype, &input.shape, raw, prepared)?,
-        (None, None) => {
-            return Err(Error::invalid(format!("input '{name}' has neither 'data' nor binary_data_size")));
-        }
+    let in_shm = shm::parse(&parameters, &name)?;
+    let data = match (input.data, binary_size, &in_shm) {
+        (None, None, Some(_)) => Bytes::new(),
+        (None, Some(size), None) => take_binary(&name, size, tail, offset)?,
+        (Some(raw), None, None) => decode_json_data(&name, datatype, &input.shape, raw, prepared)?,
+        (data, binary, shm) => return Err(content_error(&name, data.is_some(), binary.is_some(), shm.is_some())),
     };
-    Ok(InputTensor { name, datatype, shape: input.shape, data })
+    Ok((InputTensor { name, datatype, shape: input.shape, data }, in_shm))
+}
+
+/// The next `size` bytes of the binary tail, from `offset` on.
+fn take_binary(name: &str, size: u64, tail: &Bytes, offset: &mut usize) -> Result<Bytes> {
+    let size = usize::try_from(size).map_err(|_| Error::invalid("binary_data_size too large"))?;
+    let end = offset.checked_add(size).filter(|end| *end <= tail.len()).ok_or_else(|| {
+        Error::invalid(format!(
+            "binary data sizes do not add up: input '{name}' needs {size} bytes at offset {} but the body has only {}",
+            offset,
+            tail.len()
+        ))
+    })?;
+    let data = tail.slice(*offset..end);
+    *offset = end;
+    Ok(data)
+}
+
+/// Triton's refusal of an input that does not set exactly one of its three data sources
+/// (`data`, a binary part, a shared memory region), naming the input as well.
+fn content_error(name: &str, data: bool, binary: bool, shm: bool) -> Error {
+    let set: Vec<&str> = [(data, "'data'"), (binary, "'binary_data_size'"), (shm, "'shared_memory_region'")]
+        .into_iter()
+        .filter_map(|(on, what)| on.then_some(what))
+        .collect();
+    let but = if set.is_empty() { "no field is set".to_string() } else { format!("set {}", set.join(" ")) };
+    Error::invalid(format!(
+        "Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', \
+         'shared_memory_region' in 'parameters'. But {but} (input '{name}')"
+    ))
 }
 
 /// Parses a JSON `data` array (flat or nested) straight into typed little-endian bytes.
@@ -351,25 +373,55 @@ impl BinaryChoice {
         let mut explicit = Vec::new();
         for output in &request.outputs {
             let owner = format!(" of output '{}'", output.name);
-            if let Some(binary) = bool_param(&output.parameters, "binary_data", &owner)? {
+            let binary = bool_param(&output.parameters, "binary_data", &owner)?;
+            if output.parameters.contains_key(shm::REGION) {
+                check_shm_output(&output.parameters, binary)?;
+            }
+            if let Some(binary) = binary {
                 explicit.push((output.name.clone(), binary));
             }
         }
         Ok(Self { default, explicit })
     }
 
-    /// Which outputs of `response` go into the binary tail.
-    pub fn flags(&self, response: &InferResponse) -> Vec<bool> {
+    /// Where each output of `response` goes: into the JSON, the binary tail, or the region the
+    /// request named for it (`shm`).
+    pub fn places<'a>(&self, response: &InferResponse, shm: Option<&'a OutputRegions>) -> Vec<Place<'a>> {
         response
             .outputs
             .iter()
             .map(|out| {
+                if let Some(at) = shm.and_then(|s| s.find(&out.name)) {
+                    return Place::Shm(at);
+                }
                 let asked = self.explicit.iter().find(|(n, _)| *n == out.name).map_or(self.default, |(_, b)| *b);
                 // FP16/BF16 have no JSON form, so they always travel as binary.
-                asked || !json_capable(out.datatype)
+                if asked || !json_capable(out.datatype) { Place::Binary } else { Place::Json }
             })
             .collect()
     }
+}
+
+/// Triton's refusals for an output in shared memory that also asks for another form.
+fn check_shm_output(params: &Parameters, binary: Option<bool>) -> Result<()> {
+    if params.contains_key("classification") {
+        return Err(Error::invalid("Output can't set both 'shared_memory_region' and 'classification'"));
+    }
+    if binary == Some(true) {
+        return Err(Error::invalid("Output can't set both 'shared_memory_region' and 'binary_data'"));
+    }
+    Ok(())
+}
+
+/// Where one output of a response goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place<'a> {
+    /// `data` in the JSON.
+    Json,
+    /// The binary tail.
+    Binary,
+    /// A shared memory region (already written); the JSON says where, with no data.
+    Shm(&'a ShmRef),
 }
 
 /// An encoded response body and the JSON header length when a binary tail follows.
@@ -381,23 +433,24 @@ pub struct EncodedResponse {
 }
 
 /// Encodes a response: JSON header, then the binary outputs' bytes in output order.
-pub fn encode_response(response: &InferResponse, binary: &[bool]) -> Result<EncodedResponse> {
+pub fn encode_response(response: &InferResponse, places: &[Place<'_>]) -> Result<EncodedResponse> {
     let mut json = Vec::with_capacity(256);
-    write_header(&mut json, response, binary)
+    write_header(&mut json, response, places)
         .map_err(|e| Error::internal(format!("failed to encode response: {e}")))?;
-    if !binary.iter().any(|b| *b) {
+    if !places.contains(&Place::Binary) {
         return Ok(EncodedResponse { body: vec![Bytes::from(json)], header_length: None });
     }
     let header_length = json.len();
     let mut body = Vec::with_capacity(response.outputs.len() + 1);
     body.push(Bytes::from(json));
-    body.extend(response.outputs.iter().zip(binary).filter(|(_, b)| **b).map(|(o, _)| o.data.clone()));
+    let binary = response.outputs.iter().zip(places).filter(|(_, p)| **p == Place::Binary);
+    body.extend(binary.map(|(o, _)| o.data.clone()));
     Ok(EncodedResponse { body, header_length: Some(header_length) })
 }
 
 /// Writes the JSON header by hand rather than through serde: serde_json has no way to write
 /// NaN or Infinity, which FP32/FP64 data needs (see [`nonfinite::write_floats`]).
-fn write_header(out: &mut Vec<u8>, r: &InferResponse, binary: &[bool]) -> serde_json::Result<()> {
+fn write_header(out: &mut Vec<u8>, r: &InferResponse, places: &[Place<'_>]) -> serde_json::Result<()> {
     out.push(b'{');
     if !r.id.is_empty() {
         write_entry(out, "id", &r.id)?;
@@ -407,17 +460,17 @@ fn write_header(out: &mut Vec<u8>, r: &InferResponse, binary: &[bool]) -> serde_
     out.push(b',');
     write_entry(out, "model_version", &r.model_version)?;
     out.extend_from_slice(b",\"outputs\":[");
-    for (i, (tensor, binary)) in r.outputs.iter().zip(binary).enumerate() {
+    for (i, (tensor, place)) in r.outputs.iter().zip(places).enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        write_output(out, tensor, *binary)?;
+        write_output(out, tensor, *place)?;
     }
     out.extend_from_slice(b"]}");
     Ok(())
 }
 
-fn write_output(out: &mut Vec<u8>, t: &OutputTensor, binary: bool) -> serde_json::Result<()> {
+fn write_output(out: &mut Vec<u8>, t: &OutputTensor, place: Place<'_>) -> serde_json::Result<()> {
     out.push(b'{');
     write_entry(out, "name", &t.name)?;
     out.push(b',');
@@ -425,15 +478,27 @@ fn write_output(out: &mut Vec<u8>, t: &OutputTensor, binary: bool) -> serde_json
     out.push(b',');
     write_entry(out, "shape", &t.shape)?;
     out.push(b',');
-    if binary {
-        out.extend_from_slice(b"\"parameters\":{");
-        write_entry(out, "binary_data_size", &t.data.len())?;
-        out.push(b'}');
-    } else {
-        out.extend_from_slice(b"\"data\":");
-        match t.datatype {
-            DataType::Fp32 | DataType::Fp64 => nonfinite::write_floats(out, t.datatype, &t.data)?,
-            _ => serde_json::to_writer(&mut *out, &DataJson(t))?,
+    match place {
+        Place::Binary => {
+            out.extend_from_slice(b"\"parameters\":{");
+            write_entry(out, "binary_data_size", &t.data.len())?;
+            out.push(b'}');
+        }
+        Place::Shm(at) => {
+            out.extend_from_slice(b"\"parameters\":{");
+            write_entry(out, shm::REGION, &at.region)?;
+            out.push(b',');
+            write_entry(out, shm::OFFSET, &at.offset)?;
+            out.push(b',');
+            write_entry(out, shm::BYTE_SIZE, &at.byte_size)?;
+            out.push(b'}');
+        }
+        Place::Json => {
+            out.extend_from_slice(b"\"data\":");
+            match t.datatype {
+                DataType::Fp32 | DataType::Fp64 => nonfinite::write_floats(out, t.datatype, &t.data)?,
+                _ => serde_json::to_writer(&mut *out, &DataJson(t))?,
+            }
         }
     }
     out.push(b'}');
@@ -501,7 +566,7 @@ mod tests {
     use super::*;
 
     fn decode(json: &str) -> Result<InferRequest> {
-        decode_request(json.as_bytes(), &Bytes::new())
+        decode_request(json.as_bytes(), &Bytes::new()).map(|(request, _)| request)
     }
 
     #[test]
@@ -552,7 +617,7 @@ mod tests {
     fn binary_tail_is_split_by_declared_sizes() {
         let header = r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT32","parameters":{"binary_data_size":4}},{"name":"b","shape":[2],"datatype":"UINT8","parameters":{"binary_data_size":2}}]}"#;
         let tail = Bytes::from_static(&[1, 0, 0, 0, 7, 8]);
-        let req = decode_request(header.as_bytes(), &tail).expect("binary");
+        let (req, _) = decode_request(header.as_bytes(), &tail).expect("binary");
         assert_eq!(req.inputs[1].data.as_ref(), &[7, 8]);
         let short = Bytes::from_static(&[1, 0, 0, 0, 7]);
         assert!(decode_request(header.as_bytes(), &short).expect_err("short").message.contains("do not add up"));
@@ -583,7 +648,7 @@ mod tests {
             id: "42".into(),
             outputs: vec![out("a", DataType::Int16, vec![1, 0, 255, 255]), out("b", DataType::Uint8, vec![9, 8])],
         };
-        let enc = encode_response(&response, &[false, true]).expect("encode");
+        let enc = encode_response(&response, &[Place::Json, Place::Binary]).expect("encode");
         let len = enc.header_length.expect("binary tail");
         assert_eq!(enc.body.len(), 2, "header and one output buffer, not concatenated");
         let body = enc.body.concat();
@@ -592,7 +657,7 @@ mod tests {
         assert_eq!(json["outputs"][0]["data"], serde_json::json!([1, -1]));
         assert_eq!(json["outputs"][1]["parameters"]["binary_data_size"], 2);
         assert_eq!(&body[len..], &[9, 8]);
-        let enc = encode_response(&response, &[false, false]).expect("json only");
+        let enc = encode_response(&response, &[Place::Json, Place::Json]).expect("json only");
         assert!(enc.header_length.is_none());
     }
 
@@ -641,7 +706,7 @@ mod tests {
                 data: Bytes::from(data),
             }],
         };
-        let enc = encode_response(&response, &[false]).expect("encode");
+        let enc = encode_response(&response, &[Place::Json]).expect("encode");
         let text = String::from_utf8(enc.body.concat()).expect("utf-8");
         assert_eq!(
             text,
@@ -694,5 +759,56 @@ mod tests {
         assert!(decode_body(&body, Some(&header.len().to_string())).is_ok());
         assert!(decode(&format!("{}  \n", one_input("INT32", "[1,2,3]"))).is_ok(), "trailing whitespace is fine");
         assert!(decode("").expect_err("empty").message.contains("failed to parse"));
+    }
+
+    #[test]
+    fn inputs_in_shared_memory_come_apart_and_may_use_no_other_source() {
+        let shm = r#""parameters":{"shared_memory_region":"r","shared_memory_offset":16,"shared_memory_byte_size":8}"#;
+        let header = format!(
+            r#"{{"inputs":[{{"name":"a","shape":[2],"datatype":"INT32",{shm}}},{{"name":"b","shape":[1],"datatype":"INT32","data":[5]}}]}}"#
+        );
+        let (req, shm_inputs) = decode_request(header.as_bytes(), &Bytes::new()).expect("valid");
+        assert!(req.inputs[0].data.is_empty(), "filled in from the region later");
+        assert_eq!(
+            shm_inputs,
+            vec![ShmInput { index: 0, at: ShmRef { region: "r".into(), offset: 16, byte_size: 8 } }]
+        );
+        let mixed = format!(r#"{{"inputs":[{{"name":"a","shape":[1],"datatype":"INT32","data":[1],{shm}}}]}}"#);
+        let e = decode(&mixed).expect_err("data and region");
+        assert!(e.message.ends_with("But set 'data' 'shared_memory_region' (input 'a')"), "{}", e.message);
+        let both = r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT32","parameters":{"binary_data_size":4,"shared_memory_region":"r","shared_memory_byte_size":4}}]}"#;
+        let e = decode_request(both.as_bytes(), &Bytes::from_static(&[0; 4])).expect_err("binary and region");
+        assert!(e.message.contains("But set 'binary_data_size' 'shared_memory_region'"), "{}", e.message);
+        let none = r#"{"inputs":[{"name":"a","shape":[1],"datatype":"INT32"}]}"#;
+        assert!(decode(none).expect_err("no data").message.contains("But no field is set (input 'a')"));
+    }
+
+    #[test]
+    fn outputs_in_shared_memory_say_where_and_carry_no_data() {
+        let request = |params: &str| {
+            decode(&format!(r#"{{"inputs":[],"outputs":[{{"name":"y","parameters":{params}}}]}}"#)).expect("decodes")
+        };
+        let shm = r#""shared_memory_region":"r","shared_memory_byte_size":8"#;
+        for (extra, words) in
+            [(r#""binary_data":true"#, "'binary_data'"), (r#""classification":2"#, "'classification'")]
+        {
+            let e = BinaryChoice::of(&request(&format!("{{{shm},{extra}}}"))).expect_err(words);
+            assert_eq!(e.message, format!("Output can't set both 'shared_memory_region' and {words}"));
+        }
+        assert!(BinaryChoice::of(&request(&format!(r#"{{{shm},"binary_data":false}}"#))).is_ok());
+
+        let at = ShmRef { region: "r".into(), offset: 4, byte_size: 8 };
+        let out = OutputTensor { name: "y".into(), datatype: DataType::Fp16, shape: vec![2], data: Bytes::new() };
+        let response =
+            InferResponse { model_name: "m".into(), model_version: "1".into(), id: String::new(), outputs: vec![out] };
+        let enc = encode_response(&response, &[Place::Shm(&at)]).expect("encode");
+        assert!(enc.header_length.is_none(), "no binary tail for an output in shared memory");
+        let json: serde_json::Value = serde_json::from_slice(&enc.body.concat()).expect("json");
+        let y = &json["outputs"][0];
+        assert!(y.get("data").is_none(), "{y}");
+        assert_eq!(
+            y["parameters"],
+            serde_json::json!({"shared_memory_region": "r", "shared_memory_offset": 4, "shared_memory_byte_size": 8})
+        );
     }
 }

@@ -12,11 +12,13 @@ use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::{Caller, UrlPath, codec};
+use crate::auth::Principal;
 use crate::engine::manager::parse_version;
 use crate::engine::model::LoadedModel;
 use crate::error::{Error, ErrorKind, Result};
 use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::server::ServerState;
+use crate::serve::shared_memory::tensors;
 
 type AppState = State<Arc<ServerState>>;
 
@@ -32,7 +34,7 @@ pub async fn handle_health_ready(State(s): AppState) -> StatusCode {
 
 /// `GET /v2`.
 pub async fn handle_server_metadata(State(s): AppState, _caller: Caller) -> Json<Value> {
-    Json(json!({ "name": s.name, "version": s.version, "extensions": crate::serve::server::EXTENSIONS }))
+    Json(json!({ "name": s.name, "version": s.version, "extensions": s.extensions() }))
 }
 
 /// Model path segments: name and optional version.
@@ -84,19 +86,31 @@ pub async fn handle_infer(
 ) -> Result<Response> {
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     let v = parse_version(&model, version.as_deref())?;
-    s.infer(c.principal(), &model, v, || body.len() as u64, async |loaded| run_infer(loaded, headers, &body).await)
+    let caller = c.principal();
+    s.infer(caller, &model, v, || body.len() as u64, async |loaded| run_infer(s, caller, loaded, headers, &body).await)
         .await
 }
 
-/// Decodes the body, runs it on `loaded` and encodes the answer.
-async fn run_infer(loaded: &LoadedModel, headers: &HeaderMap, body: &Bytes) -> Result<Answered<Response>> {
+/// Decodes the body (reading the inputs that are in shared memory), runs it on `loaded` and
+/// encodes the answer (writing the outputs that go to shared memory).
+async fn run_infer(
+    s: &ServerState,
+    caller: Option<&Principal>,
+    loaded: &LoadedModel,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Answered<Response>> {
     let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
-    let request = codec::decode_body(body, header_length)?;
+    let (mut request, shm_inputs) = codec::decode_body(body, header_length)?;
     let choice = codec::BinaryChoice::of(&request)?;
+    let shm = tensors::resolve(s.shared_memory(), caller, &mut request, shm_inputs).await?;
     let rows = batch_rows(&loaded.spec, &request);
-    let response = loaded.infer(request).await?;
-    let binary = choice.flags(&response);
-    let encoded = codec::encode_response(&response, &binary)?;
+    let mut response = loaded.infer(request).await?;
+    if let Some(shm) = &shm {
+        shm.write(&mut response).await?;
+    }
+    let places = choice.places(&response, shm.as_ref());
+    let encoded = codec::encode_response(&response, &places)?;
     let bytes_out = encoded.body.iter().map(|b| b.len() as u64).sum();
     let mut resp = Response::new(Body::new(super::body::ChunkedBytes::new(encoded.body)));
     let headers = resp.headers_mut();

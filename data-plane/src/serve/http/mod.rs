@@ -8,6 +8,7 @@ mod encoding;
 mod handlers;
 mod nonfinite;
 mod serve;
+mod shared_memory;
 mod url_path;
 
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use bytes::Bytes;
 pub use caller::Caller;
 use handlers::*;
 pub use serve::serve;
+use shared_memory::*;
 use url_path::UrlPath;
 
 use crate::serve::server::ServerState;
@@ -96,6 +98,32 @@ pub fn router(state: Arc<ServerState>) -> Router {
                     handle_infer(&s, c, (m, Some(v)), &h, b).await
                 },
             ),
+        )
+        .route(
+            "/v2/systemsharedmemory/status",
+            get(|State(s): S, c: Caller| async move { handle_system_shm_status(&s, c, None).await }),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/status",
+            get(|State(s): S, c: Caller, UrlPath(r): UrlPath<String>| async move {
+                handle_system_shm_status(&s, c, Some(r)).await
+            }),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/register",
+            post(|State(s): S, c: Caller, UrlPath(r): UrlPath<String>, b: Body| async move {
+                handle_system_shm_register(&s, c, r, b).await
+            }),
+        )
+        .route(
+            "/v2/systemsharedmemory/unregister",
+            post(|State(s): S, c: Caller| async move { handle_system_shm_unregister(&s, c, None).await }),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{region}/unregister",
+            post(|State(s): S, c: Caller, UrlPath(r): UrlPath<String>| async move {
+                handle_system_shm_unregister(&s, c, Some(r)).await
+            }),
         )
         .route("/v2/repository/index", post(handle_repository_index))
         .route("/v2/repository/models/{model}/load", post(handle_repository_load))
