@@ -89,6 +89,11 @@ pub struct WorkerArgs {
     /// Where tenants' models run: a runner process per (tenant, slice), or inside the worker.
     #[arg(long, env = "TESSERA_ISOLATION", value_enum, default_value_t = Isolation::Runner)]
     pub isolation: Isolation,
+    /// A directory of CUDA libraries (cuBLAS, cuDNN, cudart; TensorRT's libnvinfer) that GPU and
+    /// MIG runners load ONNX Runtime's CUDA and TensorRT providers with; repeat the flag, or give
+    /// several separated by ':' in the environment variable.
+    #[arg(long = "cuda-library-dir", env = "TESSERA_CUDA_LIBRARY_DIRS", value_delimiter = ':', value_parser = parse_library_dir)]
+    pub cuda_library_dirs: Vec<PathBuf>,
 }
 
 /// Where a worker runs its tenants' models.
@@ -148,6 +153,8 @@ pub struct WorkerConfig {
     pub tenant_max_in_flight: usize,
     /// Bearer token the metrics endpoint requires; `None`: open.
     pub metrics_token: Option<MetricsToken>,
+    /// CUDA library directories put on GPU runners' `LD_LIBRARY_PATH`.
+    pub cuda_library_dirs: Vec<PathBuf>,
 }
 
 impl WorkerConfig {
@@ -174,6 +181,7 @@ impl WorkerConfig {
             runner_shm_bytes: crate::runner::shm::DEFAULT_ARENA_BYTES,
             tenant_max_in_flight: crate::serve::tenant_gate::DEFAULT_TENANT_MAX_IN_FLIGHT,
             metrics_token: None,
+            cuda_library_dirs: Vec::new(),
         }
     }
 }
@@ -207,6 +215,7 @@ impl WorkerArgs {
             runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
             tenant_max_in_flight: self.tenant_max_in_flight.max(1),
             metrics_token,
+            cuda_library_dirs: self.cuda_library_dirs,
         })
     }
 }
@@ -218,6 +227,15 @@ fn parse_control_plane(url: &str) -> Result<String, String> {
         (Some("http" | "https"), Some(_)) => Ok(url.trim_end_matches('/').to_string()),
         _ => Err("expected http://HOST:PORT".into()),
     }
+}
+
+/// A library directory: absolute (runners start elsewhere) and free of ':' (it joins a path list).
+fn parse_library_dir(dir: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(dir);
+    if !path.is_absolute() || dir.contains(':') {
+        return Err("give an absolute directory without ':'".into());
+    }
+    Ok(path)
 }
 
 /// Worker ids are short and safe in URLs and file names.
@@ -257,6 +275,16 @@ mod tests {
         assert_eq!(config.usage_ship_interval, Duration::from_secs(2));
         assert_eq!(config.data_dir, PathBuf::from("./.tessera-worker"));
         assert!(!format!("{config:?}").contains("s3cret"), "the token is redacted");
+        assert!(config.cuda_library_dirs.is_empty());
+    }
+
+    #[test]
+    fn cuda_library_dirs_are_absolute() {
+        let base = ["w", "--control-plane", "http://cp:8080", "--worker-token", "t"];
+        let flags = [&base[..], &["--cuda-library-dir", "/opt/cuda/lib", "--cuda-library-dir=/opt/cudnn/lib"]].concat();
+        let cli = Cli::try_parse_from(flags).expect("parses");
+        assert_eq!(cli.args.cuda_library_dirs, [PathBuf::from("/opt/cuda/lib"), PathBuf::from("/opt/cudnn/lib")]);
+        assert!(Cli::try_parse_from([&base[..], &["--cuda-library-dir", "lib"]].concat()).is_err());
     }
 
     #[test]
