@@ -320,8 +320,8 @@ pub fn replica_memory(memory_bytes: Option<i64>, artifact_size: i64) -> i64 {
 ///
 /// The instance kind is the profile's: `KIND_GPU` on `gpu` and `mig-*` slices (the slice is
 /// the device, so the stored group's `gpus` go), `KIND_CPU` on `cpu`. A stored config that asks
-/// for a GPU keeps `KIND_GPU` even on `cpu`: such deployments are refused when created or
-/// updated, and one that gets here anyway (an alias moved to such a version) must fail on its
+/// for a GPU keeps `KIND_GPU` even on `cpu`: such deployments (and alias moves that would make
+/// one) are refused, and one that gets here anyway (stored before that check) must fail on its
 /// worker saying why, not quietly run on CPU.
 pub fn render_config(d: &DeploymentInfo, stored: Option<&Value>) -> Value {
     let mut config = match stored {

@@ -398,6 +398,18 @@ async fn a_gpu_model_is_refused_on_a_cpu_profile_naming_both() {
     assert_eq!(app.raw(patch).await.expect(422)["error"]["message"], expected);
     let kept = app.get(&acme.viewer, "/v1/tenants/acme/deployments/addsub").await;
     assert_eq!(kept.expect(200)["profile"], "mig-1g.10gb");
+
+    // A version without a device of its own may follow an alias on the CPU, but the alias may
+    // not then move to the GPU version under it.
+    let model = tessera_data_plane::tools::onnx_builder::add_sub();
+    app.upload(&acme.deployer, "acme", "addsub", "", model).await.expect(201);
+    app.set_alias(&acme.deployer, "acme", "addsub", "production", 2).await.expect(200);
+    let patch = app.client.patch(&path).bearer_auth(&acme.deployer);
+    let moved = app.raw(patch.json(&json!({ "profile": "cpu", "alias": "production" }))).await;
+    assert_eq!(moved.expect(200)["version"], 2);
+    let refused = app.set_alias(&acme.deployer, "acme", "addsub", "production", 1).await;
+    let message = refused.expect(422)["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert_eq!(message, format!("deployment 'addsub' follows alias 'production': {expected}"));
 }
 
 /// A real worker with one (simulated) GPU and runners, on this machine's CPU build of ONNX
