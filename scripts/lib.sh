@@ -20,6 +20,8 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$TESSERA_CACHE/target}"
 # Pinned versions (keep in step with Cargo.toml's `ort` api-N feature).
 TESSERA_ORT_VERSION=1.31.1
 TESSERA_ORT_LIB="$TESSERA_CACHE/onnxruntime/$TESSERA_ORT_VERSION/libonnxruntime.so.$TESSERA_ORT_VERSION"
+# The GPU build (onnxruntime-gpu wheel): the library and its CUDA/TensorRT providers, side by side.
+TESSERA_ORT_GPU_LIB="$TESSERA_CACHE/onnxruntime-gpu/$TESSERA_ORT_VERSION/libonnxruntime.so.$TESSERA_ORT_VERSION"
 TESSERA_PERF_ANALYZER_VERSION=2.60.0
 TESSERA_PERF_ANALYZER_WRAPPER="$TESSERA_CACHE/perf_analyzer/bin/perf_analyzer"
 

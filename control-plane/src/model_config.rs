@@ -7,6 +7,7 @@
 
 use tessera_protocol::inference::ModelConfig;
 use tessera_protocol::inference::model_config::SchedulingChoice;
+use tessera_protocol::inference::model_instance_group::Kind;
 
 use crate::error::{Error, Result};
 
@@ -48,6 +49,57 @@ pub fn check(field: &str, config: &ModelConfig) -> Result<()> {
     Ok(())
 }
 
+/// What a config asks of the device its instances run on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceAsk {
+    /// Nothing (`KIND_AUTO`, `KIND_MODEL` or no instance groups): the profile decides.
+    Any,
+    /// A GPU: the named `KIND_GPU` group or `gpu_execution_accelerator`.
+    Gpu(String),
+    /// The CPU: a `KIND_CPU` group.
+    Cpu,
+}
+
+/// What `config` asks of the device: a GPU if any group is `KIND_GPU` or it names a GPU
+/// execution accelerator, else the CPU if a group is `KIND_CPU`, else nothing.
+pub fn device_ask(config: &ModelConfig) -> DeviceAsk {
+    let kinds = || config.instance_group.iter().map(|g| Kind::try_from(g.kind));
+    if kinds().any(|k| k == Ok(Kind::Gpu)) {
+        return DeviceAsk::Gpu("KIND_GPU".into());
+    }
+    let accelerators = config.optimization.as_ref().and_then(|o| o.execution_accelerators.as_ref());
+    if let Some(a) = accelerators.and_then(|a| a.gpu_execution_accelerator.first()) {
+        return DeviceAsk::Gpu(format!("gpu_execution_accelerator '{}'", a.name));
+    }
+    if kinds().any(|k| k == Ok(Kind::Cpu)) { DeviceAsk::Cpu } else { DeviceAsk::Any }
+}
+
+/// Refuses a deployment profile that contradicts the version's config, naming both: replicas
+/// render their instance kind from the profile (`KIND_CPU` on `cpu`, `KIND_GPU` on `gpu` and
+/// `mig-*`), and a GPU model must not be run on CPU (nor a CPU model on a GPU) unnoticed.
+pub fn check_profile(config: &ModelConfig, profile: &str) -> Result<()> {
+    let message = match (device_ask(config), profile == "cpu") {
+        (DeviceAsk::Gpu(what), true) => format!(
+            "model config asks for {what} but the deployment's profile is cpu; deploy with profile gpu or mig-<profile>"
+        ),
+        (DeviceAsk::Cpu, false) => format!(
+            "model config asks for KIND_CPU but the deployment's profile is {profile}; deploy with profile cpu, or \
+             upload a version whose instance_group asks for KIND_GPU (or names no kind)"
+        ),
+        _ => return Ok(()),
+    };
+    Err(Error::invalid("profile", message))
+}
+
+/// [`check_profile`] for a config stored as JSON; a config that does not parse (stored before
+/// configs were checked) is left to the worker to refuse.
+pub fn check_profile_json(config: Option<&serde_json::Value>, profile: &str) -> Result<()> {
+    match config.and_then(|c| tessera_protocol::model_config::from_json(&c.to_string()).ok()) {
+        Some(parsed) => check_profile(&parsed, profile),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -76,6 +128,44 @@ mod tests {
         ] {
             assert_eq!(field_of(ok.clone()), None, "{ok}");
         }
+    }
+
+    fn profile_error(config: serde_json::Value, profile: &str) -> Option<String> {
+        match check_profile_json(Some(&config), profile) {
+            Ok(()) => None,
+            Err(Error::InvalidInput { field, message }) => {
+                assert_eq!(field.as_deref(), Some("profile"));
+                Some(message)
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn profiles_that_contradict_the_config_are_refused_naming_both() {
+        let gpu = json!({ "instance_group": [{ "kind": "KIND_GPU", "count": 1 }] });
+        assert_eq!(
+            profile_error(gpu.clone(), "cpu").as_deref(),
+            Some(
+                "model config asks for KIND_GPU but the deployment's profile is cpu; deploy with profile gpu or \
+                 mig-<profile>"
+            )
+        );
+        assert_eq!(profile_error(gpu, "mig-1g.10gb"), None);
+        let trt = json!({ "optimization": { "execution_accelerators": {
+            "gpu_execution_accelerator": [{ "name": "tensorrt" }] } } });
+        let message = profile_error(trt.clone(), "cpu").expect("refused");
+        assert!(message.contains("gpu_execution_accelerator 'tensorrt'"), "{message}");
+        assert_eq!(profile_error(trt, "gpu"), None);
+        let cpu = json!({ "instanceGroup": [{ "kind": "KIND_CPU" }] });
+        let message = profile_error(cpu.clone(), "gpu").expect("refused");
+        assert!(message.contains("KIND_CPU but the deployment's profile is gpu"), "{message}");
+        assert_eq!(profile_error(cpu, "cpu"), None);
+        for any in [json!({}), json!({ "instance_group": [{ "count": 2 }] }), json!({ "max_batch_size": 4 })] {
+            assert_eq!(profile_error(any.clone(), "cpu"), None, "{any}");
+            assert_eq!(profile_error(any.clone(), "gpu"), None, "{any}");
+        }
+        assert!(check_profile_json(None, "cpu").is_ok());
     }
 
     #[test]

@@ -349,6 +349,12 @@ impl Conn {
         }
     }
 
+    /// Refuses a profile the version's stored config contradicts (a `KIND_GPU` model on `cpu`).
+    async fn check_profile_fits(&mut self, tenant_id: Uuid, model_id: Uuid, version: i64, profile: &str) -> Result<()> {
+        let row = self.version(tenant_id, model_id, version).await?;
+        crate::model_config::check_profile_json(row.as_ref().and_then(|v| v.config.as_ref()).map(|c| &c.0), profile)
+    }
+
     /// Refuses `delta` more replicas over the replica quota, and any growth (or, with
     /// `creating`, any new deployment) once the month's spend reached its quota.
     async fn check_replica_quota(&mut self, tenant_id: Uuid, delta: i64, creating: bool) -> Result<()> {
@@ -387,6 +393,7 @@ impl Registry {
             return Err(Error::conflict("model_deployed", message));
         }
         let version = tx.resolve_version(tenant_id, model.id, &spec.version).await?;
+        tx.check_profile_fits(tenant_id, model.id, version, &spec.profile).await?;
         tx.check_replica_quota(tenant_id, spec.replicas, true).await?;
         let at = now();
         let row = DeploymentRow {
@@ -475,6 +482,9 @@ impl Registry {
             || after.memory_bytes != before.memory_bytes;
         if respec {
             after.spec_generation += 1;
+        }
+        if after.version != before.version || after.profile != before.profile {
+            tx.check_profile_fits(tenant_id, after.model_id, after.version, &after.profile).await?;
         }
         tx.check_replica_quota(tenant_id, after.replicas - before.replicas, false).await?;
         after.updated_at = now();

@@ -379,8 +379,16 @@ impl Registry {
     pub async fn set_alias(&self, actor: &Actor, model: &ModelRow, alias: &Name, number: i64) -> Result<AliasRow> {
         let tenant_id = model.tenant_id;
         let mut tx = self.begin().await?;
-        if tx.version(tenant_id, model.id, number).await?.is_none() {
+        let Some(version) = tx.version(tenant_id, model.id, number).await? else {
             return Err(Error::invalid("version", format!("model '{}' has no version {number}", model.name)));
+        };
+        // The deployment following the alias would roll to this version on its profile.
+        let following =
+            tx.deployment_of_model(tenant_id, model.id).await?.filter(|d| d.alias.as_deref() == Some(alias.as_str()));
+        if let Some(d) = following {
+            crate::model_config::check_profile_json(version.config.as_ref().map(|c| &c.0), &d.profile).map_err(
+                |e| Error::invalid("version", format!("deployment '{}' follows alias '{alias}': {e}", d.name)),
+            )?;
         }
         let before = tx.alias(tenant_id, model.id, alias.as_str()).await?;
         let row = AliasRow {

@@ -317,12 +317,26 @@ pub fn replica_memory(memory_bytes: Option<i64>, artifact_size: i64) -> i64 {
 
 /// The model config a replica loads: the version's stored config with the deployment's name,
 /// instance group and batching applied (Triton's JSON form).
+///
+/// The instance kind is the profile's: `KIND_GPU` on `gpu` and `mig-*` slices (the slice is
+/// the device, so the stored group's `gpus` go), `KIND_CPU` on `cpu`. A stored config that asks
+/// for a GPU keeps `KIND_GPU` even on `cpu`: such deployments (and alias moves that would make
+/// one) are refused, and one that gets here anyway (stored before that check) must fail on its
+/// worker saying why, not quietly run on CPU.
 pub fn render_config(d: &DeploymentInfo, stored: Option<&Value>) -> Value {
     let mut config = match stored {
         Some(Value::Object(map)) => Value::Object(map.clone()),
         _ => json!({}),
     };
-    let kind = if d.profile == "cpu" { "KIND_CPU" } else { "KIND_GPU" };
+    let asks_for_gpu = || {
+        let parsed = stored.and_then(|c| tessera_protocol::model_config::from_json(&c.to_string()).ok());
+        parsed.is_some_and(|c| matches!(crate::model_config::device_ask(&c), crate::model_config::DeviceAsk::Gpu(_)))
+    };
+    let kind = if d.profile != "cpu" || asks_for_gpu() { "KIND_GPU" } else { "KIND_CPU" };
+    // The JSON form's other spelling would otherwise stand beside the rendered group.
+    if let Some(map) = config.as_object_mut() {
+        map.remove("instanceGroup");
+    }
     config["name"] = json!(d.model_name);
     config["instance_group"] = json!([{ "count": d.instance_count, "kind": kind }]);
     if let Some(n) = d.max_batch_size {
@@ -1052,6 +1066,20 @@ mod tests {
         assert_eq!(c["dynamic_batching"]["preferred_batch_size"], json!([4]));
         d.profile = "mig-1g.10gb".into();
         assert_eq!(render_config(&d, None)["instance_group"][0]["kind"], "KIND_GPU");
+        let cpu_model = json!({ "instance_group": [{ "kind": "KIND_CPU", "count": 4 }] });
+        assert_eq!(render_config(&d, Some(&cpu_model))["instance_group"], json!([{ "count": 3, "kind": "KIND_GPU" }]));
+    }
+
+    #[test]
+    fn a_gpu_config_is_never_rendered_for_the_cpu() {
+        let d = deployment(1, tenant(1), 1, 1);
+        assert_eq!(d.profile, "cpu");
+        let gpu = json!({ "instanceGroup": [{ "kind": "KIND_GPU", "gpus": [1] }] });
+        let c = render_config(&d, Some(&gpu));
+        assert_eq!(c["instance_group"], json!([{ "count": 1, "kind": "KIND_GPU" }]));
+        assert!(c.get("instanceGroup").is_none(), "{c}");
+        let trt = json!({ "optimization": { "execution_accelerators": { "gpu_execution_accelerator": [{ "name": "tensorrt" }] } } });
+        assert_eq!(render_config(&d, Some(&trt))["instance_group"][0]["kind"], "KIND_GPU");
     }
 
     #[test]

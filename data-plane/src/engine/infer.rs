@@ -331,7 +331,8 @@ mod tests {
         let io = |n: &str| IoInfo { name: n.into(), datatype: Some(DataType::Fp32), shape: vec![-1, 16] };
         let io = ModelIo { inputs: vec![io("INPUT0"), io("INPUT1")], outputs: vec![io("OUTPUT0"), io("OUTPUT1")] };
         let config = ModelConfig { max_batch_size: 8, ..Default::default() };
-        complete_and_check(config, "add_sub", &io, 2).expect("valid spec")
+        let host = crate::engine::device::ExecutionTarget { cores: 2, device: crate::engine::device::Device::Host };
+        complete_and_check(config, "add_sub", &io, &host).expect("valid spec")
     }
 
     fn input(name: &str, shape: &[i64], bytes: usize) -> InputTensor {

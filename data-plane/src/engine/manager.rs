@@ -1,12 +1,13 @@
 //! The model manager: which model versions are loaded, their states, and model control
 //! (none / poll / explicit) over the repository.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
 use tessera_protocol::inference::ModelConfig;
 
+use crate::engine::device::{Device, ExecutionTarget, available_cores};
 use crate::engine::model::LoadedModel;
 use crate::engine::repository::{Repository, select_versions};
 use crate::error::{Error, Result};
@@ -110,20 +111,29 @@ pub struct ModelManager {
     /// Runner processes to load versions into, and the placement of versions that name none;
     /// `None` loads them in this process.
     runners: Option<(Arc<Runners>, Placement)>,
+    /// The device of each worker slice for versions loaded in this process (a worker without
+    /// runners); a slice not listed, and every repository model, loads on [`Device::Host`].
+    slice_devices: HashMap<String, Device>,
 }
 
 impl ModelManager {
     /// Creates a manager over `repository`; nothing is loaded yet.
     pub fn new(repository: Repository, mode: ControlMode) -> Self {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         Self {
             repository,
             mode,
-            cores,
+            cores: available_cores(),
             models: RwLock::new(BTreeMap::new()),
             control: tokio::sync::Mutex::new(()),
             runners: None,
+            slice_devices: HashMap::new(),
         }
+    }
+
+    /// Sets the devices of a worker's slices, for versions this process loads itself.
+    pub fn with_slice_devices(mut self, devices: HashMap<String, Device>) -> Self {
+        self.slice_devices = devices;
+        self
     }
 
     /// Loads versions into runner processes; those placed nowhere go to `default`.
@@ -138,7 +148,8 @@ impl ModelManager {
         let cores = self.cores;
         match self.runners.clone() {
             None => {
-                Arc::new(move |_, name, version, file, config| LoadedModel::load(name, version, file, config, cores))
+                let target = ExecutionTarget { cores, device: Device::Host };
+                Arc::new(move |_, name, version, file, config| LoadedModel::load(name, version, file, config, &target))
             }
             Some((runners, placement)) => {
                 let runtime = tokio::runtime::Handle::current();
@@ -370,9 +381,10 @@ impl ModelManager {
                 let call = LoadCall { key: key.into(), name: name.into(), version, file, config };
                 runners.load(placement.as_ref().unwrap_or(default), call, self.cores).await
             }
-            (None, _) => {
-                let (owned, cores) = (name.to_string(), self.cores);
-                tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, cores))
+            (None, placement) => {
+                let device = placement.and_then(|p| self.slice_devices.get(&p.slice).cloned()).unwrap_or_default();
+                let (owned, target) = (name.to_string(), ExecutionTarget { cores: self.cores, device });
+                tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, &target))
                     .await
                     .map_err(|e| Error::internal(format!("model load task failed: {e}")))?
             }

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod batcher;
+pub mod device;
 pub mod in_flight;
 pub mod infer;
 pub mod manager;

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use tokio::time::Instant;
 
 use crate::engine::backend::onnx::OnnxSession;
+use crate::engine::backend::providers::ProviderPlan;
 use crate::engine::batcher::Batcher;
 use crate::engine::batcher::policy::BatchingConfig;
+use crate::engine::device::ExecutionTarget;
 use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
 use crate::engine::model_spec::{ModelIo, ModelSpec, complete_and_check};
 use crate::engine::stats::{FailReason, ModelStats, nanos};
@@ -45,32 +47,49 @@ impl std::fmt::Debug for LoadedModel {
 }
 
 impl LoadedModel {
-    /// Loads `file` as version `version` of `name` with `config`, starting its instances. Blocking.
-    pub fn load(name: &str, version: i64, file: &Path, config: ModelConfig, cores: usize) -> Result<Self, String> {
+    /// Loads `file` as version `version` of `name` with `config` on `target`, starting its
+    /// instances (each with its device's execution providers). Blocking.
+    pub fn load(
+        name: &str,
+        version: i64,
+        file: &Path,
+        config: ModelConfig,
+        target: &ExecutionTarget,
+    ) -> Result<Self, String> {
         if !file.is_file() {
             return Err(format!("model file {} does not exist", file.display()));
         }
-        let probe = OnnxSession::load(file, 1, false)?;
+        // The graph's IO completes the config; reading it on CPU needs no provider.
+        let probe = OnnxSession::load(file, 1, false, &ProviderPlan::Cpu)?;
         let io = probe.io();
-        let spec = Arc::new(complete_and_check(config, name, &io, cores)?);
-        let mut sessions = Vec::with_capacity(spec.instance_count);
-        if spec.intra_op_threads == 1 && !spec.spinning {
-            sessions.push(probe);
-        } else {
-            drop(probe);
+        let spec = Arc::new(complete_and_check(config, name, &io, target)?);
+        let model_dir = file.parent().unwrap_or(Path::new("."));
+        let mut probe = (spec.intra_op_threads == 1 && !spec.spinning).then_some(probe);
+        let mut sessions = Vec::with_capacity(spec.instance_count());
+        let mut providers = Vec::with_capacity(spec.instance_count());
+        for device in &spec.instances {
+            let plan = spec.accelerators.plan(*device, model_dir);
+            // The probe serves as the first CPU instance when it has that instance's settings.
+            let session = match probe.take_if(|_| plan == ProviderPlan::Cpu) {
+                Some(probe) => probe,
+                None => OnnxSession::load(file, spec.intra_op_threads, spec.spinning, &plan)?,
+            };
+            providers.push(plan.describe());
+            sessions.push(session);
         }
-        while sessions.len() < spec.instance_count {
-            sessions.push(OnnxSession::load(file, spec.intra_op_threads, spec.spinning)?);
-        }
+        // Not needed: every instance wanted more threads or a GPU.
+        drop(probe);
         let stats = Arc::new(ModelStats::default());
         let batching = BatchingConfig::from_config(&spec.config)?;
         let dynamic = batching.dynamic;
         let label = format!("{name}-v{version}");
         let batcher = Batcher::start(spec.clone(), sessions, stats.clone(), batching, &label)?;
+        providers.dedup();
         tracing::info!(
             model = name,
             version,
-            instances = spec.instance_count,
+            instances = spec.instance_count(),
+            providers = %providers.join(","),
             intra_op_threads = spec.intra_op_threads,
             max_batch_size = spec.max_batch_size,
             dynamic_batching = dynamic,
@@ -80,16 +99,16 @@ impl LoadedModel {
     }
 
     /// A version a runner process loaded: its spec is completed here from the graph the runner
-    /// reported, exactly as the runner completed it.
+    /// reported, exactly as the runner completed it (on the same `target`).
     pub fn in_runner(
         name: &str,
         version: i64,
         config: ModelConfig,
         io: ModelIo,
-        cores: usize,
+        target: &ExecutionTarget,
         remote: RemoteVersion,
     ) -> Result<Self, String> {
-        let spec = Arc::new(complete_and_check(config, name, &io, cores)?);
+        let spec = Arc::new(complete_and_check(config, name, &io, target)?);
         let stats = Arc::new(ModelStats::default());
         Ok(Self { spec, version, stats, io, execution: Execution::Runner(remote) })
     }

@@ -3,9 +3,10 @@
 
 use tessera_protocol::DataType;
 use tessera_protocol::inference::model_config::SchedulingChoice;
-use tessera_protocol::inference::{
-    self, ModelConfig, ModelDynamicBatching, ModelInput, ModelOutput, model_instance_group::Kind,
-};
+use tessera_protocol::inference::{self, ModelConfig, ModelDynamicBatching, ModelInput, ModelOutput};
+
+use crate::engine::backend::providers::Accelerators;
+use crate::engine::device::{ExecutionTarget, InstanceDevice, instance_devices};
 
 /// Triton's default `max_batch_size` for auto-completed models that can batch.
 pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
@@ -54,8 +55,10 @@ pub struct ModelSpec {
     pub inputs: Vec<TensorSpec>,
     /// Outputs in config order.
     pub outputs: Vec<TensorSpec>,
-    /// How many instances (sessions on their own threads) to run.
-    pub instance_count: usize,
+    /// The instances (sessions on their own threads) to run, each on its device.
+    pub instances: Vec<InstanceDevice>,
+    /// The execution accelerators GPU instances use (TensorRT, CUDA options).
+    pub accelerators: Accelerators,
     /// Intra-op threads per instance.
     pub intra_op_threads: usize,
     /// Whether ORT's idle threads spin (parameter `allow_spinning`, default off).
@@ -65,6 +68,11 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
+    /// How many instances run.
+    pub fn instance_count(&self) -> usize {
+        self.instances.len()
+    }
+
     /// The full shape of an input or output as clients see it (`-1` batch dim first when batching).
     pub fn full_shape(&self, dims: &[i64]) -> Vec<i64> {
         let mut shape = Vec::with_capacity(dims.len() + 1);
@@ -81,12 +89,13 @@ impl ModelSpec {
     }
 }
 
-/// Completes `config` from the model's own IO (Triton's auto-complete) and checks it.
+/// Completes `config` from the model's own IO (Triton's auto-complete) and checks it for a load
+/// on `target` (whose device decides where `KIND_GPU` instances may run).
 pub fn complete_and_check(
     mut config: ModelConfig,
     model_name: &str,
     io: &ModelIo,
-    cpu_cores: usize,
+    target: &ExecutionTarget,
 ) -> Result<ModelSpec, String> {
     check_identity(&mut config, model_name)?;
     check_supported(&config)?;
@@ -101,8 +110,9 @@ pub fn complete_and_check(
         return Err("model has no inputs".into());
     }
     check_covers_the_model(&config, io)?;
-    let instance_count = instance_count(&config)?;
-    let intra_op_threads = intra_op_threads(&config, instance_count, cpu_cores)?;
+    let instances = instance_devices(&config, &target.device)?;
+    let accelerators = Accelerators::from_config(&config, &target.device)?;
+    let intra_op_threads = intra_op_threads(&config, instances.len(), target.cores)?;
     let spinning = match config.parameters.get("allow_spinning").map(|p| p.string_value.trim()) {
         None | Some("false" | "0" | "") => false,
         Some("true" | "1") => true,
@@ -113,7 +123,8 @@ pub fn complete_and_check(
         max_batch_size: config.max_batch_size as u32,
         inputs,
         outputs,
-        instance_count,
+        instances,
+        accelerators,
         intra_op_threads,
         spinning,
         config,
@@ -328,34 +339,6 @@ fn names(infos: &[IoInfo]) -> String {
     format!("[{}]", names.join(", "))
 }
 
-/// Most instances one model version may run: each is a session (a copy of the model's weights in
-/// memory) and a dedicated thread.
-pub const MAX_INSTANCES: usize = 64;
-
-fn instance_count(config: &ModelConfig) -> Result<usize, String> {
-    let mut count = 0usize;
-    for group in &config.instance_group {
-        match Kind::try_from(group.kind) {
-            Ok(Kind::Cpu | Kind::Auto | Kind::Model) => {}
-            Ok(Kind::Gpu) => {
-                return Err("instance group kind KIND_GPU needs a GPU and none is available to this server".into());
-            }
-            Err(_) => return Err(format!("instance group has an unknown kind {}", group.kind)),
-        }
-        if group.count < 0 {
-            return Err(format!("instance group count must be >= 0, got {}", group.count));
-        }
-        // Proto3 cannot tell an unset count from 0; Triton reads both as 1.
-        count = count.saturating_add(usize::try_from(group.count.max(1)).unwrap_or(1));
-    }
-    if count > MAX_INSTANCES {
-        return Err(format!(
-            "instance groups ask for {count} instances; a model version may have at most {MAX_INSTANCES}"
-        ));
-    }
-    Ok(count.max(1))
-}
-
 /// Most intra-op threads one instance may ask for: ONNX Runtime starts them all at load, and a
 /// config asking for 100,000 hung the load while memory grew without bound.
 pub const MAX_INTRA_OP_THREADS: usize = 256;
@@ -379,6 +362,12 @@ fn intra_op_threads(config: &ModelConfig, instances: usize, cores: usize) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::device::Device;
+    use inference::model_instance_group::Kind;
+
+    fn host(cores: usize) -> ExecutionTarget {
+        ExecutionTarget { cores, device: Device::Host }
+    }
 
     fn io(name: &str, shape: &[i64]) -> IoInfo {
         IoInfo { name: name.into(), datatype: Some(DataType::Fp32), shape: shape.to_vec() }
@@ -393,7 +382,7 @@ mod tests {
 
     #[test]
     fn empty_config_is_completed_from_the_model() {
-        let spec = complete_and_check(ModelConfig::default(), "add_sub", &add_sub_io(), 2).expect("completes");
+        let spec = complete_and_check(ModelConfig::default(), "add_sub", &add_sub_io(), &host(2)).expect("completes");
         assert_eq!(spec.max_batch_size, DEFAULT_MAX_BATCH_SIZE as u32);
         assert_eq!(spec.inputs.len(), 2);
         assert_eq!(spec.outputs[1].name, "OUTPUT1");
@@ -407,7 +396,7 @@ mod tests {
     #[test]
     fn fixed_first_dimension_means_no_batching() {
         let io = ModelIo { inputs: vec![io("X", &[3, 4])], outputs: vec![io("Y", &[3, 4])] };
-        let spec = complete_and_check(ModelConfig::default(), "m", &io, 2).expect("completes");
+        let spec = complete_and_check(ModelConfig::default(), "m", &io, &host(2)).expect("completes");
         assert_eq!(spec.max_batch_size, 0);
         assert_eq!(spec.inputs[0].dims, vec![3, 4]);
     }
@@ -419,7 +408,7 @@ mod tests {
             input: vec![ModelInput { name: "NOPE".into(), data_type: 11, dims: vec![16], ..Default::default() }],
             ..Default::default()
         };
-        let err = complete_and_check(config, "m", &add_sub_io(), 2).expect_err("bad input");
+        let err = complete_and_check(config, "m", &add_sub_io(), &host(2)).expect_err("bad input");
         assert!(err.contains("'NOPE'") && err.contains("'INPUT0'"), "{err}");
     }
 
@@ -427,7 +416,7 @@ mod tests {
     fn batching_requires_a_dynamic_first_dimension() {
         let io = ModelIo { inputs: vec![io("X", &[3, 4])], outputs: vec![io("Y", &[3, 4])] };
         let config = ModelConfig { max_batch_size: 8, ..Default::default() };
-        let err = complete_and_check(config, "m", &io, 2).expect_err("cannot batch");
+        let err = complete_and_check(config, "m", &io, &host(2)).expect_err("cannot batch");
         assert!(err.contains("dynamic first dimension"), "{err}");
     }
 
@@ -438,17 +427,17 @@ mod tests {
             input: vec![ModelInput { name: "INPUT0".into(), data_type: 8, dims: vec![16], ..Default::default() }],
             ..Default::default()
         };
-        let err = complete_and_check(config, "m", &add_sub_io(), 2).expect_err("type");
+        let err = complete_and_check(config, "m", &add_sub_io(), &host(2)).expect_err("type");
         assert!(err.contains("TYPE_INT32") && err.contains("TYPE_FP32"), "{err}");
         let config = ModelConfig { name: "other".into(), ..Default::default() };
-        assert!(complete_and_check(config, "m", &add_sub_io(), 2).is_err());
+        assert!(complete_and_check(config, "m", &add_sub_io(), &host(2)).is_err());
     }
 
     #[test]
     fn what_the_server_does_not_do_is_refused_at_load() {
         let refused = |text: &str, expect: &str| {
             let config = tessera_protocol::model_config::from_pbtxt(text).expect("parses");
-            let err = complete_and_check(config, "m", &add_sub_io(), 2).expect_err(text);
+            let err = complete_and_check(config, "m", &add_sub_io(), &host(2)).expect_err(text);
             assert!(err.contains(expect), "{text}: {err}");
         };
         refused("max_batch_size: 8 sequence_batching { }", "sequence_batching");
@@ -471,7 +460,7 @@ mod tests {
         config
             .parameters
             .insert("intra_op_thread_count".into(), inference::ModelParameter { string_value: "100000".into() });
-        let err = complete_and_check(config, "m", &add_sub_io(), 2).expect_err("too many threads");
+        let err = complete_and_check(config, "m", &add_sub_io(), &host(2)).expect_err("too many threads");
         assert!(err.contains("above the limit"), "{err}");
     }
 
@@ -483,22 +472,25 @@ mod tests {
             kind: Kind::Cpu as i32,
             ..Default::default()
         });
-        let spec = complete_and_check(config.clone(), "m", &add_sub_io(), 4).expect("ok");
-        assert_eq!((spec.instance_count, spec.intra_op_threads), (2, 2));
+        let spec = complete_and_check(config.clone(), "m", &add_sub_io(), &host(4)).expect("ok");
+        assert_eq!((spec.instance_count(), spec.intra_op_threads), (2, 2));
         config
             .parameters
             .insert("intra_op_thread_count".into(), inference::ModelParameter { string_value: "3".into() });
-        let spec = complete_and_check(config.clone(), "m", &add_sub_io(), 4).expect("ok");
+        let spec = complete_and_check(config.clone(), "m", &add_sub_io(), &host(4)).expect("ok");
         assert_eq!(spec.intra_op_threads, 3);
         config.instance_group[0].count = 0;
-        let spec = complete_and_check(config.clone(), "m", &add_sub_io(), 4).expect("ok");
-        assert_eq!(spec.instance_count, 1, "an unset count means one, as in Triton");
+        let spec = complete_and_check(config.clone(), "m", &add_sub_io(), &host(4)).expect("ok");
+        assert_eq!(spec.instance_count(), 1, "an unset count means one, as in Triton");
         config.instance_group[0].count = 100_000;
-        let err = complete_and_check(config.clone(), "m", &add_sub_io(), 4).expect_err("too many");
+        let err = complete_and_check(config.clone(), "m", &add_sub_io(), &host(4)).expect_err("too many");
         assert!(err.contains("100000 instances") && err.contains("at most 64"), "{err}");
         config.instance_group[0].count = 1;
         config.instance_group[0].kind = Kind::Gpu as i32;
-        let err = complete_and_check(config, "m", &add_sub_io(), 4).expect_err("no gpu");
-        assert!(err.contains("KIND_GPU"), "{err}");
+        let spec = complete_and_check(config.clone(), "m", &add_sub_io(), &host(4)).expect("the host has GPU 0");
+        assert_eq!(spec.instances, vec![InstanceDevice::Gpu { device_id: 0, memory_limit_bytes: None }]);
+        let cpu_slice = ExecutionTarget { cores: 4, device: Device::CpuSlice { slice: "cpu-0".into() } };
+        let err = complete_and_check(config, "m", &add_sub_io(), &cpu_slice).expect_err("no gpu");
+        assert!(err.contains("KIND_GPU needs a GPU, but replica's slice cpu-0 is a CPU slice"), "{err}");
     }
 }

@@ -1,4 +1,5 @@
-//! The share of the machine a runner gets: CPU affinity, memory limit and nice value.
+//! The share of the machine a runner gets: CPU affinity, memory limit, nice value, and its
+//! device (none, the host's, or one GPU or MIG instance with a GPU memory cap).
 //!
 //! The worker spawns one runner per (tenant, slice). Before spawning it calls [`prepare_memory`],
 //! which picks how the slice's memory is enforced, in this order:
@@ -42,6 +43,8 @@ pub struct SliceLimits {
     pub memory_bytes: Option<u64>,
     /// Nice value (-20..=19); `None` inherits the worker's.
     pub nice: Option<i32>,
+    /// The GPU side: which device the runner sees.
+    pub device: super::device::SliceDevice,
 }
 
 /// How the memory limit is enforced.
@@ -940,7 +943,7 @@ mod tests {
         };
         let cpu = allowed(&own)[0];
         // 19, the weakest priority, is the one any process may set, whatever the tests run at.
-        let limits = SliceLimits { cpus: vec![cpu], memory_bytes: None, nice: Some(19) };
+        let limits = SliceLimits { cpus: vec![cpu], nice: Some(19), ..SliceLimits::default() };
         let child = spawn_with(Command::new("sleep").arg("30"), &limits, &MemoryEnforcement::Unlimited);
         let status = fs::read_to_string(format!("/proc/{}/status", child.id())).expect("status");
         let stat = fs::read_to_string(format!("/proc/{}/stat", child.id())).expect("stat");

@@ -7,6 +7,7 @@
 //! model versions with their batchers and ONNX Runtime instances.
 
 pub mod conn;
+pub mod device;
 pub mod limits;
 pub mod outbox;
 pub mod process;

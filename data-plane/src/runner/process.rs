@@ -15,9 +15,11 @@ use tokio::net::UnixStream;
 use tokio::task::AbortHandle;
 
 use super::conn::read_some;
+use super::device::{RunnerSliceKind, device_from_args};
 use super::outbox::Outbox;
 use super::shm::RunnerShm;
 use super::wire::{FromRunner, InferCall, LoadCall, ToRunner, WireError, split_frame};
+use crate::engine::device::{Device, ExecutionTarget, available_cores};
 use crate::engine::model::LoadedModel;
 use crate::engine::stats::Tally;
 use crate::error::Error;
@@ -49,6 +51,15 @@ pub struct RunnerArgs {
     /// through the socket.
     #[arg(long, value_delimiter = ',')]
     pub shm_fds: Vec<RawFd>,
+    /// What the slice is (the front sets it): `cpu` (no GPU), `gpu` or `mig` (the slice's
+    /// device, the only one `CUDA_VISIBLE_DEVICES` shows, as CUDA device 0); absent: every
+    /// device the process sees (`tessera serve`).
+    #[arg(long, value_enum)]
+    pub slice_kind: Option<RunnerSliceKind>,
+    /// GPU memory the runner's ONNX Runtime arenas may hold, all of a version's GPU instances
+    /// together (GPU and MIG slices).
+    #[arg(long)]
+    pub gpu_memory_limit_bytes: Option<u64>,
 }
 
 /// How often statistics no answer carried are sent to the front.
@@ -79,6 +90,8 @@ struct State {
     running: Mutex<HashMap<u64, AbortHandle>>,
     /// The arenas large tensors cross in.
     shm: Option<RunnerShm>,
+    /// The device this runner's slice is, for every load.
+    device: Device,
 }
 
 impl State {
@@ -92,6 +105,8 @@ impl State {
 /// Runs the runner until the front closes its socket.
 pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
     crate::engine::backend::runtime::environment().map_err(anyhow::Error::msg)?;
+    let device =
+        device_from_args(&args.slice, args.slice_kind, args.gpu_memory_limit_bytes).map_err(anyhow::Error::msg)?;
     crate::engine::priority::set_instance_nice(args.instance_nice);
     crate::serve::net::busy_poll::enable(std::time::Duration::from_micros(args.busy_poll_us));
     // SAFETY: the front placed a connected Unix socket at this descriptor for this process
@@ -108,10 +123,10 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
         [request, response] => Some(super::shm::adopt(request, response).context("map the shared-memory arenas")?),
         _ => anyhow::bail!("--shm-fds takes two descriptors, REQUEST,RESPONSE"),
     };
-    tracing::info!(tenant = %args.tenant, slice = %args.slice, pid = std::process::id(), shared_memory = shm.is_some(), "runner started");
+    tracing::info!(tenant = %args.tenant, slice = %args.slice, pid = std::process::id(), shared_memory = shm.is_some(), ?device, "runner started");
     let outbox = Outbox::new(stream.clone());
     tokio::spawn(outbox.clone().flush_task());
-    let state = Arc::new(State { shm, ..State::default() });
+    let state = Arc::new(State { shm, device, ..State::default() });
     tokio::spawn(stats_task(state.clone(), outbox.clone()));
     let mut buf = BytesMut::with_capacity(256 * 1024);
     loop {
@@ -185,8 +200,9 @@ fn dispatch(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: ToRunner) {
 
 async fn load(state: &State, call: LoadCall) -> FromRunner {
     let LoadCall { key, name, version, file, config } = call;
-    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-    let loaded = tokio::task::spawn_blocking(move || LoadedModel::load(&name, version, &file, config, cores)).await;
+    // The cores this runner is pinned to, not the machine's.
+    let target = ExecutionTarget { cores: available_cores(), device: state.device.clone() };
+    let loaded = tokio::task::spawn_blocking(move || LoadedModel::load(&name, version, &file, config, &target)).await;
     match loaded {
         Ok(Ok(model)) => {
             let io = model.io.clone();

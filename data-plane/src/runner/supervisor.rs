@@ -27,6 +27,7 @@ use super::limits::{MemoryEnforcement, SliceLimits, child_setup, prepare_memory}
 use super::shm::{FrontShm, Traffic};
 use super::wire::{FromRunner, LoadCall, ToRunner};
 use super::{Pending, Placement, RemoteVersion};
+use crate::engine::device::ExecutionTarget;
 use crate::engine::model::LoadedModel;
 use crate::error::{Error, Result};
 
@@ -64,6 +65,9 @@ pub struct RunnersConfig {
     /// Bytes of each shared-memory arena (requests, responses) per runner; 0 sends every
     /// tensor through the socket.
     pub shm_bytes: usize,
+    /// Directories of the CUDA libraries (cuBLAS, cuDNN, ...) put first on the
+    /// `LD_LIBRARY_PATH` of runners that may use a GPU.
+    pub cuda_library_dirs: Vec<PathBuf>,
 }
 
 /// Default [`RunnersConfig::idle_exit`].
@@ -129,7 +133,7 @@ impl Runners {
     }
 
     /// Loads a version in the runner of `placement` (starting it if needed) and returns the
-    /// front's handle on it.
+    /// front's handle on it, its spec checked for the slice's device as the runner checked it.
     pub async fn load(&self, placement: &Placement, mut call: LoadCall, cores: usize) -> Result<LoadedModel, String> {
         // Each load is its own instance in the runner: a reload of the same version loads
         // beside the old one, and dropping the old handle unloads only the old instance.
@@ -146,7 +150,9 @@ impl Runners {
         let (key, version) = (call.key.clone(), call.version);
         slot.loads.lock().insert((key.clone(), version), call.clone());
         let remote = RemoteVersion::new(slot.clone(), key.clone(), version);
-        let model = LoadedModel::in_runner(&call.name, version, call.config, io, cores, remote)?;
+        let device = self.config.limits.get(&placement.slice).map(|l| l.device.target_device(&placement.slice));
+        let target = ExecutionTarget { cores, device: device.unwrap_or_default() };
+        let model = LoadedModel::in_runner(&call.name, version, call.config, io, &target, remote)?;
         slot.sinks.lock().insert((key, version), Arc::downgrade(&model.stats));
         Ok(model)
     }
@@ -206,6 +212,7 @@ impl Runners {
             limits,
             idle_exit: self.config.idle_exit,
             shm_bytes: self.config.shm_bytes,
+            cuda_library_dirs: self.config.cuda_library_dirs.clone(),
             deaths: self.deaths.clone(),
             slots: self.slots.clone(),
             shutdown: self.shutdown.clone(),
@@ -267,6 +274,7 @@ struct SlotTask {
     limits: SliceLimits,
     idle_exit: Duration,
     shm_bytes: usize,
+    cuda_library_dirs: Vec<PathBuf>,
     /// Bumped when the runner dies.
     deaths: watch::Sender<u64>,
     /// The runners' slots, to leave when the runner retires.
@@ -275,7 +283,7 @@ struct SlotTask {
 }
 
 async fn slot_task(slot: Arc<Slot>, task: SlotTask) {
-    let SlotTask { exe, limits, idle_exit, shm_bytes, deaths, slots, shutdown } = task;
+    let SlotTask { exe, limits, idle_exit, shm_bytes, cuda_library_dirs, deaths, slots, shutdown } = task;
     let label = slot.placement.to_string();
     // The cgroup lives as long as this task (dropping it removes the directory).
     let (cgroup, memory) = match prepare_memory(&cgroup_name(&slot.placement), limits.memory_bytes) {
@@ -285,7 +293,10 @@ async fn slot_task(slot: Arc<Slot>, task: SlotTask) {
             (None, limits.memory_bytes.map_or(MemoryEnforcement::Unlimited, MemoryEnforcement::Rlimit))
         }
     };
-    tracing::info!(runner = %label, memory = %memory.describe(), cpus = ?limits.cpus, nice = ?limits.nice, "runner limits");
+    tracing::info!(runner = %label, memory = %memory.describe(), cpus = ?limits.cpus, nice = ?limits.nice, device = ?limits.device, "runner limits");
+    // Computed once: the worker's own environment does not change.
+    let ort_dir = crate::engine::backend::runtime::locate().and_then(|p| p.parent().map(std::path::Path::to_path_buf));
+    let env = limits.device.runner_env(&cuda_library_dirs, ort_dir.as_deref(), std::env::var_os("LD_LIBRARY_PATH"));
     if let Some(cgroup) = &cgroup {
         sweep_leftover_cgroups(cgroup.path());
     }
@@ -293,7 +304,7 @@ async fn slot_task(slot: Arc<Slot>, task: SlotTask) {
     while !shutdown.is_cancelled() {
         let started = Instant::now();
         let oom_before = cgroup.as_ref().and_then(|c| c.oom_kills());
-        let mut ended = match spawn(&slot, &exe, &limits, &memory, shm_bytes) {
+        let mut ended = match spawn(&slot, &exe, &limits, &memory, shm_bytes, &env) {
             Ok(running) => serve(&slot, running, &shutdown, &Retire { slots: &slots, after: idle_exit }).await,
             Err(e) => Some(format!("could not start: {e}")),
         };
@@ -339,13 +350,14 @@ struct Running {
 }
 
 /// Starts the runner process with its socket on fd 3, its shared-memory arenas on fds 4 and 5
-/// (when `shm_bytes` > 0) and its limits applied.
+/// (when `shm_bytes` > 0), its limits applied and its device's environment (`env`).
 fn spawn(
     slot: &Slot,
     exe: &std::path::Path,
     limits: &SliceLimits,
     memory: &MemoryEnforcement,
     shm_bytes: usize,
+    env: &[(&str, std::ffi::OsString)],
 ) -> std::io::Result<Running> {
     let (front, child_end) = std::os::unix::net::UnixStream::pair()?;
     let shm = match shm_bytes {
@@ -372,7 +384,9 @@ fn spawn(
         .arg("--slice")
         .arg(&slot.placement.slice)
         .arg(format!("--instance-nice={}", crate::engine::priority::instance_nice()))
-        .arg(format!("--busy-poll-us={}", crate::serve::net::busy_poll::window().as_micros()));
+        .arg(format!("--busy-poll-us={}", crate::serve::net::busy_poll::window().as_micros()))
+        .args(limits.device.runner_args())
+        .envs(env.iter().map(|(k, v)| (k, v)));
     if shm.is_some() {
         cmd.arg(format!("--shm-fds={},{}", SHM_FDS[0], SHM_FDS[1]));
     }

@@ -397,6 +397,8 @@ pub async fn run(
             limits: Default::default(),
             idle_exit: crate::runner::DEFAULT_IDLE_EXIT,
             shm_bytes: config.runner_shm_bytes,
+            // Its runner inherits serve's environment, `LD_LIBRARY_PATH` included.
+            cuda_library_dirs: Vec::new(),
         };
         Runners::new(config, runners_stop.clone())
     });

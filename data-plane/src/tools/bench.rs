@@ -9,6 +9,8 @@ use tessera_protocol::DataType;
 use tessera_protocol::inference::ModelConfig;
 
 use crate::engine::backend::onnx::OnnxSession;
+use crate::engine::backend::providers::ProviderPlan;
+use crate::engine::device::{Device, ExecutionTarget};
 use crate::engine::model_spec::{ModelSpec, complete_and_check};
 use crate::engine::tensor::{InputTensor, push_bytes_element};
 
@@ -34,9 +36,11 @@ pub struct OrtBenchArgs {
 
 /// Runs the benchmark and prints one JSON line with throughput and latency percentiles.
 pub fn run_ort(args: &OrtBenchArgs) -> anyhow::Result<()> {
-    let mut session = OnnxSession::load(&args.model, args.threads, args.spinning).map_err(anyhow::Error::msg)?;
+    let mut session =
+        OnnxSession::load(&args.model, args.threads, args.spinning, &ProviderPlan::Cpu).map_err(anyhow::Error::msg)?;
+    let target = ExecutionTarget { cores: args.threads, device: Device::Host };
     let spec =
-        complete_and_check(ModelConfig::default(), "bench", &session.io(), args.threads).map_err(anyhow::Error::msg)?;
+        complete_and_check(ModelConfig::default(), "bench", &session.io(), &target).map_err(anyhow::Error::msg)?;
     let inputs = synthetic_inputs(&spec, args.batch);
     let parts: Vec<Vec<&InputTensor>> = inputs.iter().map(|i| vec![i]).collect();
     let wanted: Vec<usize> = (0..spec.outputs.len()).collect();

@@ -101,6 +101,11 @@ pub struct WorkerArgs {
     /// MiB of system shared memory regions one tenant may have registered at once.
     #[arg(long, env = "TESSERA_CLIENT_SHM_MAX_MIB", default_value_t = shared_memory::DEFAULT_MAX_MIB_PER_TENANT)]
     pub client_shm_max_mib: u64,
+    /// A directory of CUDA libraries (cuBLAS, cuDNN, cudart; TensorRT's libnvinfer) that GPU and
+    /// MIG runners load ONNX Runtime's CUDA and TensorRT providers with; repeat the flag, or give
+    /// several separated by ':' in the environment variable.
+    #[arg(long = "cuda-library-dir", env = "TESSERA_CUDA_LIBRARY_DIRS", value_delimiter = ':', value_parser = parse_library_dir)]
+    pub cuda_library_dirs: Vec<PathBuf>,
 }
 
 /// Where a worker runs its tenants' models.
@@ -162,6 +167,8 @@ pub struct WorkerConfig {
     pub metrics_token: Option<MetricsToken>,
     /// Whether tenants may use system shared memory, and how much.
     pub client_shm: ShmPolicy,
+    /// CUDA library directories put on GPU runners' `LD_LIBRARY_PATH`.
+    pub cuda_library_dirs: Vec<PathBuf>,
 }
 
 impl WorkerConfig {
@@ -189,6 +196,7 @@ impl WorkerConfig {
             tenant_max_in_flight: crate::serve::tenant_gate::DEFAULT_TENANT_MAX_IN_FLIGHT,
             metrics_token: None,
             client_shm: ShmPolicy::worker(false, default_shm_limits()),
+            cuda_library_dirs: Vec::new(),
         }
     }
 }
@@ -229,6 +237,7 @@ impl WorkerArgs {
                     max_bytes: self.client_shm_max_mib.saturating_mul(1 << 20),
                 },
             ),
+            cuda_library_dirs: self.cuda_library_dirs,
         })
     }
 }
@@ -248,6 +257,15 @@ fn parse_control_plane(url: &str) -> Result<String, String> {
         (Some("http" | "https"), Some(_)) => Ok(url.trim_end_matches('/').to_string()),
         _ => Err("expected http://HOST:PORT".into()),
     }
+}
+
+/// A library directory: absolute (runners start elsewhere) and free of ':' (it joins a path list).
+fn parse_library_dir(dir: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(dir);
+    if !path.is_absolute() || dir.contains(':') {
+        return Err("give an absolute directory without ':'".into());
+    }
+    Ok(path)
 }
 
 /// Worker ids are short and safe in URLs and file names.
@@ -289,6 +307,16 @@ mod tests {
         assert!(!format!("{config:?}").contains("s3cret"), "the token is redacted");
         assert!(!config.client_shm.allow, "client shared memory is off unless asked for");
         assert_eq!(config.client_shm.tenants, Some(default_shm_limits()));
+        assert!(config.cuda_library_dirs.is_empty());
+    }
+
+    #[test]
+    fn cuda_library_dirs_are_absolute() {
+        let base = ["w", "--control-plane", "http://cp:8080", "--worker-token", "t"];
+        let flags = [&base[..], &["--cuda-library-dir", "/opt/cuda/lib", "--cuda-library-dir=/opt/cudnn/lib"]].concat();
+        let cli = Cli::try_parse_from(flags).expect("parses");
+        assert_eq!(cli.args.cuda_library_dirs, [PathBuf::from("/opt/cuda/lib"), PathBuf::from("/opt/cudnn/lib")]);
+        assert!(Cli::try_parse_from([&base[..], &["--cuda-library-dir", "lib"]].concat()).is_err());
     }
 
     #[test]

@@ -31,6 +31,8 @@
 
 use std::collections::HashMap;
 
+use crate::engine::device::gpu_memory_cap;
+use crate::runner::device::{GpuShare, SliceDevice};
 use crate::runner::limits::SliceLimits;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -124,25 +126,33 @@ impl Inventory {
         self.slices.iter().map(SliceSpec::to_proto).collect()
     }
 
-    /// What each CPU slice's runner may use: its share of the cores this process may run on
-    /// (dealt round-robin), and the slice's memory as a hard limit. GPU and MIG slices are
-    /// bounded by their device, not here.
+    /// What each slice's runner may use. A CPU slice: its share of the cores this process may
+    /// run on (dealt round-robin), the slice's memory as a hard limit, and no GPU. A GPU or MIG
+    /// slice: its device alone (as CUDA device 0) with a GPU memory cap of the slice's memory
+    /// less a reserve ([`gpu_memory_cap`]); its host memory and cores are not divided (the
+    /// device bounds it, and its CPU work is feeding the device).
     pub fn slice_limits(&self) -> HashMap<String, SliceLimits> {
         let allowed = allowed_cpus();
         let cpu_slices: Vec<&SliceSpec> = self.slices.iter().filter(|s| s.kind == SliceKind::Cpu).collect();
         let count = cpu_slices.len().max(1);
-        cpu_slices
-            .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let cpus = if allowed.len() >= count {
-                    allowed.iter().copied().skip(i).step_by(count).collect()
-                } else {
-                    allowed.get(i % allowed.len().max(1)).copied().into_iter().collect()
-                };
-                (s.id.clone(), SliceLimits { cpus, memory_bytes: Some(s.memory_bytes), nice: None })
-            })
-            .collect()
+        let cpu = cpu_slices.iter().enumerate().map(|(i, s)| {
+            let cpus = if allowed.len() >= count {
+                allowed.iter().copied().skip(i).step_by(count).collect()
+            } else {
+                allowed.get(i % allowed.len().max(1)).copied().into_iter().collect()
+            };
+            let limits = SliceLimits { cpus, memory_bytes: Some(s.memory_bytes), nice: None, device: SliceDevice::Cpu };
+            (s.id.clone(), limits)
+        });
+        let gpu = self.slices.iter().filter(|s| s.kind != SliceKind::Cpu).map(|s| {
+            let share = GpuShare {
+                device_uuid: s.device_uuid.clone().unwrap_or_else(|| s.id.clone()),
+                mig: s.kind == SliceKind::Mig,
+                memory_limit_bytes: gpu_memory_cap(s.memory_bytes),
+            };
+            (s.id.clone(), SliceLimits { device: SliceDevice::Gpu(share), ..SliceLimits::default() })
+        });
+        cpu.chain(gpu).collect()
     }
 }
 
@@ -332,6 +342,24 @@ mod tests {
         assert_eq!(slices[2].memory_bytes, 7);
         let proto = slices[1].to_proto();
         assert_eq!((proto.kind(), proto.gpu_index, proto.device_uuid.as_str()), (agent::SliceKind::Mig, 1, "MIG-cc33"));
+    }
+
+    #[test]
+    fn gpu_and_mig_runners_get_their_device_and_a_memory_cap() {
+        let text = r#"{"gpus": [
+            {"uuid": "GPU-aa11", "index": 0, "memory_bytes": 85899345920},
+            {"uuid": "GPU-bb22", "index": 1, "memory_bytes": 80, "mig": [{"uuid": "MIG-cc33", "profile": "1g.10gb"}]}
+        ]}"#;
+        let mut slices = cpu(1, 2, 1 << 30);
+        slices.extend(parse_gpu_inventory(text).expect("valid file"));
+        let limits = Inventory { slices }.slice_limits();
+        assert_eq!(limits["cpu-0"].device, SliceDevice::Cpu);
+        assert_eq!(limits["cpu-0"].memory_bytes, Some(1 << 30));
+        let gpu = GpuShare { device_uuid: "GPU-aa11".into(), mig: false, memory_limit_bytes: 79 << 30 };
+        assert_eq!(limits["GPU-aa11"], SliceLimits { device: SliceDevice::Gpu(gpu), ..SliceLimits::default() });
+        let mig = GpuShare { device_uuid: "MIG-cc33".into(), mig: true, memory_limit_bytes: 9 << 30 };
+        assert_eq!(limits["MIG-cc33"].device, SliceDevice::Gpu(mig));
+        assert_eq!(limits.len(), 3);
     }
 
     #[test]

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 pub use config::{Isolation, WorkerArgs, WorkerConfig, WorkerToken};
 
 use crate::auth::Authenticator;
+use crate::engine::device::Device;
 use crate::engine::manager::{ControlMode, ModelManager};
 use crate::engine::repository::Repository;
 use crate::runner as runners;
@@ -67,7 +68,7 @@ pub async fn run(
     let runners = config.runner_exe.clone().map(|exe| {
         let limits = inventory.slice_limits();
         for (slice, l) in &limits {
-            tracing::info!(slice = %slice, cpus = ?l.cpus, memory_bytes = l.memory_bytes, "runner limits of the slice");
+            tracing::info!(slice = %slice, cpus = ?l.cpus, memory_bytes = l.memory_bytes, device = ?l.device, "runner limits of the slice");
         }
         runners::Runners::new(
             runners::RunnersConfig {
@@ -75,6 +76,7 @@ pub async fn run(
                 limits,
                 idle_exit: config.runner_idle_exit,
                 shm_bytes: config.runner_shm_bytes,
+                cuda_library_dirs: config.cuda_library_dirs.clone(),
             },
             runners_stop.clone(),
         )
@@ -83,6 +85,8 @@ pub async fn run(
         // Every assignment names its slice; this placement is never used by a worker.
         let nowhere = runners::Placement { tenant: "unplaced".into(), slice: "none".into() };
         manager = manager.with_runners(runners.clone(), nowhere);
+    } else {
+        manager = manager.with_slice_devices(in_process_devices(&inventory));
     }
     let manager = Arc::new(manager);
     let credentials = Arc::new(
@@ -157,6 +161,23 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// The devices of the slices when models load inside the worker: CPU slices have no GPU, and a
+/// GPU or MIG slice cannot be kept to its device (only a runner's `CUDA_VISIBLE_DEVICES` can).
+fn in_process_devices(inventory: &inventory::Inventory) -> std::collections::HashMap<String, Device> {
+    inventory
+        .slices
+        .iter()
+        .map(|s| {
+            let slice = s.id.clone();
+            let device = match s.kind {
+                inventory::SliceKind::Cpu => Device::CpuSlice { slice },
+                inventory::SliceKind::Gpu | inventory::SliceKind::Mig => Device::Unconfined { slice },
+            };
+            (s.id.clone(), device)
+        })
+        .collect()
 }
 
 /// The `Register` message: id, the endpoints clients reach, the slices offered.

@@ -3,6 +3,7 @@
 
 use std::sync::OnceLock;
 
+use tessera_data_plane::engine::device::{Device, ExecutionTarget};
 use tessera_data_plane::engine::infer::{InferRequest, ValidInferRequest};
 use tessera_data_plane::engine::model_spec::{IoInfo, ModelIo, ModelSpec, complete_and_check};
 use tessera_protocol::DataType;
@@ -29,7 +30,8 @@ pub fn spec() -> &'static ModelSpec {
             outputs: vec![info("OUT", DataType::Fp32, &[-1, 4])],
         };
         let config = ModelConfig { max_batch_size: 8, ..Default::default() };
-        complete_and_check(config, "fuzz", &io, 1).expect("the fuzz model is a valid model")
+        complete_and_check(config, "fuzz", &io, &ExecutionTarget { cores: 1, device: Device::Host })
+            .expect("the fuzz model is a valid model")
     })
 }
 

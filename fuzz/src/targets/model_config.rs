@@ -1,6 +1,7 @@
 //! Checks shared by the two model-config targets.
 
 use prost::Message;
+use tessera_data_plane::engine::device::{Device, ExecutionTarget};
 use tessera_data_plane::engine::model_spec::{IoInfo, ModelIo, complete_and_check};
 use tessera_protocol::DataType;
 use tessera_protocol::inference::ModelConfig;
@@ -18,7 +19,7 @@ pub fn check_parsed(config: &ModelConfig) {
     if tessera_control_plane::model_config::check("config", config).is_ok() {
         model_filename(config, "model.onnx").expect("the control plane accepts only file names a worker uses");
     }
-    let _ = complete_and_check(config.clone(), "m", &io(), 2);
+    let _ = complete_and_check(config.clone(), "m", &io(), &ExecutionTarget { cores: 2, device: Device::Host });
 }
 
 /// A model with a batchable FP32 input and output, as a worker's load check sees the ONNX file.

@@ -368,3 +368,93 @@ async fn moving_an_alias_rolls_out_beside_the_old_version_then_drains_it() {
     assert_eq!(versions(&settled), [(2, true), (2, true)]);
     w.beats.abort();
 }
+
+#[tokio::test]
+async fn a_gpu_model_is_refused_on_a_cpu_profile_naming_both() {
+    let app = TestApp::spawn().await;
+    let acme = app.tenant("acme").await;
+    app.create_model(&acme.deployer, "acme", "addsub").await.expect(201);
+    let upload = app
+        .client
+        .post(format!("{}/v1/tenants/acme/models/addsub/versions", app.url))
+        .bearer_auth(&acme.deployer)
+        .header("content-type", "application/octet-stream")
+        .header("x-model-config", r#"{"instance_group": [{"kind": "KIND_GPU", "count": 1}]}"#)
+        .body(tessera_data_plane::tools::onnx_builder::add_sub());
+    app.raw(upload).await.expect(201);
+    let expected = "model config asks for KIND_GPU but the deployment's profile is cpu; deploy with profile gpu or \
+                    mig-<profile>";
+
+    // The profile defaults to cpu.
+    let body = json!({ "name": "addsub", "model": "addsub" });
+    let refused = app.post(&acme.deployer, "/v1/tenants/acme/deployments", &body).await;
+    assert_eq!(refused.expect(422)["error"]["message"], expected);
+    let body = json!({ "name": "addsub", "model": "addsub", "profile": "mig-1g.10gb" });
+    app.post(&acme.deployer, "/v1/tenants/acme/deployments", &body).await.expect(201);
+
+    // Moving it to the CPU is refused the same way, and leaves it as it was.
+    let path = format!("{}/v1/tenants/acme/deployments/addsub", app.url);
+    let patch = app.client.patch(&path).bearer_auth(&acme.deployer).json(&json!({ "profile": "cpu" }));
+    assert_eq!(app.raw(patch).await.expect(422)["error"]["message"], expected);
+    let kept = app.get(&acme.viewer, "/v1/tenants/acme/deployments/addsub").await;
+    assert_eq!(kept.expect(200)["profile"], "mig-1g.10gb");
+
+    // A version without a device of its own may follow an alias on the CPU, but the alias may
+    // not then move to the GPU version under it.
+    let model = tessera_data_plane::tools::onnx_builder::add_sub();
+    app.upload(&acme.deployer, "acme", "addsub", "", model).await.expect(201);
+    app.set_alias(&acme.deployer, "acme", "addsub", "production", 2).await.expect(200);
+    let patch = app.client.patch(&path).bearer_auth(&acme.deployer);
+    let moved = app.raw(patch.json(&json!({ "profile": "cpu", "alias": "production" }))).await;
+    assert_eq!(moved.expect(200)["version"], 2);
+    let refused = app.set_alias(&acme.deployer, "acme", "addsub", "production", 1).await;
+    let message = refused.expect(422)["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert_eq!(message, format!("deployment 'addsub' follows alias 'production': {expected}"));
+}
+
+/// A real worker with one (simulated) GPU and runners, on this machine's CPU build of ONNX
+/// Runtime: the GPU slice's runner refuses the `KIND_GPU` version naming what is missing, and
+/// the deployment shows it.
+#[tokio::test]
+async fn a_gpu_replica_fails_naming_the_missing_cuda_provider() {
+    let args = args();
+    let app = TestApp::spawn_with(Opts { args: &args, ..Opts::default() }).await;
+    let acme = app.tenant("acme").await;
+    app.create_model(&acme.deployer, "acme", "addsub").await.expect(201);
+    let upload = app
+        .client
+        .post(format!("{}/v1/tenants/acme/models/addsub/versions", app.url))
+        .bearer_auth(&acme.deployer)
+        .header("content-type", "application/octet-stream")
+        .header("x-model-config", r#"{"instance_group": [{"kind": "KIND_GPU"}]}"#)
+        .body(tessera_data_plane::tools::onnx_builder::add_sub());
+    app.raw(upload).await.expect(201);
+    let body = json!({ "name": "addsub", "model": "addsub", "profile": "gpu" });
+    app.post(&acme.deployer, "/v1/tenants/acme/deployments", &body).await.expect(201);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let inventory = dir.path().join("gpus.json");
+    let gpus = json!({ "gpus": [{ "uuid": "GPU-6a1e5c3b-0000-0000-0000-000000000000", "index": 0,
+                                   "memory_bytes": 85_899_345_920_u64 }] });
+    std::fs::write(&inventory, gpus.to_string()).expect("write the inventory");
+    let token = tessera_data_plane::worker::WorkerToken::new(TOKEN);
+    let mut config = tessera_data_plane::worker::WorkerConfig::local(&app.url, token, dir.path().join("worker"));
+    config.cpu_slices = 0;
+    config.inventory = Some(inventory);
+    config.runner_exe = Some(env!("CARGO_BIN_EXE_tessera").into());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(tessera_data_plane::worker::run(config, shutdown.clone(), |_| {}));
+
+    let path = "/v1/tenants/acme/deployments/addsub";
+    let failed = deployment_until(&app, &acme.viewer, path, |d| d["state"] == "failed").await;
+    let replica = &failed["replica_status"][0];
+    assert_eq!(replica["slice_id"], "GPU-6a1e5c3b-0000-0000-0000-000000000000", "{failed:#}");
+    let reason = replica["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("KIND_GPU needs ONNX Runtime's CUDA execution provider, which this ONNX Runtime build (")
+            && reason.contains("scripts/setup-ort.sh --gpu"),
+        "{reason}"
+    );
+    shutdown.cancel();
+    worker.await.expect("the worker task").expect("the worker stops cleanly");
+}

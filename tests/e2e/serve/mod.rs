@@ -4,6 +4,7 @@
 mod batching;
 mod bench;
 mod control;
+mod gpu;
 mod grpc;
 mod http;
 mod runner;

@@ -1,5 +1,7 @@
-//! Execution backends. ONNX Runtime (CPU now; CUDA/TensorRT providers when a GPU exists) is the one.
+//! Execution backends. ONNX Runtime (its CPU provider; CUDA and TensorRT on GPUs) is the one.
 
+mod ep;
 pub mod onnx;
+pub mod providers;
 pub mod runtime;
 mod strings;

@@ -10,6 +10,7 @@ use ort::session::builder::GraphOptimizationLevel;
 use ort::value::{DynTensor, DynValue, TensorElementType, ValueType};
 use tessera_protocol::DataType;
 
+use super::providers::ProviderPlan;
 use crate::engine::model_spec::{IoInfo, ModelIo, ModelSpec};
 use crate::engine::tensor::{InputTensor, OutputTensor};
 use crate::error::Error;
@@ -103,12 +104,13 @@ impl ThreadManager for IntraOpThreads {
 }
 
 impl OnnxSession {
-    /// Loads `path` with `intra_threads` intra-op threads; `spinning` lets idle ORT threads spin
-    /// (lower latency, but they burn cores the network threads need on small machines).
-    pub fn load(path: &Path, intra_threads: usize, spinning: bool) -> Result<Self, String> {
+    /// Loads `path` with `intra_threads` intra-op threads and the plan's execution providers;
+    /// `spinning` lets idle ORT threads spin (lower latency, but they burn cores the network
+    /// threads need on small machines).
+    pub fn load(path: &Path, intra_threads: usize, spinning: bool, providers: &ProviderPlan) -> Result<Self, String> {
         let env = super::runtime::environment()?;
         let fail = |e: String| format!("failed to load ONNX model {}: {e}", path.display());
-        let session = Session::builder(env)
+        let builder = Session::builder(env)
             .map_err(|e| fail(e.to_string()))?
             .with_optimization_level(GraphOptimizationLevel::Level3)
             .map_err(|e| fail(e.to_string()))?
@@ -121,9 +123,12 @@ impl OnnxSession {
             .with_inter_op_spinning(spinning)
             .map_err(|e| fail(e.to_string()))?
             .with_thread_manager(IntraOpThreads)
-            .map_err(|e| fail(e.to_string()))?
-            .commit_from_file(path)
             .map_err(|e| fail(e.to_string()))?;
+        let session =
+            super::ep::with_providers(builder, providers)?.commit_from_file(path).map_err(|e| match providers {
+                ProviderPlan::Cpu => fail(e.to_string()),
+                gpu => fail(format!("with {}: {}", gpu.describe(), super::ep::tidy(e.message()))),
+            })?;
         Ok(Self { session })
     }
 
@@ -186,10 +191,11 @@ fn run_error(e: &ort::Error) -> Error {
 
 /// Drops `/path/file.ext:123 <signature>` locations from an ONNX Runtime message: each source
 /// path token, and the C++ signature after it up to its closing parenthesis.
-fn strip_source_locations(message: &str) -> String {
+pub(super) fn strip_source_locations(message: &str) -> String {
     let mut out = String::with_capacity(message.len());
     let mut rest = message.trim_end();
-    while let Some(start) = rest.find(" /").map(|i| i + 1).or_else(|| rest.starts_with('/').then_some(0)) {
+    // A location may open the message: look there before looking for the next " /".
+    while let Some(start) = if rest.starts_with('/') { Some(0) } else { rest.find(" /").map(|i| i + 1) } {
         let token_end = rest[start..].find(' ').map_or(rest.len(), |i| start + i);
         let is_location = rest[start..token_end].rsplit_once(':').is_some_and(|(_, line)| line.parse::<u32>().is_ok());
         if !is_location {
@@ -298,5 +304,13 @@ mod tests {
         let plain = "Got invalid dimensions for input: INPUT0 for the following indices index: 1 Got: 3 Expected: 16";
         assert_eq!(strip_source_locations(plain), plain);
         assert_eq!(strip_source_locations("ratio a / b at /tmp/x.onnx"), "ratio a / b at /tmp/x.onnx");
+        let provider = "/onnxruntime_src/onnxruntime/core/session/provider_bridge_ort.cc:2043 onnxruntime::Provider& \
+                        onnxruntime::ProviderLibrary::Get() [ONNXRuntimeError] : 1 : FAIL : Failed to load library \
+                        /opt/ort/libonnxruntime_providers_cuda.so with error: libcublasLt.so.13: cannot open";
+        assert_eq!(
+            strip_source_locations(provider),
+            "[ONNXRuntimeError] : 1 : FAIL : Failed to load library /opt/ort/libonnxruntime_providers_cuda.so with \
+             error: libcublasLt.so.13: cannot open"
+        );
     }
 }

@@ -11,10 +11,23 @@ pub const ORT_VERSION: &str = "1.31.1";
 pub const ORT_LIBRARY: &str = "libonnxruntime.so.1.31.1";
 
 static ENVIRONMENT: OnceLock<Result<Environment, String>> = OnceLock::new();
+/// The library [`environment`] loaded: providers load from its directory, and messages name it.
+static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
 
 /// The process-wide ONNX Runtime environment, loading the library on first use.
 pub fn environment() -> Result<&'static Environment, String> {
     ENVIRONMENT.get_or_init(init).as_ref().map_err(Clone::clone)
+}
+
+/// The ONNX Runtime library this process loaded, once [`environment`] succeeded.
+pub fn library_path() -> Option<&'static Path> {
+    LIBRARY.get().map(PathBuf::as_path)
+}
+
+/// The library this process would load (without loading it): where a worker's runners will
+/// find ONNX Runtime and its execution providers.
+pub fn locate() -> Option<PathBuf> {
+    library_path().map(Path::to_path_buf).or_else(|| locate_library().ok())
 }
 
 fn init() -> Result<Environment, String> {
@@ -22,6 +35,7 @@ fn init() -> Result<Environment, String> {
     tracing::info!(path = %path.display(), "loading onnx runtime");
     let builder =
         ort::init_from(&path).map_err(|e| format!("failed to load ONNX Runtime from {}: {e}", path.display()))?;
+    let _ = LIBRARY.set(path.clone());
     builder.with_name("tessera").build().map_err(|e| format!("failed to create the ONNX Runtime environment: {e}"))
 }
 
