@@ -9,10 +9,10 @@ use tessera_protocol::DataType;
 use tessera_protocol::inference::ModelConfig;
 
 use crate::engine::backend::onnx::OnnxSession;
-use crate::engine::backend::providers::ProviderPlan;
-use crate::engine::device::{Device, ExecutionTarget};
+use crate::engine::backend::providers::{Accelerators, ProviderPlan};
+use crate::engine::device::{Device, ExecutionTarget, InstanceDevice};
 use crate::engine::model_spec::{ModelSpec, complete_and_check};
-use crate::engine::tensor::{InputTensor, push_bytes_element};
+use crate::engine::tensor::{InputTensor, OutputTensor, push_bytes_element};
 
 /// Flags of `tessera bench ort`.
 #[derive(Debug, Clone, clap::Args)]
@@ -32,18 +32,43 @@ pub struct OrtBenchArgs {
     /// Seconds to measure (after a short warm-up).
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
+    /// Run on this CUDA device through ONNX Runtime's CUDA execution provider (the GPU build of
+    /// ONNX Runtime), as a `KIND_GPU` instance would; default: the CPU provider.
+    #[arg(long)]
+    pub gpu: Option<i32>,
+    /// Also run the same inputs on the CPU provider and report the largest relative difference
+    /// of the outputs (FP32 outputs; needs `--gpu`).
+    #[arg(long, requires = "gpu")]
+    pub compare_cpu: bool,
 }
 
 /// Runs the benchmark and prints one JSON line with throughput and latency percentiles.
 pub fn run_ort(args: &OrtBenchArgs) -> anyhow::Result<()> {
+    let plan = match args.gpu {
+        None => ProviderPlan::Cpu,
+        Some(device_id) => {
+            let dir = args.model.parent().unwrap_or(std::path::Path::new("."));
+            Accelerators::default().plan(InstanceDevice::Gpu { device_id, memory_limit_bytes: None }, dir)
+        }
+    };
     let mut session =
-        OnnxSession::load(&args.model, args.threads, args.spinning, &ProviderPlan::Cpu).map_err(anyhow::Error::msg)?;
+        OnnxSession::load(&args.model, args.threads, args.spinning, &plan).map_err(anyhow::Error::msg)?;
     let target = ExecutionTarget { cores: args.threads, device: Device::Host };
     let spec =
         complete_and_check(ModelConfig::default(), "bench", &session.io(), &target).map_err(anyhow::Error::msg)?;
     let inputs = synthetic_inputs(&spec, args.batch);
     let parts: Vec<Vec<&InputTensor>> = inputs.iter().map(|i| vec![i]).collect();
     let wanted: Vec<usize> = (0..spec.outputs.len()).collect();
+    let max_relative_error = match args.compare_cpu {
+        false => None,
+        true => {
+            let mut cpu = OnnxSession::load(&args.model, args.threads, false, &ProviderPlan::Cpu)
+                .map_err(anyhow::Error::msg)?;
+            let reference = cpu.run(&spec, &parts, args.batch, &wanted).map_err(|e| anyhow::anyhow!(e.message))?;
+            let got = session.run(&spec, &parts, args.batch, &wanted).map_err(|e| anyhow::anyhow!(e.message))?;
+            Some(max_relative_error(&reference, &got)?)
+        }
+    };
     let mut run =
         || session.run(&spec, &parts, args.batch, &wanted).map(|_| ()).map_err(|e| anyhow::anyhow!(e.message));
     let warmup = Instant::now();
@@ -65,6 +90,8 @@ pub fn run_ort(args: &OrtBenchArgs) -> anyhow::Result<()> {
         "model": args.model.display().to_string(),
         "batch": args.batch,
         "threads": args.threads,
+        "providers": plan.describe(),
+        "max_relative_error_vs_cpu": max_relative_error,
         "runs": latencies.len(),
         "inferences_per_sec": latencies.len() as f64 * args.batch as f64 / elapsed,
         "p50_us": pct(0.50),
@@ -72,6 +99,27 @@ pub fn run_ort(args: &OrtBenchArgs) -> anyhow::Result<()> {
     });
     println!("{result}");
     Ok(())
+}
+
+/// The largest `|a - b| / max(|a|, 1e-6)` over every FP32 element of the outputs; outputs of
+/// other types must match exactly.
+fn max_relative_error(reference: &[OutputTensor], got: &[OutputTensor]) -> anyhow::Result<f64> {
+    let mut worst = 0f64;
+    for (r, g) in reference.iter().zip(got) {
+        anyhow::ensure!(r.shape == g.shape, "output {}: shape {:?} on CPU, {:?} on GPU", r.name, r.shape, g.shape);
+        if r.datatype != DataType::Fp32 {
+            anyhow::ensure!(r.data == g.data, "output {} ({:?}) differs between CPU and GPU", r.name, r.datatype);
+            continue;
+        }
+        let floats = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        };
+        for (a, b) in floats(&r.data).into_iter().zip(floats(&g.data)) {
+            let (a, b) = (f64::from(a), f64::from(b));
+            worst = worst.max((a - b).abs() / a.abs().max(1e-6));
+        }
+    }
+    Ok(worst)
 }
 
 /// Deterministic pseudo-random inputs matching the model's spec (dynamic dims become 1).
@@ -107,4 +155,26 @@ fn synthetic_inputs(spec: &ModelSpec, batch: usize) -> Vec<InputTensor> {
             InputTensor { name: t.name.clone(), datatype: t.datatype, shape, data: Bytes::from(data) }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fp32(name: &str, values: &[f32]) -> OutputTensor {
+        let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        OutputTensor { name: name.into(), datatype: DataType::Fp32, shape: vec![values.len() as i64], data: data.into() }
+    }
+
+    #[test]
+    fn relative_error_is_the_worst_element_and_mismatches_are_errors() {
+        let reference = [fp32("y", &[1.0, -2.0, 0.0])];
+        assert_eq!(max_relative_error(&reference, &reference).expect("same"), 0.0);
+        let got = [fp32("y", &[1.001, -2.0, 0.0])];
+        let e = max_relative_error(&reference, &got).expect("comparable");
+        assert!((e - 0.001).abs() < 1e-6, "{e}");
+        assert!(max_relative_error(&reference, &[fp32("y", &[1.0, 2.0])]).is_err(), "shapes differ");
+        let ints = |v: u8| OutputTensor { name: "i".into(), datatype: DataType::Int8, shape: vec![1], data: vec![v].into() };
+        assert!(max_relative_error(&[ints(1)], &[ints(2)]).is_err(), "non-float outputs must match exactly");
+    }
 }
