@@ -22,7 +22,7 @@ use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::serve::facade::UsageHook;
-use crate::serve::metrics::MetricsToken;
+use crate::serve::metrics::{MetricsSource, MetricsToken};
 use crate::serve::tenant_gate::TenantGate;
 
 /// Extensions this server implements, as listed in server metadata.
@@ -89,6 +89,8 @@ pub struct ServerState {
     tenant_gate: Option<TenantGate>,
     /// Bearer token the metrics listener requires; `None`: open.
     metrics_token: Option<MetricsToken>,
+    /// More families the metrics endpoint renders (a worker's GPUs and slice health).
+    metrics_sources: Vec<Arc<dyn MetricsSource>>,
 }
 
 impl ServerState {
@@ -107,7 +109,19 @@ impl ServerState {
             runners: None,
             tenant_gate: None,
             metrics_token: None,
+            metrics_sources: Vec::new(),
         }
+    }
+
+    /// Adds families to the metrics endpoint.
+    pub fn with_metrics_source(mut self, source: Arc<dyn MetricsSource>) -> Self {
+        self.metrics_sources.push(source);
+        self
+    }
+
+    /// The extra metric families.
+    pub fn metrics_sources(&self) -> &[Arc<dyn MetricsSource>] {
+        &self.metrics_sources
     }
 
     /// Caps each tenant's inference requests in flight at `limit`.
