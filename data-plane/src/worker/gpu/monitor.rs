@@ -94,14 +94,11 @@ impl Monitor {
     }
 
     fn sample(&self, nvml: &Nvml, current: &[SliceSpec]) {
-        let uuids: Vec<String> = self.gpus.iter().map(|g| g.uuid.clone()).collect();
-        let sample = telemetry::sample(nvml, &uuids);
-        for (index, uuid) in &sample.lost {
-            match uuid {
-                Some(uuid) => {
-                    self.health.apply(&xid::judge_gpu_lost(current, uuid), None);
-                }
-                None => tracing::warn!(index, "a GPU unknown at start is lost"),
+        let sample = telemetry::sample(nvml);
+        for index in &sample.lost {
+            // A GPU lost before the start offers no slices: nothing to take out.
+            if let Some(gpu) = self.gpus.iter().find(|g| g.index == *index) {
+                self.health.apply(&xid::judge_gpu_lost(current, &gpu.uuid), None);
             }
         }
         self.metrics.store(sample);

@@ -41,12 +41,12 @@ pub struct GpuReading {
 pub struct Sample {
     /// One per GPU that answered.
     pub gpus: Vec<GpuReading>,
-    /// Indices of GPUs that are lost, with their uuid when it is known.
-    pub lost: Vec<(u32, Option<String>)>,
+    /// NVML indices of the GPUs that answered `GPU_IS_LOST`.
+    pub lost: Vec<u32>,
 }
 
 /// Reads every GPU once.
-pub fn sample(nvml: &Nvml, known_uuids: &[String]) -> Sample {
+pub fn sample(nvml: &Nvml) -> Sample {
     let mut out = Sample::default();
     let count = match nvml.device_count() {
         Ok(n) => n,
@@ -58,7 +58,7 @@ pub fn sample(nvml: &Nvml, known_uuids: &[String]) -> Sample {
     for index in 0..count {
         match read_gpu(nvml, index) {
             Ok(reading) => out.gpus.push(reading),
-            Err(NvmlError::GpuLost) => out.lost.push((index, known_uuids.get(index as usize).cloned())),
+            Err(NvmlError::GpuLost) => out.lost.push(index),
             Err(e) => tracing::debug!(index, error = %e, "cannot sample a GPU"),
         }
     }
