@@ -103,6 +103,8 @@ async fn run(
     let mut poll = tokio::time::interval(POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut sent: Option<i64> = None;
+    // The unhealthy slices last stored for this worker; `None` until the first heartbeat.
+    let mut unhealthy: Option<BTreeMap<String, String>> = None;
     loop {
         match send_if_changed(&app, &worker_id, &mut sent, &tx).await {
             Ok(true) => {}
@@ -115,7 +117,7 @@ async fn run(
             () = tx.closed() => break,
             message = inbound.message() => match message {
                 Ok(Some(WorkerMessage { kind: Some(worker_message::Kind::Heartbeat(hb)) })) => {
-                    if let Err(e) = heartbeat(&app, &worker_id, hb).await {
+                    if let Err(e) = heartbeat(&app, &worker_id, hb, &mut unhealthy).await {
                         tracing::warn!(worker_id, error = %e, "could not record a heartbeat");
                     }
                 }
@@ -185,16 +187,57 @@ fn assignment(r: AssignmentRow) -> Assignment {
     }
 }
 
-async fn heartbeat(app: &App, worker_id: &str, hb: Heartbeat) -> crate::error::Result<()> {
+async fn heartbeat(
+    app: &App,
+    worker_id: &str,
+    hb: Heartbeat,
+    stored: &mut Option<BTreeMap<String, String>>,
+) -> crate::error::Result<()> {
     let applied = i64::try_from(hb.applied_generation).unwrap_or(i64::MAX);
-    app.registry.conn().await?.heartbeat(worker_id, now(), applied).await?;
+    let mut conn = app.registry.conn().await?;
+    conn.heartbeat(worker_id, now(), applied).await?;
+    let unhealthy = unhealthy_slices(&hb);
+    let health_changed = stored.as_ref() != Some(&unhealthy);
+    if health_changed {
+        for (slice_id, reason) in &unhealthy {
+            if stored.as_ref().is_none_or(|s| !s.contains_key(slice_id)) {
+                tracing::warn!(worker_id, slice_id, reason, "worker reports an unhealthy slice; its replicas move");
+            }
+        }
+        conn.set_unhealthy_slices(worker_id, &unhealthy).await?;
+        *stored = Some(unhealthy);
+    }
+    drop(conn);
     let reports = reported_states(&hb);
     let changed = app.registry.report_states(worker_id, &reports).await?;
-    if !changed.is_empty() {
-        // A replica turning ready may complete a rollout.
+    if !changed.is_empty() || health_changed {
+        // A replica turning ready may complete a rollout; an unhealthy slice moves replicas.
         app.signals.wake_scheduler();
     }
     Ok(())
+}
+
+/// Longest unhealthy reason kept (a worker's message, shown in the API).
+const MAX_REASON: usize = 512;
+
+/// The unhealthy slices a heartbeat reports, by slice id; empty ids are skipped and long
+/// reasons cut.
+fn unhealthy_slices(hb: &Heartbeat) -> BTreeMap<String, String> {
+    hb.unhealthy_slices
+        .iter()
+        .filter(|u| !u.slice_id.is_empty())
+        .map(|u| {
+            let mut reason = u.reason.clone();
+            if reason.len() > MAX_REASON {
+                let cut = (0..=MAX_REASON).rev().find(|i| reason.is_char_boundary(*i)).unwrap_or(0);
+                reason.truncate(cut);
+            }
+            if reason.is_empty() {
+                reason = "unhealthy".into();
+            }
+            (u.slice_id.clone(), reason)
+        })
+        .collect()
 }
 
 /// The states a heartbeat reports, as registry states; `draining` and unknown values are the
@@ -218,7 +261,7 @@ fn reported_states(hb: &Heartbeat) -> Vec<ReportedState> {
 
 #[cfg(test)]
 mod tests {
-    use tessera_protocol::agent::{ReplicaStatus, Slice};
+    use tessera_protocol::agent::{ReplicaStatus, Slice, UnhealthySlice};
 
     use super::*;
 
@@ -250,6 +293,25 @@ mod tests {
     }
 
     #[test]
+    fn unhealthy_slices_are_read_with_their_reasons_bounded() {
+        let slice = |id: &str, reason: &str| UnhealthySlice { slice_id: id.into(), reason: reason.into() };
+        let hb = Heartbeat {
+            unhealthy_slices: vec![
+                slice("MIG-1", "Xid 79 on GPU-1"),
+                slice("", "no id"),
+                slice("MIG-2", ""),
+                slice("MIG-3", &"é".repeat(400)),
+            ],
+            ..Heartbeat::default()
+        };
+        let got = unhealthy_slices(&hb);
+        assert_eq!(got.len(), 3);
+        assert_eq!(got["MIG-1"], "Xid 79 on GPU-1");
+        assert_eq!(got["MIG-2"], "unhealthy");
+        assert_eq!(got["MIG-3"].len(), MAX_REASON);
+    }
+
+    #[test]
     fn heartbeats_map_to_registry_states() {
         let id = Uuid::now_v7();
         let status = |state: ReplicaState, reason: &str| ReplicaStatus {
@@ -265,9 +327,11 @@ mod tests {
                 status(ReplicaState::Draining, ""),
                 ReplicaStatus { replica_id: "nope".into(), state: 2, reason: String::new() },
             ],
+            unhealthy_slices: Vec::new(),
         };
         let got = reported_states(&hb);
         assert_eq!(got.len(), 2);
+        assert!(unhealthy_slices(&hb).is_empty());
         assert_eq!((got[0].state, got[0].reason.as_deref()), ("ready", None));
         assert_eq!((got[1].state, got[1].reason.as_deref()), ("failed", Some("bad model")));
     }

@@ -28,6 +28,12 @@ pub struct WorkerSlice {
     /// Tenant whose replicas it holds (a slice serves one tenant); absent when free.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<Uuid>,
+    /// `healthy`, or `unhealthy` when its worker saw a critical Xid error or lost its GPU
+    /// (it takes no replicas until the worker restarts).
+    pub health: String,
+    /// Why it is unhealthy, e.g. `Xid 79 (GPU has fallen off the bus) on GPU-...`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unhealthy_reason: Option<String>,
 }
 
 /// A worker.
@@ -78,6 +84,8 @@ pub async fn handle_worker_list(State(app): State<AppState>, caller: Caller) -> 
                 .into_iter()
                 .map(|s| WorkerSlice {
                     tenant_id: holders.get(&(w.id.clone(), s.id.clone())).copied(),
+                    unhealthy_reason: w.unhealthy_slices.0.get(&s.id).cloned(),
+                    health: if w.unhealthy_slices.0.contains_key(&s.id) { "unhealthy" } else { "healthy" }.into(),
                     id: s.id,
                     profile: s.profile,
                     kind: s.kind,

@@ -244,6 +244,7 @@ fn worker_info(w: WorkerRow) -> WorkerInfo {
             .into_iter()
             .map(|s| SliceSpec { id: s.id, profile: s.profile, memory_bytes: s.memory_bytes })
             .collect(),
+        unhealthy_slices: w.unhealthy_slices.0,
     }
 }
 

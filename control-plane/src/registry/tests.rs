@@ -552,6 +552,43 @@ async fn workers_get_assignments_and_report_states() {
 }
 
 #[tokio::test]
+async fn an_unhealthy_slice_is_stored_and_its_replica_moves_with_an_event() {
+    on_both(|r| async move {
+        r.register_worker(&new_worker("w1")).await.unwrap();
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        r.create_version(&actor(), &m, version(10)).await.unwrap();
+        let d = r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Latest, 1)).await.unwrap();
+        tick(&r).await;
+        let slice_of =
+            |r: Registry| async move { r.conn().await.unwrap().replicas(a, d.id).await.unwrap()[0].slice_id.clone() };
+        let before = slice_of(r.clone()).await.expect("placed");
+
+        let why = "Xid 79 (GPU has fallen off the bus) on GPU-1";
+        let unhealthy = std::collections::BTreeMap::from([(before.clone(), why.to_string())]);
+        let mut c = r.conn().await.unwrap();
+        assert!(c.set_unhealthy_slices("w1", &unhealthy).await.unwrap());
+        assert!(!c.set_unhealthy_slices("nobody", &unhealthy).await.unwrap());
+        assert_eq!(c.workers().await.unwrap()[0].unhealthy_slices.0, unhealthy);
+        drop(c);
+        tick(&r).await;
+        let after = slice_of(r.clone()).await.expect("placed again");
+        assert_ne!(after, before, "it left the unhealthy slice");
+        let mut c = r.conn().await.unwrap();
+        let events = c.deployment_events(a, d.id, 10).await.unwrap();
+        assert!(events.iter().any(|e| e.kind == "slice_unhealthy" && e.message.contains(why)), "{events:?}");
+        // A re-registration keeps what the heartbeats said; the next heartbeat's set replaces it.
+        drop(c);
+        r.register_worker(&new_worker("w1")).await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        assert_eq!(c.workers().await.unwrap()[0].unhealthy_slices.0, unhealthy);
+        c.set_unhealthy_slices("w1", &Default::default()).await.unwrap();
+        assert!(c.workers().await.unwrap()[0].unhealthy_slices.0.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_crash_looping_replica_moves_a_bounded_number_of_times_and_ready_resets_the_count() {
     on_both(|r| async move {
         for w in ["w1", "w2", "w3", "w4"] {

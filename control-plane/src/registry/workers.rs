@@ -54,6 +54,8 @@ pub struct WorkerRow {
     pub registered_at: OffsetDateTime,
     /// Last heartbeat.
     pub last_heartbeat_at: OffsetDateTime,
+    /// Slices the worker reported unhealthy, with why (the last heartbeat's set).
+    pub unhealthy_slices: Json<BTreeMap<String, String>>,
 }
 
 /// What a worker says when it registers.
@@ -132,7 +134,7 @@ macro_rules! select_workers {
     ($rest:literal) => {
         concat!(
             "SELECT id, http_endpoint, grpc_endpoint, metrics_endpoint, slices, labels, version, state, generation, ",
-            "applied_generation, registered_at, last_heartbeat_at FROM workers ",
+            "applied_generation, registered_at, last_heartbeat_at, unhealthy_slices FROM workers ",
             $rest
         )
     };
@@ -203,6 +205,18 @@ impl Conn {
         .bind(id)
         .bind(at)
         .bind(applied_generation)
+        .execute(c))?;
+        Ok(n > 0)
+    }
+
+    /// Stores the slices a worker reports unhealthy (slice id to reason), replacing the set
+    /// it reported before. False when the worker is not registered.
+    pub async fn set_unhealthy_slices(&mut self, id: &str, unhealthy: &BTreeMap<String, String>) -> Result<bool> {
+        let n = exec!(self, "worker.set_unhealthy_slices", |c| sqlx::query(
+            "UPDATE workers SET unhealthy_slices = $2 WHERE id = $1"
+        )
+        .bind(id)
+        .bind(Json(unhealthy))
         .execute(c))?;
         Ok(n > 0)
     }

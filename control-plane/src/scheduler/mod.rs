@@ -14,6 +14,8 @@
 //! - **Packing**: on the chosen worker, a slice the tenant already occupies is preferred over an
 //!   empty one, keeping empty slices free for other tenants and the tenant's slice quota low.
 //! - **Quotas**: a tenant may occupy at most its quota of slices per profile.
+//! - **Health**: a slice its worker reports unhealthy (a critical Xid error or a lost GPU)
+//!   takes no replicas; the ones it held are placed again elsewhere, like a lost worker's.
 //! - **Lost workers** give back their replicas, which the caller places again.
 //! - **Rollouts** place a new replica beside the old one with the same index when it fits
 //!   ([`Placer::place_preferring`]).
@@ -141,11 +143,14 @@ struct SliceState {
     tenant: Option<TenantId>,
     used_bytes: u64,
     replicas: Vec<(String, u32)>,
+    /// Reported unhealthy by its worker: takes nothing.
+    unhealthy: bool,
 }
 
 impl SliceState {
     fn fits(&self, replica: &ReplicaRequest) -> bool {
-        self.spec.profile == replica.profile
+        !self.unhealthy
+            && self.spec.profile == replica.profile
             && self.tenant.as_ref().is_none_or(|t| *t == replica.tenant)
             && self.spec.memory_bytes - self.used_bytes >= replica.memory_bytes
     }
@@ -184,7 +189,7 @@ impl Placer {
             let mut slices: Vec<SliceState> = w
                 .slices
                 .into_iter()
-                .map(|spec| SliceState { spec, tenant: None, used_bytes: 0, replicas: Vec::new() })
+                .map(|spec| SliceState { spec, tenant: None, used_bytes: 0, replicas: Vec::new(), unhealthy: false })
                 .collect();
             slices.sort_by(|a, b| a.spec.id.cmp(&b.spec.id));
             for s in &slices {
@@ -197,6 +202,15 @@ impl Placer {
             placer.workers.push(WorkerState { id: w.id, slices });
         }
         placer
+    }
+
+    /// Marks a slice unhealthy: nothing is placed or recorded on it from now on. Call before
+    /// [`Placer::assign`]ing existing replicas, so the ones on it come back for placement.
+    pub fn set_unhealthy(&mut self, worker: &str, slice: &str) {
+        let Some(&w) = self.index.get(worker) else { return };
+        if let Some(s) = self.workers[w].slices.iter_mut().find(|s| s.spec.id == slice) {
+            s.unhealthy = true;
+        }
     }
 
     /// Sets a tenant's slice quota for a profile.

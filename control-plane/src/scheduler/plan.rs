@@ -38,6 +38,7 @@ pub fn benchmark_tick(workers: usize, slices: usize, replicas: u32) -> (usize, s
                 slices: (0..slices)
                     .map(|s| SliceSpec { id: format!("cpu-{s}"), profile: "cpu".into(), memory_bytes: 16 << 30 })
                     .collect(),
+                unhealthy_slices: BTreeMap::new(),
             })
             .collect(),
         deployments: (0..replicas.div_ceil(20))
@@ -86,6 +87,8 @@ pub struct WorkerInfo {
     pub last_heartbeat_at: OffsetDateTime,
     /// Slices offered.
     pub slices: Vec<SliceSpec>,
+    /// Slices the worker reports unhealthy, with why: they take no replicas.
+    pub unhealthy_slices: BTreeMap<String, String>,
 }
 
 /// A deployment as the scheduler sees it.
@@ -360,6 +363,14 @@ pub fn plan(snapshot: &Snapshot, now: OffsetDateTime, settings: &Settings, new_i
             .map(|w| WorkerSpec { id: w.id.clone(), slices: w.slices.clone() })
             .collect(),
     );
+    // Unhealthy slices of live workers: nothing new goes there, and what is there moves.
+    let mut unhealthy: HashMap<(&str, &str), &str> = HashMap::new();
+    for w in snapshot.workers.iter().filter(|w| live.contains(w.id.as_str())) {
+        for (slice, reason) in &w.unhealthy_slices {
+            placer.set_unhealthy(&w.id, slice);
+            unhealthy.insert((w.id.as_str(), slice.as_str()), reason.as_str());
+        }
+    }
     for (tenant, quotas) in &snapshot.slice_quotas {
         for (profile, limit) in quotas {
             placer.set_quota(&tenant.to_string(), profile, usize::try_from(*limit).unwrap_or(0));
@@ -381,7 +392,7 @@ pub fn plan(snapshot: &Snapshot, now: OffsetDateTime, settings: &Settings, new_i
     let mut orphans: Vec<&ReplicaInfo> = by_deployment.into_values().flatten().collect();
     orphans.sort_by_key(|r| r.id);
     out.changes.extend(orphans.into_iter().map(|r| ReplicaChange::Delete { id: r.id }));
-    place_all(&mut placer, &decisions, &live, &mut out);
+    place_all(&mut placer, &decisions, &live, &unhealthy, &mut out);
     out
 }
 
@@ -557,9 +568,15 @@ fn sort_out<'a>(
     sorted
 }
 
-/// Places every kept replica that lost its worker or never had one, and every created one.
-/// Existing placements on live workers are recorded first so they count.
-fn place_all(placer: &mut Placer, decisions: &[Decision<'_>], live: &BTreeSet<&str>, out: &mut Plan) {
+/// Places every kept replica that lost its worker or its slice's health or never had one, and
+/// every created one. Existing placements on live workers are recorded first so they count.
+fn place_all(
+    placer: &mut Placer,
+    decisions: &[Decision<'_>],
+    live: &BTreeSet<&str>,
+    unhealthy: &HashMap<(&str, &str), &str>,
+    out: &mut Plan,
+) {
     let request = |d: &DeploymentInfo, r_index: i64, profile: &str, memory: i64| ReplicaRequest {
         deployment: d.id.to_string(),
         index: u32::try_from(r_index).unwrap_or(u32::MAX),
@@ -579,6 +596,10 @@ fn place_all(placer: &mut Placer, decisions: &[Decision<'_>], live: &BTreeSet<&s
             };
             let req = request(decision.deployment, r.index, &r.profile, r.memory_bytes);
             match at {
+                // Its slice is unhealthy: it moves like a lost worker's replica.
+                Some(at) if unhealthy.contains_key(&(at.worker.as_str(), at.slice.as_str())) => {
+                    unplaced.push((decision.deployment, r));
+                }
                 // Its worker's runner keeps dying: it moves once everything else has its place.
                 Some(at) if is_crash_looping(r) => crash_looping.push((decision.deployment, r, at)),
                 Some(at) if placer.assign(&req, &at).is_ok() => {}
@@ -607,6 +628,15 @@ fn place_all(placer: &mut Placer, decisions: &[Decision<'_>], live: &BTreeSet<&s
                 "worker_lost",
                 Some(w.clone()),
                 format!("worker {w} is gone; replica {} moves", r.index),
+            ));
+        }
+        let sick = r.worker_id.as_deref().zip(r.slice_id.as_deref()).filter(|at| unhealthy.contains_key(at));
+        if let Some((w, s)) = sick {
+            let why = unhealthy.get(&(w, s)).copied().unwrap_or_default();
+            out.events.push(event(
+                "slice_unhealthy",
+                Some(w.to_string()),
+                format!("slice {s} on worker {w} is unhealthy ({why}); replica {} moves", r.index),
             ));
         }
         match placer.place(&request(d, r.index, &r.profile, r.memory_bytes)) {
@@ -755,6 +785,7 @@ mod tests {
             slices: (0..slices)
                 .map(|i| SliceSpec { id: format!("cpu-{i}"), profile: "cpu".into(), memory_bytes: gib * GIB })
                 .collect(),
+            unhealthy_slices: BTreeMap::new(),
         }
     }
 
@@ -919,6 +950,72 @@ mod tests {
         looping.crash_moves = MAX_CRASH_MOVES + 1;
         let p = run(&snapshot(workers(), vec![d], vec![looping]));
         assert!(p.changes.is_empty() && p.events.is_empty(), "nothing more to say: {p:?}");
+    }
+
+    /// A simulated H200 node with seven 1g.18gb MIG slices `MIG-<id>-<n>`.
+    fn h200(id: &str) -> WorkerInfo {
+        WorkerInfo {
+            slices: (0..7)
+                .map(|i| SliceSpec {
+                    id: format!("MIG-{id}-{i}"),
+                    profile: "mig-1g.18gb".into(),
+                    memory_bytes: 18_432 << 20,
+                })
+                .collect(),
+            ..worker(id, 0, 0)
+        }
+    }
+
+    fn on_mig(mut d: DeploymentInfo) -> DeploymentInfo {
+        d.profile = "mig-1g.18gb".into();
+        d
+    }
+
+    #[test]
+    fn replicas_move_off_a_gpu_whose_slices_are_unhealthy() {
+        let d = on_mig(deployment(1, tenant(1), 2, 1));
+        let mut w1 = h200("w1");
+        let xid = "Xid 79 (GPU has fallen off the bus) on GPU-1";
+        w1.unhealthy_slices = w1.slices.iter().map(|s| (s.id.clone(), xid.to_string())).collect();
+        let replicas = vec![
+            replica(&d, 1, 0, 1, Some(("w1", "MIG-w1-0")), "ready"),
+            replica(&d, 2, 1, 1, Some(("w2", "MIG-w2-0")), "ready"),
+        ];
+        let p = run(&snapshot(vec![w1, h200("w2")], vec![d], replicas));
+        let moved = ReplicaChange::Place {
+            id: Uuid::from_u128(5_001),
+            placement: Placement { worker: "w2".into(), slice: "MIG-w2-0".into() },
+        };
+        assert_eq!(p.changes, [moved], "it joins its tenant's slice on the healthy GPU");
+        let why = p.events.iter().find(|e| e.kind == "slice_unhealthy").expect("an event says why");
+        assert!(why.message.contains("MIG-w1-0") && why.message.contains(xid), "{why:?}");
+        assert!(p.events.iter().any(|e| e.kind == "rescheduled" && e.replica_id == Some(Uuid::from_u128(5_001))));
+        assert!(p.lost_workers.is_empty(), "the worker itself is fine");
+    }
+
+    #[test]
+    fn a_mig_scoped_xid_moves_only_that_slices_replicas_and_new_ones_avoid_it() {
+        let (a, b) = (on_mig(deployment(1, tenant(1), 1, 1)), on_mig(deployment(2, tenant(2), 1, 1)));
+        let mut w1 = h200("w1");
+        w1.unhealthy_slices.insert("MIG-w1-0".into(), "Xid 94 (contained ECC error) on GPU-1".into());
+        let replicas = vec![
+            replica(&a, 1, 0, 1, Some(("w1", "MIG-w1-0")), "ready"),
+            replica(&b, 2, 0, 1, Some(("w1", "MIG-w1-1")), "ready"),
+        ];
+        let p = run(&snapshot(vec![w1.clone()], vec![a.clone(), b.clone()], replicas.clone()));
+        let moved = ReplicaChange::Place {
+            id: Uuid::from_u128(5_001),
+            placement: Placement { worker: "w1".into(), slice: "MIG-w1-2".into() },
+        };
+        assert_eq!(p.changes, [moved], "tenant 2 keeps MIG-w1-1; tenant 1 takes a free healthy slice");
+        // A new deployment of seven replicas of a slice each finds four healthy free slices
+        // (one is unhealthy, two hold tenants 1 and 2).
+        let mut c = on_mig(deployment(3, tenant(3), 7, 1));
+        c.memory_bytes = Some(10 << 30);
+        let p = run(&snapshot(vec![w1], vec![a, b, c], replicas));
+        let slices: Vec<String> = p.inserts.iter().filter_map(|r| r.placement.clone().ok()).map(|p| p.slice).collect();
+        assert!(!slices.iter().any(|s| s == "MIG-w1-0"), "{slices:?}");
+        assert_eq!(p.inserts.iter().filter(|r| r.placement.is_err()).count(), 3);
     }
 
     #[test]

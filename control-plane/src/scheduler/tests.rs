@@ -171,3 +171,85 @@ fn a_preferred_slice_is_taken_when_it_fits_and_quotas_allow() {
         Placement { worker: "w0000".into(), slice: if first.slice == "cpu-0" { "cpu-1" } else { "cpu-0" }.into() };
     assert_eq!(q.place_preferring(&replica("d", 1, "acme", "cpu", 1), Some(&empty)).expect("its own slice"), first);
 }
+
+/// An H200 node in MIG mode with seven 1g.18gb instances.
+fn h200_1g(id: &str) -> WorkerSpec {
+    WorkerSpec {
+        id: id.into(),
+        slices: (0..7)
+            .map(|i| SliceSpec {
+                id: format!("MIG-{id}-{i}"),
+                profile: "mig-1g.18gb".into(),
+                memory_bytes: 18_432 << 20,
+            })
+            .collect(),
+    }
+}
+
+/// An H200 node with a mixed layout: 3g.71gb + 2g.35gb + 2 × 1g.18gb.
+fn h200_mixed(id: &str) -> WorkerSpec {
+    let mib = |n: u64| n << 20;
+    let slice = |n: &str, profile: &str, bytes| SliceSpec {
+        id: format!("MIG-{id}-{n}"),
+        profile: profile.into(),
+        memory_bytes: bytes,
+    };
+    WorkerSpec {
+        id: id.into(),
+        slices: vec![
+            slice("a", "mig-3g.71gb", mib(72_704)),
+            slice("b", "mig-2g.35gb", mib(35_840)),
+            slice("c", "mig-1g.18gb", mib(18_432)),
+            slice("d", "mig-1g.18gb", mib(18_432)),
+        ],
+    }
+}
+
+#[test]
+fn seven_mig_slices_of_an_h200_serve_seven_tenants_one_each() {
+    let mut p = Placer::new(vec![h200_1g("h200-a")]);
+    let mut slices = std::collections::BTreeSet::new();
+    for t in 0..7 {
+        let at =
+            p.place(&replica(&format!("d{t}"), 0, &format!("tenant{t}"), "mig-1g.18gb", 10)).expect("a free slice");
+        assert!(slices.insert(at.slice.clone()), "{at:?} already serves another tenant");
+    }
+    let err = p.place(&replica("d7", 0, "tenant7", "mig-1g.18gb", 1)).expect_err("every slice has its tenant");
+    assert!(matches!(err, ScheduleError::NoCapacity { .. }), "{err}");
+    // A tenant's second replica shares its own slice while memory lasts (18 GiB: 10 + 8).
+    let again = p.place(&replica("d0", 1, "tenant0", "mig-1g.18gb", 8)).expect("its own slice");
+    assert_eq!(again.slice, "MIG-h200-a-0");
+    assert!(p.place(&replica("d0", 2, "tenant0", "mig-1g.18gb", 1)).is_err(), "its slice is full");
+}
+
+#[test]
+fn a_mixed_h200_layout_matches_profiles_and_counts_quotas_per_profile() {
+    let mut p = Placer::new(vec![h200_mixed("h200-a"), h200_mixed("h200-b")]);
+    p.set_quota("acme", "mig-1g.18gb", 1);
+    let big = p.place(&replica("big", 0, "acme", "mig-3g.71gb", 60)).expect("a 3g.71gb slice");
+    assert_eq!(big.slice, "MIG-h200-a-a");
+    assert!(p.place(&replica("big", 1, "acme", "mig-3g.71gb", 72)).is_err(), "72 GiB is more than 3g.71gb holds");
+    p.place(&replica("big", 2, "acme", "mig-3g.71gb", 71)).expect("the other node's 3g.71gb slice");
+    let small = p.place(&replica("small", 0, "acme", "mig-1g.18gb", 10)).expect("first 1g slice");
+    let err = p.place(&replica("small", 1, "acme", "mig-1g.18gb", 10)).expect_err("quota of one 1g slice");
+    assert_eq!(err, ScheduleError::QuotaExceeded { tenant: "acme".into(), profile: "mig-1g.18gb".into(), limit: 1 });
+    // The 1g quota says nothing of other profiles, nor of other tenants.
+    p.place(&replica("mid", 0, "acme", "mig-2g.35gb", 30)).expect("2g is not limited");
+    let other = p.place(&replica("o", 0, "globex", "mig-1g.18gb", 10)).expect("globex has no quota");
+    assert_ne!((other.worker.as_str(), other.slice.as_str()), (small.worker.as_str(), small.slice.as_str()));
+}
+
+#[test]
+fn unhealthy_slices_take_nothing() {
+    let mut p = Placer::new(vec![h200_1g("h200-a")]);
+    for i in 0..6 {
+        p.set_unhealthy("h200-a", &format!("MIG-h200-a-{i}"));
+    }
+    p.set_unhealthy("nowhere", "MIG-x");
+    let at = p.place(&replica("d", 0, "acme", "mig-1g.18gb", 1)).expect("the one healthy slice");
+    assert_eq!(at.slice, "MIG-h200-a-6");
+    assert!(p.place(&replica("e", 0, "globex", "mig-1g.18gb", 1)).is_err(), "no other healthy slice");
+    let sick = Placement { worker: "h200-a".into(), slice: "MIG-h200-a-0".into() };
+    assert!(p.assign(&replica("f", 0, "initech", "mig-1g.18gb", 1), &sick).is_err(), "nothing stays on it");
+    assert!(p.place_preferring(&replica("d", 1, "acme", "mig-1g.18gb", 1), Some(&sick)).expect("elsewhere") != sick);
+}

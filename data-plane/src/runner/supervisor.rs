@@ -95,6 +95,9 @@ pub struct RunnerStatus {
 /// Every runner of this process, by (tenant, slice).
 pub struct Runners {
     config: RunnersConfig,
+    /// Limits and device per slice id: `config.limits` at start, replaced when the worker's
+    /// slices change (a new MIG layout), so a new slice's runner is confined to its device.
+    limits: parking_lot::RwLock<HashMap<String, SliceLimits>>,
     /// Bumped whenever a runner dies, so heartbeats report crash loops at once.
     deaths: watch::Sender<u64>,
     /// Numbers every load, so each gets its own key in its runner.
@@ -129,7 +132,14 @@ impl Runners {
     /// No runners yet; each starts with the first version placed on its (tenant, slice).
     pub fn new(config: RunnersConfig, shutdown: CancellationToken) -> Arc<Self> {
         let (deaths, _) = watch::channel(0);
-        Arc::new(Self { config, deaths, loads: AtomicU64::new(0), slots: Arc::default(), shutdown })
+        let limits = parking_lot::RwLock::new(config.limits.clone());
+        Arc::new(Self { config, limits, deaths, loads: AtomicU64::new(0), slots: Arc::default(), shutdown })
+    }
+
+    /// Replaces the slices' limits (the worker's slices changed); runners started from now on
+    /// get the new ones, running ones keep theirs until they restart.
+    pub fn set_slice_limits(&self, limits: HashMap<String, SliceLimits>) {
+        *self.limits.write() = limits;
     }
 
     /// Loads a version in the runner of `placement` (starting it if needed) and returns the
@@ -150,7 +160,7 @@ impl Runners {
         let (key, version) = (call.key.clone(), call.version);
         slot.loads.lock().insert((key.clone(), version), call.clone());
         let remote = RemoteVersion::new(slot.clone(), key.clone(), version);
-        let device = self.config.limits.get(&placement.slice).map(|l| l.device.target_device(&placement.slice));
+        let device = self.limits.read().get(&placement.slice).map(|l| l.device.target_device(&placement.slice));
         let target = ExecutionTarget { cores, device: device.unwrap_or_default() };
         let model = LoadedModel::in_runner(&call.name, version, call.config, io, &target, remote)?;
         slot.sinks.lock().insert((key, version), Arc::downgrade(&model.stats));
@@ -206,7 +216,7 @@ impl Runners {
         });
         slot.loading.fetch_add(1, Ordering::Relaxed);
         slots.insert(placement.clone(), slot.clone());
-        let limits = self.config.limits.get(&placement.slice).cloned().unwrap_or_default();
+        let limits = self.limits.read().get(&placement.slice).cloned().unwrap_or_default();
         let task = SlotTask {
             exe: self.config.exe.clone(),
             limits,

@@ -125,6 +125,9 @@ async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResp
     if let Some(usage) = state.server.usage() {
         usage.render_metrics(&mut text);
     }
+    for source in state.server.metrics_sources() {
+        source.render_metrics(&mut text);
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
 }
 
@@ -211,6 +214,13 @@ const FAMILIES: &[Family] = &[
         value: |s| dur(s.inference_stats.and_then(|i| i.compute_output)).ns / 1000,
     },
 ];
+
+/// More families for the metrics endpoint (a worker's GPU metrics and slice health). Rendering
+/// runs on the async runtime: it reads what was sampled before, it never blocks.
+pub trait MetricsSource: Send + Sync {
+    /// Appends its families in the Prometheus text format.
+    fn render_metrics(&self, out: &mut String);
+}
 
 /// Writes a family's `# HELP` and `# TYPE` lines.
 pub(crate) fn header(out: &mut String, name: &str, help: &str, kind: &str) {
@@ -335,7 +345,8 @@ fn render_runners(out: &mut String, runners: &[crate::runner::RunnerStatus]) {
 /// The closed set of runner restart reasons.
 const RESTART_REASONS: [&str; 6] = ["killed", "oom", "hung", "signal", "exit", "spawn_failed"];
 
-fn escape(label: &str) -> String {
+/// A label value escaped for the Prometheus text format.
+pub(crate) fn escape(label: &str) -> String {
     label.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 

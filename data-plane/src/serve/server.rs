@@ -22,7 +22,7 @@ use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::serve::facade::UsageHook;
-use crate::serve::metrics::MetricsToken;
+use crate::serve::metrics::{MetricsSource, MetricsToken};
 use crate::serve::shared_memory::{SharedMemory, ShmPolicy};
 use crate::serve::tenant_gate::TenantGate;
 
@@ -103,6 +103,8 @@ pub struct ServerState {
     metrics_token: Option<MetricsToken>,
     /// Clients' system shared memory regions.
     shared_memory: SharedMemory,
+    /// More families the metrics endpoint renders (a worker's GPUs and slice health).
+    metrics_sources: Vec<Arc<dyn MetricsSource>>,
 }
 
 impl ServerState {
@@ -122,6 +124,7 @@ impl ServerState {
             tenant_gate: None,
             metrics_token: None,
             shared_memory: SharedMemory::new(ShmPolicy::serve(true)),
+            metrics_sources: Vec::new(),
         }
     }
 
@@ -139,6 +142,17 @@ impl ServerState {
     /// The extensions server metadata lists.
     pub fn extensions(&self) -> &'static [&'static str] {
         if self.shared_memory.allowed() { EXTENSIONS_WITH_SHM } else { EXTENSIONS }
+    }
+
+    /// Adds families to the metrics endpoint.
+    pub fn with_metrics_source(mut self, source: Arc<dyn MetricsSource>) -> Self {
+        self.metrics_sources.push(source);
+        self
+    }
+
+    /// The extra metric families.
+    pub fn metrics_sources(&self) -> &[Arc<dyn MetricsSource>] {
+        &self.metrics_sources
     }
 
     /// Caps each tenant's inference requests in flight at `limit`.

@@ -51,8 +51,7 @@ pub fn run_ort(args: &OrtBenchArgs) -> anyhow::Result<()> {
             Accelerators::default().plan(InstanceDevice::Gpu { device_id, memory_limit_bytes: None }, dir)
         }
     };
-    let mut session =
-        OnnxSession::load(&args.model, args.threads, args.spinning, &plan).map_err(anyhow::Error::msg)?;
+    let mut session = OnnxSession::load(&args.model, args.threads, args.spinning, &plan).map_err(anyhow::Error::msg)?;
     let target = ExecutionTarget { cores: args.threads, device: Device::Host };
     let spec =
         complete_and_check(ModelConfig::default(), "bench", &session.io(), &target).map_err(anyhow::Error::msg)?;
@@ -62,11 +61,11 @@ pub fn run_ort(args: &OrtBenchArgs) -> anyhow::Result<()> {
     let max_relative_error = match args.compare_cpu {
         false => None,
         true => {
-            let mut cpu = OnnxSession::load(&args.model, args.threads, false, &ProviderPlan::Cpu)
-                .map_err(anyhow::Error::msg)?;
+            let mut cpu =
+                OnnxSession::load(&args.model, args.threads, false, &ProviderPlan::Cpu).map_err(anyhow::Error::msg)?;
             let reference = cpu.run(&spec, &parts, args.batch, &wanted).map_err(|e| anyhow::anyhow!(e.message))?;
             let got = session.run(&spec, &parts, args.batch, &wanted).map_err(|e| anyhow::anyhow!(e.message))?;
-            Some(max_relative_error(&reference, &got)?)
+            Some(max_relative_error(&reference.0, &got.0)?)
         }
     };
     let mut run =
@@ -163,7 +162,12 @@ mod tests {
 
     fn fp32(name: &str, values: &[f32]) -> OutputTensor {
         let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        OutputTensor { name: name.into(), datatype: DataType::Fp32, shape: vec![values.len() as i64], data: data.into() }
+        OutputTensor {
+            name: name.into(),
+            datatype: DataType::Fp32,
+            shape: vec![values.len() as i64],
+            data: data.into(),
+        }
     }
 
     #[test]
@@ -174,7 +178,8 @@ mod tests {
         let e = max_relative_error(&reference, &got).expect("comparable");
         assert!((e - 0.001).abs() < 1e-6, "{e}");
         assert!(max_relative_error(&reference, &[fp32("y", &[1.0, 2.0])]).is_err(), "shapes differ");
-        let ints = |v: u8| OutputTensor { name: "i".into(), datatype: DataType::Int8, shape: vec![1], data: vec![v].into() };
+        let ints =
+            |v: u8| OutputTensor { name: "i".into(), datatype: DataType::Int8, shape: vec![1], data: vec![v].into() };
         assert!(max_relative_error(&[ints(1)], &[ints(2)]).is_err(), "non-float outputs must match exactly");
     }
 }

@@ -9,6 +9,7 @@ use crate::serve::metrics::MetricsToken;
 use crate::serve::net::listen::ListenArgs;
 use crate::serve::server::DEFAULT_MAX_INPUT_SIZE;
 use crate::serve::shared_memory::{self, ShmPolicy, TenantLimits};
+use crate::worker::gpu::NvmlSource;
 
 /// The credential a worker presents to the control plane; never printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -65,9 +66,15 @@ pub struct WorkerArgs {
     /// Memory of each CPU slice in bytes; default: total RAM divided by `--cpu-slices`.
     #[arg(long, env = "TESSERA_SLICE_MEMORY_BYTES")]
     pub slice_memory_bytes: Option<u64>,
-    /// Simulated GPU / MIG inventory (JSON, see `worker::inventory`), where no GPU is detected.
-    #[arg(long, env = "TESSERA_INVENTORY")]
+    /// Simulated GPU / MIG inventory (JSON, see `worker::inventory`) instead of NVML's: with it
+    /// the worker does not use NVML at all.
+    #[arg(long, env = "TESSERA_INVENTORY", conflicts_with = "nvml_library")]
     pub inventory: Option<PathBuf>,
+    /// NVML library to load (e.g. a driver's `libnvidia-ml.so.1` outside the library path);
+    /// failing to load it fails the start. Default: the system's `libnvidia-ml.so.1` when there
+    /// is one, else a CPU-only worker.
+    #[arg(long, env = "TESSERA_NVML_LIBRARY")]
+    pub nvml_library: Option<PathBuf>,
     /// Seconds an API key lookup is cached before it is checked again.
     #[arg(long, env = "TESSERA_KEY_CACHE_SECS", default_value_t = 60)]
     pub key_cache_secs: u64,
@@ -149,6 +156,8 @@ pub struct WorkerConfig {
     pub slice_memory_bytes: Option<u64>,
     /// Simulated GPU / MIG inventory file.
     pub inventory: Option<PathBuf>,
+    /// Where NVML comes from (GPU and MIG slices, their health, GPU metrics).
+    pub nvml: NvmlSource,
     /// How long an API key lookup is trusted before it is checked again.
     pub key_cache_ttl: Duration,
     /// Largest accepted inference request (HTTP body, gRPC message).
@@ -187,6 +196,7 @@ impl WorkerConfig {
             cpu_slices: DEFAULT_CPU_SLICES,
             slice_memory_bytes: None,
             inventory: None,
+            nvml: NvmlSource::Off,
             key_cache_ttl: Duration::from_secs(60),
             max_input_size: DEFAULT_MAX_INPUT_SIZE,
             usage_ship_interval: Duration::from_millis(DEFAULT_USAGE_SHIP_INTERVAL_MS),
@@ -221,6 +231,11 @@ impl WorkerArgs {
             advertise_host: self.advertise_host,
             cpu_slices: self.cpu_slices,
             slice_memory_bytes: self.slice_memory_bytes,
+            nvml: match (&self.inventory, self.nvml_library) {
+                (Some(_), _) => NvmlSource::Off,
+                (None, Some(path)) => NvmlSource::Library(path),
+                (None, None) => NvmlSource::System,
+            },
             inventory: self.inventory,
             key_cache_ttl: Duration::from_secs(self.key_cache_secs),
             max_input_size: DEFAULT_MAX_INPUT_SIZE,
@@ -304,6 +319,7 @@ mod tests {
         assert_eq!(config.key_cache_ttl, Duration::from_secs(60));
         assert_eq!(config.usage_ship_interval, Duration::from_secs(2));
         assert_eq!(config.data_dir, PathBuf::from("./.tessera-worker"));
+        assert_eq!(config.nvml, NvmlSource::System, "the system's NVML when there is one");
         assert!(!format!("{config:?}").contains("s3cret"), "the token is redacted");
         assert!(!config.client_shm.allow, "client shared memory is off unless asked for");
         assert_eq!(config.client_shm.tenants, Some(default_shm_limits()));
@@ -317,6 +333,20 @@ mod tests {
         let cli = Cli::try_parse_from(flags).expect("parses");
         assert_eq!(cli.args.cuda_library_dirs, [PathBuf::from("/opt/cuda/lib"), PathBuf::from("/opt/cudnn/lib")]);
         assert!(Cli::try_parse_from([&base[..], &["--cuda-library-dir", "lib"]].concat()).is_err());
+    }
+
+    #[test]
+    fn nvml_comes_from_the_named_library_and_never_with_a_simulated_inventory() {
+        let parse = |extra: &[&str]| {
+            let base = ["w", "--control-plane", "http://cp:1", "--worker-token", "t"];
+            Cli::try_parse_from(base.iter().chain(extra)).map(|cli| cli.args.into_config().expect("config").nvml)
+        };
+        assert_eq!(
+            parse(&["--nvml-library", "/opt/nvml.so"]).expect("parses"),
+            NvmlSource::Library("/opt/nvml.so".into())
+        );
+        assert_eq!(parse(&["--inventory", "gpus.json"]).expect("parses"), NvmlSource::Off);
+        assert!(parse(&["--inventory", "gpus.json", "--nvml-library", "/opt/nvml.so"]).is_err(), "one source of GPUs");
     }
 
     #[test]

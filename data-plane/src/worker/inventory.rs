@@ -4,8 +4,10 @@
 //! `cores × 1000 / N` CPU millis and `--slice-memory-bytes` (default: total RAM / N, from
 //! `/proc/meminfo`).
 //!
-//! GPU and MIG slices come from NVML on machines with GPUs (a later issue); until then, and on
-//! machines without one, `--inventory FILE` describes them. The file is JSON:
+//! GPU and MIG slices come from NVML ([`super::gpu`]): every GPU not in MIG mode is one slice,
+//! every MIG instance of a GPU in MIG mode is one. Where there is no GPU (tests, demos),
+//! `--inventory FILE` describes simulated ones instead; a worker given a file does not use NVML
+//! at all. The file is JSON:
 //!
 //! ```json
 //! {
@@ -70,6 +72,10 @@ pub struct SliceSpec {
     pub gpu_index: Option<u32>,
     /// Physical GPU of a MIG instance.
     pub parent_gpu_uuid: Option<String>,
+    /// GPU instance id of a MIG instance (from NVML; critical Xid events name it).
+    pub gpu_instance_id: Option<u32>,
+    /// Compute instance id of a MIG instance (from NVML; critical Xid events name it).
+    pub compute_instance_id: Option<u32>,
 }
 
 impl SliceSpec {
@@ -89,6 +95,17 @@ impl SliceSpec {
             device_uuid: self.device_uuid.clone().unwrap_or_default(),
             gpu_index: self.gpu_index.unwrap_or_default(),
             parent_gpu_uuid: self.parent_gpu_uuid.clone().unwrap_or_default(),
+            gpu_instance_id: self.gpu_instance_id,
+            compute_instance_id: self.compute_instance_id,
+        }
+    }
+
+    /// Whether the slice is GPU `gpu_uuid` or one of its MIG instances.
+    pub fn on_gpu(&self, gpu_uuid: &str) -> bool {
+        match self.kind {
+            SliceKind::Cpu => false,
+            SliceKind::Gpu => self.device_uuid.as_deref() == Some(gpu_uuid),
+            SliceKind::Mig => self.parent_gpu_uuid.as_deref() == Some(gpu_uuid),
         }
     }
 }
@@ -101,8 +118,14 @@ pub struct Inventory {
 }
 
 impl Inventory {
-    /// Builds the inventory from the flags: `cpu_slices` CPU shares and the optional GPU file.
-    pub fn detect(cpu_slices: u32, slice_memory_bytes: Option<u64>, gpu_file: Option<&Path>) -> Result<Self, String> {
+    /// Builds the inventory from the flags: `cpu_slices` CPU shares, then the GPUs of the
+    /// optional file, or else `nvml_slices` (what NVML found; empty without NVML).
+    pub fn detect(
+        cpu_slices: u32,
+        slice_memory_bytes: Option<u64>,
+        gpu_file: Option<&Path>,
+        nvml_slices: Vec<SliceSpec>,
+    ) -> Result<Self, String> {
         let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
         let memory = match slice_memory_bytes {
             Some(bytes) => bytes,
@@ -114,11 +137,21 @@ impl Inventory {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read the inventory file {}: {e}", path.display()))?;
             slices.extend(parse_gpu_inventory(&text).map_err(|e| format!("inventory file {}: {e}", path.display()))?);
+        } else {
+            slices.extend(nvml_slices);
         }
         if slices.is_empty() {
-            return Err("the worker offers no slices (--cpu-slices 0 and no --inventory)".into());
+            return Err("the worker offers no slices (--cpu-slices 0, no --inventory and no GPU found)".into());
         }
         Ok(Self { slices })
+    }
+
+    /// The same CPU slices with these GPU and MIG slices (NVML's answer after the MIG layout
+    /// changed).
+    pub fn with_gpu_slices(&self, gpu_slices: Vec<SliceSpec>) -> Self {
+        let mut slices: Vec<SliceSpec> = self.slices.iter().filter(|s| s.kind == SliceKind::Cpu).cloned().collect();
+        slices.extend(gpu_slices);
+        Self { slices }
     }
 
     /// The slices as the agent protocol carries them.
@@ -176,6 +209,8 @@ pub fn cpu(count: u32, cores: usize, memory_bytes: u64) -> Vec<SliceSpec> {
             device_uuid: None,
             gpu_index: None,
             parent_gpu_uuid: None,
+            gpu_instance_id: None,
+            compute_instance_id: None,
         })
         .collect()
 }
@@ -248,6 +283,8 @@ pub fn parse_gpu_inventory(text: &str) -> Result<Vec<SliceSpec>, String> {
                 device_uuid: Some(gpu_uuid),
                 gpu_index: Some(gpu.index),
                 parent_gpu_uuid: None,
+                gpu_instance_id: None,
+                compute_instance_id: None,
             });
             continue;
         }
@@ -273,6 +310,8 @@ pub fn parse_gpu_inventory(text: &str) -> Result<Vec<SliceSpec>, String> {
                 device_uuid: Some(uuid),
                 gpu_index: Some(gpu.index),
                 parent_gpu_uuid: Some(gpu_uuid.clone()),
+                gpu_instance_id: None,
+                compute_instance_id: None,
             });
         }
     }
@@ -280,7 +319,7 @@ pub fn parse_gpu_inventory(text: &str) -> Result<Vec<SliceSpec>, String> {
 }
 
 /// `prefix` + the uuid, whether or not it was written with the prefix.
-fn device_uuid(prefix: &str, uuid: &str) -> Result<String, String> {
+pub(crate) fn device_uuid(prefix: &str, uuid: &str) -> Result<String, String> {
     let bare = uuid.strip_prefix(prefix).unwrap_or(uuid);
     if bare.is_empty() || !bare.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-') {
         return Err(format!("invalid uuid '{uuid}' (hex digits and '-', optionally prefixed {prefix})"));
@@ -289,7 +328,7 @@ fn device_uuid(prefix: &str, uuid: &str) -> Result<String, String> {
 }
 
 /// MIG profile names: lower-case letters, digits and dots, like `1g.10gb` or `1c.3g.40gb`.
-fn valid_profile(profile: &str) -> bool {
+pub(crate) fn valid_profile(profile: &str) -> bool {
     !profile.is_empty() && profile.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.')
 }
 

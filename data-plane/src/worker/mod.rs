@@ -13,6 +13,7 @@ pub mod cache;
 pub mod client;
 pub mod config;
 pub mod credentials;
+pub mod gpu;
 pub mod inventory;
 pub mod reconcile;
 pub mod saved;
@@ -54,10 +55,18 @@ pub async fn run(
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("create the data directory {}", config.data_dir.display()))?;
     let worker_id = worker_id(&config.data_dir, config.worker_id.as_deref())?;
-    let inventory =
-        inventory::Inventory::detect(config.cpu_slices, config.slice_memory_bytes, config.inventory.as_deref())
-            .map_err(anyhow::Error::msg)
-            .context("build the slice inventory")?;
+    let gpus = gpu::Gpus::open(&config.nvml)?;
+    let nvml_slices = gpus.as_ref().map(gpu::Gpus::slices).unwrap_or_default();
+    let inventory = inventory::Inventory::detect(
+        config.cpu_slices,
+        config.slice_memory_bytes,
+        config.inventory.as_deref(),
+        nvml_slices,
+    )
+    .map_err(anyhow::Error::msg)
+    .context("build the slice inventory")?;
+    let health = Arc::new(gpu::health::SliceHealth::new(&inventory.slices));
+    let gpu_metrics = Arc::new(gpu::telemetry::GpuMetrics::new(health.clone()));
     let client = client::connect(&config.control_plane, &config.worker_token)?;
 
     let repository_dir = config.data_dir.join("repository");
@@ -102,7 +111,8 @@ pub async fn run(
         .with_usage_hook(meter.clone())
         .with_tenant_limit(config.tenant_max_in_flight)
         .with_metrics_token(config.metrics_token.clone())
-        .with_shared_memory(config.client_shm);
+        .with_shared_memory(config.client_shm)
+        .with_metrics_source(gpu_metrics.clone());
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }
@@ -119,8 +129,11 @@ pub async fn run(
     let saved = saved::SavedAssignments::in_dir(&config.data_dir);
     let metering = Arc::new(usage::metering::Metering::new(meter, &inventory));
     let on_apply: reconcile::OnApply = {
-        let metering = metering.clone();
-        Arc::new(move |assignments| metering.assigned(assignments))
+        let (metering, health) = (metering.clone(), health.clone());
+        Arc::new(move |assignments| {
+            metering.assigned(assignments);
+            health.assigned(assignments);
+        })
     };
     let reconciler = reconcile::Reconciler::start(
         manager.clone(),
@@ -144,7 +157,31 @@ pub async fn run(
         slices = register.slices.len(),
         "worker started"
     );
-    session::run(client, register, reconciler, shutdown.clone()).await;
+    let (register_tx, register_rx) = tokio::sync::watch::channel(register);
+    let monitor_stop = CancellationToken::new();
+    let monitor = match &gpus {
+        Some(gpus) => {
+            let (layout_tx, layout_rx) = tokio::sync::watch::channel(gpus.slices());
+            let relayout = Relayout {
+                inventory,
+                health: health.clone(),
+                metering: metering.clone(),
+                runners: state.runners_arc(),
+                register: register_tx,
+            };
+            tokio::spawn(relayout.run(layout_rx));
+            let monitor = gpus.monitor(health.clone(), gpu_metrics, layout_tx);
+            Some(monitor.spawn(monitor_stop.clone()).context("start the NVML monitor thread")?)
+        }
+        None => None,
+    };
+    let reports = session::Reports { register: register_rx, unhealthy: health.subscribe() };
+    session::run(client, reports, reconciler, shutdown.clone()).await;
+    monitor_stop.cancel();
+    if let Some(thread) = monitor {
+        // The thread notices within one event wait (half a second).
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
     listeners.drain(&state).await;
     // Runners stop only now: the requests drained above ran on them.
     runners_stop.cancel();
@@ -178,6 +215,35 @@ fn in_process_devices(inventory: &inventory::Inventory) -> std::collections::Has
             (s.id.clone(), device)
         })
         .collect()
+}
+
+/// Follows the MIG layout: when the monitor reads new GPU slices, the inventory, the slices'
+/// health and metering take them and the session registers them.
+struct Relayout {
+    inventory: inventory::Inventory,
+    health: Arc<gpu::health::SliceHealth>,
+    metering: Arc<usage::metering::Metering>,
+    /// Runners take the new slices' limits and devices (none when models run in-process).
+    runners: Option<Arc<runners::Runners>>,
+    /// The session receives; a new message makes it register again.
+    register: tokio::sync::watch::Sender<agent::Register>,
+}
+
+impl Relayout {
+    async fn run(mut self, mut layout: tokio::sync::watch::Receiver<Vec<inventory::SliceSpec>>) {
+        // Ends when the monitor stops (it holds the sender).
+        while layout.changed().await.is_ok() {
+            let gpu_slices = layout.borrow_and_update().clone();
+            self.inventory = self.inventory.with_gpu_slices(gpu_slices);
+            self.health.set_slices(&self.inventory.slices);
+            self.metering.set_slices(&self.inventory);
+            if let Some(runners) = &self.runners {
+                runners.set_slice_limits(self.inventory.slice_limits());
+            }
+            let slices = self.inventory.to_proto();
+            self.register.send_modify(|r| r.slices = slices);
+        }
+    }
 }
 
 /// The `Register` message: id, the endpoints clients reach, the slices offered.

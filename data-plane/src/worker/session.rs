@@ -1,6 +1,10 @@
 //! The worker's session with the control plane: register, then heartbeats up and assignment
 //! sets down, over one bidirectional gRPC stream.
 //!
+//! Heartbeats carry the unhealthy slices too ([`Reports::unhealthy`]), at once when they
+//! change. When the slices change (a new MIG layout), the session ends and a new one registers
+//! them ([`Reports::register`]); the control plane updates the worker's slices on registration.
+//!
 //! When the stream breaks (control plane restarting, network trouble, a refused token) the
 //! worker reconnects with capped exponential backoff and meanwhile keeps serving everything it
 //! has loaded: nothing is unloaded because the control plane is away (static stability).
@@ -8,7 +12,7 @@
 use std::time::Duration;
 
 use tessera_protocol::agent::{self, control_message, worker_message};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
@@ -26,21 +30,41 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 /// Outgoing messages buffered; a full buffer means the control plane stopped reading.
 const OUTBOX: usize = 16;
 
+/// What the worker reports besides its replicas, each followed as it changes.
+pub struct Reports {
+    /// The `Register` message. The worker sends a new one when its slices change; the session
+    /// then ends and a new one registers with it.
+    pub register: watch::Receiver<agent::Register>,
+    /// The unhealthy slices every heartbeat carries; a change goes up at once.
+    pub unhealthy: watch::Receiver<Vec<agent::UnhealthySlice>>,
+}
+
 /// Why a session ended.
 #[derive(Debug)]
 enum Ended {
     /// Shutdown was requested.
     Shutdown,
+    /// The slices changed: register again at once.
+    Reregister,
     /// The stream broke or could not be opened; `registered` if it got as far as that.
     Lost { reason: String, registered: bool },
 }
 
 /// Keeps a session open until `shutdown`, reconnecting as needed.
-pub async fn run(client: AgentClient, register: agent::Register, reconciler: Reconciler, shutdown: CancellationToken) {
+pub async fn run(client: AgentClient, mut reports: Reports, reconciler: Reconciler, shutdown: CancellationToken) {
     let mut backoff = BACKOFF_START;
     loop {
-        match session(client.clone(), &register, &reconciler, &shutdown).await {
+        let register = reports.register.borrow_and_update().clone();
+        match session(client.clone(), &register, &mut reports, &reconciler, &shutdown).await {
             Ended::Shutdown => return,
+            Ended::Reregister => {
+                tracing::info!(
+                    slices = reports.register.borrow().slices.len(),
+                    "the slices changed; registering again"
+                );
+                backoff = BACKOFF_START;
+                continue;
+            }
             Ended::Lost { reason, registered } => {
                 if registered {
                     backoff = BACKOFF_START;
@@ -65,6 +89,7 @@ pub async fn run(client: AgentClient, register: agent::Register, reconciler: Rec
 async fn session(
     mut client: AgentClient,
     register: &agent::Register,
+    reports: &mut Reports,
     reconciler: &Reconciler,
     shutdown: &CancellationToken,
 ) -> Ended {
@@ -85,6 +110,8 @@ async fn session(
     let mut status = reconciler.status();
     let mut heartbeat: Option<tokio::time::Interval> = None;
     let mut registered = false;
+    // A closed channel keeps its last value; stop waiting on it.
+    let (mut register_open, mut unhealthy_open) = (true, true);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return Ended::Shutdown,
@@ -99,7 +126,7 @@ async fn session(
                 Err(status) => return lost(&describe(&status), registered),
             },
             _ = tick(&mut heartbeat) => {
-                if !send_heartbeat(&outbox, &status.borrow_and_update()) {
+                if !send_heartbeat(&outbox, &status.borrow_and_update(), &reports.unhealthy.borrow_and_update()) {
                     return lost("the control plane stopped reading heartbeats", registered);
                 }
             }
@@ -108,8 +135,23 @@ async fn session(
                 if changed.is_err() {
                     return lost("the reconciler stopped", registered);
                 }
-                if !send_heartbeat(&outbox, &status.borrow_and_update()) {
+                if !send_heartbeat(&outbox, &status.borrow_and_update(), &reports.unhealthy.borrow_and_update()) {
                     return lost("the control plane stopped reading heartbeats", registered);
+                }
+            }
+            // So do slices found unhealthy: the control plane moves their replicas.
+            changed = reports.unhealthy.changed(), if registered && unhealthy_open => {
+                if changed.is_err() {
+                    unhealthy_open = false;
+                } else if !send_heartbeat(&outbox, &status.borrow_and_update(), &reports.unhealthy.borrow_and_update()) {
+                    return lost("the control plane stopped reading heartbeats", registered);
+                }
+            }
+            changed = reports.register.changed(), if register_open => {
+                if changed.is_err() {
+                    register_open = false;
+                } else {
+                    return Ended::Reregister;
                 }
             }
         }
@@ -164,9 +206,16 @@ async fn tick(heartbeat: &mut Option<tokio::time::Interval>) {
 }
 
 /// Queues a heartbeat; false when the stream is gone or has stopped draining.
-fn send_heartbeat(outbox: &mpsc::Sender<agent::WorkerMessage>, status: &WorkerStatus) -> bool {
-    let heartbeat =
-        agent::Heartbeat { applied_generation: status.applied_generation, replicas: status.replicas.clone() };
+fn send_heartbeat(
+    outbox: &mpsc::Sender<agent::WorkerMessage>,
+    status: &WorkerStatus,
+    unhealthy: &[agent::UnhealthySlice],
+) -> bool {
+    let heartbeat = agent::Heartbeat {
+        applied_generation: status.applied_generation,
+        replicas: status.replicas.clone(),
+        unhealthy_slices: unhealthy.to_vec(),
+    };
     let message = agent::WorkerMessage { kind: Some(worker_message::Kind::Heartbeat(heartbeat)) };
     match outbox.try_send(message) {
         Ok(()) => true,

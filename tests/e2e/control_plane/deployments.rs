@@ -101,7 +101,7 @@ impl FakeWorker {
                     })
                     .collect();
                 let applied_generation = seen.load(std::sync::atomic::Ordering::Relaxed);
-                let hb = Heartbeat { applied_generation, replicas };
+                let hb = Heartbeat { applied_generation, replicas, ..Heartbeat::default() };
                 if beat_tx.send(WorkerMessage { kind: Some(worker_message::Kind::Heartbeat(hb)) }).await.is_err() {
                     break;
                 }

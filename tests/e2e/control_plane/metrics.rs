@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use super::{Opts, TestApp};
 
 const METRICS_TOKEN: &str = "metrics-token-for-tests";
-const WORKER_TOKEN: &str = "worker-secret-for-metrics-tests";
+pub(super) const WORKER_TOKEN: &str = "worker-secret-for-metrics-tests";
 
 /// A file holding the metrics token, as Prometheus' `credentials_file` would.
 fn token_file() -> tempfile::NamedTempFile {
@@ -20,7 +20,7 @@ fn token_file() -> tempfile::NamedTempFile {
 }
 
 /// GETs `url` with an optional bearer token: status, `WWW-Authenticate`, body.
-async fn scrape(url: &str, token: Option<&str>) -> (u16, Option<String>, String) {
+pub(super) async fn scrape(url: &str, token: Option<&str>) -> (u16, Option<String>, String) {
     let mut req = reqwest::Client::new().get(url);
     if let Some(token) = token {
         req = req.bearer_auth(token);
@@ -88,9 +88,10 @@ async fn control_plane_metrics_move_to_their_own_listener() {
 
 /// A real `tessera worker` (models in process) against `app`, with extra flags; kills it on
 /// drop.
-struct Worker {
+pub(super) struct Worker {
     child: Child,
-    metrics: String,
+    /// Its metrics URL.
+    pub(super) metrics: String,
     _dir: tempfile::TempDir,
 }
 
@@ -103,6 +104,11 @@ impl Drop for Worker {
 
 impl Worker {
     fn start(app: &TestApp, extra: &[&str]) -> Worker {
+        Self::start_with_env(app, extra, &[])
+    }
+
+    /// Like `start`, with extra environment variables.
+    pub(super) fn start_with_env(app: &TestApp, extra: &[&str], env: &[(&str, &str)]) -> Worker {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(["worker", "--control-plane", &app.url, "--worker-token", WORKER_TOKEN, "--data-dir"])
@@ -110,6 +116,7 @@ impl Worker {
             .args(["--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"])
             .args(["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--isolation", "in-process"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

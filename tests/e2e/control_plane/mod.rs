@@ -10,6 +10,7 @@ mod audit;
 mod auth;
 mod deployments;
 mod flows;
+mod gpus;
 mod metrics;
 mod openapi;
 mod tenancy;

@@ -25,8 +25,8 @@ pub const SLICE_INTERVAL: Duration = Duration::from_secs(10);
 /// The worker's metering inputs, shared by the reconciler hook and the sampling task.
 pub struct Metering {
     meter: Arc<Meter>,
-    /// Slice id to profile, from the inventory.
-    profiles: HashMap<String, String>,
+    /// Slice id to profile, from the inventory (replaced when the MIG layout changes).
+    profiles: Mutex<HashMap<String, String>>,
     /// Replicas holding slices since the last accrual; the reconciler hook and the sampling
     /// task both advance it.
     clock: Mutex<SliceClock>,
@@ -35,16 +35,23 @@ pub struct Metering {
 impl Metering {
     /// Metering into `meter` for the slices of `inventory`; slice time counts from now.
     pub fn new(meter: Arc<Meter>, inventory: &Inventory) -> Self {
-        let profiles = inventory.slices.iter().map(|s| (s.id.clone(), s.profile.clone())).collect();
-        Self { meter, profiles, clock: Mutex::new(SliceClock::new(now_us())) }
+        let metering =
+            Self { meter, profiles: Mutex::new(HashMap::new()), clock: Mutex::new(SliceClock::new(now_us())) };
+        metering.set_slices(inventory);
+        metering
+    }
+
+    /// The slices offered now (after a MIG layout change); the next assignment set uses them.
+    pub fn set_slices(&self, inventory: &Inventory) {
+        *self.profiles.lock() = inventory.slices.iter().map(|s| (s.id.clone(), s.profile.clone())).collect();
     }
 
     /// A new assignment set: labels its versions for request metering, spools the slice time
     /// the previous set held until now, and times the new set from now.
     pub fn assigned(&self, assignments: &[agent::Assignment]) {
-        let profile = |a: &agent::Assignment| {
-            self.profiles.get(&a.slice_id).cloned().unwrap_or_else(|| UNKNOWN_PROFILE.to_string())
-        };
+        let profiles = self.profiles.lock().clone();
+        let profile =
+            |a: &agent::Assignment| profiles.get(&a.slice_id).cloned().unwrap_or_else(|| UNKNOWN_PROFILE.to_string());
         // A version's requests count on the profile of its first replica in the reconciler's
         // order (serving first, then by replica id).
         let mut ordered: Vec<&agent::Assignment> = assignments.iter().collect();
@@ -56,7 +63,7 @@ impl Metering {
         self.meter.set_labels(versions.into_values());
         let mut held: Vec<(String, Arc<Labels>)> = Vec::new();
         for a in ordered {
-            if !self.profiles.contains_key(&a.slice_id) {
+            if !profiles.contains_key(&a.slice_id) {
                 tracing::warn!(replica_id = %a.replica_id, slice_id = %a.slice_id, "replica on an unknown slice: no slice time");
                 continue;
             }
