@@ -341,6 +341,7 @@ fn to_runner_frames() -> Vec<u8> {
             None,
         ],
         outputs: vec![0],
+        cuda: Default::default(),
     };
     let calls = [
         ToRunner::Load(Box::new(LoadCall {
