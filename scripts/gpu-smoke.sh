@@ -17,8 +17,10 @@
 #                                      3. throughput of `tessera serve` on the GPU against raw
 #                                         ONNX Runtime CUDA in-process, same model and batch;
 #                                      4. a runner killed with SIGKILL, restarted by its server,
-#                                         and its GPU memory freed (nvidia-smi's compute apps).
-#                                    CUDA shared memory is checked once that extension exists.
+#                                         and its GPU memory freed (nvidia-smi's compute apps);
+#                                      5. a CUDA shared memory round trip (gpu_smoke_cuda_shm.py:
+#                                         input and output in cudaMalloc'd memory, registered by
+#                                         IPC handle), models in-process and in a runner.
 #
 # It never changes MIG mode, clocks or any other GPU setting: it only reads them.
 # Every section prints `ok` or `FAILED: why`; the exit status is the number of failed sections.
@@ -49,7 +51,7 @@ pack() {
   ort_dir="$("$ROOT/scripts/setup-ort.sh" --gpu --print-dir)" || die "setup-ort.sh --gpu failed"
   mkdir -p "$SMOKE/stage/ort"
   cp -L "$ort_dir"/libonnxruntime*.so* "$SMOKE/stage/ort/" || die "no GPU libraries in $ort_dir"
-  cp "$ROOT/scripts/gpu-smoke.sh" "$SMOKE/stage/"
+  cp "$ROOT/scripts/gpu-smoke.sh" "$ROOT/scripts/gpu_smoke_cuda_shm.py" "$SMOKE/stage/"
   say "compressing (xz; a few minutes)"
   tar -C "$SMOKE/stage" -cf - . | xz -T0 -6 >"$SMOKE/all.tar.xz" || die "tar/xz failed"
   split -b "${PART_MIB}M" -d -a 1 "$SMOKE/all.tar.xz" "$SMOKE/part-"
@@ -144,6 +146,17 @@ run() {
   start_serve "$bin" "$work/gpu-repo" "$out/serve-runner.log" "--runner"
   kill_runner "$bin"
   stop_serve
+
+  section "5. CUDA shared memory round trip ($MODEL, in-process and in a runner)"
+  local where ok=0
+  for where in "" "--runner"; do
+    start_serve "$bin" "$work/gpu-repo" "$out/serve-cuda-shm${where:+-runner}.log" "$where" || continue
+    if python3 "$(dirname "${BASH_SOURCE[0]}")/gpu_smoke_cuda_shm.py" "http://127.0.0.1:$HTTP_PORT" "$MODEL"; then
+      ok=$((ok + 1))
+    fi
+    stop_serve
+  done
+  if ((ok == 2)); then pass "in-process and in a runner"; else fail "CUDA shared memory ($ok of 2 passed)"; fi
 
   printf '\n== %d section(s) failed\n' "$FAILS"
   return "$FAILS"

@@ -123,8 +123,8 @@ pub struct ServeArgs {
     /// cross in it instead of through the runner's socket; 0 turns it off.
     #[arg(long, env = "TESSERA_RUNNER_SHM_MIB", default_value_t = tessera_data_plane::runner::shm::DEFAULT_ARENA_BYTES >> 20)]
     pub runner_shm_mib: usize,
-    /// Let clients register system shared memory regions and pass tensors through them (on, as
-    /// in Triton 2.51; Triton turned it off by default later).
+    /// Let clients register system and CUDA shared memory regions and pass tensors through them
+    /// (on, as in Triton 2.51; Triton turned it off by default later).
     #[arg(long, env = "TESSERA_ALLOW_CLIENT_SHM", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub allow_client_shm: bool,
 }

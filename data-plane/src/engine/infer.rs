@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use tessera_protocol::DataType;
 
+use crate::engine::cuda_ipc::CudaIo;
 use crate::engine::model_spec::{ModelSpec, TensorSpec};
 use crate::engine::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count, fmt_shape};
 use crate::error::{Error, Result};
@@ -89,6 +90,9 @@ pub struct InferRequest {
     pub inputs: Vec<InputTensor>,
     /// Requested outputs; empty means all.
     pub outputs: Vec<RequestedOutput>,
+    /// Inputs and outputs in CUDA regions that the runner running the model copies (those
+    /// inputs come without bytes); empty when this process copies them itself, or there are none.
+    pub cuda: CudaIo,
 }
 
 /// A request checked against a model: every input known, typed, shaped and sized correctly.
@@ -108,6 +112,8 @@ pub struct ValidInferRequest {
     pub inputs: Vec<Option<InputTensor>>,
     /// Indices into the model's outputs to return, in response order.
     pub outputs: Vec<usize>,
+    /// Inputs and outputs in CUDA regions, copied by the runner that runs the model.
+    pub cuda: CudaIo,
 }
 
 /// The engine's answer to one request.
@@ -139,7 +145,8 @@ impl ValidInferRequest {
                     input.name
                 )));
             }
-            let input_batch = check_input(&input, &spec.inputs[idx], spec)?;
+            let in_cuda = request.cuda.input(&input.name).map(|r| r.byte_size);
+            let input_batch = check_input(&input, &spec.inputs[idx], spec, in_cuda)?;
             match (batch, input_batch) {
                 (Some(b), Some(ib)) if b != ib => {
                     return Err(Error::invalid(format!(
@@ -164,12 +171,15 @@ impl ValidInferRequest {
             batch_size: batch.map_or(1, |b| b as usize),
             inputs,
             outputs,
+            cuda: request.cuda,
         })
     }
 }
 
-/// Checks one input; returns its batch size when the model batches.
-fn check_input(input: &InputTensor, spec: &TensorSpec, model: &ModelSpec) -> Result<Option<i64>> {
+/// Checks one input; returns its batch size when the model batches. An input in a CUDA region
+/// (`in_cuda`: its byte size) has no bytes yet: its size is checked against the region's window
+/// here, and a BYTES input's elements by the runner once it copied them.
+fn check_input(input: &InputTensor, spec: &TensorSpec, model: &ModelSpec, in_cuda: Option<u64>) -> Result<Option<i64>> {
     let name = &input.name;
     if input.datatype != spec.datatype {
         return Err(Error::invalid(format!(
@@ -207,8 +217,25 @@ fn check_input(input: &InputTensor, spec: &TensorSpec, model: &ModelSpec) -> Res
     if !fits {
         return Err(shape_error(input, spec, model));
     }
-    check_data_size(name, input.datatype, count, &input.data)?;
+    match in_cuda {
+        None => check_data_size(name, input.datatype, count, &input.data)?,
+        Some(bytes) => check_window_size(name, input.datatype, count, bytes)?,
+    }
     Ok(batch)
+}
+
+/// Checks the byte size of an input in a CUDA region against its shape and datatype (BYTES:
+/// the runner counts the elements after the copy).
+fn check_window_size(name: &str, datatype: DataType, count: usize, bytes: u64) -> Result<()> {
+    let Some(size) = datatype.element_size() else { return Ok(()) };
+    let expected =
+        count.checked_mul(size).ok_or_else(|| Error::invalid(format!("byte size of input '{name}' overflows")))?;
+    if expected as u64 != bytes {
+        return Err(Error::invalid(format!(
+            "unexpected total byte size {bytes} for input '{name}', expecting {expected}"
+        )));
+    }
+    Ok(())
 }
 
 fn shape_error(input: &InputTensor, spec: &TensorSpec, model: &ModelSpec) -> Error {
@@ -398,6 +425,23 @@ mod tests {
         let e =
             err(request(vec![input("INPUT0", &[1, 4_294_967_296, 4_294_967_296], 0), input("INPUT1", &[1, 16], 64)]));
         assert!(e.contains("INPUT0"), "{e}");
+    }
+
+    #[test]
+    fn an_input_in_a_cuda_region_is_sized_by_its_window() {
+        use crate::engine::cuda_ipc::{CudaRef, CudaRegionRef, IpcHandle};
+        let window = |byte_size| {
+            let region = CudaRegionRef { id: 1, name: "g".into(), handle: IpcHandle([0; 64]), device_id: 0, byte_size };
+            CudaRef { region: std::sync::Arc::new(region), offset: 0, byte_size, lease: None }
+        };
+        let mut req = request(vec![input("INPUT0", &[2, 16], 0), input("INPUT1", &[2, 16], 128)]);
+        req.cuda.inputs.push(("INPUT0".into(), window(128)));
+        let valid = ValidInferRequest::new(req, &add_sub()).expect("no bytes yet, and the window fits the shape");
+        assert_eq!((valid.batch_size, valid.cuda.inputs.len()), (2, 1), "the reference travels on");
+        let mut req = request(vec![input("INPUT0", &[2, 16], 0), input("INPUT1", &[2, 16], 128)]);
+        req.cuda.inputs.push(("INPUT0".into(), window(64)));
+        let e = err(req);
+        assert!(e.contains("unexpected total byte size 64 for input 'INPUT0', expecting 128"), "{e}");
     }
 
     fn good() -> InferRequest {

@@ -1,9 +1,11 @@
 //! The engine: the model repository, the model manager and its loaded versions, their dynamic
-//! batchers and instance threads, the ONNX Runtime backend, tensors, requests and statistics.
+//! batchers and instance threads, the ONNX Runtime backend, tensors, requests and statistics,
+//! and the CUDA IPC copies of the process that runs a model.
 //! It serves no network and knows no worker; the serving layer and the worker drive it.
 
 pub mod backend;
 pub mod batcher;
+pub mod cuda_ipc;
 pub mod device;
 pub mod in_flight;
 pub mod infer;

@@ -98,6 +98,11 @@ impl RunnerConn {
         answer
     }
 
+    /// Sends a notice nothing answers (frame id 0); false when the socket is broken.
+    pub fn notify(&self, notice: &ToRunner) -> bool {
+        self.outbox.send(|buf| notice.encode(0, buf, None))
+    }
+
     /// Resolves when the connection has ended.
     pub async fn closed(&self) {
         self.closed.cancelled().await;

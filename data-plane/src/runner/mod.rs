@@ -7,6 +7,7 @@
 //! model versions with their batchers and ONNX Runtime instances.
 
 pub mod conn;
+pub mod cuda;
 pub mod device;
 pub mod limits;
 pub mod outbox;
@@ -83,6 +84,8 @@ impl RemoteVersion {
             0 => RESTART_WAIT,
             us => RESTART_WAIT.min(std::time::Duration::from_micros(us)),
         };
+        // Nearly always empty (a clone that allocates nothing); kept to check the answer.
+        let cuda = request.cuda.clone();
         let call = ToRunner::Infer(InferCall { key: self.key.clone(), version: self.version, request });
         // A call that never reached a dead runner goes to the one that replaces it (once).
         for attempt in 0..2 {
@@ -90,8 +93,11 @@ impl RemoteVersion {
                 Ok(conn) => conn,
                 Err(e) => return Err(failed(stats, started, e)),
             };
+            cuda::sent_to(&cuda, &conn);
             match conn.call(&call, Some(stats)).await {
-                Ok(FromRunner::Answer { result, .. }) => return result,
+                Ok(FromRunner::Answer { result, .. }) => {
+                    return result.and_then(|outputs| cuda::check_answer(&cuda, &outputs).map(|()| outputs));
+                }
                 Ok(_) => return Err(failed(stats, started, Error::internal("the runner answered out of turn"))),
                 Err(CallError::NotSent) if attempt == 0 => continue,
                 Err(_) => {

@@ -190,6 +190,7 @@ fn dispatch(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: ToRunner) {
             state.models.lock().remove(&(key, version));
             state.send(outbox, id, &FromRunner::Done);
         }
+        ToRunner::CudaRelease { id: region } => super::cuda::release(region),
         ToRunner::Ping => {
             let answer =
                 FromRunner::Pong { rss_bytes: super::supervisor::resident_bytes(std::process::id()).unwrap_or(0) };
@@ -225,7 +226,7 @@ fn infer(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: InferCall) {
     let (state2, outbox) = (state.clone(), outbox.clone());
     let task = tokio::spawn(async move {
         let guard = Answered { hosted: hosted.clone(), state: state2.clone(), outbox: outbox.clone(), id, done: false };
-        let result = hosted.model.run_valid(call.request).await;
+        let result = super::cuda::run_valid(&hosted.model, call.request).await;
         guard.answer(result);
         state2.running.lock().remove(&id);
     });

@@ -6,15 +6,23 @@
 //! received frame) or, from 64 KiB, a position in one of the runner's shared-memory arenas
 //! ([`super::shm`]); every runner frame starts with the request regions it gives back. The
 //! runner is not trusted: the front decodes its frames with every length and position checked
-//! and checks each output's size against its type and shape.
+//! and checks each output's size against its type and shape (an output without bytes is one
+//! the runner wrote into a client's CUDA region: [`super::RemoteVersion`] checks it was asked
+//! for there).
+//!
+//! A request whose tensors are in clients' CUDA regions carries references to them (region id,
+//! IPC handle, device id, window) after its outputs; the runner opens the regions and copies
+//! ([`super::cuda`]), and a [`ToRunner::CudaRelease`] notice closes a region once it is gone.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 use tessera_protocol::DataType;
 use tessera_protocol::inference::ModelConfig;
 
+use crate::engine::cuda_ipc::{CudaIo, CudaRef, CudaRegionRef, HANDLE_BYTES, IpcHandle};
 use crate::engine::infer::{ParamValue, Parameters, ValidInferRequest};
 use crate::engine::model_spec::{IoInfo, ModelIo};
 use crate::engine::stats::Tally;
@@ -46,6 +54,12 @@ pub enum ToRunner {
     Cancel,
     /// Liveness; answered with [`FromRunner::Pong`].
     Ping,
+    /// A client's CUDA region is gone (unregistered, and no request names it): close it if it
+    /// is open. Not answered.
+    CudaRelease {
+        /// The region's id ([`CudaRegionRef::id`]).
+        id: u64,
+    },
 }
 
 /// A model version to load in the runner.
@@ -115,6 +129,7 @@ mod kind {
     pub const INFER: u8 = 3;
     pub const CANCEL: u8 = 4;
     pub const PING: u8 = 5;
+    pub const CUDA_RELEASE: u8 = 6;
     pub const LOADED: u8 = 101;
     pub const FAILED: u8 = 102;
     pub const DONE: u8 = 103;
@@ -274,6 +289,7 @@ impl ToRunner {
             }),
             ToRunner::Cancel => frame(out, kind::CANCEL, id, |_| {}),
             ToRunner::Ping => frame(out, kind::PING, id, |_| {}),
+            ToRunner::CudaRelease { id: region } => frame(out, kind::CUDA_RELEASE, id, |b| b.put_u64_le(*region)),
         }
     }
 }
@@ -302,6 +318,25 @@ fn encode_infer(b: &mut BytesMut, call: &InferCall, place: Place<'_>) {
     b.put_u32_le(r.outputs.len() as u32);
     for o in &r.outputs {
         b.put_u32_le(*o as u32);
+    }
+    put_cuda_io(b, &r.cuda);
+}
+
+/// The request's tensors in CUDA regions: inputs, then outputs, each a name and a reference.
+fn put_cuda_io(b: &mut BytesMut, io: &CudaIo) {
+    for list in [&io.inputs, &io.outputs] {
+        b.put_u32_le(list.len() as u32);
+        for (name, at) in list {
+            put_str(b, name);
+            let r = &at.region;
+            b.put_u64_le(r.id);
+            put_str(b, &r.name);
+            b.put_slice(&r.handle.0);
+            b.put_i64_le(r.device_id);
+            b.put_u64_le(r.byte_size);
+            b.put_u64_le(at.offset);
+            b.put_u64_le(at.byte_size);
+        }
     }
 }
 
@@ -464,6 +499,30 @@ impl Reader {
         Ok((name, datatype, shape, data, tag == SHARED))
     }
 
+    /// The CUDA references of a request ([`put_cuda_io`]); each window inside its region.
+    fn cuda_io(&mut self) -> WireResult<CudaIo> {
+        let mut io = CudaIo::default();
+        for list in [&mut io.inputs, &mut io.outputs] {
+            let n = self.count(8 + 8 + 8 + HANDLE_BYTES + 32, "CUDA references")?;
+            for _ in 0..n {
+                let name = self.string("CUDA tensor name")?;
+                let id = self.u64("CUDA region id")?;
+                let region_name = self.string("CUDA region name")?;
+                self.need(HANDLE_BYTES, "CUDA handle")?;
+                let handle = IpcHandle::from_slice(&self.0.split_to(HANDLE_BYTES)).ok_or_else(|| bad("CUDA handle"))?;
+                let device_id = self.i64("CUDA device id")?;
+                let byte_size = self.u64("CUDA region size")?;
+                let (offset, len) = (self.u64("CUDA offset")?, self.u64("CUDA byte size")?);
+                if offset.checked_add(len).is_none_or(|end| end > byte_size) {
+                    return Err(bad(format!("CUDA window of '{name}' lies outside its region")));
+                }
+                let region = Arc::new(CudaRegionRef { id, name: region_name, handle, device_id, byte_size });
+                list.push((name, CudaRef { region, offset, byte_size: len, lease: None }));
+            }
+        }
+        Ok(io)
+    }
+
     fn params(&mut self) -> WireResult<Parameters> {
         let n = self.count(10, "parameters")?;
         let mut params = Parameters::new();
@@ -546,6 +605,7 @@ impl ToRunner {
             }
             kind::CANCEL => ToRunner::Cancel,
             kind::PING => ToRunner::Ping,
+            kind::CUDA_RELEASE => ToRunner::CudaRelease { id: r.u64("CUDA region id")? },
             k => return Err(bad(format!("kind {k}"))),
         };
         r.end()?;
@@ -574,7 +634,8 @@ fn decode_infer(r: &mut Reader, fetch: Fetch<'_>) -> WireResult<InferCall> {
     }
     let n = r.count(4, "outputs")?;
     let outputs = (0..n).map(|_| r.u32("output").map(|o| o as usize)).collect::<WireResult<_>>()?;
-    let request = ValidInferRequest { id, parameters, priority, timeout_us, batch_size, inputs, outputs };
+    let cuda = r.cuda_io()?;
+    let request = ValidInferRequest { id, parameters, priority, timeout_us, batch_size, inputs, outputs, cuda };
     Ok(InferCall { key, version, request })
 }
 
@@ -607,7 +668,10 @@ impl FromRunner {
                         shm.count_response(shared, data.len());
                     }
                     let count = checked_element_count(&name, &shape).map_err(|e| bad(e.message))?;
-                    check_data_size(&name, datatype, count, &data).map_err(|e| bad(e.message))?;
+                    // No bytes: written into a CUDA region (the caller checks it was asked for).
+                    if !data.is_empty() {
+                        check_data_size(&name, datatype, count, &data).map_err(|e| bad(e.message))?;
+                    }
                     outputs.push(OutputTensor { name, datatype, shape, data });
                 }
                 FromRunner::Answer { result: Ok(outputs), stats }
@@ -674,6 +738,7 @@ mod tests {
             batch_size: 3,
             inputs: vec![Some(tensor("INPUT0", 3)), None],
             outputs: vec![1, 0],
+            cuda: Default::default(),
         };
         let mut buf = BytesMut::new();
         ToRunner::Infer(InferCall { key: "t/m".into(), version: 4, request }).encode(77, &mut buf, None);
@@ -759,6 +824,7 @@ mod tests {
             batch_size: 1,
             inputs: vec![Some(tensor("BIG", 2048)), Some(tensor("SMALL", 1))],
             outputs: vec![0],
+            cuda: Default::default(),
         };
         let big = request.inputs[0].as_ref().map(|t| t.data.clone()).expect("big");
         let mut buf = BytesMut::new();
@@ -824,6 +890,67 @@ mod tests {
         frame(&mut buf, kind::ANSWER_OK, 1, output_at(0, 64));
         let (k, _, body) = one_frame(&mut buf);
         assert!(FromRunner::decode(k, body, None).is_err());
+    }
+
+    fn cuda_ref(id: u64, offset: u64, byte_size: u64) -> CudaRef {
+        let handle = IpcHandle(std::array::from_fn(|i| i as u8));
+        let region = CudaRegionRef { id, name: format!("r{id}"), handle, device_id: 3, byte_size: 4096 };
+        let lease = Some(Arc::new(crate::engine::cuda_ipc::CudaLease::new(id)));
+        CudaRef { region: Arc::new(region), offset, byte_size, lease }
+    }
+
+    #[test]
+    fn cuda_references_cross_without_their_bytes() {
+        let mut input = tensor("IN", 2);
+        input.data = Bytes::new();
+        let cuda = CudaIo {
+            inputs: vec![("IN".into(), cuda_ref(7, 128, 128))],
+            outputs: vec![("OUT".into(), cuda_ref(8, 0, 4096))],
+        };
+        let request = ValidInferRequest {
+            id: String::new(),
+            parameters: Parameters::new(),
+            priority: 0,
+            timeout_us: 0,
+            batch_size: 2,
+            inputs: vec![Some(input)],
+            outputs: vec![0],
+            cuda,
+        };
+        let mut buf = BytesMut::new();
+        ToRunner::Infer(InferCall { key: "k".into(), version: 1, request }).encode(3, &mut buf, None);
+        ToRunner::CudaRelease { id: 7 }.encode(0, &mut buf, None);
+        let (k, _, body) = one_frame(&mut buf);
+        let ToRunner::Infer(call) = ToRunner::decode(k, body, None).expect("decodes") else { panic!("not infer") };
+        let cuda = &call.request.cuda;
+        let (name, at) = &cuda.inputs[0];
+        assert_eq!((name.as_str(), at.offset, at.byte_size, at.lease.is_none()), ("IN", 128, 128, true));
+        assert_eq!(*at.region, *cuda_ref(7, 0, 0).region, "id, name, handle, device and size intact");
+        assert_eq!(cuda.output("OUT").map(|r| (r.region.id, r.byte_size)), Some((8, 4096)));
+        assert!(call.request.inputs[0].as_ref().is_some_and(|t| t.data.is_empty()));
+        let (k, id, body) = one_frame(&mut buf);
+        assert!(matches!(ToRunner::decode(k, body, None), Ok(ToRunner::CudaRelease { id: 7 })));
+        assert_eq!(id, 0);
+
+        // A window past its region's end is a malformed frame.
+        let mut io = CudaIo::default();
+        io.outputs.push(("OUT".into(), cuda_ref(9, 4000, 97)));
+        let mut body = BytesMut::new();
+        put_cuda_io(&mut body, &io);
+        let e = Reader(body.freeze()).cuda_io().expect_err("outside");
+        assert!(e.0.contains("outside its region"), "{e}");
+    }
+
+    #[test]
+    fn an_output_written_to_cuda_comes_back_without_bytes() {
+        let out = OutputTensor { name: "OUT".into(), datatype: DataType::Fp32, shape: vec![4], data: Bytes::new() };
+        let mut buf = BytesMut::new();
+        FromRunner::Answer { result: Ok(vec![out]), stats: Tally::default() }.encode(1, &mut buf, None);
+        let (k, _, body) = one_frame(&mut buf);
+        let FromRunner::Answer { result: Ok(outputs), .. } = FromRunner::decode(k, body, None).expect("ok") else {
+            panic!()
+        };
+        assert!(outputs[0].data.is_empty());
     }
 
     #[test]

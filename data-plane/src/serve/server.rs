@@ -38,6 +38,16 @@ const EXTENSIONS_WITH_SHM: &[&str] = &[
     "statistics",
     "system_shared_memory",
 ];
+/// [`EXTENSIONS_WITH_SHM`] with CUDA shared memory, when the CUDA driver is here too.
+const EXTENSIONS_WITH_CUDA_SHM: &[&str] = &[
+    "binary_tensor_data",
+    "parameters",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "system_shared_memory",
+    "cuda_shared_memory",
+];
 
 /// Default `--http-max-input-size`, Triton's 64 MiB.
 pub const DEFAULT_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;
@@ -72,7 +82,8 @@ pub struct ServeConfig {
     pub runner_shm_bytes: usize,
     /// Bearer token `/metrics` requires; `None`: open.
     pub metrics_token: Option<MetricsToken>,
-    /// Clients may register and use system shared memory regions (Triton's `--allow-client-shm`).
+    /// Clients may register and use system and CUDA shared memory regions (Triton's
+    /// `--allow-client-shm`).
     pub allow_client_shm: bool,
 }
 
@@ -101,7 +112,7 @@ pub struct ServerState {
     tenant_gate: Option<TenantGate>,
     /// Bearer token the metrics listener requires; `None`: open.
     metrics_token: Option<MetricsToken>,
-    /// Clients' system shared memory regions.
+    /// Clients' system and CUDA shared memory regions.
     shared_memory: SharedMemory,
     /// More families the metrics endpoint renders (a worker's GPUs and slice health).
     metrics_sources: Vec<Arc<dyn MetricsSource>>,
@@ -134,14 +145,18 @@ impl ServerState {
         self
     }
 
-    /// Clients' system shared memory regions.
+    /// Clients' system and CUDA shared memory regions.
     pub fn shared_memory(&self) -> &SharedMemory {
         &self.shared_memory
     }
 
     /// The extensions server metadata lists.
     pub fn extensions(&self) -> &'static [&'static str] {
-        if self.shared_memory.allowed() { EXTENSIONS_WITH_SHM } else { EXTENSIONS }
+        match (self.shared_memory.allowed(), self.shared_memory.cuda_allowed()) {
+            (true, true) => EXTENSIONS_WITH_CUDA_SHM,
+            (true, false) => EXTENSIONS_WITH_SHM,
+            (false, _) => EXTENSIONS,
+        }
     }
 
     /// Adds families to the metrics endpoint.
@@ -423,7 +438,7 @@ pub async fn run(
     let manager = Arc::new(manager);
     let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size)
         .with_metrics_token(config.metrics_token.clone())
-        .with_shared_memory(ShmPolicy::serve(config.allow_client_shm));
+        .with_shared_memory(ShmPolicy::serve(config.allow_client_shm).with_models_in_runners(runners.is_some()));
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }

@@ -97,15 +97,15 @@ pub struct WorkerArgs {
     /// Where tenants' models run: a runner process per (tenant, slice), or inside the worker.
     #[arg(long, env = "TESSERA_ISOLATION", value_enum, default_value_t = Isolation::Runner)]
     pub isolation: Isolation,
-    /// Let tenants register system shared memory regions and pass tensors through them (keys
-    /// must start with `/<tenant-name>:`); off, the shared memory calls answer as Triton's do
-    /// with `--allow-client-shm=false`.
+    /// Let tenants register system and CUDA shared memory regions and pass tensors through them
+    /// (system keys must start with `/<tenant-name>:`); off, the shared memory calls answer as
+    /// Triton's do with `--allow-client-shm=false`.
     #[arg(long, env = "TESSERA_ALLOW_CLIENT_SHM", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub allow_client_shm: bool,
-    /// System shared memory regions one tenant may have registered at once.
+    /// Shared memory regions (system and CUDA) one tenant may have registered at once.
     #[arg(long, env = "TESSERA_CLIENT_SHM_MAX_REGIONS", default_value_t = shared_memory::DEFAULT_MAX_REGIONS_PER_TENANT)]
     pub client_shm_max_regions: usize,
-    /// MiB of system shared memory regions one tenant may have registered at once.
+    /// MiB of shared memory regions (system and CUDA) one tenant may have registered at once.
     #[arg(long, env = "TESSERA_CLIENT_SHM_MAX_MIB", default_value_t = shared_memory::DEFAULT_MAX_MIB_PER_TENANT)]
     pub client_shm_max_mib: u64,
     /// A directory of CUDA libraries (cuBLAS, cuDNN, cudart; TensorRT's libnvinfer) that GPU and

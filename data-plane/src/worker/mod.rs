@@ -111,7 +111,7 @@ pub async fn run(
         .with_usage_hook(meter.clone())
         .with_tenant_limit(config.tenant_max_in_flight)
         .with_metrics_token(config.metrics_token.clone())
-        .with_shared_memory(config.client_shm)
+        .with_shared_memory(config.client_shm.with_models_in_runners(runners.is_some()))
         .with_metrics_source(gpu_metrics.clone());
     if let Some(runners) = runners {
         state = state.with_runners(runners);

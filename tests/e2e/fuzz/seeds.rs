@@ -8,6 +8,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{Bytes, BytesMut};
 use ed25519_dalek::{Signer, SigningKey};
 use prost::Message;
+use tessera_data_plane::engine::cuda_ipc::{CudaIo, CudaRef, CudaRegionRef, IpcHandle};
 use tessera_data_plane::engine::infer::{ParamValue, ValidInferRequest};
 use tessera_data_plane::engine::model_spec::{IoInfo, ModelIo};
 use tessera_data_plane::engine::stats::Tally;
@@ -341,6 +342,7 @@ fn to_runner_frames() -> Vec<u8> {
             None,
         ],
         outputs: vec![0],
+        cuda: Default::default(),
     };
     let calls = [
         ToRunner::Load(Box::new(LoadCall {
@@ -351,15 +353,39 @@ fn to_runner_frames() -> Vec<u8> {
             config,
         })),
         ToRunner::Infer(InferCall { key: "t/m".into(), version: 1, request }),
+        ToRunner::Infer(InferCall { key: "t/m".into(), version: 1, request: cuda_request() }),
         ToRunner::Unload { key: "t/m".into(), version: 1 },
         ToRunner::Cancel,
         ToRunner::Ping,
+        ToRunner::CudaRelease { id: 1 },
     ];
     let mut out = BytesMut::new();
     for (id, call) in calls.iter().enumerate() {
         call.encode(id as u64 + 1, &mut out, None);
     }
     out.to_vec()
+}
+
+/// A request whose input and output are in CUDA regions: references, no bytes.
+fn cuda_request() -> ValidInferRequest {
+    let at = |id: u64, name: &str| {
+        let region =
+            CudaRegionRef { id, name: name.into(), handle: IpcHandle([id as u8; 64]), device_id: 0, byte_size: 64 };
+        CudaRef { region: std::sync::Arc::new(region), offset: 16, byte_size: 16, lease: None }
+    };
+    ValidInferRequest {
+        id: "c".into(),
+        parameters: Default::default(),
+        priority: 0,
+        timeout_us: 0,
+        batch_size: 1,
+        inputs: vec![
+            Some(InputTensor { name: "INT".into(), datatype: DataType::Int32, shape: vec![1, 4], data: Bytes::new() }),
+            None,
+        ],
+        outputs: vec![0],
+        cuda: CudaIo { inputs: vec![("INT".into(), at(1, "in"))], outputs: vec![("OUT".into(), at(2, "out"))] },
+    }
 }
 
 /// The fuzz targets' signing key (see `targets::tokens`).

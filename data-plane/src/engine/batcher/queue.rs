@@ -320,6 +320,7 @@ mod tests {
             batch_size: batch,
             inputs: vec![Some(input)],
             outputs: vec![0],
+            cuda: Default::default(),
         }
     }
 

@@ -83,7 +83,9 @@ pub fn infer_request(req: ModelInferRequest) -> Result<(InferRequest, ShmInputs)
         .into_iter()
         .map(|o| RequestedOutput { name: o.name, parameters: parameters(o.parameters) })
         .collect();
-    Ok((InferRequest { id: req.id, parameters: parameters(req.parameters), inputs, outputs }, shm_inputs))
+    let request =
+        InferRequest { id: req.id, parameters: parameters(req.parameters), inputs, outputs, cuda: Default::default() };
+    Ok((request, shm_inputs))
 }
 
 /// Packs typed `contents` into little-endian bytes, with range checks for narrow types.

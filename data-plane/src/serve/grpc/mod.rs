@@ -13,6 +13,7 @@ use prost::Message as _;
 use tessera_protocol::health::health_check_response::ServingStatus;
 use tessera_protocol::health::health_server::{Health, HealthServer};
 use tessera_protocol::health::{HealthCheckRequest, HealthCheckResponse};
+use tessera_protocol::inference::cuda_shared_memory_status_response::RegionStatus as CudaRegionStatus;
 use tessera_protocol::inference::grpc_inference_service_server::{GrpcInferenceService, GrpcInferenceServiceServer};
 use tessera_protocol::inference::model_metadata_response::TensorMetadata;
 use tessera_protocol::inference::model_repository_parameter::ParameterChoice as RepoParam;
@@ -26,10 +27,11 @@ use tonic::service::Routes;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::{Principal, Role};
+use crate::engine::cuda_ipc::{HANDLE_BYTES, IpcHandle};
 use crate::error::Error;
 use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::server::ServerState;
-use crate::serve::shared_memory::tensors;
+use crate::serve::shared_memory::{Kind, tensors};
 
 type GrpcResult<T> = Result<Response<T>, Status>;
 
@@ -286,29 +288,53 @@ impl GrpcInferenceService for InferenceService {
     ) -> GrpcResult<SystemSharedMemoryUnregisterResponse> {
         let caller = self.caller(&req, Role::Inference).await?;
         let name = req.into_inner().name;
-        self.state.shared_memory().unregister(caller.as_ref(), (!name.is_empty()).then_some(&*name))?;
+        self.state.shared_memory().unregister(caller.as_ref(), Kind::System, (!name.is_empty()).then_some(&*name))?;
         Ok(Response::new(SystemSharedMemoryUnregisterResponse {}))
     }
 
     async fn cuda_shared_memory_status(
         &self,
-        _: Request<CudaSharedMemoryStatusRequest>,
+        req: Request<CudaSharedMemoryStatusRequest>,
     ) -> GrpcResult<CudaSharedMemoryStatusResponse> {
-        unimplemented("CUDA shared memory")
+        let caller = self.caller(&req, Role::Inference).await?;
+        let name = req.into_inner().name;
+        let regions = self.state.shared_memory().cuda_status(caller.as_ref(), (!name.is_empty()).then_some(&*name))?;
+        let regions = regions
+            .into_iter()
+            .map(|r| {
+                let status = CudaRegionStatus { name: r.name.clone(), device_id: r.device_id, byte_size: r.byte_size };
+                (r.name, status)
+            })
+            .collect();
+        Ok(Response::new(CudaSharedMemoryStatusResponse { regions }))
     }
 
     async fn cuda_shared_memory_register(
         &self,
-        _: Request<CudaSharedMemoryRegisterRequest>,
+        req: Request<CudaSharedMemoryRegisterRequest>,
     ) -> GrpcResult<CudaSharedMemoryRegisterResponse> {
-        unimplemented("CUDA shared memory")
+        let caller = self.caller(&req, Role::Inference).await?;
+        let r = req.into_inner();
+        let shm = self.state.shared_memory();
+        shm.check_allowed()?;
+        let handle = IpcHandle::from_slice(&r.raw_handle).ok_or_else(|| {
+            Error::invalid(format!(
+                "'raw_handle' must be a {HANDLE_BYTES}-byte cudaIpcMemHandle_t, got {} bytes",
+                r.raw_handle.len()
+            ))
+        })?;
+        shm.register_cuda(caller.as_ref(), &r.name, handle, r.device_id, r.byte_size).await?;
+        Ok(Response::new(CudaSharedMemoryRegisterResponse {}))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
-        _: Request<CudaSharedMemoryUnregisterRequest>,
+        req: Request<CudaSharedMemoryUnregisterRequest>,
     ) -> GrpcResult<CudaSharedMemoryUnregisterResponse> {
-        unimplemented("CUDA shared memory")
+        let caller = self.caller(&req, Role::Inference).await?;
+        let name = req.into_inner().name;
+        self.state.shared_memory().unregister(caller.as_ref(), Kind::Cuda, (!name.is_empty()).then_some(&*name))?;
+        Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
     async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> GrpcResult<TraceSettingResponse> {

@@ -113,6 +113,7 @@ fn decode_request(header: &[u8], tail: &Bytes) -> Result<(InferRequest, ShmInput
         parameters: decode_parameters(json.parameters)?,
         inputs,
         outputs,
+        cuda: Default::default(),
     };
     Ok((request, shm_inputs))
 }

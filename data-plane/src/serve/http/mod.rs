@@ -125,6 +125,32 @@ pub fn router(state: Arc<ServerState>) -> Router {
                 handle_system_shm_unregister(&s, c, Some(r)).await
             }),
         )
+        .route(
+            "/v2/cudasharedmemory/status",
+            get(|State(s): S, c: Caller| async move { handle_cuda_shm_status(&s, c, None).await }),
+        )
+        .route(
+            "/v2/cudasharedmemory/region/{region}/status",
+            get(|State(s): S, c: Caller, UrlPath(r): UrlPath<String>| async move {
+                handle_cuda_shm_status(&s, c, Some(r)).await
+            }),
+        )
+        .route(
+            "/v2/cudasharedmemory/region/{region}/register",
+            post(|State(s): S, c: Caller, UrlPath(r): UrlPath<String>, b: Body| async move {
+                handle_cuda_shm_register(&s, c, r, b).await
+            }),
+        )
+        .route(
+            "/v2/cudasharedmemory/unregister",
+            post(|State(s): S, c: Caller| async move { handle_cuda_shm_unregister(&s, c, None).await }),
+        )
+        .route(
+            "/v2/cudasharedmemory/region/{region}/unregister",
+            post(|State(s): S, c: Caller, UrlPath(r): UrlPath<String>| async move {
+                handle_cuda_shm_unregister(&s, c, Some(r)).await
+            }),
+        )
         .route("/v2/repository/index", post(handle_repository_index))
         .route("/v2/repository/models/{model}/load", post(handle_repository_load))
         .route("/v2/repository/models/{model}/unload", post(handle_repository_unload))

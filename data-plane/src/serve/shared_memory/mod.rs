@@ -19,8 +19,15 @@
 //! objects, or its host's, for whoever guesses a key), and each tenant has a cap on its regions
 //! and on their bytes.
 //!
-//! CUDA regions will be a second [`RegionKind`]: Triton keeps system and CUDA regions in one
-//! name space, and so does this registry.
+//! CUDA regions are the second [`RegionKind`] ([`SharedMemory::register_cuda`]): a client's
+//! CUDA IPC handle, device id and size. Triton keeps system and CUDA regions in one name space,
+//! and so does this registry; status and unregister see only their own kind, as in Triton.
+//! The registry keeps only the entry: the handle is opened in the process that runs the model
+//! ([`crate::engine::cuda_ipc`]): here when models run in this process (`tessera serve`
+//! without `--runner`: at registration, as Triton does), else in the runner that runs the
+//! request, at its first use there ([`crate::runner::cuda`]). On a worker a CUDA region belongs
+//! to the tenant that registered it and counts against its caps like a system region; a CUDA
+//! handle is a capability its exporting process hands out, so no key rule applies.
 
 pub mod tensors;
 
@@ -30,10 +37,12 @@ use std::fs::File;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
 use crate::auth::Principal;
+use crate::engine::cuda_ipc::{self, CudaError, CudaLease, CudaRef, CudaRegionRef, IpcHandle};
 use crate::error::{Error, ErrorKind, Result};
 
 /// Default `--client-shm-max-regions`: regions one tenant may have registered on a worker.
@@ -51,6 +60,9 @@ pub struct ShmPolicy {
     pub allow: bool,
     /// Per-tenant caps and the key rule; `None` on `tessera serve`, which follows Triton.
     pub tenants: Option<TenantLimits>,
+    /// Models run in runner processes, which open CUDA regions themselves; otherwise this
+    /// process opens them when they are registered.
+    pub models_in_runners: bool,
 }
 
 /// What one tenant may register on a worker.
@@ -66,12 +78,18 @@ impl ShmPolicy {
     /// `tessera serve`: Triton's behaviour, one name space, no caps; `allow` off answers as
     /// Triton does with `--allow-client-shm=false`.
     pub fn serve(allow: bool) -> Self {
-        Self { allow, tenants: None }
+        Self { allow, tenants: None, models_in_runners: false }
     }
 
-    /// A worker: per-tenant name spaces, the key rule and `limits`.
+    /// A worker: per-tenant name spaces, the key rule and `limits`; models run in runners.
     pub fn worker(allow: bool, limits: TenantLimits) -> Self {
-        Self { allow, tenants: Some(limits) }
+        Self { allow, tenants: Some(limits), models_in_runners: true }
+    }
+
+    /// Notes whether models run in runner processes (`tessera serve --runner`).
+    pub fn with_models_in_runners(mut self, in_runners: bool) -> Self {
+        self.models_in_runners = in_runners;
+        self
     }
 }
 
@@ -84,11 +102,39 @@ pub struct Region {
     pub kind: RegionKind,
 }
 
-/// The kinds of region (CUDA joins it with the GPU issue).
+/// The kinds of region.
 #[derive(Debug)]
 pub enum RegionKind {
     /// A window on a POSIX shared memory object.
     System(SystemRegion),
+    /// A client's CUDA allocation, by its IPC handle.
+    Cuda(CudaRegion),
+}
+
+/// A client's CUDA allocation: what the process that runs the model needs to open it, and the
+/// lease that closes it there once the region is gone.
+#[derive(Debug)]
+pub struct CudaRegion {
+    /// Id, name, handle, device id, size.
+    pub info: Arc<CudaRegionRef>,
+    /// Held by this entry and by every request that names the region.
+    pub lease: Arc<CudaLease>,
+}
+
+impl CudaRegion {
+    /// The window `[offset, offset + byte_size)`, holding the lease.
+    pub fn window(&self, offset: u64, byte_size: u64) -> CudaRef {
+        CudaRef { region: self.info.clone(), offset, byte_size, lease: Some(self.lease.clone()) }
+    }
+}
+
+/// Which kind of region a status or unregister call is about (Triton's separate routes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// System shared memory.
+    System,
+    /// CUDA shared memory.
+    Cuda,
 }
 
 /// A window on a POSIX shared memory object, read and written through its descriptor.
@@ -103,7 +149,18 @@ pub struct SystemRegion {
     file: File,
 }
 
-/// A region as status lists it.
+/// A CUDA region as status lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaRegionStatus {
+    /// Name.
+    pub name: String,
+    /// The device id the client registered.
+    pub device_id: u64,
+    /// Length.
+    pub byte_size: u64,
+}
+
+/// A system region as status lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RegionStatus {
     /// Name.
@@ -117,16 +174,20 @@ pub struct RegionStatus {
 }
 
 impl Region {
-    /// The system region, for the operations only it has.
-    fn system(&self) -> &SystemRegion {
+    /// The region's kind.
+    pub fn kind(&self) -> Kind {
         match &self.kind {
-            RegionKind::System(system) => system,
+            RegionKind::System(_) => Kind::System,
+            RegionKind::Cuda(_) => Kind::Cuda,
         }
     }
 
     /// The region's byte size.
     pub fn byte_size(&self) -> u64 {
-        self.system().byte_size
+        match &self.kind {
+            RegionKind::System(system) => system.byte_size,
+            RegionKind::Cuda(cuda) => cuda.info.byte_size,
+        }
     }
 
     /// Checks that `[offset, offset + len)` lies inside the region (Triton's messages; a region
@@ -145,21 +206,33 @@ impl Region {
         Ok(())
     }
 
-    /// Reads `len` bytes at `offset` in the region (checked against it).
+    /// Reads `len` bytes at `offset` in the region (checked against it). Blocking; a CUDA
+    /// region is read through this process's mapping of it (models that run here).
     pub fn read(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         self.check_window(offset, len)?;
-        let system = self.system();
+        let system = match &self.kind {
+            RegionKind::System(system) => system,
+            RegionKind::Cuda(cuda) => {
+                return cuda_ipc::global().read(&cuda.window(offset, len)).map_err(|e| e.for_region(&self.name));
+            }
+        };
         let len = usize::try_from(len).map_err(|_| Error::invalid("shared memory byte size is too large"))?;
         let mut out = vec![0u8; len];
         system.file.read_exact_at(&mut out, system.offset + offset).map_err(|e| self.io_failed("read", &e))?;
         Ok(out)
     }
 
-    /// Writes `data` at `offset` in the region (checked against it).
+    /// Writes `data` at `offset` in the region (checked against it). Blocking, as [`Self::read`].
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_window(offset, data.len() as u64)?;
-        let system = self.system();
-        system.file.write_all_at(data, system.offset + offset).map_err(|e| self.io_failed("write", &e))
+        match &self.kind {
+            RegionKind::System(system) => {
+                system.file.write_all_at(data, system.offset + offset).map_err(|e| self.io_failed("write", &e))
+            }
+            RegionKind::Cuda(cuda) => cuda_ipc::global()
+                .write(&cuda.window(offset, data.len() as u64), data)
+                .map_err(|e| e.for_region(&self.name)),
+        }
     }
 
     /// A read or write that failed although the window checked out: the client shrank or
@@ -172,14 +245,24 @@ impl Region {
         ))
     }
 
-    fn status(&self) -> RegionStatus {
-        let system = self.system();
-        RegionStatus {
+    fn status(&self) -> Option<RegionStatus> {
+        let RegionKind::System(system) = &self.kind else { return None };
+        Some(RegionStatus {
             name: self.name.clone(),
             key: system.key.clone(),
             offset: system.offset,
             byte_size: system.byte_size,
-        }
+        })
+    }
+
+    fn cuda_status(&self) -> Option<CudaRegionStatus> {
+        let RegionKind::Cuda(cuda) = &self.kind else { return None };
+        // Registration refuses negative ids, so the cast keeps the value.
+        Some(CudaRegionStatus {
+            name: self.name.clone(),
+            device_id: cuda.info.device_id as u64,
+            byte_size: cuda.info.byte_size,
+        })
     }
 }
 
@@ -199,6 +282,8 @@ pub struct SharedMemory {
     /// Regions by owner (tenant id; "" on `serve`). Held for a lookup or a change of the map
     /// only, never while a region is opened, read or written.
     owners: Mutex<HashMap<String, Owned>>,
+    /// Numbers CUDA registrations ([`CudaRegionRef::id`]).
+    next_cuda_id: AtomicU64,
 }
 
 /// The owner name space of `caller`: its tenant, or the server's one (`serve`).
@@ -209,7 +294,12 @@ fn owner_of(caller: Option<&Principal>) -> &str {
 impl SharedMemory {
     /// An empty registry under `policy`.
     pub fn new(policy: ShmPolicy) -> Self {
-        Self { policy, owners: Mutex::new(HashMap::new()) }
+        if policy.allow {
+            // Looks for the CUDA driver now, at start-up, rather than in the first request
+            // that asks (the answer is cached).
+            let _ = cuda_ipc::library();
+        }
+        Self { policy, owners: Mutex::new(HashMap::new()), next_cuda_id: AtomicU64::new(1) }
     }
 
     /// Whether clients may register and use regions.
@@ -217,7 +307,19 @@ impl SharedMemory {
         self.policy.allow
     }
 
-    fn check_allowed(&self) -> Result<()> {
+    /// Whether clients may register CUDA regions: shared memory is allowed and the CUDA driver
+    /// is here (the front's check; a runner without CUDA fails the requests that use one).
+    pub fn cuda_allowed(&self) -> bool {
+        self.policy.allow && cuda_ipc::library().is_ok()
+    }
+
+    /// Whether models run in runner processes, which open CUDA regions themselves.
+    pub fn models_in_runners(&self) -> bool {
+        self.policy.models_in_runners
+    }
+
+    /// Refuses with Triton's message while client shared memory is off.
+    pub fn check_allowed(&self) -> Result<()> {
         if self.policy.allow { Ok(()) } else { Err(Error::unsupported(DISABLED)) }
     }
 
@@ -245,15 +347,92 @@ impl SharedMemory {
             name: name.to_string(),
             kind: RegionKind::System(SystemRegion { key: key.to_string(), offset, byte_size, file }),
         };
+        self.insert(owner, region)
+    }
+
+    /// Adds `region` to `owner`'s regions, unless its name was taken meanwhile or the owner's
+    /// caps forbid it.
+    fn insert(&self, owner: &str, region: Region) -> Result<()> {
         let mut owners = self.owners.lock();
         let owned = owners.entry(owner.to_string()).or_default();
-        if owned.regions.contains_key(name) {
-            return Err(already_registered(name));
+        if owned.regions.contains_key(&region.name) {
+            return Err(already_registered(&region.name));
         }
-        self.check_limits(owned, byte_size)?;
-        owned.bytes += byte_size;
-        owned.regions.insert(name.to_string(), Arc::new(region));
+        self.check_limits(owned, region.byte_size())?;
+        owned.bytes += region.byte_size();
+        owned.regions.insert(region.name.clone(), Arc::new(region));
         Ok(())
+    }
+
+    /// Registers a client's CUDA allocation (its IPC `handle`, on its device `device_id`) as
+    /// `name` for `caller`. The arguments are checked first; then, where models run here, the
+    /// handle is opened at once (Triton's behaviour), else only the presence of the CUDA
+    /// driver is checked and the runner opens it at first use.
+    pub async fn register_cuda(
+        &self,
+        caller: Option<&Principal>,
+        name: &str,
+        handle: IpcHandle,
+        device_id: i64,
+        byte_size: u64,
+    ) -> Result<()> {
+        self.check_allowed()?;
+        if name.is_empty() {
+            return Err(Error::invalid("'region name' is necessary to register cuda shared memory region"));
+        }
+        if byte_size == 0 {
+            return Err(Error::invalid(format!("failed to register shared memory region '{name}': invalid args")));
+        }
+        if device_id < 0 {
+            return Err(Error::invalid(format!(
+                "failed to register CUDA shared memory region: '{name}', invalid device id {device_id}"
+            )));
+        }
+        let owner = owner_of(caller);
+        if let Some(owned) = self.owners.lock().get(owner) {
+            if owned.regions.contains_key(name) {
+                return Err(already_registered(name));
+            }
+            self.check_limits(owned, byte_size)?;
+        }
+        let id = self.next_cuda_id.fetch_add(1, Ordering::Relaxed);
+        let info = Arc::new(CudaRegionRef { id, name: name.to_string(), handle, device_id, byte_size });
+        // Dropped on any failure below, which closes what was opened.
+        let lease = Arc::new(CudaLease::new(id));
+        self.check_cuda(&info).await?;
+        self.insert(owner, Region { name: name.to_string(), kind: RegionKind::Cuda(CudaRegion { info, lease }) })
+    }
+
+    /// Checks that a CUDA region can be used: opens it where models run here, else checks
+    /// that the driver is present. On the blocking pool: loading the driver and opening a
+    /// handle wait on it.
+    async fn check_cuda(&self, info: &Arc<CudaRegionRef>) -> Result<()> {
+        let (info, in_runners) = (info.clone(), self.policy.models_in_runners);
+        let name = info.name.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            if in_runners {
+                return cuda_ipc::library().map_err(CudaError::Unavailable);
+            }
+            let visible = cuda_ipc::driver().map_err(CudaError::Unavailable)?;
+            if info.device_id >= i64::from(visible) {
+                return Err(CudaError::Refused(format!(
+                    "device id {} is out of range: this server sees {visible} CUDA device(s)",
+                    info.device_id
+                )));
+            }
+            cuda_ipc::global().open(&info).map(drop)
+        })
+        .await
+        .map_err(|_| Error::internal("registering a CUDA shared memory region failed"))?;
+        checked.map_err(|e| match e {
+            CudaError::Unavailable(why) => Error::invalid(format!(
+                "failed to register CUDA shared memory region: '{name}', GPUs not supported: CUDA is not available \
+                 on this server ({why})"
+            )),
+            CudaError::Refused(why) => {
+                Error::invalid(format!("failed to register shared memory region '{name}': invalid args ({why})"))
+            }
+        })
     }
 
     /// On a worker, a key must start with `/<tenant-name>:` (see the module docs).
@@ -296,37 +475,72 @@ impl SharedMemory {
         Ok(())
     }
 
-    /// Unregisters `name` of `caller` (`None`: all of them). A name that is not registered is
-    /// not an error, as in Triton.
-    pub fn unregister(&self, caller: Option<&Principal>, name: Option<&str>) -> Result<()> {
+    /// Unregisters `caller`'s region `name` of `kind` (`None`: all of that kind). A name that
+    /// is not registered, or is of the other kind, is left alone without an error, as in Triton.
+    pub fn unregister(&self, caller: Option<&Principal>, kind: Kind, name: Option<&str>) -> Result<()> {
         self.check_allowed()?;
         let owner = owner_of(caller);
+        let mut removed = Vec::new();
         let mut owners = self.owners.lock();
         let Some(owned) = owners.get_mut(owner) else { return Ok(()) };
-        match name {
+        let names: Vec<String> = match name {
             Some(name) => {
-                if let Some(region) = owned.regions.remove(name) {
-                    owned.bytes -= region.byte_size();
-                }
+                owned.regions.get(name).filter(|r| r.kind() == kind).map(|_| name.to_string()).into_iter().collect()
             }
-            None => *owned = Owned::default(),
+            None => owned.regions.iter().filter(|(_, r)| r.kind() == kind).map(|(n, _)| n.clone()).collect(),
+        };
+        for name in names {
+            if let Some(region) = owned.regions.remove(&name) {
+                owned.bytes -= region.byte_size();
+                removed.push(region);
+            }
         }
         if owned.regions.is_empty() {
             owners.remove(owner);
         }
+        drop(owners);
+        release_off_thread(removed);
         Ok(())
     }
 
-    /// The status of `caller`'s region `name`, or of all of them.
+    /// The status of `caller`'s system region `name`, or of all of them.
     pub fn status(&self, caller: Option<&Principal>, name: Option<&str>) -> Result<Vec<RegionStatus>> {
+        self.statuses(caller, Kind::System, name, Region::status)
+    }
+
+    /// The status of `caller`'s CUDA region `name`, or of all of them.
+    pub fn cuda_status(&self, caller: Option<&Principal>, name: Option<&str>) -> Result<Vec<CudaRegionStatus>> {
+        self.statuses(caller, Kind::Cuda, name, Region::cuda_status)
+    }
+
+    /// The regions of `kind` as `row` lists them, with Triton's errors for a name that is
+    /// unknown or of the other kind.
+    fn statuses<T>(
+        &self,
+        caller: Option<&Principal>,
+        kind: Kind,
+        name: Option<&str>,
+        row: fn(&Region) -> Option<T>,
+    ) -> Result<Vec<T>> {
         let owners = self.owners.lock();
         let owned = owners.get(owner_of(caller));
-        match name {
-            None => Ok(owned.map(|o| o.regions.values().map(|r| r.status()).collect()).unwrap_or_default()),
-            Some(name) => match owned.and_then(|o| o.regions.get(name)) {
-                Some(region) => Ok(vec![region.status()]),
-                None => Err(Error::not_found(format!("Unable to find system shared memory region: '{name}'"))),
-            },
+        let Some(name) = name else {
+            return Ok(owned.map(|o| o.regions.values().filter_map(|r| row(r)).collect()).unwrap_or_default());
+        };
+        let (this, other) = match kind {
+            Kind::System => ("system", "CUDA"),
+            Kind::Cuda => ("CUDA", "system"),
+        };
+        match owned.and_then(|o| o.regions.get(name)) {
+            Some(region) => row(region).map(|r| vec![r]).ok_or_else(|| {
+                Error::not_found(format!(
+                    "The region named '{name}' is registered as {other} shared memory, not {this} shared memory"
+                ))
+            }),
+            None => {
+                let this = if kind == Kind::Cuda { "cuda" } else { this };
+                Err(Error::not_found(format!("Unable to find {this} shared memory region: '{name}'")))
+            }
         }
     }
 
@@ -347,6 +561,16 @@ impl SharedMemory {
 /// tenant `acme-b`.
 pub fn tenant_key_prefix(tenant_name: &str) -> String {
     format!("/{tenant_name}:")
+}
+
+/// Drops unregistered regions; CUDA ones close their mappings here (in-process), which waits
+/// on the device, so that happens on the blocking pool when there is one.
+fn release_off_thread(removed: Vec<Arc<Region>>) {
+    let cuda = removed.iter().any(|r| r.kind() == Kind::Cuda);
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) if cuda => drop(runtime.spawn_blocking(move || drop(removed))),
+        _ => drop(removed),
+    }
 }
 
 fn already_registered(name: &str) -> Error {

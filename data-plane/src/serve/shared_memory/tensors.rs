@@ -2,13 +2,17 @@
 //! outputs, the inputs read out of their regions before the request is queued (one copy into
 //! the input tensor, as a body's bytes are), and the outputs written into theirs once it is
 //! answered. A request that names no region allocates nothing here and takes no lock.
+//!
+//! A tensor in a CUDA region is copied here too when the model runs in this process; when it
+//! runs in a runner, the request carries a reference to the region instead
+//! ([`InferRequest::cuda`]) and the runner copies (see [`crate::runner::cuda`]).
 
 use std::sync::Arc;
 
 use crate::auth::Principal;
 use crate::engine::infer::{InferRequest, InferResponse, ParamValue, Parameters};
 use crate::error::{Error, Result};
-use crate::serve::shared_memory::{Region, SharedMemory};
+use crate::serve::shared_memory::{Kind, Region, RegionKind, SharedMemory};
 
 /// The parameter naming a tensor's region.
 pub const REGION: &str = "shared_memory_region";
@@ -93,6 +97,8 @@ struct OutputRegion {
     name: String,
     at: ShmRef,
     region: Arc<Region>,
+    /// A CUDA region the runner that runs the model writes into.
+    by_runner: bool,
 }
 
 /// Reads the request's shared-memory `inputs` into their tensors and resolves the outputs it
@@ -105,7 +111,17 @@ pub async fn resolve(
 ) -> Result<Option<OutputRegions>> {
     for input in inputs {
         let region = shm.get(caller, &input.at.region)?;
-        let data = read(region, input.at.offset, input.at.byte_size).await?;
+        let (offset, len) = (input.at.offset, input.at.byte_size);
+        if let RegionKind::Cuda(cuda) = &region.kind
+            && shm.models_in_runners()
+        {
+            region.check_window(offset, len)?;
+            if let Some(tensor) = request.inputs.get(input.index) {
+                request.cuda.inputs.push((tensor.name.clone(), cuda.window(offset, len)));
+            }
+            continue;
+        }
+        let data = read(region, offset, len).await?;
         if let Some(tensor) = request.inputs.get_mut(input.index) {
             tensor.data = data.into();
         }
@@ -115,7 +131,14 @@ pub async fn resolve(
         let Some(at) = parse(&output.parameters, &output.name)? else { continue };
         let region = shm.get(caller, &at.region)?;
         region.check_window(at.offset, at.byte_size)?;
-        outputs.push(OutputRegion { name: output.name.clone(), at, region });
+        let by_runner = match &region.kind {
+            RegionKind::Cuda(cuda) if shm.models_in_runners() => {
+                request.cuda.outputs.push((output.name.clone(), cuda.window(at.offset, at.byte_size)));
+                true
+            }
+            _ => false,
+        };
+        outputs.push(OutputRegion { name: output.name.clone(), at, region, by_runner });
     }
     Ok((!outputs.is_empty()).then_some(OutputRegions { outputs }))
 }
@@ -133,17 +156,12 @@ impl OutputRegions {
             if let Some(target) = self.outputs.iter().find(|o| o.name == out.name)
                 && out.data.len() as u64 > target.at.byte_size
             {
-                return Err(Error::internal(format!(
-                    "shared memory size specified with the request for output '{}' ({} bytes) should be at \
-                     least {} bytes to hold the results",
-                    out.name,
-                    target.at.byte_size,
-                    out.data.len()
-                )));
+                return Err(output_too_small(&out.name, target.at.byte_size, out.data.len()));
             }
         }
         for out in &mut response.outputs {
-            if let Some(target) = self.outputs.iter().find(|o| o.name == out.name) {
+            // The runner already wrote those, and answered them without bytes.
+            if let Some(target) = self.outputs.iter().find(|o| o.name == out.name && !o.by_runner) {
                 let data = std::mem::take(&mut out.data);
                 write(target.region.clone(), target.at.offset, data).await?;
             }
@@ -152,9 +170,18 @@ impl OutputRegions {
     }
 }
 
-/// Reads a window of `region`, on the blocking pool when it is large.
+/// Triton's error for an output larger than the window the request gave it.
+pub fn output_too_small(name: &str, window: u64, needed: usize) -> Error {
+    Error::internal(format!(
+        "shared memory size specified with the request for output '{name}' ({window} bytes) should be at least \
+         {needed} bytes to hold the results"
+    ))
+}
+
+/// Reads a window of `region`, on the blocking pool when it is large or in CUDA (a copy
+/// from the device waits for it).
 async fn read(region: Arc<Region>, offset: u64, len: u64) -> Result<Vec<u8>> {
-    if len < BLOCKING_BYTES as u64 {
+    if len < BLOCKING_BYTES as u64 && region.kind() == Kind::System {
         return region.read(offset, len);
     }
     tokio::task::spawn_blocking(move || region.read(offset, len))
@@ -162,9 +189,9 @@ async fn read(region: Arc<Region>, offset: u64, len: u64) -> Result<Vec<u8>> {
         .map_err(|_| Error::internal("reading a shared memory region failed"))?
 }
 
-/// Writes `data` into `region`, on the blocking pool when it is large.
+/// Writes `data` into `region`, on the blocking pool when it is large or in CUDA.
 async fn write(region: Arc<Region>, offset: u64, data: bytes::Bytes) -> Result<()> {
-    if data.len() < BLOCKING_BYTES {
+    if data.len() < BLOCKING_BYTES && region.kind() == Kind::System {
         return region.write(offset, &data);
     }
     tokio::task::spawn_blocking(move || region.write(offset, &data))
