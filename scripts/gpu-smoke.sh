@@ -48,7 +48,8 @@ pack() {
     || die "gen_models failed (run ./scripts/setup-python.sh first)"
   say "fetching onnxruntime-gpu==$TESSERA_ORT_VERSION libraries"
   local ort_dir
-  ort_dir="$("$ROOT/scripts/setup-ort.sh" --gpu --print-dir)" || die "setup-ort.sh --gpu failed"
+  # --force: this machine has no GPU; the libraries are for the GPU machine.
+  ort_dir="$(dirname "$("$ROOT/scripts/setup-ort.sh" --gpu --force | tail -1)")" || die "setup-ort.sh --gpu failed"
   mkdir -p "$SMOKE/stage/ort"
   cp -L "$ort_dir"/libonnxruntime*.so* "$SMOKE/stage/ort/" || die "no GPU libraries in $ort_dir"
   cp "$ROOT/scripts/gpu-smoke.sh" "$ROOT/scripts/gpu_smoke_cuda_shm.py" "$SMOKE/stage/"

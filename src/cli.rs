@@ -8,6 +8,7 @@ use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use tessera_data_plane::engine::manager::ControlMode;
 use tessera_data_plane::serve::net::listen::ListenArgs;
 use tessera_data_plane::serve::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
+use tessera_data_plane::worker::gpu::NvmlSource;
 use tokio_util::sync::CancellationToken;
 
 /// Tessera: a Triton-compatible, multi-tenant inference service.
@@ -48,6 +49,9 @@ pub enum Command {
     Runner(tessera_data_plane::runner::RunnerArgs),
     /// Print the control plane's OpenAPI document (what `openapi/openapi.json` holds).
     Openapi,
+    /// Print the GPUs and MIG instances NVML reports, and the slices a worker here would offer
+    /// (JSON; reads only, changes nothing).
+    Gpus(GpusArgs),
     /// Everything on one machine in one process: control plane (SQLite), a worker, a demo
     /// tenant with the demo model deployed; prints keys and examples. State in `--data-dir`.
     Dev(crate::dev::DevArgs),
@@ -138,6 +142,14 @@ pub enum Mode {
     Poll,
     /// Load and unload through the API.
     Explicit,
+}
+
+/// Flags of `tessera gpus`.
+#[derive(Debug, clap::Args)]
+pub struct GpusArgs {
+    /// Load NVML from this file instead of the system's `libnvidia-ml.so.1`.
+    #[arg(long, env = "TESSERA_NVML_LIBRARY")]
+    pub nvml_library: Option<PathBuf>,
 }
 
 /// Measurement tools.
@@ -255,6 +267,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Openapi => {
             print!("{}", tessera_control_plane::openapi_json());
+            Ok(())
+        }
+        Command::Gpus(args) => {
+            let source = match args.nvml_library {
+                Some(path) => NvmlSource::Library(path),
+                None => NvmlSource::System,
+            };
+            let report = tessera_data_plane::worker::gpu::Gpus::open(&source)?
+                .map_or_else(|| serde_json::json!({ "nvml": false, "gpus": [], "slices": [] }), |g| g.report());
+            println!("{}", serde_json::to_string_pretty(&report)?);
             Ok(())
         }
         Command::Dev(args) => {

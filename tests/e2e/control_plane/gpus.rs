@@ -115,3 +115,32 @@ async fn a_worker_on_nvml_registers_mig_slices_exports_gpu_metrics_and_reports_x
     assert_eq!(profiles(&slices), expected);
     assert_eq!(slices.iter().filter(|s| unhealthy(s)).count(), 7);
 }
+
+#[test]
+fn tessera_gpus_prints_what_nvml_reports_and_the_slices_a_worker_would_offer() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["gpus", "--nvml-library"])
+        .arg(fake_nvml())
+        .env("FAKE_NVML_GPUS", "h200:3g.71gb,2g.35gb,1g.18gb*2;h100")
+        .output()
+        .expect("run tessera gpus");
+    assert!(out.status.success(), "tessera gpus failed: {}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("JSON on stdout");
+    assert_eq!(report["nvml"], true);
+    let gpus = report["gpus"].as_array().expect("gpus");
+    assert_eq!(gpus.len(), 2);
+    assert_eq!((gpus[0]["mig_enabled"].as_bool(), gpus[1]["mig_enabled"].as_bool()), (Some(true), Some(false)));
+    let migs: Vec<&str> =
+        gpus[0]["mig"].as_array().expect("mig").iter().filter_map(|m| m["profile"].as_str()).collect();
+    assert_eq!(migs, ["3g.71gb", "2g.35gb", "1g.18gb", "1g.18gb"]);
+    let slices: Vec<&str> =
+        report["slices"].as_array().expect("slices").iter().filter_map(|s| s["profile"].as_str()).collect();
+    assert_eq!(slices, ["mig-3g.71gb", "mig-2g.35gb", "mig-1g.18gb", "mig-1g.18gb", "gpu"]);
+
+    let missing = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["gpus", "--nvml-library", "/nonexistent/libnvidia-ml.so.1"])
+        .output()
+        .expect("run tessera gpus");
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/libnvidia-ml.so.1"));
+}

@@ -100,6 +100,36 @@ impl Gpus {
         nvml::slices(&self.devices)
     }
 
+    /// The GPUs, their MIG instances and the slices they offer, as `tessera gpus` prints them.
+    pub fn report(&self) -> serde_json::Value {
+        let gpus: Vec<serde_json::Value> = self
+            .devices
+            .iter()
+            .map(|g| {
+                let migs: Vec<serde_json::Value> = g
+                    .migs
+                    .iter()
+                    .map(|m| {
+                        serde_json::json!({
+                            "uuid": m.uuid, "profile": m.profile, "memory_bytes": m.memory_bytes,
+                            "gpu_instance_id": m.gpu_instance_id, "compute_instance_id": m.compute_instance_id,
+                        })
+                    })
+                    .collect();
+                serde_json::json!({
+                    "index": g.index, "uuid": g.uuid, "name": g.name, "memory_bytes": g.memory_bytes,
+                    "mig_enabled": g.mig_enabled, "mig": migs,
+                })
+            })
+            .collect();
+        let slices: Vec<serde_json::Value> = self
+            .slices()
+            .iter()
+            .map(|s| serde_json::json!({ "id": s.id, "profile": s.profile, "memory_bytes": s.memory_bytes }))
+            .collect();
+        serde_json::json!({ "nvml": true, "gpus": gpus, "slices": slices })
+    }
+
     /// The monitor of these GPUs (health events and metrics), not started yet.
     pub fn monitor(
         &self,
