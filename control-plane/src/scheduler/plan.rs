@@ -954,16 +954,7 @@ mod tests {
 
     /// A simulated H200 node with seven 1g.18gb MIG slices `MIG-<id>-<n>`.
     fn h200(id: &str) -> WorkerInfo {
-        WorkerInfo {
-            slices: (0..7)
-                .map(|i| SliceSpec {
-                    id: format!("MIG-{id}-{i}"),
-                    profile: "mig-1g.18gb".into(),
-                    memory_bytes: 18_432 << 20,
-                })
-                .collect(),
-            ..worker(id, 0, 0)
-        }
+        WorkerInfo { slices: crate::scheduler::tests::h200_1g_slices(id), ..worker(id, 0, 0) }
     }
 
     fn on_mig(mut d: DeploymentInfo) -> DeploymentInfo {

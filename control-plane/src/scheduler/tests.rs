@@ -172,18 +172,16 @@ fn a_preferred_slice_is_taken_when_it_fits_and_quotas_allow() {
     assert_eq!(q.place_preferring(&replica("d", 1, "acme", "cpu", 1), Some(&empty)).expect("its own slice"), first);
 }
 
+/// The slices of an H200 in MIG mode with seven 1g.18gb instances, `MIG-<id>-<n>`.
+pub(super) fn h200_1g_slices(id: &str) -> Vec<SliceSpec> {
+    (0..7)
+        .map(|i| SliceSpec { id: format!("MIG-{id}-{i}"), profile: "mig-1g.18gb".into(), memory_bytes: 18_432 << 20 })
+        .collect()
+}
+
 /// An H200 node in MIG mode with seven 1g.18gb instances.
 fn h200_1g(id: &str) -> WorkerSpec {
-    WorkerSpec {
-        id: id.into(),
-        slices: (0..7)
-            .map(|i| SliceSpec {
-                id: format!("MIG-{id}-{i}"),
-                profile: "mig-1g.18gb".into(),
-                memory_bytes: 18_432 << 20,
-            })
-            .collect(),
-    }
+    WorkerSpec { id: id.into(), slices: h200_1g_slices(id) }
 }
 
 /// An H200 node with a mixed layout: 3g.71gb + 2g.35gb + 2 × 1g.18gb.

@@ -26,20 +26,9 @@ use crate::serve::metrics::{MetricsSource, MetricsToken};
 use crate::serve::shared_memory::{SharedMemory, ShmPolicy};
 use crate::serve::tenant_gate::TenantGate;
 
-/// Extensions this server implements, as listed in server metadata.
-pub const EXTENSIONS: &[&str] =
-    &["binary_tensor_data", "parameters", "model_repository", "model_configuration", "statistics"];
-/// [`EXTENSIONS`] with system shared memory, when clients may use it.
-const EXTENSIONS_WITH_SHM: &[&str] = &[
-    "binary_tensor_data",
-    "parameters",
-    "model_repository",
-    "model_configuration",
-    "statistics",
-    "system_shared_memory",
-];
-/// [`EXTENSIONS_WITH_SHM`] with CUDA shared memory, when the CUDA driver is here too.
-const EXTENSIONS_WITH_CUDA_SHM: &[&str] = &[
+/// Every extension this server may list in server metadata; the shared-memory ones last, so
+/// each set below is a prefix.
+const ALL_EXTENSIONS: [&str; 7] = [
     "binary_tensor_data",
     "parameters",
     "model_repository",
@@ -48,6 +37,12 @@ const EXTENSIONS_WITH_CUDA_SHM: &[&str] = &[
     "system_shared_memory",
     "cuda_shared_memory",
 ];
+/// Extensions this server implements, as listed in server metadata.
+pub const EXTENSIONS: &[&str] = ALL_EXTENSIONS.split_at(5).0;
+/// [`EXTENSIONS`] with system shared memory, when clients may use it.
+const EXTENSIONS_WITH_SHM: &[&str] = ALL_EXTENSIONS.split_at(6).0;
+/// [`EXTENSIONS_WITH_SHM`] with CUDA shared memory, when the CUDA driver is here too.
+const EXTENSIONS_WITH_CUDA_SHM: &[&str] = &ALL_EXTENSIONS;
 
 /// Default `--http-max-input-size`, Triton's 64 MiB.
 pub const DEFAULT_MAX_INPUT_SIZE: usize = 64 * 1024 * 1024;

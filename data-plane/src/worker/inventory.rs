@@ -79,6 +79,45 @@ pub struct SliceSpec {
 }
 
 impl SliceSpec {
+    /// A whole GPU (`gpu_uuid` prefixed `GPU-`) as one slice of profile `gpu`.
+    pub fn whole_gpu(gpu_uuid: String, index: u32, memory_bytes: u64) -> Self {
+        Self {
+            id: gpu_uuid.clone(),
+            profile: "gpu".into(),
+            kind: SliceKind::Gpu,
+            memory_bytes,
+            cpu_millis: 0,
+            device_uuid: Some(gpu_uuid),
+            gpu_index: Some(index),
+            parent_gpu_uuid: None,
+            gpu_instance_id: None,
+            compute_instance_id: None,
+        }
+    }
+
+    /// A MIG instance (`uuid` prefixed `MIG-`) of profile `mig-<profile>` on `parent` (its GPU's
+    /// uuid and index), with its GPU and compute instance ids when known.
+    pub fn mig_instance(
+        uuid: String,
+        profile: &str,
+        memory_bytes: u64,
+        (parent_uuid, index): (&str, u32),
+        instance_ids: Option<(u32, u32)>,
+    ) -> Self {
+        Self {
+            id: uuid.clone(),
+            profile: format!("mig-{profile}"),
+            kind: SliceKind::Mig,
+            memory_bytes,
+            cpu_millis: 0,
+            device_uuid: Some(uuid),
+            gpu_index: Some(index),
+            parent_gpu_uuid: Some(parent_uuid.to_string()),
+            gpu_instance_id: instance_ids.map(|(gi, _)| gi),
+            compute_instance_id: instance_ids.map(|(_, ci)| ci),
+        }
+    }
+
     /// The slice as the agent protocol carries it.
     pub fn to_proto(&self) -> agent::Slice {
         let kind = match self.kind {
@@ -274,18 +313,7 @@ pub fn parse_gpu_inventory(text: &str) -> Result<Vec<SliceSpec>, String> {
             return Err(format!("duplicate GPU uuid {gpu_uuid}"));
         }
         if gpu.mig.is_empty() {
-            slices.push(SliceSpec {
-                id: gpu_uuid.clone(),
-                profile: "gpu".into(),
-                kind: SliceKind::Gpu,
-                memory_bytes: gpu.memory_bytes,
-                cpu_millis: 0,
-                device_uuid: Some(gpu_uuid),
-                gpu_index: Some(gpu.index),
-                parent_gpu_uuid: None,
-                gpu_instance_id: None,
-                compute_instance_id: None,
-            });
+            slices.push(SliceSpec::whole_gpu(gpu_uuid, gpu.index, gpu.memory_bytes));
             continue;
         }
         for mig in gpu.mig {
@@ -301,18 +329,8 @@ pub fn parse_gpu_inventory(text: &str) -> Result<Vec<SliceSpec>, String> {
                 None => profile_memory(&mig.profile)
                     .ok_or_else(|| format!("MIG {uuid}: give memory_bytes (profile '{}' names none)", mig.profile))?,
             };
-            slices.push(SliceSpec {
-                id: uuid.clone(),
-                profile: format!("mig-{}", mig.profile),
-                kind: SliceKind::Mig,
-                memory_bytes,
-                cpu_millis: 0,
-                device_uuid: Some(uuid),
-                gpu_index: Some(gpu.index),
-                parent_gpu_uuid: Some(gpu_uuid.clone()),
-                gpu_instance_id: None,
-                compute_instance_id: None,
-            });
+            let parent = (gpu_uuid.as_str(), gpu.index);
+            slices.push(SliceSpec::mig_instance(uuid, &mig.profile, memory_bytes, parent, None));
         }
     }
     Ok(slices)

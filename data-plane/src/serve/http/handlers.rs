@@ -138,8 +138,8 @@ pub fn body_error(rejection: BytesRejection, limit: usize) -> Error {
     }
 }
 
-/// Parses an optional JSON object body (empty means `{}`).
-fn optional_object(body: &Bytes) -> Result<Map<String, Value>> {
+/// Parses an optional JSON object body (empty means `{}`, as Triton reads it).
+pub(super) fn optional_object(body: &[u8]) -> Result<Map<String, Value>> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(Map::new());
     }

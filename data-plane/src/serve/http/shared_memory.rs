@@ -76,19 +76,6 @@ pub async fn handle_cuda_shm_unregister(s: &ServerState, c: Caller, region: Opti
     Ok(StatusCode::OK)
 }
 
-/// A register request's body as a JSON object (an empty body is an empty object, as Triton
-/// reads it, and so lacks every field).
-fn body_object(body: &[u8]) -> Result<Map<String, Value>> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    match serde_json::from_slice(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(Error::invalid("the request body must be a JSON object")),
-        Err(e) => Err(Error::invalid(format!("failed to parse the request JSON buffer: {e}"))),
-    }
-}
-
 /// The non-negative integer `field` of a register request, when present.
 fn number(map: &Map<String, Value>, field: &str) -> Result<Option<u64>> {
     map.get(field)
@@ -117,7 +104,7 @@ impl CudaRegisterRequest {
     /// Reads `{raw_handle: {b64}, device_id, byte_size}`; the handle must decode to the 64
     /// bytes of a `cudaIpcMemHandle_t` (Triton's message otherwise).
     fn parse(body: &[u8]) -> Result<Self> {
-        let map = body_object(body)?;
+        let map = super::handlers::optional_object(body)?;
         let b64 = match map.get("raw_handle") {
             None => return Err(Error::invalid("Shared memory register request has no 'raw_handle' field")),
             Some(raw) => raw.get("b64").and_then(Value::as_str).ok_or_else(|| {
@@ -148,7 +135,7 @@ impl RegisterRequest {
     /// Reads the body as Triton does: an object with `key`, `byte_size` and an optional
     /// `offset` (an empty body is an empty object, and so lacks `key`).
     fn parse(body: &[u8]) -> Result<Self> {
-        let map = body_object(body)?;
+        let map = super::handlers::optional_object(body)?;
         let key = match map.get("key") {
             None => return Err(Error::invalid("Shared memory register request has no 'key' field")),
             Some(Value::String(key)) => key.clone(),

@@ -14,7 +14,7 @@ use nvml_wrapper::error::{NvmlError, nvml_sym, nvml_try};
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{nvmlDevice_t, nvmlReturn_t};
 
-use crate::worker::inventory::{SliceKind, SliceSpec, device_uuid, valid_profile};
+use crate::worker::inventory::{SliceSpec, device_uuid, valid_profile};
 
 /// A physical GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,18 +161,7 @@ pub fn slices(gpus: &[GpuDevice]) -> Vec<SliceSpec> {
     for gpu in gpus {
         let gpu_uuid = prefixed("GPU-", &gpu.uuid);
         if !gpu.mig_enabled {
-            slices.push(SliceSpec {
-                id: gpu_uuid.clone(),
-                profile: "gpu".into(),
-                kind: SliceKind::Gpu,
-                memory_bytes: gpu.memory_bytes,
-                cpu_millis: 0,
-                device_uuid: Some(gpu_uuid),
-                gpu_index: Some(gpu.index),
-                parent_gpu_uuid: None,
-                gpu_instance_id: None,
-                compute_instance_id: None,
-            });
+            slices.push(SliceSpec::whole_gpu(gpu_uuid, gpu.index, gpu.memory_bytes));
             continue;
         }
         if gpu.migs.is_empty() {
@@ -180,18 +169,8 @@ pub fn slices(gpus: &[GpuDevice]) -> Vec<SliceSpec> {
         }
         for mig in &gpu.migs {
             let uuid = prefixed("MIG-", &mig.uuid);
-            slices.push(SliceSpec {
-                id: uuid.clone(),
-                profile: format!("mig-{}", mig.profile),
-                kind: SliceKind::Mig,
-                memory_bytes: mig.memory_bytes,
-                cpu_millis: 0,
-                device_uuid: Some(uuid),
-                gpu_index: Some(gpu.index),
-                parent_gpu_uuid: Some(gpu_uuid.clone()),
-                gpu_instance_id: Some(mig.gpu_instance_id),
-                compute_instance_id: Some(mig.compute_instance_id),
-            });
+            let ids = Some((mig.gpu_instance_id, mig.compute_instance_id));
+            slices.push(SliceSpec::mig_instance(uuid, &mig.profile, mig.memory_bytes, (&gpu_uuid, gpu.index), ids));
         }
     }
     slices
