@@ -64,7 +64,7 @@ pack() {
   for p in "${parts[@]}"; do
     i=$((i + 1))
     if ((i < ${#parts[@]})); then
-      say "  call $i: carry [.gpu-smoke/$(basename "$p")${i:+, .gpu-smoke/SHA256SUMS}], command: ls -l .gpu-smoke"
+      say "  call $i: carry [.gpu-smoke/$(basename "$p")], command: ls -l .gpu-smoke"
     else
       say "  call $i: carry [.gpu-smoke/$(basename "$p"), .gpu-smoke/SHA256SUMS], command: scripts/gpu-smoke.sh run"
     fi

@@ -95,6 +95,7 @@ export function WorkersPage() {
                         <th>Kind</th>
                         <th class="num">Memory</th>
                         <th>Tenant</th>
+                        <th>Health</th>
                       </tr>
                     </thead>
                     <tbody>
@@ -107,6 +108,9 @@ export function WorkersPage() {
                           <td>{s.kind}</td>
                           <td class="num">{formatBytes(s.memory_bytes)}</td>
                           <td>{s.tenant_id ? (tenantNames.get(s.tenant_id) ?? <code>{s.tenant_id.slice(0, 8)}</code>) : <span class="muted">free</span>}</td>
+                          <td data-testid="slice-health" title={s.unhealthy_reason ?? undefined}>
+                            {s.health === 'healthy' ? s.health : <strong>{s.health}: {s.unhealthy_reason ?? 'no reason given'}</strong>}
+                          </td>
                         </tr>
                       ))}
                     </tbody>

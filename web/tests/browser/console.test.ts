@@ -190,6 +190,10 @@ describe('console', () => {
     expect(await p.getByTestId('worker').first().textContent()).toContain('cpu');
     // The slice holding the demo replica names its tenant.
     expect(await p.getByTestId('worker').first().textContent()).toContain(dev.tenant);
+    // Every slice shows its health (the dev worker's CPU slices are all healthy).
+    const health = await p.getByTestId('slice-health').allTextContents();
+    expect(health.length).toBeGreaterThan(0);
+    expect(health.every((h) => h === 'healthy')).toBe(true);
     await screenshot(p, '11-workers');
     await p.getByRole('link', { name: 'Tenants' }).click();
     await p.getByTestId('tenants').waitFor();
