@@ -4,7 +4,7 @@
 #   scripts/gpu-smoke.sh pack        here, with network: builds a stripped release binary,
 #                                    fetches the onnxruntime-gpu wheel's libraries, generates
 #                                    the test models, and cuts everything into parts of at most
-#                                    PART_MIB (60) MiB under .gpu-smoke/ (git-ignored), because
+#                                    PART_MIB (56) MiB under .gpu-smoke/ (git-ignored), because
 #                                    the GPU machine takes at most 64 MiB per call. It prints the
 #                                    calls to make, one per part.
 #   scripts/gpu-smoke.sh run         on the GPU machine (no network, no Rust), once every part
@@ -28,7 +28,8 @@ set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SMOKE="$ROOT/.gpu-smoke"
-PART_MIB="${PART_MIB:-60}"
+# The GPU machine takes 64 MiB per call: the working tree (~4 MiB) and the carried part together.
+PART_MIB="${PART_MIB:-56}"
 MODEL=mlp
 BATCH="${BATCH:-32}"
 SECONDS_EACH="${SECONDS_EACH:-10}"
