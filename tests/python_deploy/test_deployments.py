@@ -3,6 +3,9 @@ tritonclient; tenants, roles and failover."""
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
 import time
 
 import numpy as np
@@ -203,3 +206,26 @@ def test_workers_keep_serving_while_postgres_is_down(make_cluster):
     assert again["replica_status"][0]["worker_id"] == r["worker_id"]
     events = cluster.api("GET", "/v1/tenants/acme/deployments/adder/events", acme["tenant-admin"])["events"]
     assert not any(e["kind"] == "worker_lost" for e in events), events
+
+
+@pytest.mark.skipif(not os.environ.get("PERF_ANALYZER"), reason="PERF_ANALYZER is not set: perf_analyzer was NOT run")
+def test_perf_analyzer_runs_against_a_deployment_with_an_inference_key(make_cluster, tmp_path):
+    """perf_analyzer reads the model's config and statistics with the key it infers with."""
+    cluster = make_cluster(1)
+    acme = cluster.create_tenant("acme")
+    cluster.push_version("acme", acme["tenant-admin"], "adder", marker_model(1.0))
+    deploy(cluster, "acme", acme["tenant-admin"])
+    r = cluster.wait_ready("acme", acme["tenant-admin"], "adder")["replica_status"][0]
+    for protocol, url in (("http", r["http_endpoint"].split("://", 1)[1]), ("grpc", r["grpc_endpoint"])):
+        cmd = shlex.split(os.environ["PERF_ANALYZER"]) + [
+            "-m", "adder", "-u", url, "-i", protocol,
+            # gRPC metadata keys are lower case; HTTP takes either.
+            "-H", f"authorization: Bearer {acme['inference']}",
+            "--concurrency-range", "1:1", "--measurement-mode", "count_windows",
+            "--measurement-request-count", "100", "--stability-percentage", "100", "--max-trials", "4",
+        ]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, f"perf_analyzer ({protocol}) exited {p.returncode}:\n{out[-3000:]}"
+        # The server-side breakdown comes from the statistics an inference key may now read.
+        assert "Server:" in out and "compute infer" in out.lower(), out[-3000:]

@@ -228,11 +228,14 @@ fn system_unix_now() -> i64 {
 }
 
 /// Extracts the credential from `Bearer <credential>` (scheme case-insensitive, RFC 7235).
+/// Surrounding whitespace is ignored: HTTP strips it from header values, gRPC metadata keeps it
+/// (`perf_analyzer -H "authorization: Bearer …"` sends ` Bearer …`).
 fn bearer_credential(authorization: Option<&str>) -> Result<&str, Error> {
     let header = authorization.ok_or_else(|| {
         Error::unauthenticated("missing Authorization header: send 'Bearer <API key or access token>'")
     })?;
     let credential = header
+        .trim()
         .split_once(' ')
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, rest)| rest.trim())

@@ -301,8 +301,9 @@ impl ServerState {
         }))
     }
 
-    /// Statistics for all of the caller's models, one model, or one version (needs `viewer`
-    /// when authentication is on).
+    /// Statistics for all of the caller's models, one model, or one version: any key of the
+    /// tenant may read them (Triton's tools, `perf_analyzer` and Model Analyzer, read them with
+    /// the key they infer with), and only its own tenant's.
     pub fn statistics(
         &self,
         caller: Option<&Principal>,
@@ -310,7 +311,7 @@ impl ServerState {
         version: Option<i64>,
     ) -> Result<Vec<ModelStatistics>> {
         if self.auth.is_some() {
-            require_role(caller, Role::Viewer)?;
+            require_role(caller, Role::Inference)?;
         }
         let models = match (model, version) {
             (None, _) => match caller {

@@ -108,6 +108,9 @@ async fn the_scheme_is_case_insensitive() {
     source.answer_key(KEY, Ok(key_info(None)));
     let principal = auth.authenticate(Some(&format!("bearer {KEY}"))).await.expect("accepted");
     assert_eq!(principal.tenant_id, TENANT);
+    // gRPC metadata keeps a leading space that HTTP strips (perf_analyzer's `-H "k: v"`).
+    let principal = auth.authenticate(Some(&format!(" Bearer {KEY} "))).await.expect("accepted");
+    assert_eq!(principal.tenant_id, TENANT);
 }
 
 #[tokio::test(start_paused = true)]
