@@ -138,9 +138,10 @@ pub struct Replica {
 }
 
 impl Deployment {
-    /// Serving its target version on every replica.
+    /// Serving its target version on every replica; scaled to zero, once it has none left to
+    /// wait for (the control plane says `ready` when no replica of the target remains).
     pub fn is_rolled_out(&self) -> bool {
-        self.state == "ready" && self.serving_version == Some(self.version)
+        self.state == "ready" && (self.replicas == 0 || self.serving_version == Some(self.version))
     }
 
     /// One line: `simple: ready, version 1 (alias production), 1/1 replicas ready`.

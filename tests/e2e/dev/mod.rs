@@ -237,6 +237,13 @@ async fn dev_serves_the_demo_the_cli_drives_it_and_a_restart_keeps_it() {
     assert!(out.contains("simple: ready"), "{out}");
     let out = cli.ok(&["deployments", "get", "simple"]);
     assert!(out.contains("INDEX") && out.contains("ready"), "{out}");
+    // Scaled to zero, `--wait` returns as soon as no replica is left, not at its timeout.
+    let started = std::time::Instant::now();
+    let out = cli.ok(&["deploy", "--model", "simple", "--replicas", "0", "--wait", "--timeout-secs", "60"]);
+    assert!(out.contains("0/0"), "{out}");
+    assert!(started.elapsed() < Duration::from_secs(30), "waited {:?}: {out}", started.elapsed());
+    let out = cli.ok(&["deploy", "--model", "simple", "--replicas", "1", "--wait"]);
+    assert!(out.contains("1/1"), "{out}");
 
     // An inference key may infer, not deploy: one line naming the status.
     let out = cli.run(&["deploy", "--model", "simple", "--url", &cp, "--key", &inference_key, "--tenant", "demo"]);
