@@ -129,14 +129,14 @@ impl ServerState {
             runners: None,
             tenant_gate: None,
             metrics_token: None,
-            shared_memory: SharedMemory::new(ShmPolicy::serve(true)),
+            shared_memory: SharedMemory::new(ShmPolicy::serve(true).with_max_input_bytes(max_input_size as u64)),
             metrics_sources: Vec::new(),
         }
     }
 
     /// Replaces the shared memory registry with an empty one under `policy`.
     pub fn with_shared_memory(mut self, policy: ShmPolicy) -> Self {
-        self.shared_memory = SharedMemory::new(policy);
+        self.shared_memory = SharedMemory::new(policy.with_max_input_bytes(self.max_input_size as u64));
         self
     }
 

@@ -63,6 +63,9 @@ pub struct ShmPolicy {
     /// Models run in runner processes, which open CUDA regions themselves; otherwise this
     /// process opens them when they are registered.
     pub models_in_runners: bool,
+    /// Most bytes one request may read from regions into memory here: the server's request
+    /// size limit, which a body could not pass either.
+    pub max_input_bytes: u64,
 }
 
 /// What one tenant may register on a worker.
@@ -78,17 +81,23 @@ impl ShmPolicy {
     /// `tessera serve`: Triton's behaviour, one name space, no caps; `allow` off answers as
     /// Triton does with `--allow-client-shm=false`.
     pub fn serve(allow: bool) -> Self {
-        Self { allow, tenants: None, models_in_runners: false }
+        Self { allow, tenants: None, models_in_runners: false, max_input_bytes: u64::MAX }
     }
 
     /// A worker: per-tenant name spaces, the key rule and `limits`; models run in runners.
     pub fn worker(allow: bool, limits: TenantLimits) -> Self {
-        Self { allow, tenants: Some(limits), models_in_runners: true }
+        Self { allow, tenants: Some(limits), models_in_runners: true, max_input_bytes: u64::MAX }
     }
 
     /// Notes whether models run in runner processes (`tessera serve --runner`).
     pub fn with_models_in_runners(mut self, in_runners: bool) -> Self {
         self.models_in_runners = in_runners;
+        self
+    }
+
+    /// Caps the bytes one request reads from regions (the server's request size limit).
+    pub fn with_max_input_bytes(mut self, bytes: u64) -> Self {
+        self.max_input_bytes = bytes;
         self
     }
 }
@@ -316,6 +325,11 @@ impl SharedMemory {
     /// Whether models run in runner processes, which open CUDA regions themselves.
     pub fn models_in_runners(&self) -> bool {
         self.policy.models_in_runners
+    }
+
+    /// Most bytes one request may read from regions into memory here.
+    pub fn max_input_bytes(&self) -> u64 {
+        self.policy.max_input_bytes
     }
 
     /// Refuses with Triton's message while client shared memory is off.

@@ -109,6 +109,14 @@ pub async fn resolve(
     request: &mut InferRequest,
     inputs: ShmInputs,
 ) -> Result<Option<OutputRegions>> {
+    // Inputs read here land in memory as a body's would: the same limit holds for their sum.
+    let total = inputs.iter().fold(0u64, |sum, i| sum.saturating_add(i.at.byte_size));
+    if total > shm.max_input_bytes() {
+        return Err(Error::invalid(format!(
+            "the request's inputs in shared memory hold {total} bytes, above this server's limit of {} bytes per request",
+            shm.max_input_bytes()
+        )));
+    }
     for input in inputs {
         let region = shm.get(caller, &input.at.region)?;
         let (offset, len) = (input.at.offset, input.at.byte_size);

@@ -519,3 +519,15 @@ async fn in_process_a_cuda_region_without_cuda_fails_the_request_cleanly() {
     );
     assert!(request.cuda.is_empty(), "nothing to carry: this process copies");
 }
+
+#[tokio::test]
+async fn inputs_read_from_regions_obey_the_request_size_limit() {
+    // Checked before any region is looked up or read: no region needs to exist.
+    let shm = SharedMemory::new(ShmPolicy::serve(true).with_max_input_bytes(1000));
+    let at = |byte_size| ShmRef { region: "r".into(), offset: 0, byte_size };
+    let mut request = InferRequest::default();
+    let inputs = vec![ShmInput { index: 0, at: at(600) }, ShmInput { index: 1, at: at(600) }];
+    let e = tensors::resolve(&shm, None, &mut request, inputs).await.expect_err("1200 bytes > 1000");
+    assert_eq!(e.kind, ErrorKind::InvalidArg);
+    assert!(e.message.contains("1200 bytes") && e.message.contains("1000 bytes"), "{}", e.message);
+}
