@@ -44,6 +44,9 @@ pub enum Command {
     ControlPlane(tessera_control_plane::ControlPlaneArgs),
     /// Worker: registers its slices with a control plane, loads what it assigns, serves inference.
     Worker(tessera_data_plane::worker::WorkerArgs),
+    /// Gateway: one KServe v2 endpoint (HTTP + gRPC) for every tenant in front of the workers;
+    /// authenticates, applies rate limits, balances over replicas, splits canary traffic.
+    Gateway(tessera_data_plane::gateway::GatewayArgs),
     /// Internal: hosts one tenant's models on one slice; started and supervised by a worker.
     #[command(hide = true)]
     Runner(tessera_data_plane::runner::RunnerArgs),
@@ -258,6 +261,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let shutdown = CancellationToken::new();
             tokio::spawn(cancel_on_signal(shutdown.clone()));
             tessera_data_plane::worker::run(config, shutdown, |_| {}).await
+        }
+        Command::Gateway(args) => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            tessera_data_plane::gateway::run(args, shutdown, |_| {}).await
         }
         Command::Runner(args) => tessera_data_plane::runner::process::run(args).await,
         Command::ControlPlane(args) => {

@@ -4,13 +4,14 @@
 //! In wings that show the process model: [`engine`] (models, batchers, instances; no network),
 //! [`serve`] (the endpoints and their connections, over the engine), [`worker`] (the control
 //! plane's agent and the usage meter), [`runner`] (a tenant's engine in a process of its own),
-//! and [`tools`]. [`auth`] and [`error`] are shared by the worker and the serving layer.
+//! [`gateway`] (one endpoint for every tenant, in front of the workers) and [`tools`]. [`auth`] and [`error`] are shared by the worker and the serving layer.
 
 pub mod auth;
 pub mod engine;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod gateway;
 pub mod runner;
 pub mod serve;
 pub mod tools;

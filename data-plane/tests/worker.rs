@@ -133,6 +133,7 @@ struct Service(Arc<Fake>);
 impl WorkerAgent for Service {
     type SessionStream = ReceiverStream<Result<agent::ControlMessage, Status>>;
     type FetchArtifactStream = Stream<agent::ArtifactChunk>;
+    type WatchRoutesStream = Stream<agent::RouteTable>;
 
     async fn session(
         &self,
@@ -185,6 +186,14 @@ impl WorkerAgent for Service {
         let chunks: Vec<Result<agent::ArtifactChunk, Status>> =
             bytes.chunks(100).map(|c| Ok(agent::ArtifactChunk { data: bytes::Bytes::copy_from_slice(c) })).collect();
         Ok(Response::new(Box::pin(futures::stream::iter(chunks))))
+    }
+
+    async fn watch_routes(
+        &self,
+        request: Request<agent::WatchRoutesRequest>,
+    ) -> Result<Response<Self::WatchRoutesStream>, Status> {
+        check_token(&request)?;
+        Err(Status::unimplemented("workers do not watch routes"))
     }
 
     async fn report_usage(

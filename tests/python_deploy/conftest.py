@@ -185,6 +185,7 @@ class Cluster:
         self.worker_args = worker_args
         self.cp: Optional[Proc] = None
         self.workers: List[Optional[Proc]] = []
+        self.gateways: List[Proc] = []
         self.start_control_plane()
         for _ in range(workers):
             self.start_worker()
@@ -236,6 +237,32 @@ class Cluster:
         self.workers[index] = w
         return index
 
+    def start_gateway(self, *extra: str) -> "Proc":
+        """Starts a gateway on loopback ports; returns it once it has a route table."""
+        index = len(self.gateways)
+        cmd = [
+            tessera_bin(), "gateway",
+            "--control-plane", self.url,
+            f"--worker-token={self.worker_token}",
+            "--gateway-id", f"gw{index}",
+            "--address", "127.0.0.1",
+            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+            *extra,
+        ]
+        g = Proc(f"gateway{index}", cmd, self.workdir / f"gateway{index}.log")
+        g.wait_for(lambda: all(p in g.addrs for p in ("http", "grpc", "metrics")), "gateway listening")
+        self.gateways.append(g)
+
+        def ready():
+            try:
+                with urllib.request.urlopen(f"http://{g.addrs['http']}/v2/health/ready", timeout=2) as r:
+                    return r.status == 200
+            except (urllib.error.URLError, OSError):
+                return False
+
+        wait_until(ready, 30, "gateway ready (route table received)")
+        return g
+
     def worker_by_http(self, endpoint: str) -> int:
         for i, w in enumerate(self.workers):
             if w and w.proc.poll() is None and endpoint.endswith(w.addrs.get("http", "-")):
@@ -243,6 +270,8 @@ class Cluster:
         raise AssertionError(f"no running worker serves {endpoint}")
 
     def close(self):
+        for g in self.gateways:
+            g.terminate()
         for w in self.workers:
             if w:
                 w.terminate()

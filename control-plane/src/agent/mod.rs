@@ -1,10 +1,12 @@
 //! The agent gRPC service workers call (`tessera.agent.v1.WorkerAgent`), served on the REST
 //! listener: sessions (registration, heartbeats, assignments), API key lookups for workers'
-//! inference endpoints, the token keys, artifact downloads and usage reports.
+//! inference endpoints, the token keys, artifact downloads, usage reports, and gateways' route
+//! streams.
 //!
 //! Every call must carry `authorization: Bearer <worker token>` (`--worker-token`), checked in
 //! constant time by an interceptor before any method runs.
 
+mod routes;
 mod session;
 
 use std::pin::Pin;
@@ -17,7 +19,8 @@ use sha2::Sha256;
 use tessera_protocol::agent::worker_agent_server::{WorkerAgent, WorkerAgentServer};
 use tessera_protocol::agent::{
     ArtifactChunk, AuthenticateKeyRequest, AuthenticateKeyResponse, ControlMessage, FetchArtifactRequest,
-    GetTokenKeysRequest, GetTokenKeysResponse, ReportUsageRequest, ReportUsageResponse, WorkerMessage,
+    GetTokenKeysRequest, GetTokenKeysResponse, ReportUsageRequest, ReportUsageResponse, RouteTable, WatchRoutesRequest,
+    WorkerMessage,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
@@ -93,6 +96,7 @@ fn mac(key: &[u8; 32], data: &[u8]) -> Hmac<Sha256> {
 impl WorkerAgent for AgentService {
     type SessionStream = BoxStream<ControlMessage>;
     type FetchArtifactStream = BoxStream<ArtifactChunk>;
+    type WatchRoutesStream = BoxStream<RouteTable>;
 
     async fn session(
         &self,
@@ -161,6 +165,14 @@ impl WorkerAgent for AgentService {
         let records = request.into_inner().records;
         let acknowledged = crate::usage::ingest(&self.app.registry, &records).await?;
         Ok(Response::new(ReportUsageResponse { acknowledged }))
+    }
+
+    async fn watch_routes(
+        &self,
+        request: Request<WatchRoutesRequest>,
+    ) -> Result<Response<Self::WatchRoutesStream>, Status> {
+        let stream = routes::start(self.app.clone(), request.into_inner(), self.shutdown.clone())?;
+        Ok(Response::new(stream))
     }
 }
 

@@ -39,9 +39,15 @@ pub struct QuotaLimits {
     /// Most deployment replicas.
     #[schema(minimum = 0)]
     pub replicas: i64,
-    /// Most inference requests per second.
+    /// Most inference requests per second through the gateways; 0 is unlimited. Past it the
+    /// gateway answers 429 (`RESOURCE_EXHAUSTED` on gRPC) with `Retry-After`.
     #[schema(minimum = 0)]
     pub requests_per_second: i64,
+    /// Most inference requests in flight at once through the gateways; 0 (the default) is
+    /// unlimited.
+    #[serde(default)]
+    #[schema(minimum = 0, default = 0)]
+    pub concurrent_requests: i64,
     /// Most spend per calendar month (UTC), in cents; 0 is unlimited. Once the month's invoice
     /// reaches it, new deployments and scale-ups are refused (`quota_exceeded.monthly_spend_cents`).
     #[schema(minimum = 0)]
@@ -79,6 +85,7 @@ impl Default for QuotaLimits {
             storage_bytes: 50 * 1024 * 1024 * 1024,
             replicas: 16,
             requests_per_second: 1_000,
+            concurrent_requests: 0,
             monthly_spend_cents: 100_000,
             slices: BTreeMap::from([("cpu".to_string(), 16)]),
         }
@@ -94,6 +101,7 @@ impl QuotaLimits {
             ("storage_bytes", self.storage_bytes),
             ("replicas", self.replicas),
             ("requests_per_second", self.requests_per_second),
+            ("concurrent_requests", self.concurrent_requests),
             ("monthly_spend_cents", self.monthly_spend_cents),
         ];
         for (field, v) in fields {
@@ -173,6 +181,8 @@ pub struct QuotaRow {
     /// Limit.
     pub max_requests_per_second: i64,
     /// Limit.
+    pub max_concurrent_requests: i64,
+    /// Limit.
     pub max_monthly_spend_cents: i64,
     /// Limits per slice profile.
     pub max_slices: Json<BTreeMap<String, i64>>,
@@ -188,6 +198,7 @@ impl From<QuotaRow> for QuotaLimits {
             storage_bytes: r.max_storage_bytes,
             replicas: r.max_replicas,
             requests_per_second: r.max_requests_per_second,
+            concurrent_requests: r.max_concurrent_requests,
             monthly_spend_cents: r.max_monthly_spend_cents,
             slices: r.max_slices.0,
         }
@@ -197,12 +208,14 @@ impl From<QuotaRow> for QuotaLimits {
 impl Conn {
     /// A tenant's limits.
     pub async fn quota(&mut self, tenant_id: Uuid) -> Result<QuotaLimits> {
-        let row = on_conn!(self, "quota.get", |c| sqlx::query_as::<_, QuotaRow>(
+        let row = on_conn!(self, "quota.get", |c| {
+            sqlx::query_as::<_, QuotaRow>(
             "SELECT tenant_id, max_models, max_versions, max_storage_bytes, max_replicas, max_requests_per_second, \
-             max_monthly_spend_cents, max_slices, updated_at FROM tenant_quotas WHERE tenant_id = $1"
+             max_concurrent_requests, max_monthly_spend_cents, max_slices, updated_at FROM tenant_quotas WHERE tenant_id = $1"
         )
         .bind(tenant_id)
-        .fetch_optional(c))?;
+        .fetch_optional(c)
+        })?;
         row.map(QuotaLimits::from).ok_or(Error::NotFound("tenant"))
     }
 
@@ -223,11 +236,11 @@ impl Conn {
     pub(super) async fn insert_quota(&mut self, tenant_id: Uuid, q: &QuotaLimits) -> Result<()> {
         exec!(self, "quota.upsert", |c| sqlx::query(
             "INSERT INTO tenant_quotas (tenant_id, max_models, max_versions, max_storage_bytes, max_replicas, \
-             max_requests_per_second, max_monthly_spend_cents, max_slices, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             max_requests_per_second, max_monthly_spend_cents, max_slices, updated_at, max_concurrent_requests) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (tenant_id) DO UPDATE SET max_models = $2, max_versions = $3, max_storage_bytes = $4, \
              max_replicas = $5, max_requests_per_second = $6, max_monthly_spend_cents = $7, max_slices = $8, \
-             updated_at = $9"
+             updated_at = $9, max_concurrent_requests = $10"
         )
         .bind(tenant_id)
         .bind(q.models)
@@ -238,6 +251,7 @@ impl Conn {
         .bind(q.monthly_spend_cents)
         .bind(Json(&q.slices))
         .bind(now())
+        .bind(q.concurrent_requests)
         .execute(c))?;
         Ok(())
     }

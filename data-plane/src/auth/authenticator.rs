@@ -18,6 +18,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
+use super::forwarded::IdentityKey;
 use super::{CredentialSource, KeyInfo, Principal, Role, SourceError, TokenKeys};
 use crate::error::Error;
 
@@ -56,6 +57,8 @@ pub struct Authenticator {
     jwks: Arc<JwksCache>,
     /// Unix seconds now (key expiry, token `iat`); replaced in tests to move the clock.
     unix_now: fn() -> i64,
+    /// Checks identities a gateway forwards, when this server accepts them.
+    forwarded: Option<IdentityKey>,
 }
 
 /// What the cache knows of one API key.
@@ -87,7 +90,34 @@ impl Authenticator {
             ring: RwLock::new(None),
             fetch: Arc::new(tokio::sync::Mutex::new(None)),
         });
-        Self { source, key_cache_ttl, keys: Mutex::new(HashMap::new()), jwks, unix_now: system_unix_now }
+        Self {
+            source,
+            key_cache_ttl,
+            keys: Mutex::new(HashMap::new()),
+            jwks,
+            unix_now: system_unix_now,
+            forwarded: None,
+        }
+    }
+
+    /// Also accepts identities forwarded by gateways holding the same agent token.
+    pub fn with_forwarded_identity(mut self, key: IdentityKey) -> Self {
+        self.forwarded = Some(key);
+        self
+    }
+
+    /// Resolves a request's caller: a forwarded identity (`tessera-identity`) when one is
+    /// present (then only it counts), else the `Authorization` header.
+    pub async fn authenticate_request(
+        &self,
+        authorization: Option<&str>,
+        identity: Option<&str>,
+    ) -> Result<Principal, Error> {
+        match (identity, &self.forwarded) {
+            (Some(value), Some(key)) => key.verify(value, (self.unix_now)()),
+            (Some(_), None) => Err(Error::unauthenticated("this server does not accept forwarded identities")),
+            (None, _) => self.authenticate(authorization).await,
+        }
     }
 
     /// Resolves an `Authorization` header value (`Bearer <API key or access token>`).

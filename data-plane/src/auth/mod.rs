@@ -106,8 +106,10 @@ pub trait CredentialSource: Send + Sync + 'static {
 }
 
 mod authenticator;
+pub mod forwarded;
 
 pub use authenticator::Authenticator;
+pub use forwarded::IdentityKey;
 
 #[cfg(test)]
 pub(crate) mod test_support;

@@ -245,14 +245,17 @@ impl ServerState {
     }
 
     /// Authenticates the caller and checks it holds `needed`, when authentication is on
-    /// (`read_header` is only called then); `Ok(None)` when it is off.
+    /// (`read_header`, which reads a request header by name, is only called then); `Ok(None)`
+    /// when it is off.
     pub async fn authorize<'h>(
         &self,
-        read_header: impl FnOnce() -> Option<&'h str>,
+        read_header: impl Fn(&'static str) -> Option<&'h str>,
         needed: Role,
     ) -> Result<Option<Principal>> {
         let Some(auth) = &self.auth else { return Ok(None) };
-        let principal = auth.authenticate(read_header()).await?;
+        let principal = auth
+            .authenticate_request(read_header("authorization"), read_header(crate::auth::forwarded::HEADER))
+            .await?;
         require_role(Some(&principal), needed)?;
         Ok(Some(principal))
     }

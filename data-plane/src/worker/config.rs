@@ -266,7 +266,7 @@ fn default_shm_limits() -> TenantLimits {
 }
 
 /// Accepts `http://` and `https://` URLs with a host.
-fn parse_control_plane(url: &str) -> Result<String, String> {
+pub(crate) fn parse_control_plane(url: &str) -> Result<String, String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
     match (uri.scheme_str(), uri.host()) {
         (Some("http" | "https"), Some(_)) => Ok(url.trim_end_matches('/').to_string()),

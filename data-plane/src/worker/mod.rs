@@ -102,7 +102,10 @@ pub async fn run(
         credentials::ControlPlaneCredentials::new(client.clone())
             .with_saved_token_keys(config.data_dir.join("token-keys.json")),
     );
-    let authenticator = Arc::new(Authenticator::new(credentials, config.key_cache_ttl));
+    // Gateways hold the same agent token: what they forward signed with it is trusted.
+    let identity_key = crate::auth::IdentityKey::from_agent_token(config.worker_token.expose());
+    let authenticator =
+        Arc::new(Authenticator::new(credentials, config.key_cache_ttl).with_forwarded_identity(identity_key));
     let usage_dir = config.data_dir.join(USAGE_DIR);
     let meter =
         Arc::new(Meter::open(&usage_dir).with_context(|| format!("open the usage spool in {}", usage_dir.display()))?);

@@ -3,6 +3,7 @@
 // `pub(crate)` for `crate::fuzzing`, which hands the request conversion to the fuzz targets.
 pub(crate) mod convert;
 mod serve;
+pub use serve::serve as serve_routes;
 mod socket;
 
 use std::pin::Pin;
@@ -96,7 +97,7 @@ impl InferenceService {
 
     /// The caller, from the `authorization` metadata, when the server requires authentication.
     async fn caller<T>(&self, req: &Request<T>, needed: Role) -> Result<Option<Principal>, Status> {
-        let header = || req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+        let header = |name: &'static str| req.metadata().get(name).and_then(|v| v.to_str().ok());
         Ok(self.state.authorize(header, needed).await?)
     }
 }

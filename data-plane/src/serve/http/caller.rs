@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
-use axum::http::header;
 use axum::http::request::Parts;
 
 use crate::auth::{Principal, Role};
@@ -26,7 +25,7 @@ impl FromRequestParts<Arc<ServerState>> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, state: &Arc<ServerState>) -> Result<Self, Error> {
-        let header = || parts.headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let header = |name: &'static str| parts.headers.get(name).and_then(|v| v.to_str().ok());
         // Every role may call the inference routes; statistics check for more themselves.
         state.authorize(header, Role::Inference).await.map(Caller)
     }

@@ -1,0 +1,163 @@
+//! Sending a request to a replica: pooled HTTP/1.1 connections for the HTTP front end, one
+//! multiplexed HTTP/2 connection per worker for gRPC, and the retry rule shared by both.
+//!
+//! A request is sent again, to another replica, only when none of it can have run there: the
+//! worker could not be connected to, or it answered that it does not hold the model (its
+//! route was stale: the replica was just moved or unloaded). Anything else, including a
+//! connection that broke after the request was sent, is answered as it came.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Response;
+use http_body_util::Full;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::Gateway;
+use super::routes::{InFlight, ModelRoutes, Outcome, Upstream, random};
+use crate::error::Error;
+
+/// Replicas tried for one request at most.
+const MAX_ATTEMPTS: usize = 3;
+/// How long connecting to a worker may take before the next replica is tried.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Error type of streamed upstream bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A gRPC request body: buffered (unary calls) or streamed on (streams).
+pub type GrpcBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The upstream clients.
+pub struct Clients {
+    /// HTTP/1.1, pooled keep-alive connections.
+    pub http: Client<HttpConnector, Full<Bytes>>,
+    /// HTTP/2 only (gRPC), one connection per worker.
+    pub grpc: Client<HttpConnector, GrpcBody>,
+}
+
+impl Default for Clients {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clients {
+    /// Clients with Nagle off and a short connect timeout.
+    pub fn new() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let http = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024)
+            .build(connector.clone());
+        let grpc = Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .timer(TokioTimer::new())
+            .pool_timer(TokioTimer::new())
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .http2_keep_alive_timeout(Duration::from_secs(5))
+            .http2_adaptive_window(true)
+            .build(connector);
+        Self { http, grpc }
+    }
+}
+
+/// An upstream's answer, with what must live as long as its body.
+pub struct Answer {
+    /// The response head and streaming body.
+    pub response: Response<Incoming>,
+    /// The version of the replica that answered.
+    pub version: i64,
+    /// Counts the request against the upstream until the body is done.
+    pub in_flight: InFlight,
+}
+
+/// Sends a request with `send` to a replica of `model` (of `version` when given), trying
+/// another replica when the rule above allows; `stale` tells an answer that says the worker
+/// does not hold the model.
+pub async fn send<F, Fut>(
+    gateway: &Gateway,
+    model_name: &str,
+    model: &ModelRoutes,
+    version: Option<i64>,
+    mut send: F,
+    stale: fn(&Response<Incoming>) -> bool,
+) -> Result<Answer, Error>
+where
+    F: FnMut(&Arc<Upstream>) -> Result<Fut, Error>,
+    Fut: Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>>,
+{
+    if let Some(v) = version
+        && !model.replicas.iter().any(|r| r.version == v)
+    {
+        return Err(Error::not_found(format!("Request for unknown model: '{model_name}' version {v} is not deployed")));
+    }
+    let mut tried = Vec::with_capacity(MAX_ATTEMPTS);
+    let mut last_stale = None;
+    let mut last_error = None;
+    for _ in 0..MAX_ATTEMPTS {
+        let Some(replica) = model.pick(version, &tried, Instant::now(), random()) else { break };
+        let upstream = &replica.upstream;
+        tried.push(upstream.key());
+        let in_flight = upstream.start();
+        match send(upstream)?.await {
+            Ok(response) => {
+                upstream.record(Outcome::Answered, Instant::now());
+                let answer = Answer { response, version: replica.version, in_flight };
+                if stale(&answer.response) {
+                    gateway.metrics.retried("stale_route");
+                    last_stale = Some(answer);
+                    continue;
+                }
+                return Ok(answer);
+            }
+            Err(e) => {
+                let unreachable = e.is_connect();
+                let outcome = if unreachable { Outcome::Unreachable } else { Outcome::Failed };
+                if upstream.record(outcome, Instant::now()) {
+                    gateway.metrics.ejected(&upstream.worker_id);
+                    tracing::warn!(worker_id = %upstream.worker_id, error = %e, "worker ejected");
+                }
+                if !unreachable {
+                    tracing::info!(worker_id = %upstream.worker_id, error = %e, "worker failed a request");
+                    return Err(Error::unavailable(format!(
+                        "the worker serving '{model_name}' failed before answering ({}); the request may have run",
+                        error_chain(&e)
+                    )));
+                }
+                gateway.metrics.retried("unreachable");
+                tracing::debug!(worker_id = %upstream.worker_id, error = %e, "worker unreachable; trying another replica");
+                last_error = Some(error_chain(&e));
+            }
+        }
+    }
+    if let Some(answer) = last_stale {
+        return Ok(answer);
+    }
+    let which = version.map_or_else(String::new, |v| format!(" version {v}"));
+    let message = match last_error {
+        Some(e) => format!("no replica of model '{model_name}'{which} could be reached (last: {e})"),
+        None => format!("model '{model_name}'{which} has no ready replica"),
+    };
+    Err(Error::unavailable(message).retry_after(1))
+}
+
+/// The error and its sources on one line.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

@@ -1,0 +1,444 @@
+//! The gateway's KServe v2 gRPC front end, a proxy at the HTTP/2 level: a call's messages are
+//! forwarded as the client framed them (compressed or not), and the worker's response,
+//! trailers included, streams back unchanged. Only the first message is read, to find the
+//! model (fields 1 and 2 of every model request are its name and version). Server health,
+//! metadata and the repository index are answered here; shared memory and model control are
+//! refused with the reason.
+//!
+//! A unary call is buffered, so it can be sent to another replica under the rule in
+//! [`super::forward`]; a stream (`ModelStreamInfer`) goes to one replica, chosen by its first
+//! message, and holds its tenant's concurrency slot for its whole life.
+
+use std::io::Read as _;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Uri, header};
+use axum::response::Response;
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::StreamExt;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use prost::Message;
+use tessera_protocol::health::health_check_response::ServingStatus;
+use tessera_protocol::health::{HealthCheckRequest, HealthCheckResponse};
+use tessera_protocol::inference::repository_index_response::ModelIndex;
+use tessera_protocol::inference::{
+    RepositoryIndexResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse,
+};
+use tonic::Status;
+
+use super::Gateway;
+use super::forward::{self, BoxError, GrpcBody};
+use crate::auth::forwarded;
+use crate::error::{Error, ErrorKind};
+
+type S = State<Arc<Gateway>>;
+
+/// The gRPC front end's routes.
+pub fn routes(gateway: Arc<Gateway>) -> tonic::service::Routes {
+    let router = axum::Router::new()
+        .route("/inference.GRPCInferenceService/{method}", axum::routing::post(inference))
+        .route("/grpc.health.v1.Health/Check", axum::routing::post(health_check))
+        .fallback(|| async { status_response(Status::unimplemented("unknown gRPC service or method")) })
+        .with_state(gateway);
+    tonic::service::Routes::from(router)
+}
+
+async fn inference(State(g): S, Path(method): Path<String>, request: Request) -> Response {
+    match method.as_str() {
+        "ServerLive" => message_response(&ServerLiveResponse { live: g.is_live() }),
+        "ServerReady" => message_response(&ServerReadyResponse { ready: g.is_ready() }),
+        "ServerMetadata" => message_response(&ServerMetadataResponse {
+            name: "tessera-gateway".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: ["model_configuration", "statistics"].map(String::from).into(),
+        }),
+        "RepositoryIndex" => repository_index(&g, request.headers()).await,
+        "ModelInfer" | "ModelMetadata" | "ModelReady" | "ModelConfig" | "ModelStatistics" => {
+            let started = Instant::now();
+            forward_unary(&g, request, started).await.unwrap_or_else(|(e, metric)| {
+                if let Some((tenant, model)) = metric {
+                    g.metrics.observe(&tenant, &model, "", "grpc", grpc_code(&e), started.elapsed());
+                }
+                error_response(e)
+            })
+        }
+        "ModelStreamInfer" => forward_stream(&g, request).await.unwrap_or_else(error_response),
+        "RepositoryModelLoad" | "RepositoryModelUnload" => {
+            error_response(Error::permission_denied("model control is managed by the control plane"))
+        }
+        m if m.contains("SharedMemory") => error_response(Error::new(
+            ErrorKind::Unsupported,
+            "shared memory needs a direct connection to a worker; through the gateway, send tensors in the request",
+        )),
+        _ => status_response(Status::unimplemented(format!("method {method} is not supported by the gateway"))),
+    }
+}
+
+async fn health_check(State(g): S, request: Request) -> Response {
+    let Ok(body) = axum::body::to_bytes(request.into_body(), 64 * 1024).await else {
+        return status_response(Status::invalid_argument("unreadable health check request"));
+    };
+    let service = first_message(&body).and_then(|m| HealthCheckRequest::decode(m).ok()).map(|r| r.service);
+    let status = match service.as_deref() {
+        None => return status_response(Status::invalid_argument("malformed health check request")),
+        Some("" | "inference.GRPCInferenceService") if g.is_ready() => ServingStatus::Serving,
+        Some("" | "inference.GRPCInferenceService") => ServingStatus::NotServing,
+        Some(other) => return status_response(Status::not_found(format!("unknown service '{other}'"))),
+    };
+    message_response(&HealthCheckResponse { status: status as i32 })
+}
+
+async fn repository_index(g: &Gateway, headers: &HeaderMap) -> Response {
+    let admission = match g.admit(authorization(headers)).await {
+        Ok(a) => a,
+        Err(e) => return error_response(e),
+    };
+    let models = admission
+        .model_names()
+        .into_iter()
+        .map(|(name, m)| {
+            let ready = m.replicas.iter().any(|r| r.serving);
+            ModelIndex {
+                name: name.to_string(),
+                version: String::new(),
+                state: if ready { "READY" } else { "UNAVAILABLE" }.into(),
+                reason: String::new(),
+            }
+        })
+        .collect();
+    message_response(&RepositoryIndexResponse { models })
+}
+
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+}
+
+type Failed = (Error, Option<(String, String)>);
+
+async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Result<Response, Failed> {
+    let admission = g.admit(authorization(request.headers())).await.map_err(|e| (e, None))?;
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, g.max_request_bytes).await.map_err(|e| {
+        let e = Error::new(
+            ErrorKind::TooLarge,
+            format!("request over the gateway's limit of {} bytes or unreadable: {e}", g.max_request_bytes),
+        );
+        (e, None)
+    })?;
+    let target = target_of(&body, &parts.headers).map_err(|e| (e, None))?;
+    let tenant = admission.tenant.clone();
+    let failed = |e: Error| (e, Some((tenant.clone(), target.name.clone())));
+    let model = admission.model(&target.name).map_err(failed)?;
+    let identity = g.identity_header(&admission.principal).map_err(failed)?;
+    let headers = upstream_headers(&parts.headers, identity);
+    let path = parts.uri.path().to_string();
+    let send = |upstream: &Arc<super::routes::Upstream>| {
+        let uri = upstream_uri(&upstream.grpc, &path)?;
+        let body: GrpcBody = http_body_util::Full::new(body.clone()).map_err(|never| match never {}).boxed_unsync();
+        let mut req = http::Request::new(body);
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = uri;
+        *req.headers_mut() = headers.clone();
+        Ok(g.upstream.grpc.request(req))
+    };
+    let stale = |r: &http::Response<hyper::body::Incoming>| r.headers().get("grpc-status").is_some_and(|s| s == "5");
+    let answer = forward::send(g, &target.name, model, target.version, send, stale).await.map_err(failed)?;
+    let code =
+        answer.response.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map_or("0", |c| code_label(c));
+    g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "grpc", code, started.elapsed());
+    Ok(stream_back(answer.response, (answer.in_flight, admission.slot)))
+}
+
+async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error> {
+    let admission = g.admit(authorization(request.headers())).await?;
+    let (parts, body) = request.into_parts();
+    let mut data = body.into_data_stream();
+    // Read until the first message is whole: it names the model.
+    let mut prefix = BytesMut::new();
+    let first_len = loop {
+        if prefix.len() >= 5 {
+            let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+            if len > g.max_request_bytes {
+                return Err(Error::new(
+                    ErrorKind::TooLarge,
+                    format!("message over the gateway's limit of {} bytes", g.max_request_bytes),
+                ));
+            }
+            if prefix.len() >= 5 + len {
+                break 5 + len;
+            }
+        }
+        match data.next().await {
+            Some(Ok(chunk)) => prefix.extend_from_slice(&chunk),
+            Some(Err(e)) => return Err(Error::invalid(format!("stream broke before its first message: {e}"))),
+            // A stream closed before any message: nothing to route, nothing to answer.
+            None if prefix.is_empty() => return Ok(message_frames(Vec::new())),
+            None => return Err(Error::invalid("stream ended inside its first message")),
+        }
+    };
+    let prefix = prefix.freeze();
+    let target = target_of(&prefix[..first_len], &parts.headers)?;
+    let model = admission.model(&target.name)?;
+    let replica = model
+        .pick(target.version, &[], Instant::now(), super::routes::random())
+        .ok_or_else(|| Error::unavailable(format!("model '{}' has no ready replica", target.name)).retry_after(1))?;
+    let upstream = replica.upstream.clone();
+    let in_flight = upstream.start();
+    let identity = g.identity_header(&admission.principal)?;
+    let rest = data.map(|chunk| chunk.map(Frame::data).map_err(|e| -> BoxError { Box::new(e) }));
+    let frames = futures::stream::once(async move { Ok::<_, BoxError>(Frame::data(prefix)) }).chain(rest);
+    let mut req = http::Request::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
+    *req.method_mut() = http::Method::POST;
+    *req.uri_mut() = upstream_uri(&upstream.grpc, parts.uri.path())?;
+    *req.headers_mut() = upstream_headers(&parts.headers, identity);
+    match g.upstream.grpc.request(req).await {
+        Ok(response) => {
+            upstream.record(super::routes::Outcome::Answered, Instant::now());
+            Ok(stream_back(response, (in_flight, admission.slot)))
+        }
+        Err(e) => {
+            let outcome =
+                if e.is_connect() { super::routes::Outcome::Unreachable } else { super::routes::Outcome::Failed };
+            if upstream.record(outcome, Instant::now()) {
+                g.metrics.ejected(&upstream.worker_id);
+            }
+            Err(Error::unavailable(format!(
+                "the worker serving '{}' failed: {}",
+                target.name,
+                forward::error_chain(&e)
+            )))
+        }
+    }
+}
+
+/// The model a request names.
+#[derive(Debug)]
+struct Target {
+    name: String,
+    version: Option<i64>,
+}
+
+/// Reads the model name and version from a call's first message (decompressed as the
+/// `grpc-encoding` header says when its frame is flagged compressed).
+fn target_of(framed: &[u8], headers: &HeaderMap) -> Result<Target, Error> {
+    let Some(message) = first_message(framed) else {
+        return Err(Error::invalid("the request holds no complete gRPC message"));
+    };
+    let decompressed;
+    let message = if framed[0] == 1 {
+        let mut out = Vec::new();
+        let encoding = headers.get("grpc-encoding").and_then(|v| v.to_str().ok()).unwrap_or("identity");
+        let read = match encoding {
+            "gzip" => flate2::read::GzDecoder::new(message).read_to_end(&mut out),
+            "deflate" => flate2::read::ZlibDecoder::new(message).read_to_end(&mut out),
+            other => {
+                return Err(Error::new(ErrorKind::Unsupported, format!("grpc-encoding '{other}' is not supported")));
+            }
+        };
+        read.map_err(|e| Error::invalid(format!("the compressed message could not be read: {e}")))?;
+        decompressed = out;
+        &decompressed[..]
+    } else {
+        message
+    };
+    let (name, version) =
+        name_and_version(message).ok_or_else(|| Error::invalid("the request message is malformed"))?;
+    if name.is_empty() {
+        return Err(Error::invalid("the request names no model"));
+    }
+    let version =
+        match version.as_str() {
+            "" => None,
+            v => Some(v.parse::<i64>().ok().filter(|v| *v > 0).ok_or_else(|| {
+                Error::invalid(format!("version '{}' is not a positive integer", v.escape_default()))
+            })?),
+        };
+    Ok(Target { name, version })
+}
+
+/// The first message of a gRPC body (after its 5-byte frame header), if whole.
+fn first_message(framed: &[u8]) -> Option<&[u8]> {
+    let header = framed.get(..5)?;
+    let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]) as usize;
+    framed.get(5..5 + len)
+}
+
+/// Fields 1 and 2 (strings) of a protobuf message, skipping every other field.
+fn name_and_version(mut m: &[u8]) -> Option<(String, String)> {
+    let (mut name, mut version) = (String::new(), String::new());
+    while !m.is_empty() {
+        let key = varint(&mut m)?;
+        let (field, wire) = (key >> 3, key & 7);
+        match wire {
+            0 => {
+                varint(&mut m)?;
+            }
+            1 => m = m.get(8..)?,
+            5 => m = m.get(4..)?,
+            2 => {
+                let len = usize::try_from(varint(&mut m)?).ok()?;
+                let bytes = m.get(..len)?;
+                m = &m[len..];
+                match field {
+                    1 => name = String::from_utf8(bytes.to_vec()).ok()?,
+                    2 => version = String::from_utf8(bytes.to_vec()).ok()?,
+                    _ => {}
+                }
+            }
+            _ => return None,
+        }
+    }
+    Some((name, version))
+}
+
+fn varint(m: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = m.split_first()?;
+        *m = rest;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+fn upstream_uri(base: &str, path: &str) -> Result<Uri, Error> {
+    format!("{base}{path}").parse().map_err(|e| Error::internal(format!("bad upstream address {base}: {e}")))
+}
+
+/// The client's headers minus the connection's own and the credential, plus the identity.
+fn upstream_headers(client: &HeaderMap, identity: HeaderValue) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(client.len() + 1);
+    for (name, value) in client {
+        if !matches!(
+            name.as_str(),
+            "authorization" | "connection" | "host" | "content-length" | "transfer-encoding" | "keep-alive" | "upgrade"
+        ) && name.as_str() != forwarded::HEADER
+        {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers.insert(forwarded::HEADER, identity);
+    headers
+}
+
+/// The upstream response with its body streamed back; `guards` live until the body is done.
+fn stream_back<G: Send + Sync + 'static>(response: http::Response<hyper::body::Incoming>, guards: G) -> Response {
+    let (head, incoming) = response.into_parts();
+    let body = incoming.map_frame(move |frame| {
+        let _ = &guards;
+        frame
+    });
+    Response::from_parts(head, Body::new(body))
+}
+
+fn code_label(code: &str) -> &'static str {
+    const CODES: [&str; 17] =
+        ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16"];
+    CODES.iter().find(|c| **c == code).copied().unwrap_or("2")
+}
+
+fn grpc_code(e: &Error) -> &'static str {
+    code_label(&(e.codes().1 as i32).to_string())
+}
+
+/// A trailers-only response for `e`; 429s carry `retry-after` (seconds) as metadata.
+fn error_response(e: Error) -> Response {
+    let retry = e.retry_after_s;
+    let mut status = Status::from(e);
+    if let Some(seconds) = retry {
+        status.metadata_mut().insert("retry-after", seconds.into());
+    }
+    status_response(status)
+}
+
+fn status_response(status: Status) -> Response {
+    status.into_http::<Body>()
+}
+
+/// A successful unary answer: one message, then `grpc-status: 0`.
+fn message_response(message: &impl Message) -> Response {
+    let mut frame = BytesMut::with_capacity(5 + message.encoded_len());
+    frame.put_u8(0);
+    frame.put_u32(u32::try_from(message.encoded_len()).unwrap_or(u32::MAX));
+    // Encoding into a buffer with enough room cannot fail.
+    let _ = message.encode(&mut frame);
+    message_frames(vec![frame.freeze()])
+}
+
+fn message_frames(messages: Vec<Bytes>) -> Response {
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let frames = messages
+        .into_iter()
+        .map(Frame::data)
+        .chain(std::iter::once(Frame::trailers(trailers)))
+        .map(Ok::<_, std::convert::Infallible>);
+    let mut response = Response::new(Body::new(StreamBody::new(futures::stream::iter(frames))));
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_protocol::inference::ModelInferRequest;
+
+    use super::*;
+
+    fn framed(m: &impl Message) -> Vec<u8> {
+        let body = m.encode_to_vec();
+        let mut out = vec![0u8];
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    #[test]
+    fn the_model_is_read_from_the_first_message() {
+        let request = ModelInferRequest {
+            model_name: "mlp".into(),
+            model_version: "3".into(),
+            id: "r1".into(),
+            raw_input_contents: vec![vec![7u8; 4096].into()],
+            ..Default::default()
+        };
+        let t = target_of(&framed(&request), &HeaderMap::new()).expect("read");
+        assert_eq!((t.name.as_str(), t.version), ("mlp", Some(3)));
+        let unversioned = ModelInferRequest { model_name: "mlp".into(), ..Default::default() };
+        assert_eq!(target_of(&framed(&unversioned), &HeaderMap::new()).expect("read").version, None);
+    }
+
+    #[test]
+    fn compressed_first_messages_are_read_too() {
+        use std::io::Write as _;
+        let request = ModelInferRequest { model_name: "zipped".into(), ..Default::default() };
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&request.encode_to_vec()).expect("compress");
+        let body = gz.finish().expect("compress");
+        let mut out = vec![1u8];
+        out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        out.extend_from_slice(&body);
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-encoding", HeaderValue::from_static("gzip"));
+        assert_eq!(target_of(&out, &headers).expect("read").name, "zipped");
+        headers.insert("grpc-encoding", HeaderValue::from_static("snappy"));
+        assert_eq!(target_of(&out, &headers).err().map(|e| e.kind), Some(ErrorKind::Unsupported));
+    }
+
+    #[test]
+    fn malformed_requests_are_refused_clearly() {
+        let no_name = ModelInferRequest::default();
+        assert!(target_of(&framed(&no_name), &HeaderMap::new()).is_err());
+        let bad_version = ModelInferRequest { model_name: "m".into(), model_version: "x".into(), ..Default::default() };
+        let e = target_of(&framed(&bad_version), &HeaderMap::new()).expect_err("refused");
+        assert!(e.message.contains("'x'"), "{}", e.message);
+        assert!(target_of(&[0, 0, 0, 0, 9, 1], &HeaderMap::new()).is_err(), "truncated");
+        assert!(target_of(&[0, 0, 0, 0, 2, 0x0a, 0x05], &HeaderMap::new()).is_err(), "field runs past the end");
+    }
+}

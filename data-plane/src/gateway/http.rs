@@ -1,0 +1,261 @@
+//! The gateway's KServe v2 HTTP front end. Health and server metadata are answered here; the
+//! repository index from the route table; every `/v2/models/{name}[/versions/{v}]/...` request
+//! is forwarded whole to a replica of that model (the path, query, headers and body as the
+//! client sent them, the credential replaced by the signed identity).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::{BodyExt, Full};
+use serde_json::json;
+
+use super::Gateway;
+use super::forward;
+use crate::auth::forwarded;
+use crate::error::{Error, ErrorKind};
+
+type S = State<Arc<Gateway>>;
+
+/// The HTTP front end's routes.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2", get(server_metadata))
+        .route("/v2/repository/index", post(repository_index))
+        .fallback(forward_or_refuse)
+        .with_state(gateway)
+}
+
+async fn live(State(g): S) -> StatusCode {
+    if g.is_live() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+}
+
+async fn ready(State(g): S) -> StatusCode {
+    if g.is_ready() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }
+}
+
+async fn server_metadata() -> Response {
+    axum::Json(json!({
+        "name": "tessera-gateway",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["model_configuration", "statistics", "binary_tensor_data"],
+    }))
+    .into_response()
+}
+
+async fn repository_index(State(g): S, headers: HeaderMap) -> Response {
+    let admission = match g.admit(authorization(&headers)).await {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let models: Vec<_> = admission
+        .model_names()
+        .into_iter()
+        .map(|(name, m)| {
+            let ready = m.replicas.iter().any(|r| r.serving);
+            json!({ "name": name, "state": if ready { "READY" } else { "UNAVAILABLE" } })
+        })
+        .collect();
+    axum::Json(models).into_response()
+}
+
+fn authorization(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+}
+
+/// Where a `/v2/models/...` path points.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ModelPath {
+    /// The model name, percent-decoded.
+    pub name: String,
+    /// The version, when the path names one.
+    pub version: Option<i64>,
+}
+
+/// Reads `/v2/models/{name}[/versions/{v}][/...]`; `Ok(None)` for other paths.
+pub fn model_path(path: &str) -> Result<Option<ModelPath>, Error> {
+    let Some(rest) = path.strip_prefix("/v2/models/") else { return Ok(None) };
+    let mut parts = rest.split('/');
+    let Some(raw) = parts.next().filter(|n| !n.is_empty()) else { return Ok(None) };
+    let name = percent_decode(raw).ok_or_else(|| Error::invalid("the model name in the path is not valid UTF-8"))?;
+    let version = match (parts.next(), parts.next()) {
+        (Some("versions"), Some(v)) => Some(v.parse::<i64>().ok().filter(|v| *v > 0).ok_or_else(|| {
+            Error::invalid(format!("version '{}' in the path is not a positive integer", v.escape_default()))
+        })?),
+        _ => None,
+    };
+    Ok(Some(ModelPath { name, version }))
+}
+
+fn percent_decode(s: &str) -> Option<String> {
+    if !s.contains('%') {
+        return Some(s.to_string());
+    }
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Headers that belong to one connection (RFC 9110, 7.6.1) or that the gateway replaces.
+fn forwardable(name: &HeaderName) -> bool {
+    !matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+            | "authorization"
+            | forwarded::HEADER
+    )
+}
+
+async fn forward_or_refuse(State(g): S, request: Request) -> Response {
+    let path = request.uri().path();
+    if path.starts_with("/v2/systemsharedmemory") || path.starts_with("/v2/cudasharedmemory") {
+        return Error::new(
+            ErrorKind::Unsupported,
+            "shared memory needs a direct connection to a worker; through the gateway, send tensors in the request body",
+        )
+        .into_response();
+    }
+    if path.starts_with("/v2/repository/models/") {
+        return Error::permission_denied("model control is managed by the control plane").into_response();
+    }
+    let target = match model_path(path) {
+        Ok(Some(target)) => target,
+        Ok(None) => return Error::not_found(format!("no route {} {path}", request.method())).into_response(),
+        Err(e) => return e.into_response(),
+    };
+    let started = Instant::now();
+    match forward(&g, request, &target, started).await {
+        Ok(response) => response,
+        Err((e, tenant)) => {
+            if let Some(tenant) = tenant {
+                let version = target.version.map_or_else(|| "".to_string(), |v| v.to_string());
+                g.metrics.observe(&tenant, &target.name, &version, "http", e.codes().0.as_str(), started.elapsed());
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// Forwards one model request; the error carries the tenant once it is known (for metrics).
+async fn forward(
+    g: &Gateway,
+    request: Request,
+    target: &ModelPath,
+    started: Instant,
+) -> Result<Response, (Error, Option<String>)> {
+    let admission = g.admit(authorization(request.headers())).await.map_err(|e| (e, None))?;
+    let tenant = admission.tenant.clone();
+    let with_tenant = |e: Error| (e, Some(tenant.clone()));
+    let model = admission.model(&target.name).map_err(with_tenant)?;
+    let identity = g.identity_header(&admission.principal).map_err(with_tenant)?;
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, g.max_request_bytes).await.map_err(|e| {
+        with_tenant(Error::new(
+            ErrorKind::TooLarge,
+            format!("request body over the gateway's limit of {} bytes or unreadable: {e}", g.max_request_bytes),
+        ))
+    })?;
+    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut headers = HeaderMap::with_capacity(parts.headers.len() + 1);
+    for (name, value) in &parts.headers {
+        if forwardable(name) {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers.insert(forwarded::HEADER, identity);
+    let send = |upstream: &Arc<super::routes::Upstream>| {
+        let uri: Uri = format!("{}{path_and_query}", upstream.http)
+            .parse()
+            .map_err(|e| Error::internal(format!("bad upstream address {}: {e}", upstream.http)))?;
+        let mut upstream_request = http::Request::new(Full::new(body.clone()));
+        *upstream_request.method_mut() = parts.method.clone();
+        *upstream_request.uri_mut() = uri;
+        *upstream_request.headers_mut() = headers.clone();
+        Ok(g.upstream.http.request(upstream_request))
+    };
+    let answer = forward::send(g, &target.name, model, target.version, send, |r| r.status() == StatusCode::NOT_FOUND)
+        .await
+        .map_err(with_tenant)?;
+    let status = answer.response.status();
+    g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "http", status.as_str(), started.elapsed());
+    let (mut head, incoming) = answer.response.into_parts();
+    head.headers.retain_forwardable();
+    // The guards live until the body is done: least-outstanding and the tenant's concurrency
+    // count the whole response.
+    let guards = (answer.in_flight, admission.slot);
+    let body = incoming.map_frame(move |frame| {
+        let _ = &guards;
+        frame
+    });
+    Ok(Response::from_parts(head, Body::new(body)))
+}
+
+/// Drops the connection-level headers of an upstream response.
+trait RetainForwardable {
+    fn retain_forwardable(&mut self);
+}
+
+impl RetainForwardable for HeaderMap {
+    fn retain_forwardable(&mut self) {
+        for name in ["connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "proxy-connection"] {
+            self.remove(name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_paths_are_read() {
+        let p = |path: &str| model_path(path).expect("valid");
+        assert_eq!(p("/v2/models/mlp/infer"), Some(ModelPath { name: "mlp".into(), version: None }));
+        assert_eq!(p("/v2/models/mlp"), Some(ModelPath { name: "mlp".into(), version: None }));
+        assert_eq!(p("/v2/models/mlp/versions/3/infer"), Some(ModelPath { name: "mlp".into(), version: Some(3) }));
+        assert_eq!(p("/v2/models/a%20b/ready"), Some(ModelPath { name: "a b".into(), version: None }));
+        assert_eq!(p("/v2/models/"), None);
+        assert_eq!(p("/v2/health/live"), None);
+        for bad in ["/v2/models/m/versions/x/infer", "/v2/models/m/versions/0", "/v2/models/%ff/infer"] {
+            assert_eq!(model_path(bad).expect_err(bad).kind, ErrorKind::InvalidArg, "{bad}");
+        }
+    }
+
+    #[test]
+    fn connection_headers_and_credentials_are_not_forwarded() {
+        for name in ["authorization", "connection", "host", "transfer-encoding", "tessera-identity"] {
+            assert!(!forwardable(&HeaderName::from_static(name)), "{name}");
+        }
+        for name in ["content-type", "inference-header-content-length", "traceparent", "content-encoding"] {
+            assert!(forwardable(&HeaderName::from_static(name)), "{name}");
+        }
+    }
+}

@@ -1,0 +1,289 @@
+//! `tessera gateway`: one KServe v2 endpoint (HTTP and gRPC) for every tenant. It
+//! authenticates the caller as workers do (API keys through the control plane, cached; access
+//! tokens offline against the signing keys), applies the tenant's rate and concurrency limits,
+//! picks a ready replica of the model from the route table the control plane streams, and
+//! forwards the request with the caller's identity signed for the worker.
+//!
+//! In modules: [`routes`] (the table, balancing and outlier state), [`limits`] (token buckets),
+//! [`watch`] (the route stream), [`forward`] (upstream clients and retries), [`http`] and
+//! [`grpc`] (the two front ends) and [`metrics`].
+
+pub mod forward;
+pub mod grpc;
+pub mod http;
+pub mod limits;
+pub mod metrics;
+pub mod routes;
+pub mod watch;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use ::http::HeaderValue;
+use anyhow::Context;
+use parking_lot::{Mutex, RwLock};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Authenticator, IdentityKey, Principal, Role, forwarded};
+use crate::error::{Error, ErrorKind};
+use crate::serve::net::listen::PortArgs;
+use crate::worker::config::WorkerToken;
+use limits::Admitted;
+use routes::{ModelRoutes, Routes};
+
+/// Largest request body the gateway takes (the workers' default input limit plus room for the
+/// JSON around it).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 128 * 1024 * 1024;
+
+/// `tessera gateway` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayArgs {
+    /// Control plane URL (its agent service), e.g. `http://cp:8080`.
+    #[arg(long, env = "TESSERA_CONTROL_PLANE", value_parser = crate::worker::config::parse_control_plane)]
+    pub control_plane: String,
+    /// The agent token workers use (`--worker-token` of the control plane): gateways present it
+    /// to the control plane and sign the identities they forward to workers with a key derived
+    /// from it.
+    #[arg(long, env = "TESSERA_WORKER_TOKEN", hide_env_values = true)]
+    pub worker_token: WorkerToken,
+    /// Stable id of this gateway (default: the host name and port).
+    #[arg(long, env = "TESSERA_GATEWAY_ID", value_parser = crate::worker::config::parse_worker_id)]
+    pub gateway_id: Option<String>,
+    #[command(flatten)]
+    pub ports: PortArgs,
+    /// Address the listeners bind.
+    #[arg(long, env = "TESSERA_GATEWAY_ADDRESS", default_value = "0.0.0.0")]
+    pub address: std::net::IpAddr,
+    /// Seconds a resolved API key is trusted before it is checked again.
+    #[arg(long, env = "TESSERA_KEY_CACHE_SECS", default_value_t = 60)]
+    pub key_cache_secs: u64,
+    /// Largest request body accepted, bytes.
+    #[arg(long, env = "TESSERA_GATEWAY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
+}
+
+/// The bound addresses of a running gateway.
+#[derive(Debug, Clone, Copy)]
+pub struct GatewayAddrs {
+    /// KServe v2 HTTP.
+    pub http: SocketAddr,
+    /// KServe v2 gRPC.
+    pub grpc: SocketAddr,
+    /// Prometheus metrics.
+    pub metrics: SocketAddr,
+}
+
+/// What every request handler shares.
+pub struct Gateway {
+    routes: RwLock<Arc<Routes>>,
+    updated: Mutex<Option<Instant>>,
+    auth: Option<Arc<Authenticator>>,
+    identity: IdentityKey,
+    /// Signed identities by tenant and role, reused until half spent.
+    signed: Mutex<HashMap<(String, Role), (HeaderValue, i64)>>,
+    /// The gateway's metrics.
+    pub metrics: metrics::GatewayMetrics,
+    /// Upstream clients.
+    pub upstream: forward::Clients,
+    /// Largest request body accepted.
+    pub max_request_bytes: usize,
+    live: AtomicBool,
+}
+
+/// A request that passed authentication and its tenant's limits.
+pub struct Admission {
+    /// Who asked.
+    pub principal: Principal,
+    /// The route table the request is served from.
+    pub routes: Arc<Routes>,
+    /// The tenant's name (metrics).
+    pub tenant: String,
+    /// Holds the tenant's concurrency slot until the response is done.
+    pub slot: Admitted,
+}
+
+impl Gateway {
+    fn new(auth: Option<Arc<Authenticator>>, identity: IdentityKey, max_request_bytes: usize) -> Self {
+        Self {
+            routes: RwLock::new(Arc::new(Routes::default())),
+            updated: Mutex::new(None),
+            auth,
+            identity,
+            signed: Mutex::new(HashMap::new()),
+            metrics: metrics::GatewayMetrics::default(),
+            upstream: forward::Clients::new(),
+            max_request_bytes,
+            live: AtomicBool::new(true),
+        }
+    }
+
+    /// A gateway with no authentication source and an empty table, for unit tests.
+    #[cfg(test)]
+    pub fn for_tests() -> Self {
+        Self::new(None, IdentityKey::from_agent_token("test"), DEFAULT_MAX_REQUEST_BYTES)
+    }
+
+    /// The current route table.
+    pub fn routes(&self) -> Arc<Routes> {
+        self.routes.read().clone()
+    }
+
+    /// Replaces the route table.
+    pub fn set_routes(&self, routes: Routes) {
+        *self.routes.write() = Arc::new(routes);
+        *self.updated.lock() = Some(Instant::now());
+        self.metrics.route_update();
+    }
+
+    /// How long ago the last table arrived; `None` before the first.
+    pub fn route_table_age(&self) -> Option<Duration> {
+        self.updated.lock().map(|at| at.elapsed())
+    }
+
+    /// Live until shutdown.
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    /// Ready once it has a route table, while live.
+    pub fn is_ready(&self) -> bool {
+        self.is_live() && self.updated.lock().is_some()
+    }
+
+    /// Authenticates a request's `Authorization` value and applies its tenant's limits.
+    pub async fn admit(&self, authorization: Option<&str>) -> Result<Admission, Error> {
+        let Some(auth) = &self.auth else { return Err(Error::unavailable("the gateway has no credential source")) };
+        let principal = auth.authenticate(authorization).await?;
+        let routes = self.routes();
+        let Some(tenant) = routes.tenants.get(&principal.tenant_id) else {
+            // No deployment at all: nothing to limit, and every model is unknown.
+            return Ok(Admission {
+                tenant: principal.tenant_name.clone(),
+                principal,
+                routes,
+                slot: limits::Admitted::none(),
+            });
+        };
+        let name = tenant.name.clone();
+        match tenant.limiter.admit(Instant::now()) {
+            Ok(slot) => Ok(Admission { principal, routes, tenant: name, slot }),
+            Err(throttled) => {
+                self.metrics.throttled(&name, throttled.reason());
+                let message = match throttled {
+                    limits::Throttled::Rate(_) => format!("tenant '{name}' is over its requests-per-second limit"),
+                    limits::Throttled::Concurrency => {
+                        format!("tenant '{name}' has as many requests in flight as its limit allows")
+                    }
+                };
+                let seconds = u32::try_from(throttled.retry_after_secs()).unwrap_or(u32::MAX);
+                Err(Error::new(ErrorKind::TooManyRequests, message).retry_after(seconds))
+            }
+        }
+    }
+
+    /// The signed identity header for `who`.
+    pub fn identity_header(&self, who: &Principal) -> Result<HeaderValue, Error> {
+        let now = unix_now();
+        let key = (who.tenant_id.clone(), who.role);
+        if let Some((value, expires)) = self.signed.lock().get(&key)
+            && *expires - now > forwarded::LIFETIME_SECS / 2
+        {
+            return Ok(value.clone());
+        }
+        let expires = now + forwarded::LIFETIME_SECS;
+        let value = HeaderValue::from_str(&self.identity.sign(who, expires))
+            .map_err(|_| Error::internal("could not encode a forwarded identity"))?;
+        let mut signed = self.signed.lock();
+        // Bounded by tenants × roles; cleared wholesale rather than tracked per entry.
+        if signed.len() > 100_000 {
+            signed.clear();
+        }
+        signed.insert(key, (value.clone(), expires));
+        Ok(value)
+    }
+}
+
+impl Admission {
+    /// The model's routes in the caller's tenant, or a 404 naming it.
+    pub fn model(&self, name: &str) -> Result<&ModelRoutes, Error> {
+        self.routes
+            .tenants
+            .get(&self.principal.tenant_id)
+            .and_then(|t| t.models.get(name))
+            .ok_or_else(|| Error::not_found(format!("Request for unknown model: '{name}' is not deployed")))
+    }
+
+    /// The tenant's deployed model names (repository index).
+    pub fn model_names(&self) -> Vec<(&str, &ModelRoutes)> {
+        let mut names: Vec<_> = self
+            .routes
+            .tenants
+            .get(&self.principal.tenant_id)
+            .map(|t| t.models.iter().map(|(n, m)| (n.as_str(), m)).collect())
+            .unwrap_or_default();
+        names.sort_by_key(|(n, _)| *n);
+        names
+    }
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Runs a gateway until `shutdown`; `on_bound` hears the bound addresses.
+pub async fn run(
+    args: GatewayArgs,
+    shutdown: CancellationToken,
+    on_bound: impl FnOnce(GatewayAddrs),
+) -> anyhow::Result<()> {
+    let client = crate::worker::client::connect(&args.control_plane, &args.worker_token)?;
+    let credentials = Arc::new(crate::worker::credentials::ControlPlaneCredentials::new(client.clone()));
+    let auth = Arc::new(Authenticator::new(credentials, Duration::from_secs(args.key_cache_secs)));
+    let identity = IdentityKey::from_agent_token(args.worker_token.expose());
+    let gateway = Arc::new(Gateway::new(Some(auth), identity, args.max_request_bytes));
+
+    let [http_addr, grpc_addr, metrics_addr] = args.ports.on(args.address);
+    let bind = async |addr: SocketAddr, what: &str| {
+        TcpListener::bind(addr).await.with_context(|| format!("bind the gateway's {what} listener on {addr}"))
+    };
+    let (http, grpc, metrics) =
+        (bind(http_addr, "HTTP").await?, bind(grpc_addr, "gRPC").await?, bind(metrics_addr, "metrics").await?);
+    let addrs = GatewayAddrs { http: http.local_addr()?, grpc: grpc.local_addr()?, metrics: metrics.local_addr()? };
+    for (protocol, addr) in [("http", addrs.http), ("grpc", addrs.grpc), ("metrics", addrs.metrics)] {
+        tracing::info!(protocol, %addr, "listening");
+    }
+    let gateway_id = args.gateway_id.clone().unwrap_or_else(|| default_id(addrs.http.port()));
+    tracing::info!(%gateway_id, http = %addrs.http, grpc = %addrs.grpc, metrics = %addrs.metrics, control_plane = %args.control_plane, "gateway started");
+    on_bound(addrs);
+
+    let tasks = tokio_util::task::TaskTracker::new();
+    tasks.spawn(crate::serve::http::serve(http, http::router(gateway.clone()), shutdown.clone()));
+    tasks.spawn(crate::serve::grpc::serve_routes(grpc, grpc::routes(gateway.clone()), shutdown.clone()));
+    let (metrics_router, stop) = (metrics::router(gateway.clone()), shutdown.clone());
+    tasks.spawn(async move {
+        let serve = axum::serve(metrics, metrics_router).with_graceful_shutdown(stop.cancelled_owned());
+        if let Err(e) = serve.await {
+            tracing::error!(error = %e, "gateway metrics server failed");
+        }
+    });
+    watch::run(client, gateway.clone(), gateway_id, shutdown.clone()).await;
+    gateway.live.store(false, Ordering::Relaxed);
+    tracing::info!("gateway shutting down: finishing requests in flight");
+    tasks.close();
+    if tokio::time::timeout(Duration::from_secs(30), tasks.wait()).await.is_err() {
+        tracing::warn!("requests in flight did not finish within 30 s; exiting anyway");
+    }
+    Ok(())
+}
+
+/// `<host name>-<port>`, or `gateway-<port>` without a usable host name.
+fn default_id(port: u16) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String =
+        host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')).collect();
+    if host.is_empty() || host.starts_with('.') { format!("gateway-{port}") } else { format!("{host}-{port}") }
+}

@@ -1,0 +1,266 @@
+"""The gateway: one endpoint for every tenant in front of the workers. Real processes on loopback:
+a control plane, workers, a gateway; tritonclient over HTTP and gRPC through it."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import infer_grpc, infer_http, marker_model, wait_until
+
+X = np.zeros((1, 4), dtype=np.float32)
+
+
+def deploy_marker(cluster, tenant: str, replicas: int, marker: float = 1.0, **quotas):
+    keys = cluster.create_tenant(tenant, **quotas)
+    admin = keys["tenant-admin"]
+    cluster.push_version(tenant, admin, "marker", marker_model(marker))
+    cluster.api("POST", f"/v1/tenants/{tenant}/deployments", admin,
+                {"name": "marker", "model": "marker", "version": 1, "replicas": replicas}, expect=201)
+    cluster.wait_ready(tenant, admin, "marker")
+    return keys
+
+
+def metric_sum(url: str, family: str, **labels) -> float:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(family + "{") and not line.startswith(family + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def gateway_routes(gateway, tenant: str, model: str, replicas: int):
+    """Waits until the gateway's table holds `replicas` ready replicas (its table lags the API by up to ~1 s)."""
+    def seen():
+        try:
+            text = urllib.request.urlopen(f"http://{gateway.addrs['metrics']}/metrics", timeout=2).read().decode()
+        except OSError:
+            return False
+        return "tessera_gateway_upstreams" in text and f'state="healthy"}} {replicas}' in text
+    wait_until(seen, 20, f"gateway sees {replicas} upstreams")
+
+
+def test_gateway_serves_http_and_grpc_spreads_load_and_keeps_tenants_apart(make_cluster):
+    cluster = make_cluster(2)
+    keys = deploy_marker(cluster, "acme", replicas=2, marker=7.0)
+    other = cluster.create_tenant("globex")
+    gw = cluster.start_gateway()
+    gateway_routes(gw, "acme", "marker", 2)
+    http_ep, grpc_ep = f"http://{gw.addrs['http']}", gw.addrs["grpc"]
+
+    # Both protocols, an API key and an access token.
+    assert infer_http(http_ep, keys["inference"], "marker", X)[0][0] == 7.0
+    assert infer_grpc(grpc_ep, keys["inference"], "marker", X)[0][0] == 7.0
+    token = cluster.token(keys["inference"])
+    assert infer_http(http_ep, token, "marker", X)[0][0] == 7.0
+    assert infer_http(http_ep, keys["inference"], "marker", X, version="1")[0][0] == 7.0
+
+    # Load spreads over both replicas' workers.
+    client = httpclient.InferenceServerClient(gw.addrs["http"], concurrency=4)
+    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(X, binary_data=True)
+    auth = {"Authorization": f"Bearer {keys['inference']}"}
+    handles = [client.async_infer("marker", [inp], headers=auth) for _ in range(200)]
+    for h in handles:
+        assert h.get_result().as_numpy("OUTPUT0")[0][0] == 7.0
+    client.close()
+    for w in cluster.workers:
+        served = metric_sum(f"http://{w.addrs['metrics']}/metrics", "nv_inference_request_success")
+        assert served >= 40, f"{w.name} served only {served} of 200+ requests"
+
+    # Model metadata and readiness pass through; the index is the tenant's own.
+    gc = grpcclient.InferenceServerClient(grpc_ep)
+    meta = gc.get_model_metadata("marker", headers={"authorization": f"Bearer {keys['inference']}"})
+    assert meta.name == "marker" and meta.inputs[0].name == "INPUT0"
+    assert gc.is_server_live() and gc.is_server_ready()
+    index = gc.get_model_repository_index(headers={"authorization": f"Bearer {keys['inference']}"})
+    assert [m.name for m in index.models] == ["marker"]
+    # Another tenant's key does not reach acme's model: it is as unknown as a missing one.
+    with pytest.raises(InferenceServerException) as e:
+        infer_grpc(grpc_ep, other["inference"], "marker", X)
+    assert "StatusCode.NOT_FOUND" in str(e.value.status())
+    index = gc.get_model_repository_index(headers={"authorization": f"Bearer {other['inference']}"})
+    assert list(index.models) == []
+    gc.close()
+
+    # Bad credentials, unknown models and versions, shared memory: clear refusals.
+    def status(path: str, key: str, body: bytes = b"{}", method: str = "POST") -> tuple:
+        req = urllib.request.Request(http_ep + path, data=body if method == "POST" else None, method=method,
+                                     headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read().decode()
+
+    assert status("/v2/models/marker/infer", "tsk_not_a_key")[0] == 401
+    code, body = status("/v2/models/nope/infer", keys["inference"])
+    assert code == 404 and "nope" in body
+    code, body = status("/v2/models/marker/versions/9/infer", keys["inference"])
+    assert code == 404 and "version 9" in body
+    code, body = status("/v2/systemsharedmemory/region/r/register", keys["inference"])
+    assert code == 501 and "shared memory" in body
+    code, body = status("/v2/models/marker/versions/x/infer", keys["inference"])
+    assert code == 400 and "'x'" in body
+
+    # The gateway's metrics count requests per tenant, model and routed version.
+    ok = metric_sum(f"http://{gw.addrs['metrics']}/metrics", "tessera_gateway_requests_total",
+                    tenant="acme", model="marker", version="1", code="200")
+    assert ok >= 200
+
+
+def test_workers_trust_only_identities_signed_with_the_agent_token(make_cluster):
+    cluster = make_cluster(1)
+    keys = deploy_marker(cluster, "acme", replicas=1)
+    d = cluster.deployment("acme", keys["tenant-admin"], "marker")
+    worker = d["replica_status"][0]["http_endpoint"]
+    tenant_id = cluster.api("GET", "/v1/tenants/acme", cluster.admin_key)["id"]
+    forged = f"v1.{int(time.time()) + 30}.platform-admin.{tenant_id}.YWNtZQ.AAAA"
+    req = urllib.request.Request(worker + "/v2/models/marker", headers={"tessera-identity": forged})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=5)
+    assert e.value.code == 401
+    # The tenant's own key still reaches the worker directly.
+    assert infer_http(worker, keys["inference"], "marker", X)[0][0] == 1.0
+
+
+class Load:
+    """`threads` clients sending back to back through one endpoint, counting answers and failures."""
+
+    def __init__(self, endpoint: str, key: str, threads: int = 4, model: str = "marker"):
+        self.ok = 0
+        self.failures: list = []
+        self.throttled = 0
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(endpoint, key, model), daemon=True)
+                        for _ in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def run(self, endpoint: str, key: str, model: str):
+        client = httpclient.InferenceServerClient(endpoint, network_timeout=30)
+        inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(X, binary_data=True)
+        while not self.stop.is_set():
+            try:
+                client.infer(model, [inp], headers={"Authorization": f"Bearer {key}"})
+                with self.lock:
+                    self.ok += 1
+            except InferenceServerException as e:
+                with self.lock:
+                    if "429" in str(e.status()):
+                        self.throttled += 1
+                    else:
+                        self.failures.append((time.monotonic(), str(e)))
+        client.close()
+
+    def finish(self):
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+
+
+def test_killing_a_worker_under_load_fails_at_most_its_requests_in_flight(make_cluster):
+    cluster = make_cluster(2)
+    keys = deploy_marker(cluster, "acme", replicas=2)
+    gw = cluster.start_gateway()
+    gateway_routes(gw, "acme", "marker", 2)
+    threads = 4
+    load = Load(gw.addrs["http"], keys["inference"], threads=threads)
+    try:
+        wait_until(lambda: load.ok > 200, 30, "traffic before the kill")
+        victim = cluster.workers[1]
+        victim.kill()
+        killed_at = time.monotonic()
+        before = load.ok
+        wait_until(lambda: load.ok > before + 300, 60, "traffic after the kill")
+        time.sleep(1.0)
+    finally:
+        load.finish()
+    # Only requests that were on the killed worker may fail: at most one per client thread.
+    assert len(load.failures) <= threads, load.failures
+    late = [f for f in load.failures if f[0] > killed_at + 1.0]
+    assert not late, f"failures after the first second: {late}"
+
+
+def test_rate_limit_answers_429_with_retry_after_at_the_configured_rate(make_cluster):
+    cluster = make_cluster(1)
+    keys = deploy_marker(cluster, "acme", replicas=1, requests_per_second=40)
+    gw = cluster.start_gateway()
+    gateway_routes(gw, "acme", "marker", 1)
+    # Let the bucket settle, then measure over 5 s.
+    load = Load(gw.addrs["http"], keys["inference"], threads=4)
+    time.sleep(1.0)
+    start_ok, start = load.ok, time.monotonic()
+    time.sleep(5.0)
+    rate = (load.ok - start_ok) / (time.monotonic() - start)
+    load.finish()
+    assert not load.failures, load.failures[:3]
+    assert load.throttled > 0
+    assert 36 <= rate <= 44, f"admitted {rate:.1f}/s against a limit of 40/s"
+
+    req = urllib.request.Request(f"http://{gw.addrs['http']}/v2/models/marker/infer", data=b"{}", method="POST",
+                                 headers={"Authorization": f"Bearer {keys['inference']}"})
+    codes = []
+    for _ in range(100):
+        try:
+            urllib.request.urlopen(req, timeout=5).read()
+            codes.append(200)
+        except urllib.error.HTTPError as e:
+            codes.append(e.code)
+            if e.code == 429:
+                assert int(e.headers["Retry-After"]) >= 1
+                assert "requests-per-second" in e.read().decode()
+    assert 429 in codes
+    throttled = metric_sum(f"http://{gw.addrs['metrics']}/metrics", "tessera_gateway_throttled_total",
+                           tenant="acme", reason="rate")
+    assert throttled > 0
+
+    # gRPC says RESOURCE_EXHAUSTED.
+    grpc_codes = set()
+    for _ in range(100):
+        try:
+            infer_grpc(gw.addrs["grpc"], keys["inference"], "marker", X)
+        except InferenceServerException as e:
+            grpc_codes.add(str(e.status()))
+    assert "StatusCode.RESOURCE_EXHAUSTED" in grpc_codes
+
+
+def test_a_rollout_through_the_gateway_fails_no_request(make_cluster):
+    cluster = make_cluster(2)
+    keys = cluster.create_tenant("acme")
+    admin = keys["tenant-admin"]
+    cluster.push_version("acme", admin, "marker", marker_model(1.0))
+    cluster.push_version("acme", admin, "marker", marker_model(2.0))
+    cluster.api("PUT", "/v1/tenants/acme/models/marker/aliases/production", admin, {"version": 1})
+    cluster.api("POST", "/v1/tenants/acme/deployments", admin,
+                {"name": "marker", "model": "marker", "alias": "production", "replicas": 1}, expect=201)
+    cluster.wait_ready("acme", admin, "marker")
+    gw = cluster.start_gateway()
+    gateway_routes(gw, "acme", "marker", 1)
+    load = Load(gw.addrs["http"], keys["inference"], threads=4)
+    try:
+        wait_until(lambda: load.ok > 100, 30, "traffic before the rollout")
+        cluster.api("PUT", "/v1/tenants/acme/models/marker/aliases/production", admin, {"version": 2})
+        cluster.wait_ready("acme", admin, "marker", pred=lambda d: d["serving_version"] == 2)
+        wait_until(lambda: infer_http(f"http://{gw.addrs['http']}", keys["inference"], "marker", X)[0][0] == 2.0,
+                   20, "the gateway routes to version 2")
+        before = load.ok
+        wait_until(lambda: load.ok > before + 100, 30, "traffic after the rollout")
+        time.sleep(2.0)  # past the drain of the old replica
+    finally:
+        load.finish()
+    assert not load.failures, load.failures[:5]
