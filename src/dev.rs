@@ -20,6 +20,8 @@ use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tessera_data_plane::BoundAddrs;
+use tessera_data_plane::gateway::{GatewayAddrs, GatewayArgs};
+use tessera_data_plane::serve::net::listen::PortArgs;
 use tessera_data_plane::tools::onnx_builder;
 use tessera_data_plane::worker::{WorkerConfig, WorkerToken};
 use tokio::sync::{mpsc, oneshot};
@@ -52,6 +54,9 @@ pub struct DevArgs {
     /// Worker ports (HTTP, gRPC, metrics), bound on the control plane's address.
     #[command(flatten)]
     pub ports: tessera_data_plane::serve::net::listen::PortArgs,
+    /// Gateway ports: the one endpoint applications call.
+    #[command(flatten)]
+    pub gateway_ports: GatewayPorts,
     /// How long to wait for the demo deployment to become ready, in seconds.
     #[arg(long, default_value_t = 300)]
     pub ready_timeout_secs: u64,
@@ -59,6 +64,20 @@ pub struct DevArgs {
     /// `web/dist` here or in the source tree, when built.
     #[arg(long, env = "TESSERA_CONSOLE_DIR")]
     pub console_dir: Option<PathBuf>,
+}
+
+/// The gateway's ports in `tessera dev` (the worker keeps tritonserver's 8000-8002).
+#[derive(Debug, Clone, clap::Args)]
+pub struct GatewayPorts {
+    /// Gateway HTTP port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_GATEWAY_HTTP_PORT", default_value_t = 9000)]
+    pub gateway_http_port: u16,
+    /// Gateway gRPC port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_GATEWAY_GRPC_PORT", default_value_t = 9001)]
+    pub gateway_grpc_port: u16,
+    /// Gateway metrics port; 0 picks a free one.
+    #[arg(long, env = "TESSERA_GATEWAY_METRICS_PORT", default_value_t = 9002)]
+    pub gateway_metrics_port: u16,
 }
 
 /// Secrets generated at first start and kept in `secrets.json`.
@@ -183,6 +202,23 @@ fn worker_config(args: &DevArgs, dir: &Path, control_plane: SocketAddr, secrets:
     config
 }
 
+fn gateway_args(args: &DevArgs, control_plane: SocketAddr, secrets: &Secrets) -> GatewayArgs {
+    let p = &args.gateway_ports;
+    GatewayArgs {
+        control_plane: format!("http://{control_plane}"),
+        worker_token: WorkerToken::new(secrets.worker_token.clone()),
+        gateway_id: Some("dev-gateway".into()),
+        ports: PortArgs {
+            http_port: p.gateway_http_port,
+            grpc_port: p.gateway_grpc_port,
+            metrics_port: p.gateway_metrics_port,
+        },
+        address: args.listen.ip(),
+        key_cache_secs: 60,
+        max_request_bytes: tessera_data_plane::gateway::DEFAULT_MAX_REQUEST_BYTES,
+    }
+}
+
 /// A service's end: its name and how it ended.
 type Ended = (&'static str, anyhow::Result<()>);
 
@@ -229,6 +265,7 @@ struct Running {
     data_dir: PathBuf,
     control_plane: SocketAddr,
     worker: BoundAddrs,
+    gateway: GatewayAddrs,
     credentials: DevCredentials,
     deployment: deploy::Deployment,
     secrets_file: PathBuf,
@@ -241,8 +278,8 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("create {}", args.data_dir.display()))?;
     let dir = args.data_dir.canonicalize().with_context(|| format!("resolve {}", args.data_dir.display()))?;
     let secrets = Secrets::load_or_create(&dir)?;
-    // Each service reports its end here once; two at most.
-    let (ended_tx, mut ended) = mpsc::channel(2);
+    // Each service reports its end here once; three at most.
+    let (ended_tx, mut ended) = mpsc::channel(3);
     let (bound_tx, bound_rx) = oneshot::channel();
     let stop = CancellationToken::new();
     let config = control_plane_config(&args, &dir, &secrets)?;
@@ -251,11 +288,11 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         let _ = bound_tx.send(addr);
     });
     let control_plane = Service::spawn("control plane", stop, run, ended_tx.clone());
-    let mut worker = None;
+    let mut services = Vec::new();
     let started = tokio::select! {
         () = shutdown.cancelled() => Ok(None),
         e = first_end(&mut ended) => Err(e),
-        r = start(&args, &dir, &secrets, bound_rx, &mut worker, ended_tx) => r.map(Some),
+        r = start(&args, &dir, &secrets, bound_rx, &mut services, ended_tx) => r.map(Some),
     };
     let outcome = match started {
         Ok(Some(mut running)) => {
@@ -270,9 +307,10 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         Err(e) => Err(e),
     };
     eprintln!("tessera dev: stopping");
-    // The worker first: it drains its requests while the control plane still answers.
-    if let Some(worker) = worker {
-        worker.shut_down().await;
+    // The gateway, then the worker: each drains its requests while what is behind it still
+    // answers.
+    for service in services.into_iter().rev() {
+        service.shut_down().await;
     }
     control_plane.shut_down().await;
     outcome
@@ -285,7 +323,7 @@ async fn start(
     dir: &Path,
     secrets: &Secrets,
     control_plane_bound: oneshot::Receiver<SocketAddr>,
-    worker_slot: &mut Option<Service>,
+    services: &mut Vec<Service>,
     ended: mpsc::Sender<Ended>,
 ) -> anyhow::Result<Running> {
     let control_plane = reachable(control_plane_bound.await.context("the control plane did not start")?);
@@ -295,8 +333,15 @@ async fn start(
         tessera_data_plane::worker::run(worker_config(args, dir, control_plane, secrets), stop.clone(), |addrs| {
             let _ = bound_tx.send(addrs);
         });
-    *worker_slot = Some(Service::spawn("worker", stop, run, ended));
+    services.push(Service::spawn("worker", stop, run, ended.clone()));
     let worker = bound_rx.await.context("the worker did not start")?;
+    let (bound_tx, bound_rx) = oneshot::channel();
+    let stop = CancellationToken::new();
+    let run = tessera_data_plane::gateway::run(gateway_args(args, control_plane, secrets), stop.clone(), |addrs| {
+        let _ = bound_tx.send(addrs);
+    });
+    services.push(Service::spawn("gateway", stop, run, ended));
+    let gateway = bound_rx.await.context("the gateway did not start")?;
     let url = format!("http://{control_plane}");
     let admin = ApiClient::new(&url, &secrets.platform_admin_key);
     let credentials = provision_tenant(&admin, dir).await?;
@@ -304,15 +349,35 @@ async fn start(
     provision_model(&tenant, dir).await?;
     let timeout = Duration::from_secs(args.ready_timeout_secs.max(1));
     let deployment = deploy::wait_ready(&tenant, DEMO_TENANT, DEMO_MODEL, timeout).await?;
+    gateway_routes_demo(gateway, &credentials.inference_key).await?;
     Ok(Running {
         data_dir: args.data_dir.clone(),
         control_plane,
         worker,
+        gateway,
         credentials,
         deployment,
         secrets_file: dir.join("secrets.json"),
         console: None,
     })
+}
+
+/// Waits until the gateway's route table holds the demo model (it follows the control plane
+/// within about a second), so the printed examples work as printed.
+async fn gateway_routes_demo(gateway: GatewayAddrs, key: &str) -> anyhow::Result<()> {
+    let url = format!("http://{}/v2/models/{DEMO_MODEL}/ready", reachable(gateway.http));
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = client.get(&url).bearer_auth(key).send().await.is_ok_and(|r| r.status().is_success());
+        if ready {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("the gateway did not route the demo model within 30 s ({url})");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Whether a key still works (a registry deleted under a kept credentials file does not).
@@ -421,12 +486,14 @@ fn shown(addr: Option<SocketAddr>) -> String {
 fn summary_section(r: &Running) -> String {
     let (cp, w, c) = (r.control_plane, &r.worker, &r.credentials);
     format!(
-        "Tessera dev: control plane, worker and demo tenant in one process (state in {dir})
+        "Tessera dev: control plane, gateway, worker and demo tenant in one process (state in {dir})
 
+  gateway       KServe v2 HTTP {gw_http}, gRPC {gw_grpc}, metrics http://{gw_metrics}/metrics
+                (the endpoint applications call: every tenant, rate limits, balancing)
   REST API      http://{cp}/v1
   API docs      http://{cp}/docs
   console       {console}
-  worker        KServe v2 HTTP {http}, gRPC {grpc}, metrics http://{metrics}/metrics
+  worker        KServe v2 HTTP {http}, gRPC {grpc}, metrics http://{metrics}/metrics (direct access)
 
   tenant            {tenant}
   tenant-admin key  {admin}
@@ -438,6 +505,9 @@ fn summary_section(r: &Running) -> String {
 ",
         dir = r.data_dir.display(),
         console = console_line(r.control_plane, r.console.is_some()),
+        gw_http = shown(Some(r.gateway.http)),
+        gw_grpc = shown(Some(r.gateway.grpc)),
+        gw_metrics = shown(Some(r.gateway.metrics)),
         http = shown(w.http),
         grpc = shown(w.grpc),
         metrics = shown(w.metrics),
@@ -500,7 +570,7 @@ fn cli_example(control_plane: SocketAddr, key: &str) -> String {
 }
 
 fn print_banner(r: &Running) {
-    let http = shown(r.worker.http);
+    let http = shown(Some(r.gateway.http));
     let c = &r.credentials;
     println!("\n{}", summary_section(r));
     println!("Infer with curl:\n\n{}\n", curl_example(&http, &c.inference_key));

@@ -42,6 +42,7 @@ impl Dev {
             .arg("--data-dir")
             .arg(dir)
             .args(["--listen", "127.0.0.1:0", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"])
+            .args(["--gateway-http-port", "0", "--gateway-grpc-port", "0", "--gateway-metrics-port", "0"])
             .current_dir(repo_root())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -138,6 +139,9 @@ fn check_simple_answer(answer: &Value) {
 /// Runs the printed curl example as printed and checks the outputs.
 fn run_printed_curl(dev: &Dev) {
     let curl = dev.line_starting("curl ");
+    // The examples call the gateway, the one endpoint applications use.
+    let gateway = dev.field("gateway       KServe v2 HTTP").trim_end_matches(',').to_string();
+    assert!(curl.contains(&format!("http://{gateway}/v2/models/")), "{curl} does not call the gateway {gateway}");
     let out = bash(&curl);
     assert!(out.status.success(), "curl failed: {}", String::from_utf8_lossy(&out.stderr));
     let answer: Value = serde_json::from_slice(&out.stdout).expect("a JSON answer");
