@@ -3,7 +3,8 @@
 #
 #   1. set-up: ONNX Runtime library, Python venv, perf_analyzer (optional)
 #   2. Rust: cargo fmt --check, clippy -D warnings, build, cargo test, fuzz replay
-#   3. Python: generate test models, pytest tests/python against the binary
+#   3. Infra: the Helm chart, Dockerfile, KServe runtime, dashboard and alerts, checked offline
+#   4. Python: generate test models, pytest tests/python against the binary
 #
 # Arguments are passed to pytest (e.g. ./scripts/test.sh -k health -x).
 #
@@ -162,6 +163,12 @@ main() {
   # The fuzz targets' seeds and regression inputs on stable (cargo test ran them too; this stage
   # names them). Fuzzing itself is scripts/fuzz.sh: its build takes too long for CI (README).
   run_stage "fuzz replay" "$TESSERA_ROOT/scripts/fuzz.sh" --replay || true
+
+  # --- Infra: the Helm chart, images, KServe runtime, dashboard and alerts, offline --------
+  # Renders and validates the chart, scans it, and checks the dashboard's and the alerts'
+  # metric names against a live control plane, worker and serve (scripts/validate-infra.sh).
+  run_stage "infra" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
+    "$TESSERA_ROOT/scripts/validate-infra.sh" || true
 
   # --- Python -----------------------------------------------------------------
   if [[ -f tests/python/gen_models.py ]]; then
