@@ -273,7 +273,7 @@ def check_container_flags(binary: str, doc: dict, where: str, cache: dict, error
             continue
         envs = [e["name"] for e in c.get("env", []) if e["name"].startswith("TESSERA_") and e["name"] not in NOT_FLAGS]
         for env in envs:
-            if f"[env: {env}=" not in text:
+            if f"[env: {env}=" not in text and f"[env: {env}]" not in text:  # secrets hide their value
                 errors.append(f"{where}: container {c['name']} sets {env}, which `tessera {role}` does not read")
         for flag in flags:
             if not re.search(rf"(^|\s){re.escape(flag)}([ =<,]|$)", text, re.M):
@@ -296,7 +296,7 @@ def promql_selectors(expr: str) -> list[tuple[str, set[str]]]:
     matchers = {}
 
     def keep(m):
-        key = f"__m{len(matchers)}__"
+        key = f"@{len(matchers)}@"
         matchers[key] = {lm.group(1) for lm in re.finditer(r'(\w+)\s*(?:=~|!~|!=|=)\s*"', m.group(0))}
         return key
 
@@ -304,9 +304,9 @@ def promql_selectors(expr: str) -> list[tuple[str, set[str]]]:
     expr = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)
     expr = re.sub(r"\[[^\]]*\]", "", expr)
     expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
-    for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)(__m\d+__)?(\s*\()?", expr):
+    for m in re.finditer(r"(?<![\w.])([a-zA-Z_:][a-zA-Z0-9_:]*)(@\d+@)?(\s*\()?", expr):
         name, matcher, call = m.group(1), m.group(2), m.group(3)
-        if call or name in PROMQL_WORDS or name.startswith("__m"):
+        if call or name in PROMQL_WORDS:
             continue
         out.append((name, matchers.get(matcher, set()) if matcher else set()))
     # A selector that is only matchers ({__name__=...}) is not used here.
@@ -502,11 +502,14 @@ def scrape_live(binary: str, work: Path) -> dict[str, dict[str, set[str]]]:
         scraped = {}
         for role, url in [("control plane", f"{api}/metrics"), ("worker", wmetrics), ("gpu worker", gmetrics),
                           ("serve", smetrics)]:
-            status, text = http("GET", url)
-            if status != 200:
-                raise Failed(f"{role} {url}: HTTP {status}")
             names: dict[str, set[str]] = {}
-            parse_exposition(text.decode(), names)
+            # Twice: CPU utilization is the change between two scrapes, absent from the first.
+            for _ in range(2):
+                status, text = http("GET", url)
+                if status != 200:
+                    raise Failed(f"{role} {url}: HTTP {status}")
+                parse_exposition(text.decode(), names)
+                time.sleep(0.2)
             scraped[role] = names
         return scraped
     finally:
