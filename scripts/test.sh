@@ -177,22 +177,30 @@ main() {
   fi
   run_stage "pytest" run_pytest "$@" || true
 
+  # The control plane's Python venv (generated client, schemathesis, moto): its moto_server
+  # is also the object store of the cluster rehearsal in the deployments suite.
+  local cp_venv="" moto=""
+  if cp_venv="$("$TESSERA_ROOT/scripts/setup-python-cp.sh" | tail -n1)" && [[ -x "$cp_venv/bin/python" ]]; then
+    moto="$cp_venv/bin/moto_server"
+  else
+    say "scripts/setup-python-cp.sh failed"
+    FAILED+=("setup python_cp")
+    cp_venv=""
+  fi
+
   # --- Deployments: control plane + worker processes on Postgres, tritonclient -------
+  # (test_cluster_rehearsal.py runs scripts/cluster.sh: two control planes, S3, three workers)
   run_stage "pytest deployments" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
-    "$VENV/bin/python" -m pytest tests/python_deploy -q -p no:cacheprovider || true
+    MOTO_SERVER="$moto" "$VENV/bin/python" -m pytest tests/python_deploy -q -p no:cacheprovider || true
 
   # --- Web console: vitest, then Playwright (chromium) against a real tessera dev -----
   run_stage "web console" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
     "$TESSERA_ROOT/scripts/test-web.sh" || true
 
   # --- Control plane, Python side: generated client, schemathesis, S3 (moto) ----
-  local cp_venv
-  if cp_venv="$("$TESSERA_ROOT/scripts/setup-python-cp.sh" | tail -n1)" && [[ -x "$cp_venv/bin/python" ]]; then
+  if [[ -n "$cp_venv" ]]; then
     run_stage "pytest control plane" env TESSERA_BIN="$TESSERA_BIN" \
       "$cp_venv/bin/python" -m pytest tests/python_cp -q -p no:cacheprovider || true
-  else
-    say "scripts/setup-python-cp.sh failed"
-    FAILED+=("setup python_cp")
   fi
 
   # --- summary ----------------------------------------------------------------
