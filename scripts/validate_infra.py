@@ -19,7 +19,7 @@ Stages, each timed; the script exits 1 when any fails:
   metrics    every metric the Grafana dashboard and the alert rules query is one a live control
              plane, worker (with a fake NVML GPU in MIG mode) or `tessera serve` exports, and
              every label they match on is one it carries; the chart's NVML-vs-grant check runs
-             against the fake NVML too
+             against the fake NVML too, and the images' HEALTHCHECK script against the roles
 
 Usage: validate_infra.py [--out DIR] [--only STAGE,...] [--tessera-bin PATH]
 """
@@ -457,6 +457,16 @@ def scrape_live(binary: str, work: Path) -> dict[str, dict[str, set[str]]]:
                 raise Failed(f"dev worker infer: HTTP {status} {text[:200]!r}")
         big = {"inputs": [{**i, "shape": [64, 16], "data": list(range(16)) * 64} for i in body["inputs"]]}
         http("POST", f"http://{whttp}/v2/models/simple/infer", json.dumps(big).encode(), hdrs)
+
+        # The images' HEALTHCHECK script against the live roles: control plane, worker, nothing.
+        health = INFRA / "docker" / "healthcheck.sh"
+        base_env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
+        for what, extra, want in [("control plane", {"TESSERA_LISTEN": api.removeprefix("http://")}, 0),
+                                  ("worker", {"TESSERA_HTTP_PORT": whttp.rsplit(":", 1)[1]}, 0),
+                                  ("a closed port", {"TESSERA_HEALTHCHECK_URL": "http://127.0.0.1:1/v2/health/live"}, 1)]:
+            rc = subprocess.run(["bash", str(health)], env={**base_env, **extra}, capture_output=True).returncode
+            if (rc == 0) != (want == 0):
+                raise Failed(f"infra/docker/healthcheck.sh against {what}: exit {rc}")
 
         # A second worker on the fake NVML: one H200 with seven 1g.18gb instances.
         nvml = fake_nvml(work)
