@@ -432,8 +432,10 @@ def fake_nvml(work: Path) -> Path:
     return out
 
 
-def scrape_live(binary: str, work: Path) -> dict[str, dict[str, set[str]]]:
-    """Starts the three roles, makes traffic, returns {role: {sample name: label names}}."""
+def scrape_live(binary: str, work: Path, want: set[str]) -> dict[str, dict[str, set[str]]]:
+    """Starts the three roles, makes traffic, returns {role: {sample name: label names}}.
+    Scrapes again (up to 20 s) while a name in `want` is missing: usage ships and GPUs are
+    sampled once a second, scheduler gauges follow ticks."""
     live = Live(binary, work)
     try:
         dev = live.start("dev", ["dev", "--data-dir", str(work / "dev"), "--listen", "127.0.0.1:0",
@@ -461,11 +463,11 @@ def scrape_live(binary: str, work: Path) -> dict[str, dict[str, set[str]]]:
         # The images' HEALTHCHECK script against the live roles: control plane, worker, nothing.
         health = INFRA / "docker" / "healthcheck.sh"
         base_env = {k: v for k, v in os.environ.items() if not k.startswith("TESSERA_")}
-        for what, extra, want in [("control plane", {"TESSERA_LISTEN": api.removeprefix("http://")}, 0),
+        for what, extra, expect in [("control plane", {"TESSERA_LISTEN": api.removeprefix("http://")}, 0),
                                   ("worker", {"TESSERA_HTTP_PORT": whttp.rsplit(":", 1)[1]}, 0),
                                   ("a closed port", {"TESSERA_HEALTHCHECK_URL": "http://127.0.0.1:1/v2/health/live"}, 1)]:
             rc = subprocess.run(["bash", str(health)], env={**base_env, **extra}, capture_output=True).returncode
-            if (rc == 0) != (want == 0):
+            if (rc == 0) != (expect == 0):
                 raise Failed(f"infra/docker/healthcheck.sh against {what}: exit {rc}")
 
         # A second worker on the fake NVML: one H200 with seven 1g.18gb instances.
@@ -507,20 +509,21 @@ def scrape_live(binary: str, work: Path) -> dict[str, dict[str, set[str]]]:
         http("POST", f"http://{shttp}/v2/models/simple/infer".replace("0.0.0.0", "127.0.0.1"), json.dumps(body).encode(),
              {"Content-Type": "application/json"})
 
-        # Usage ships every second; GPU samples every second.
-        time.sleep(2.5)
-        scraped = {}
-        for role, url in [("control plane", f"{api}/metrics"), ("worker", wmetrics), ("gpu worker", gmetrics),
-                          ("serve", smetrics)]:
-            names: dict[str, set[str]] = {}
-            # Twice: CPU utilization is the change between two scrapes, absent from the first.
-            for _ in range(2):
+        endpoints = [("control plane", f"{api}/metrics"), ("worker", wmetrics), ("gpu worker", gmetrics),
+                     ("serve", smetrics)]
+        scraped: dict[str, dict[str, set[str]]] = {role: {} for role, _ in endpoints}
+        deadline = time.monotonic() + 20
+        while True:
+            # At least twice: CPU utilization is the change between two scrapes.
+            for role, url in endpoints:
                 status, text = http("GET", url)
                 if status != 200:
                     raise Failed(f"{role} {url}: HTTP {status}")
-                parse_exposition(text.decode(), names)
-                time.sleep(0.2)
-            scraped[role] = names
+                parse_exposition(text.decode(), scraped[role])
+            seen = set().union(*(names.keys() for names in scraped.values()))
+            if (want <= seen and "nv_cpu_utilization" in seen) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         return scraped
     finally:
         live.stop()
@@ -660,7 +663,7 @@ class Run:
             raise Failed("no tessera binary (--tessera-bin or TESSERA_BIN)")
         used, recorded = queried_metrics()
         with tempfile.TemporaryDirectory(prefix="tessera-metrics-") as tmp:
-            scraped = scrape_live(self.args.tessera_bin, Path(tmp))
+            scraped = scrape_live(self.args.tessera_bin, Path(tmp), set(used) - recorded)
         exported: dict[str, set[str]] = {}
         for names in scraped.values():
             for n, labels in names.items():
