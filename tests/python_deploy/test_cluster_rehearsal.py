@@ -186,6 +186,9 @@ def test_leader_and_worker_killed_under_load(cluster):
     assert leader_log(cps[0]) and not leader_log(cps[1]), "control-plane-0 leads at first, control-plane-1 waits"
 
     load = Load(state, "acme", owner, keys["inference"], "adder")
+    if load.via_gateway:
+        gateway = load.endpoints[0]
+        wait_until(lambda: load.attempt(gateway) is None, 30, "the gateway routes to the deployment")
     load.start()
     try:
         wait_until(lambda: len(load.ok) > 50, 20, "load running")
