@@ -39,7 +39,7 @@ async def main(port: int, backends: list[tuple[str, int]]) -> None:
             try:
                 up_r, up_w = await asyncio.wait_for(asyncio.open_connection(host, bport), 2)
                 break
-            except (OSError, asyncio.TimeoutError):
+            except (TimeoutError, OSError):
                 continue
         else:
             client_w.close()
