@@ -3,7 +3,8 @@
 #
 #   1. set-up: ONNX Runtime library, Python venv, perf_analyzer (optional)
 #   2. Rust: cargo fmt --check, clippy -D warnings, build, cargo test, fuzz replay
-#   3. Python: generate test models, pytest tests/python against the binary
+#   3. Infra: the Helm chart, Dockerfile, KServe runtime, dashboard and alerts, checked offline
+#   4. Python: generate test models, pytest tests/python against the binary
 #
 # Arguments are passed to pytest (e.g. ./scripts/test.sh -k health -x).
 #
@@ -163,6 +164,12 @@ main() {
   # names them). Fuzzing itself is scripts/fuzz.sh: its build takes too long for CI (README).
   run_stage "fuzz replay" "$TESSERA_ROOT/scripts/fuzz.sh" --replay || true
 
+  # --- Infra: the Helm chart, images, KServe runtime, dashboard and alerts, offline --------
+  # Renders and validates the chart, scans it, and checks the dashboard's and the alerts'
+  # metric names against a live control plane, worker and serve (scripts/validate-infra.sh).
+  run_stage "infra" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
+    "$TESSERA_ROOT/scripts/validate-infra.sh" || true
+
   # --- Python -----------------------------------------------------------------
   if [[ -f tests/python/gen_models.py ]]; then
     run_stage "gen models" "$VENV/bin/python" tests/python/gen_models.py tests/python/.models --verify || true
@@ -170,22 +177,30 @@ main() {
   fi
   run_stage "pytest" run_pytest "$@" || true
 
+  # The control plane's Python venv (generated client, schemathesis, moto): its moto_server
+  # is also the object store of the cluster rehearsal in the deployments suite.
+  local cp_venv="" moto=""
+  if cp_venv="$("$TESSERA_ROOT/scripts/setup-python-cp.sh" | tail -n1)" && [[ -x "$cp_venv/bin/python" ]]; then
+    moto="$cp_venv/bin/moto_server"
+  else
+    say "scripts/setup-python-cp.sh failed"
+    FAILED+=("setup python_cp")
+    cp_venv=""
+  fi
+
   # --- Deployments: control plane + worker processes on Postgres, tritonclient -------
+  # (test_cluster_rehearsal.py runs scripts/cluster.sh: two control planes, S3, three workers)
   run_stage "pytest deployments" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
-    "$VENV/bin/python" -m pytest tests/python_deploy -q -p no:cacheprovider || true
+    MOTO_SERVER="$moto" "$VENV/bin/python" -m pytest tests/python_deploy -q -p no:cacheprovider || true
 
   # --- Web console: vitest, then Playwright (chromium) against a real tessera dev -----
   run_stage "web console" env TESSERA_BIN="$TESSERA_BIN" ORT_DYLIB_PATH="$ORT_DYLIB_PATH" \
     "$TESSERA_ROOT/scripts/test-web.sh" || true
 
   # --- Control plane, Python side: generated client, schemathesis, S3 (moto) ----
-  local cp_venv
-  if cp_venv="$("$TESSERA_ROOT/scripts/setup-python-cp.sh" | tail -n1)" && [[ -x "$cp_venv/bin/python" ]]; then
+  if [[ -n "$cp_venv" ]]; then
     run_stage "pytest control plane" env TESSERA_BIN="$TESSERA_BIN" \
       "$cp_venv/bin/python" -m pytest tests/python_cp -q -p no:cacheprovider || true
-  else
-    say "scripts/setup-python-cp.sh failed"
-    FAILED+=("setup python_cp")
   fi
 
   # --- summary ----------------------------------------------------------------
