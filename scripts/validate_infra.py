@@ -442,8 +442,9 @@ def scrape_live(binary: str, work: Path, want: set[str]) -> dict[str, dict[str, 
         live.wait_log(dev, r"tessera dev is ready", 120)
         banner = dev.log_path.read_text()
         api = re.search(r"REST API\s+(http://[0-9.:]+)/v1", banner).group(1)
-        whttp = re.search(r"KServe v2 HTTP ([0-9.]+:\d+)", banner).group(1)
-        wmetrics = re.search(r"metrics (http://[0-9.:]+/metrics)", banner).group(1)
+        # The worker's line, not the gateway's above it.
+        whttp = re.search(r"worker\s+KServe v2 HTTP ([0-9.]+:\d+)", banner).group(1)
+        wmetrics = re.search(r"worker\s+KServe v2 HTTP .*metrics (http://[0-9.:]+/metrics)", banner).group(1)
         creds = json.loads((work / "dev" / "dev-credentials.json").read_text())
         secrets = json.loads((work / "dev" / "secrets.json").read_text())
         key = next(v for k, v in creds.items() if "inference" in k and isinstance(v, str) and v.startswith("tsk_"))

@@ -215,6 +215,8 @@ fn gateway_args(args: &DevArgs, control_plane: SocketAddr, secrets: &Secrets) ->
         },
         address: args.listen.ip(),
         key_cache_secs: 60,
+        metrics_token_file: None,
+        metrics_token: None,
         max_request_bytes: tessera_data_plane::gateway::DEFAULT_MAX_REQUEST_BYTES,
     }
 }

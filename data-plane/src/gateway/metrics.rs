@@ -15,6 +15,7 @@ use prometheus::{
 };
 
 use super::Gateway;
+use crate::serve::metrics::{MetricsToken, require_token};
 
 /// Latency buckets, seconds: 100 µs to 30 s.
 const LATENCY_BUCKETS: [f64; 16] =
@@ -146,9 +147,13 @@ impl GatewayMetrics {
     }
 }
 
-/// The metrics listener's router (`GET /metrics`).
-pub fn router(gateway: Arc<Gateway>) -> Router {
-    Router::new().route("/metrics", get(handle_metrics)).with_state(gateway)
+/// The metrics listener's router (`GET /metrics`), behind the bearer token when one is set.
+pub fn router(gateway: Arc<Gateway>, token: Option<MetricsToken>) -> Router {
+    let router = Router::new().route("/metrics", get(handle_metrics)).with_state(gateway);
+    match token {
+        Some(token) => router.layer(axum::middleware::from_fn_with_state(token, require_token)),
+        None => router,
+    }
 }
 
 async fn handle_metrics(State(gateway): State<Arc<Gateway>>) -> Response {

@@ -61,6 +61,13 @@ pub struct GatewayArgs {
     /// Seconds a resolved API key is trusted before it is checked again.
     #[arg(long, env = "TESSERA_KEY_CACHE_SECS", default_value_t = 60)]
     pub key_cache_secs: u64,
+    /// File holding the bearer token `/metrics` requires (as on workers); without it or
+    /// `--metrics-token`, metrics are open.
+    #[arg(long, env = "TESSERA_METRICS_TOKEN_FILE", conflicts_with = "metrics_token")]
+    pub metrics_token_file: Option<std::path::PathBuf>,
+    /// The bearer token `/metrics` requires, given directly.
+    #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<crate::serve::metrics::MetricsToken>,
     /// Largest request body accepted, bytes.
     #[arg(long, env = "TESSERA_GATEWAY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
@@ -263,7 +270,14 @@ pub async fn run(
     let tasks = tokio_util::task::TaskTracker::new();
     tasks.spawn(crate::serve::http::serve(http, http::router(gateway.clone()), shutdown.clone()));
     tasks.spawn(crate::serve::grpc::serve_routes(grpc, grpc::routes(gateway.clone()), shutdown.clone()));
-    let (metrics_router, stop) = (metrics::router(gateway.clone()), shutdown.clone());
+    let metrics_token = match &args.metrics_token_file {
+        Some(path) => Some(
+            crate::serve::metrics::MetricsToken::from_file(path)
+                .with_context(|| format!("read the metrics token from {}", path.display()))?,
+        ),
+        None => args.metrics_token.clone(),
+    };
+    let (metrics_router, stop) = (metrics::router(gateway.clone(), metrics_token), shutdown.clone());
     tasks.spawn(async move {
         let serve = axum::serve(metrics, metrics_router).with_graceful_shutdown(stop.cancelled_owned());
         if let Err(e) = serve.await {

@@ -39,7 +39,7 @@ pub fn router(server: Arc<ServerState>) -> Router {
 }
 
 /// 401 with a `WWW-Authenticate` challenge unless the request carries the metrics token.
-async fn require_token(State(token): State<MetricsToken>, req: Request, next: Next) -> Response {
+pub(crate) async fn require_token(State(token): State<MetricsToken>, req: Request, next: Next) -> Response {
     if token.admits(req.headers()) {
         return next.run(req).await;
     }
