@@ -5,6 +5,7 @@
 
 pub mod datatype;
 pub mod model_config;
+pub mod tls;
 pub mod usage;
 
 use std::sync::LazyLock;
