@@ -31,6 +31,7 @@ pub mod usage;
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use tessera_protocol::tls::TlsAcceptor;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -61,6 +62,7 @@ pub async fn run_with(
         // Shown once, on stdout (not in the logs, which are shipped elsewhere).
         println!("platform-admin API key (shown once, store it now): {key}");
     }
+    let tls = app.config.tls.clone().map(TlsAcceptor::watch).transpose().context("load the TLS certificate")?;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("bind the http listener on {listen}"))?;
     let local = listener.local_addr().context("read the bound address")?;
     tracing::info!(protocol = "http", addr = %local, "listening");
@@ -84,10 +86,10 @@ pub async fn run_with(
     let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(app.clone(), stop.clone()));
     let metrics = metrics_listener.map(|l| {
         let router = api::metrics_router(app.config.metrics_token.clone());
-        tokio::spawn(serve::serve(l, router, stop.clone(), limits))
+        tokio::spawn(serve::serve(l, router, stop.clone(), limits, tls.clone()))
     });
     let router = api::router(app.clone()).merge(agent::routes(app, stop.clone()));
-    serve::serve(listener, router, stop.clone(), limits).await;
+    serve::serve(listener, router, stop.clone(), limits, tls).await;
     stop.cancel();
     let _ = scheduler.await;
     let _ = retention.await;

@@ -220,6 +220,7 @@ impl TlsAcceptor {
     /// Loads the pair (an error names the file) without watching it.
     pub fn load(files: CertFiles) -> Result<Self, TlsError> {
         let config = server_config(&files)?;
+        tracing::info!(cert = %files.cert.display(), key = %files.key.display(), "tls certificate loaded");
         let seen = Mutex::new((stamp(&files.cert), stamp(&files.key)));
         Ok(Self { shared: Arc::new(Shared { files, current: RwLock::new(Arc::new(config)), seen }) })
     }

@@ -83,12 +83,19 @@ pub fn ensure(dir: &Path, hosts: &[&str]) -> io::Result<(LocalFiles, bool)> {
     if reusable(&files) {
         return Ok((files, false));
     }
+    Ok((make(dir, hosts)?, true))
+}
+
+/// Makes a new local certificate for `hosts` in `dir` (replacing what is there), the key
+/// readable by its owner only.
+pub fn make(dir: &Path, hosts: &[&str]) -> io::Result<LocalFiles> {
+    let files = LocalFiles::in_dir(dir);
     let made = generate(hosts, VALIDITY).map_err(io::Error::other)?;
     std::fs::create_dir_all(dir)?;
     write_private(&files.pair.key, made.key_pem.as_bytes())?;
     std::fs::write(&files.pair.cert, made.cert_pem)?;
     std::fs::write(&files.ca, made.ca_pem)?;
-    Ok((files, true))
+    Ok(files)
 }
 
 /// Whether the kept files make a usable pair, with a CA, and are young enough.
