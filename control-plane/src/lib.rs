@@ -53,6 +53,8 @@ pub async fn run_with(
 ) -> anyhow::Result<()> {
     let database = registry::redact_url(config.database_url.expose());
     tracing::info!(?config, database = %database, "starting tessera control-plane");
+    // Before the database wait: a bad certificate fails the start at once.
+    let tls = config.tls.clone().map(TlsAcceptor::watch).transpose().context("load the TLS certificate")?;
     let registry = registry::Registry::connect(config.database_url.expose(), config.database_wait, &shutdown).await?;
     let store = store::ArtifactStore::open(&config.object_store).context("open the artifact store")?;
     let listen = config.listen;
@@ -62,7 +64,6 @@ pub async fn run_with(
         // Shown once, on stdout (not in the logs, which are shipped elsewhere).
         println!("platform-admin API key (shown once, store it now): {key}");
     }
-    let tls = app.config.tls.clone().map(TlsAcceptor::watch).transpose().context("load the TLS certificate")?;
     let listener = TcpListener::bind(listen).await.with_context(|| format!("bind the http listener on {listen}"))?;
     let local = listener.local_addr().context("read the bound address")?;
     tracing::info!(protocol = "http", addr = %local, "listening");
