@@ -70,6 +70,9 @@ pub enum Command {
     Deployments(crate::client::deploy::DeploymentsCommand),
     /// One KServe v2 JSON inference against a worker; prints the JSON answer.
     Infer(crate::client::infer::InferArgs),
+    /// Make a local CA (`ca.pem`) and a server certificate it signs (`cert.pem`, `key.pem`) in a
+    /// directory, for `--tls-cert`/`--tls-key` and clients' `--ca-cert` in development and tests.
+    TlsCert(TlsCertArgs),
 }
 
 impl Command {
@@ -134,6 +137,18 @@ pub struct ServeArgs {
     /// (on, as in Triton 2.51; Triton turned it off by default later).
     #[arg(long, env = "TESSERA_ALLOW_CLIENT_SHM", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub allow_client_shm: bool,
+}
+
+/// Flags of `tessera tls-cert`.
+#[derive(Debug, clap::Args)]
+pub struct TlsCertArgs {
+    /// Directory to write `ca.pem`, `cert.pem` and `key.pem` into (replacing them).
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// Host name or IP address the certificate is for; repeat it. Default: localhost,
+    /// 127.0.0.1 and ::1.
+    #[arg(long = "host")]
+    pub hosts: Vec<String>,
 }
 
 /// Model control modes.
@@ -204,6 +219,7 @@ impl ServeArgs {
             runner_shm_bytes: self.runner_shm_mib.saturating_mul(1 << 20),
             metrics_token: self.listen.metrics_token()?,
             allow_client_shm: self.allow_client_shm,
+            tls: self.listen.tls.files(),
         })
     }
 }
@@ -303,6 +319,19 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Deploy(args) => crate::client::deploy::run_deploy(args).await,
         Command::Deployments(command) => crate::client::deploy::run_deployments(command).await,
         Command::Infer(args) => crate::client::infer::run(args).await,
+        Command::TlsCert(args) => {
+            let hosts: Vec<&str> = if args.hosts.is_empty() {
+                tessera_protocol::tls::local::LOOPBACK_HOSTS.to_vec()
+            } else {
+                args.hosts.iter().map(String::as_str).collect()
+            };
+            let files = tessera_protocol::tls::local::make(&args.dir, &hosts)
+                .with_context(|| format!("make a local certificate in {}", args.dir.display()))?;
+            println!("ca   {}", files.ca.display());
+            println!("cert {}", files.pair.cert.display());
+            println!("key  {}", files.pair.key.display());
+            Ok(())
+        }
     }
 }
 

@@ -5,7 +5,9 @@
 //!
 //! Everything lives under `--data-dir` (default `./.tessera`):
 //! `registry.db`, `objects/`, `worker/` (worker id, artifact cache), `models/simple.onnx`,
-//! `secrets.json` (platform-admin key, worker token, API key pepper; mode 0600),
+//! `secrets.json` (platform-admin key, worker token, API key pepper; mode 0600), with `--tls`
+//! `tls/` (a local CA `ca.pem`, and `cert.pem`, `key.pem` for localhost that every listener
+//! presents; kept while valid),
 //! `audit-signing-key.pem` (signs audit checkpoints; mode 0600) and `dev-credentials.json`
 //! (the demo tenant's keys; mode 0600). A restart reuses all of it:
 //! provisioning looks before it creates, so nothing is made twice.
@@ -24,6 +26,7 @@ use tessera_data_plane::gateway::{GatewayAddrs, GatewayArgs};
 use tessera_data_plane::serve::net::listen::PortArgs;
 use tessera_data_plane::tools::onnx_builder;
 use tessera_data_plane::worker::{WorkerConfig, WorkerToken};
+use tessera_protocol::tls::{self, CaArgs, TlsArgs, local::LocalFiles};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -64,6 +67,10 @@ pub struct DevArgs {
     /// `web/dist` here or in the source tree, when built.
     #[arg(long, env = "TESSERA_CONSOLE_DIR")]
     pub console_dir: Option<PathBuf>,
+    /// Serve every listener over TLS with a local certificate for localhost, 127.0.0.1 and ::1
+    /// (made in `<data-dir>/tls/`, reused while valid); clients trust its `ca.pem`.
+    #[arg(long, env = "TESSERA_DEV_TLS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub tls: bool,
 }
 
 /// The gateway's ports in `tessera dev` (the worker keeps tritonserver's 8000-8002).
@@ -145,33 +152,47 @@ fn control_plane_config(
     args: &DevArgs,
     dir: &Path,
     secrets: &Secrets,
+    tls: Option<&LocalFiles>,
 ) -> anyhow::Result<tessera_control_plane::Config> {
     let database = format!("sqlite://{}", dir.join("registry.db").display());
     let objects = dir.join("objects").display().to_string();
     let audit_key = audit_signing_key(dir)?.display().to_string();
-    let flags = ControlPlaneFlags::try_parse_from([
-        "control-plane",
-        "--listen",
-        &args.listen.to_string(),
-        "--database-url",
-        &database,
-        "--object-store",
-        &objects,
-        "--bootstrap-admin-key",
-        &secrets.platform_admin_key,
-        "--api-key-pepper",
-        &secrets.api_key_pepper,
-        "--worker-token",
-        &secrets.worker_token,
-        "--audit-signing-key-file",
-        &audit_key,
-    ])
-    .map_err(|e| anyhow::anyhow!("configure the control plane: {e}"))?;
+    let mut flags: Vec<String> = vec![
+        "control-plane".into(),
+        "--listen".into(),
+        args.listen.to_string(),
+        "--database-url".into(),
+        database,
+        "--object-store".into(),
+        objects,
+        "--bootstrap-admin-key".into(),
+        secrets.platform_admin_key.clone(),
+        "--api-key-pepper".into(),
+        secrets.api_key_pepper.clone(),
+        "--worker-token".into(),
+        secrets.worker_token.clone(),
+        "--audit-signing-key-file".into(),
+        audit_key,
+    ];
+    if let Some(tls) = tls {
+        flags.extend(["--tls-cert".into(), path_text(&tls.pair.cert), "--tls-key".into(), path_text(&tls.pair.key)]);
+    }
+    let flags =
+        ControlPlaneFlags::try_parse_from(flags).map_err(|e| anyhow::anyhow!("configure the control plane: {e}"))?;
     let mut config = flags.args.into_config()?;
     if let Some(dir) = &args.console_dir {
         config.console_dir = Some(dir.clone());
     }
     Ok(config)
+}
+
+/// The local certificate of `--tls` in `<dir>/tls/`: kept while valid, else made anew.
+fn local_certificate(dir: &Path) -> anyhow::Result<LocalFiles> {
+    let tls_dir = dir.join("tls");
+    let (files, made) = tls::local::ensure(&tls_dir, &tls::local::LOOPBACK_HOSTS)
+        .with_context(|| format!("make a local TLS certificate in {}", tls_dir.display()))?;
+    tracing::info!(ca = %files.ca.display(), made, "local tls certificate");
+    Ok(files)
 }
 
 /// The audit checkpoint signing key in the data directory, generated at first start. In
@@ -185,14 +206,33 @@ fn audit_signing_key(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// A path as a flag value.
+fn path_text(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// `https` when the listeners speak TLS, else `http`.
+fn scheme(tls: bool) -> &'static str {
+    if tls { "https" } else { "http" }
+}
+
 /// A reachable form of a bound address (`0.0.0.0` becomes `127.0.0.1`).
 fn reachable(addr: SocketAddr) -> SocketAddr {
     if addr.ip().is_unspecified() { SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), addr.port()) } else { addr }
 }
 
-fn worker_config(args: &DevArgs, dir: &Path, control_plane: SocketAddr, secrets: &Secrets) -> WorkerConfig {
+fn worker_config(
+    args: &DevArgs,
+    dir: &Path,
+    control_plane: SocketAddr,
+    secrets: &Secrets,
+    tls: Option<&LocalFiles>,
+) -> WorkerConfig {
     let token = WorkerToken::new(secrets.worker_token.clone());
-    let mut config = WorkerConfig::local(format!("http://{control_plane}"), token, dir.join("worker"));
+    let url = format!("{}://{control_plane}", scheme(tls.is_some()));
+    let mut config = WorkerConfig::local(url, token, dir.join("worker"));
+    config.tls = tls.map(|t| t.pair.clone());
+    config.ca_cert = tls.map(|t| t.ca.clone());
     // The worker listens where the control plane does (loopback by default).
     let ip = args.listen.ip();
     [config.http_addr, config.grpc_addr, config.metrics_addr] = args.ports.on(ip);
@@ -202,10 +242,12 @@ fn worker_config(args: &DevArgs, dir: &Path, control_plane: SocketAddr, secrets:
     config
 }
 
-fn gateway_args(args: &DevArgs, control_plane: SocketAddr, secrets: &Secrets) -> GatewayArgs {
+fn gateway_args(args: &DevArgs, control_plane: SocketAddr, secrets: &Secrets, tls: Option<&LocalFiles>) -> GatewayArgs {
     let p = &args.gateway_ports;
     GatewayArgs {
-        control_plane: format!("http://{control_plane}"),
+        control_plane: format!("{}://{control_plane}", scheme(tls.is_some())),
+        tls: TlsArgs { tls_cert: tls.map(|t| t.pair.cert.clone()), tls_key: tls.map(|t| t.pair.key.clone()) },
+        ca: CaArgs { ca_cert: tls.map(|t| t.ca.clone()) },
         worker_token: WorkerToken::new(secrets.worker_token.clone()),
         gateway_id: Some("dev-gateway".into()),
         ports: PortArgs {
@@ -273,6 +315,8 @@ struct Running {
     secrets_file: PathBuf,
     /// The console directory in effect, when it holds a built console.
     console: Option<PathBuf>,
+    /// The local CA clients trust, when the listeners speak TLS.
+    ca: Option<PathBuf>,
 }
 
 /// Runs `tessera dev` until `shutdown` is cancelled (Ctrl-C).
@@ -280,11 +324,12 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     std::fs::create_dir_all(&args.data_dir).with_context(|| format!("create {}", args.data_dir.display()))?;
     let dir = args.data_dir.canonicalize().with_context(|| format!("resolve {}", args.data_dir.display()))?;
     let secrets = Secrets::load_or_create(&dir)?;
+    let tls = if args.tls { Some(local_certificate(&dir)?) } else { None };
     // Each service reports its end here once; three at most.
     let (ended_tx, mut ended) = mpsc::channel(3);
     let (bound_tx, bound_rx) = oneshot::channel();
     let stop = CancellationToken::new();
-    let config = control_plane_config(&args, &dir, &secrets)?;
+    let config = control_plane_config(&args, &dir, &secrets, tls.as_ref())?;
     let console = config.console_dir.clone().filter(|d| d.join("index.html").is_file());
     let run = tessera_control_plane::run_with(config, stop.clone(), |addr| {
         let _ = bound_tx.send(addr);
@@ -294,7 +339,7 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
     let started = tokio::select! {
         () = shutdown.cancelled() => Ok(None),
         e = first_end(&mut ended) => Err(e),
-        r = start(&args, &dir, &secrets, bound_rx, &mut services, ended_tx) => r.map(Some),
+        r = start(&args, &dir, &secrets, tls.as_ref(), bound_rx, &mut services, ended_tx) => r.map(Some),
     };
     let outcome = match started {
         Ok(Some(mut running)) => {
@@ -324,6 +369,7 @@ async fn start(
     args: &DevArgs,
     dir: &Path,
     secrets: &Secrets,
+    tls: Option<&LocalFiles>,
     control_plane_bound: oneshot::Receiver<SocketAddr>,
     services: &mut Vec<Service>,
     ended: mpsc::Sender<Ended>,
@@ -332,26 +378,28 @@ async fn start(
     let (bound_tx, bound_rx) = oneshot::channel();
     let stop = CancellationToken::new();
     let run =
-        tessera_data_plane::worker::run(worker_config(args, dir, control_plane, secrets), stop.clone(), |addrs| {
+        tessera_data_plane::worker::run(worker_config(args, dir, control_plane, secrets, tls), stop.clone(), |addrs| {
             let _ = bound_tx.send(addrs);
         });
     services.push(Service::spawn("worker", stop, run, ended.clone()));
     let worker = bound_rx.await.context("the worker did not start")?;
     let (bound_tx, bound_rx) = oneshot::channel();
     let stop = CancellationToken::new();
-    let run = tessera_data_plane::gateway::run(gateway_args(args, control_plane, secrets), stop.clone(), |addrs| {
-        let _ = bound_tx.send(addrs);
-    });
+    let run =
+        tessera_data_plane::gateway::run(gateway_args(args, control_plane, secrets, tls), stop.clone(), |addrs| {
+            let _ = bound_tx.send(addrs);
+        });
     services.push(Service::spawn("gateway", stop, run, ended));
     let gateway = bound_rx.await.context("the gateway did not start")?;
-    let url = format!("http://{control_plane}");
-    let admin = ApiClient::new(&url, &secrets.platform_admin_key);
+    let url = format!("{}://{control_plane}", scheme(tls.is_some()));
+    let ca = tls.map(|t| t.ca.clone());
+    let admin = ApiClient::new(&url, &secrets.platform_admin_key, ca.as_deref())?;
     let credentials = provision_tenant(&admin, dir).await?;
-    let tenant = ApiClient::new(&url, &credentials.tenant_admin_key);
+    let tenant = ApiClient::new(&url, &credentials.tenant_admin_key, ca.as_deref())?;
     provision_model(&tenant, dir).await?;
     let timeout = Duration::from_secs(args.ready_timeout_secs.max(1));
     let deployment = deploy::wait_ready(&tenant, DEMO_TENANT, DEMO_MODEL, timeout).await?;
-    gateway_routes_demo(gateway, &credentials.inference_key).await?;
+    gateway_routes_demo(gateway, &credentials.inference_key, ca.as_deref()).await?;
     Ok(Running {
         data_dir: args.data_dir.clone(),
         control_plane,
@@ -361,14 +409,16 @@ async fn start(
         deployment,
         secrets_file: dir.join("secrets.json"),
         console: None,
+        ca,
     })
 }
 
 /// Waits until the gateway's route table holds the demo model (it follows the control plane
 /// within about a second), so the printed examples work as printed.
-async fn gateway_routes_demo(gateway: GatewayAddrs, key: &str) -> anyhow::Result<()> {
-    let url = format!("http://{}/v2/models/{DEMO_MODEL}/ready", reachable(gateway.http));
-    let client = reqwest::Client::new();
+async fn gateway_routes_demo(gateway: GatewayAddrs, key: &str, ca: Option<&Path>) -> anyhow::Result<()> {
+    let url = format!("{}://{}/v2/models/{DEMO_MODEL}/ready", scheme(ca.is_some()), reachable(gateway.http));
+    let tls = tessera_protocol::tls::client_config(ca)?;
+    let client = reqwest::Client::builder().use_preconfigured_tls(tls).build().context("build an HTTP client")?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let ready = client.get(&url).bearer_auth(key).send().await.is_ok_and(|r| r.status().is_success());
@@ -383,8 +433,8 @@ async fn gateway_routes_demo(gateway: GatewayAddrs, key: &str) -> anyhow::Result
 }
 
 /// Whether a key still works (a registry deleted under a kept credentials file does not).
-async fn key_works(url: &str, key: &str) -> anyhow::Result<bool> {
-    let check = ApiClient::new(url, key).post::<_, serde_json::Value>("/v1/auth/token", &json!({})).await;
+async fn key_works(admin: &ApiClient, key: &str) -> anyhow::Result<bool> {
+    let check = admin.with_key(key).post::<_, serde_json::Value>("/v1/auth/token", &json!({})).await;
     match check {
         Ok(_) => Ok(true),
         Err(ApiError::Status { status, .. }) if status == reqwest::StatusCode::UNAUTHORIZED => Ok(false),
@@ -402,8 +452,8 @@ async fn provision_tenant(admin: &ApiClient, dir: &Path) -> anyhow::Result<DevCr
     }
     let path = dir.join("dev-credentials.json");
     if let Some(saved) = read_json::<DevCredentials>(&path)?
-        && key_works(admin.base(), &saved.tenant_admin_key).await?
-        && key_works(admin.base(), &saved.inference_key).await?
+        && key_works(admin, &saved.tenant_admin_key).await?
+        && key_works(admin, &saved.inference_key).await?
     {
         return Ok(saved);
     }
@@ -487,16 +537,23 @@ fn shown(addr: Option<SocketAddr>) -> String {
 /// Where things are, and the demo's keys.
 fn summary_section(r: &Running) -> String {
     let (cp, w, c) = (r.control_plane, &r.worker, &r.credentials);
+    let s = scheme(r.ca.is_some());
+    let tls = match &r.ca {
+        Some(ca) => {
+            format!("  TLS CA        {}  (--ca-cert, curl --cacert, tritonclient's SSL options)\n", ca.display())
+        }
+        None => String::new(),
+    };
     format!(
         "Tessera dev: control plane, gateway, worker and demo tenant in one process (state in {dir})
 
-  gateway       KServe v2 HTTP {gw_http}, gRPC {gw_grpc}, metrics http://{gw_metrics}/metrics
+  gateway       KServe v2 HTTP {gw_http}, gRPC {gw_grpc}, metrics {s}://{gw_metrics}/metrics
                 (the endpoint applications call: every tenant, rate limits, balancing)
-  REST API      http://{cp}/v1
-  API docs      http://{cp}/docs
+  REST API      {s}://{cp}/v1
+  API docs      {s}://{cp}/docs
   console       {console}
-  worker        KServe v2 HTTP {http}, gRPC {grpc}, metrics http://{metrics}/metrics (direct access)
-
+  worker        KServe v2 HTTP {http}, gRPC {grpc}, metrics {s}://{metrics}/metrics (direct access)
+{tls}
   tenant            {tenant}
   tenant-admin key  {admin}
   inference key     {inference}
@@ -506,7 +563,7 @@ fn summary_section(r: &Running) -> String {
   deployment {deployment}
 ",
         dir = r.data_dir.display(),
-        console = console_line(r.control_plane, r.console.is_some()),
+        console = console_line(s, r.control_plane, r.console.is_some()),
         gw_http = shown(Some(r.gateway.http)),
         gw_grpc = shown(Some(r.gateway.grpc)),
         gw_metrics = shown(Some(r.gateway.metrics)),
@@ -522,32 +579,41 @@ fn summary_section(r: &Running) -> String {
 }
 
 /// Where the console is, or how to build it.
-fn console_line(control_plane: SocketAddr, built: bool) -> String {
+fn console_line(scheme: &str, control_plane: SocketAddr, built: bool) -> String {
     if built {
-        format!("http://{control_plane}/  (sign in with the tenant-admin key)")
+        format!("{scheme}://{control_plane}/  (sign in with the tenant-admin key)")
     } else {
         "not built: run scripts/setup-web.sh, then restart tessera dev".to_string()
     }
 }
 
-/// The demo request with curl, on one line.
-fn curl_example(http: &str, key: &str) -> String {
+/// The demo request with curl, on one line; over https trusting `ca` when given.
+fn curl_example(http: &str, key: &str, ca: Option<&Path>) -> String {
     let request = demo_request();
+    let (scheme, trust) = match ca {
+        Some(ca) => ("https", format!("--cacert {} ", ca.display())),
+        None => ("http", String::new()),
+    };
     format!(
-        "curl -s -H \"Authorization: Bearer {key}\" -H 'Content-Type: application/json' -d '{request}' \
-         http://{http}/v2/models/{DEMO_MODEL}/infer"
+        "curl -s {trust}-H \"Authorization: Bearer {key}\" -H 'Content-Type: application/json' -d '{request}' \
+         {scheme}://{http}/v2/models/{DEMO_MODEL}/infer"
     )
 }
 
-/// The demo request with tritonclient, as a shell here-document.
-fn python_example(http: &str, key: &str) -> String {
+/// The demo request with tritonclient, as a shell here-document; over https trusting `ca`
+/// when given.
+fn python_example(http: &str, key: &str, ca: Option<&Path>) -> String {
     let (python, note) = python();
+    let ssl = match ca {
+        Some(ca) => format!(", ssl=True, ssl_options={{\"ca_certs\": \"{}\"}}", ca.display()),
+        None => String::new(),
+    };
     format!(
         r#"{note}{python} - <<'EOF'
 import numpy as np
 import tritonclient.http as httpclient
 
-client = httpclient.InferenceServerClient("{http}")
+client = httpclient.InferenceServerClient("{http}"{ssl})
 headers = {{"Authorization": "Bearer {key}"}}
 a = np.arange(1, 17, dtype=np.int32).reshape(1, 16)
 b = np.ones((1, 16), dtype=np.int32)
@@ -561,12 +627,16 @@ EOF"#
     )
 }
 
-/// The demo request with the tessera CLI.
-fn cli_example(control_plane: SocketAddr, key: &str) -> String {
+/// The demo request with the tessera CLI (login saves the CA for the other verbs).
+fn cli_example(control_plane: SocketAddr, key: &str, ca: Option<&Path>) -> String {
     let tessera = tessera_command();
     let request = demo_request();
+    let (scheme, trust) = match ca {
+        Some(ca) => ("https", format!(" --ca-cert {}", ca.display())),
+        None => ("http", String::new()),
+    };
     format!(
-        "{tessera} login --url http://{control_plane} --key {key}\n\
+        "{tessera} login --url {scheme}://{control_plane} --key {key}{trust}\n\
          {tessera} infer --model {DEMO_MODEL} --input '{request}'"
     )
 }
@@ -575,11 +645,12 @@ fn print_banner(r: &Running) {
     let http = shown(Some(r.gateway.http));
     let c = &r.credentials;
     println!("\n{}", summary_section(r));
-    println!("Infer with curl:\n\n{}\n", curl_example(&http, &c.inference_key));
-    println!("Infer with tritonclient:\n\n{}\n", python_example(&http, &c.inference_key));
+    let ca = r.ca.as_deref();
+    println!("Infer with curl:\n\n{}\n", curl_example(&http, &c.inference_key, ca));
+    println!("Infer with tritonclient:\n\n{}\n", python_example(&http, &c.inference_key, ca));
     println!(
         "Infer with the tessera CLI (login saves the URL and key in ~/.config/tessera/config.json):\n\n{}\n",
-        cli_example(r.control_plane, &c.tenant_admin_key)
+        cli_example(r.control_plane, &c.tenant_admin_key, ca)
     );
     println!("{READY_LINE}");
 }
@@ -613,21 +684,31 @@ mod tests {
 
     #[test]
     fn examples_carry_the_key_and_the_endpoint() {
-        let curl = curl_example("127.0.0.1:8000", "tsk_k");
+        let curl = curl_example("127.0.0.1:8000", "tsk_k", None);
         assert!(curl.starts_with("curl -s -H \"Authorization: Bearer tsk_k\""), "{curl}");
         assert!(curl.ends_with(" http://127.0.0.1:8000/v2/models/simple/infer"), "{curl}");
         assert!(!curl.contains('\n'), "one line: {curl}");
-        let py = python_example("127.0.0.1:8000", "tsk_k");
+        let py = python_example("127.0.0.1:8000", "tsk_k", None);
         assert!(py.contains("InferenceServerClient(\"127.0.0.1:8000\")"), "{py}");
         assert!(py.contains("headers = {\"Authorization\": \"Bearer tsk_k\"}"), "{py}");
         assert!(py.ends_with("\nEOF"), "{py}");
+
+        let ca = Path::new("/d/tls/ca.pem");
+        let curl = curl_example("127.0.0.1:8000", "tsk_k", Some(ca));
+        assert!(curl.starts_with("curl -s --cacert /d/tls/ca.pem -H"), "{curl}");
+        assert!(curl.ends_with(" https://127.0.0.1:8000/v2/models/simple/infer"), "{curl}");
+        let py = python_example("127.0.0.1:8000", "tsk_k", Some(ca));
+        assert!(py.contains(r#"("127.0.0.1:8000", ssl=True, ssl_options={"ca_certs": "/d/tls/ca.pem"})"#), "{py}");
+        let cli = cli_example("127.0.0.1:8080".parse().expect("addr"), "tsk_k", Some(ca));
+        assert!(cli.contains("login --url https://127.0.0.1:8080 --key tsk_k --ca-cert /d/tls/ca.pem"), "{cli}");
     }
 
     #[test]
     fn the_console_line_says_where_or_how_to_build() {
         let cp: SocketAddr = "127.0.0.1:8080".parse().expect("addr");
-        assert!(console_line(cp, true).starts_with("http://127.0.0.1:8080/ "));
-        assert!(console_line(cp, false).contains("scripts/setup-web.sh"));
+        assert!(console_line("http", cp, true).starts_with("http://127.0.0.1:8080/ "));
+        assert!(console_line("https", cp, true).starts_with("https://127.0.0.1:8080/ "));
+        assert!(console_line("http", cp, false).contains("scripts/setup-web.sh"));
     }
 
     #[test]

@@ -11,6 +11,7 @@ use anyhow::Context;
 use crate::archive::ArchiveLimits;
 use crate::audit_checkpoints::CheckpointKey;
 use crate::metrics::MetricsToken;
+use tessera_protocol::tls::{CertFiles, TlsArgs};
 
 /// Default `--max-upload-bytes`: 4 GiB.
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 4 * 1024 * 1024 * 1024;
@@ -148,6 +149,10 @@ pub struct ControlPlaneArgs {
     /// Seconds between audit checkpoints (there is one at start and at shutdown too).
     #[arg(long, env = "TESSERA_AUDIT_CHECKPOINT_SECS", default_value_t = crate::audit_checkpoints::DEFAULT_INTERVAL_SECS)]
     pub audit_checkpoint_secs: u64,
+    /// Certificate and key of the API listener (REST, agent gRPC, console) and of the metrics
+    /// listener; workers and clients then use `https://`.
+    #[command(flatten)]
+    pub tls: TlsArgs,
 }
 
 /// Everything the control plane needs to run.
@@ -203,6 +208,8 @@ pub struct Config {
     pub audit_signing_key: Option<CheckpointKey>,
     /// Time between audit checkpoints.
     pub audit_checkpoint_interval: Duration,
+    /// Certificate and key the listeners present; `None`: plain HTTP.
+    pub tls: Option<CertFiles>,
 }
 
 impl ControlPlaneArgs {
@@ -251,6 +258,7 @@ impl ControlPlaneArgs {
             metrics_token,
             audit_signing_key,
             audit_checkpoint_interval: Duration::from_secs(self.audit_checkpoint_secs.max(1)),
+            tls: self.tls.files(),
         })
     }
 }

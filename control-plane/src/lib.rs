@@ -31,6 +31,7 @@ pub mod usage;
 use std::net::SocketAddr;
 
 use anyhow::Context;
+use tessera_protocol::tls::TlsAcceptor;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -52,6 +53,8 @@ pub async fn run_with(
 ) -> anyhow::Result<()> {
     let database = registry::redact_url(config.database_url.expose());
     tracing::info!(?config, database = %database, "starting tessera control-plane");
+    // Before the database wait: a bad certificate fails the start at once.
+    let tls = config.tls.clone().map(TlsAcceptor::watch).transpose().context("load the TLS certificate")?;
     let registry = registry::Registry::connect(config.database_url.expose(), config.database_wait, &shutdown).await?;
     let store = store::ArtifactStore::open(&config.object_store).context("open the artifact store")?;
     let listen = config.listen;
@@ -84,10 +87,10 @@ pub async fn run_with(
     let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(app.clone(), stop.clone()));
     let metrics = metrics_listener.map(|l| {
         let router = api::metrics_router(app.config.metrics_token.clone());
-        tokio::spawn(serve::serve(l, router, stop.clone(), limits))
+        tokio::spawn(serve::serve(l, router, stop.clone(), limits, tls.clone()))
     });
     let router = api::router(app.clone()).merge(agent::routes(app, stop.clone()));
-    serve::serve(listener, router, stop.clone(), limits).await;
+    serve::serve(listener, router, stop.clone(), limits, tls).await;
     stop.cancel();
     let _ = scheduler.await;
     let _ = retention.await;

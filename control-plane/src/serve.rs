@@ -1,7 +1,7 @@
 //! The control plane's listener: one task per connection, with the limits `axum::serve` leaves
 //! unset — a deadline for a request's first bytes and headers, a cap on HTTP/2 streams per
 //! connection, keep-alive pings that find dead peers — and a graceful shutdown that lets the
-//! requests in progress finish.
+//! requests in progress finish. With a certificate, connections are TLS.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -10,6 +10,8 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+use tessera_protocol::tls::TlsAcceptor;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -35,8 +37,15 @@ impl Default for ConnLimits {
 
 /// Serves `router` on `listener` until `shutdown`; then stops accepting, lets every connection
 /// finish its requests in progress, and returns once all are closed. Handlers see the peer's
-/// address as [`ConnectInfo<SocketAddr>`].
-pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken, limits: ConnLimits) {
+/// address as [`ConnectInfo<SocketAddr>`]. With `tls`, each connection gets its current
+/// certificate.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+    limits: ConnLimits,
+    tls: Option<TlsAcceptor>,
+) {
     let connections = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -45,7 +54,7 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: Cancellation
         };
         match accepted {
             Ok((tcp, peer)) => {
-                connections.spawn(connection(tcp, peer, router.clone(), shutdown.clone(), limits));
+                connections.spawn(connection(tcp, peer, tls.clone(), router.clone(), shutdown.clone(), limits));
             }
             Err(e) => {
                 // Out of file descriptors and the like: wait rather than spin on the error.
@@ -62,7 +71,14 @@ pub async fn serve(listener: TcpListener, router: Router, shutdown: Cancellation
     connections.wait().await;
 }
 
-async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, shutdown: CancellationToken, limits: ConnLimits) {
+async fn connection(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    shutdown: CancellationToken,
+    limits: ConnLimits,
+) {
     // hyper-util reads the first bytes (HTTP/1 or HTTP/2?) with no deadline, and hyper's header
     // timer starts only after them, so a client that sends nothing needs a deadline of its own.
     let mut first = [0u8; 1];
@@ -72,6 +88,30 @@ async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, shutdown: 
         },
         () = shutdown.cancelled() => return,
     }
+    match tls {
+        None => serve_connection(tcp, peer, router, shutdown, limits).await,
+        Some(tls) => {
+            let stream = tokio::select! {
+                accepted = tls.accept(tcp) => match accepted {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "tls handshake failed");
+                        return;
+                    }
+                },
+                () = shutdown.cancelled() => return,
+            };
+            serve_connection(stream, peer, router, shutdown, limits).await;
+        }
+    }
+}
+
+/// Serves HTTP/1.1 and HTTP/2 on one connection's stream until it closes or, after
+/// `shutdown`, finishes its requests in progress.
+async fn serve_connection<IO>(io: IO, peer: SocketAddr, router: Router, shutdown: CancellationToken, limits: ConnLimits)
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
         req.extensions_mut().insert(ConnectInfo(peer));
         tower::ServiceExt::oneshot(router.clone(), req)
@@ -85,7 +125,7 @@ async fn connection(tcp: TcpStream, peer: SocketAddr, router: Router, shutdown: 
         .max_header_list_size(16 << 10)
         .keep_alive_interval(limits.keep_alive)
         .keep_alive_timeout(limits.keep_alive);
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), service);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
     let mut conn = std::pin::pin!(conn);
     let mut draining = false;
     loop {
@@ -121,7 +161,7 @@ mod tests {
             .route("/echo", post(|body: String| async move { body }))
             .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(limits.header_read_timeout));
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve(listener, router, shutdown.clone(), limits));
+        tokio::spawn(serve(listener, router, shutdown.clone(), limits, None));
         (addr, shutdown)
     }
 

@@ -103,6 +103,7 @@ async fn start(dir: &std::path::Path) -> (SocketAddr, SocketAddr, tokio_util::sy
         runner_shm_bytes: 0,
         metrics_token: None,
         allow_client_shm: true,
+        tls: None,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();

@@ -2,9 +2,11 @@
 //! configuration protobufs (generated with prost + tonic), the gRPC health
 //! service, tensor datatypes, and conversions between Triton's config formats
 //! (`config.pbtxt` text format and JSON) and [`inference::ModelConfig`].
+//! It also holds what both planes need on the wire below gRPC and HTTP: [`tls`].
 
 pub mod datatype;
 pub mod model_config;
+pub mod tls;
 pub mod usage;
 
 use std::sync::LazyLock;

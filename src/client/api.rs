@@ -1,8 +1,10 @@
 //! A small typed client of the control plane's REST API `/v1`: bearer auth, JSON in and
 //! out, and errors that read as one line (`HTTP 404 Not Found: model not found`).
 
+use std::path::Path;
 use std::time::Duration;
 
+use anyhow::Context;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -83,20 +85,26 @@ impl std::fmt::Debug for ApiClient {
 const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 impl ApiClient {
-    /// A client of `base` (`http://host:port`) authenticating with `key`.
-    pub fn new(base: &str, key: &str) -> Self {
-        let http = reqwest::Client::builder().connect_timeout(Duration::from_secs(10)).build().unwrap_or_default();
-        ApiClient { http, base: base.trim_end_matches('/').to_string(), key: key.to_string() }
-    }
-
-    /// The base URL.
-    pub fn base(&self) -> &str {
-        &self.base
+    /// A client of `base` (`http://host:port` or `https://host:port`) authenticating with
+    /// `key`; https trusts the system's roots and `ca_cert`.
+    pub fn new(base: &str, key: &str, ca_cert: Option<&Path>) -> anyhow::Result<Self> {
+        let tls = tessera_protocol::tls::client_config(ca_cert)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .use_preconfigured_tls(tls)
+            .build()
+            .context("build the HTTP client")?;
+        Ok(ApiClient { http, base: base.trim_end_matches('/').to_string(), key: key.to_string() })
     }
 
     /// The same connection and key against another base URL (a worker's).
     pub fn with_base(&self, base: &str) -> Self {
         ApiClient { http: self.http.clone(), base: base.trim_end_matches('/').to_string(), key: self.key.clone() }
+    }
+
+    /// The same connection and base URL with another key.
+    pub fn with_key(&self, key: &str) -> Self {
+        ApiClient { http: self.http.clone(), base: self.base.clone(), key: key.to_string() }
     }
 
     /// A request to `path` (starting with `/`) with the bearer key.

@@ -319,7 +319,7 @@ async fn workers_serve(api: &ApiClient, d: &Deployment) -> bool {
 /// Runs `tessera deploy`.
 pub async fn run_deploy(args: DeployArgs) -> anyhow::Result<()> {
     let settings = args.connection.resolve()?;
-    let api = ApiClient::new(&settings.url, &settings.key);
+    let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
     let (mut d, mut raw, created) = apply(&api, &settings.tenant, &args).await?;
     if args.wait {
         d = wait_ready(&api, &settings.tenant, &d.name, Duration::from_secs(args.timeout_secs)).await?;
@@ -339,7 +339,7 @@ pub async fn run_deployments(command: DeploymentsCommand) -> anyhow::Result<()> 
     match command {
         DeploymentsCommand::List(args) => {
             let settings = args.connection.resolve()?;
-            let api = ApiClient::new(&settings.url, &settings.key);
+            let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
             let (items, raw) = list(&api, &settings.tenant).await?;
             if args.json {
                 println!("{}", serde_json::to_string_pretty(&raw)?);
@@ -353,7 +353,7 @@ pub async fn run_deployments(command: DeploymentsCommand) -> anyhow::Result<()> 
         }
         DeploymentsCommand::Get(args) => {
             let settings = args.connection.resolve()?;
-            let api = ApiClient::new(&settings.url, &settings.key);
+            let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
             let Some((d, raw)) = get(&api, &settings.tenant, &args.name).await? else {
                 bail!("HTTP 404 Not Found: deployment {} not found in tenant {}", args.name, settings.tenant);
             };

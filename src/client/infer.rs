@@ -3,6 +3,7 @@
 //! deployment as the control plane reports it.
 
 use std::io::Read;
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use serde_json::Value;
@@ -37,6 +38,10 @@ pub struct InferArgs {
     /// Tenant (to look the deployment up).
     #[arg(long, env = "TESSERA_TENANT")]
     pub tenant: Option<String>,
+    /// PEM certificate to trust for https besides the system's roots (default: the one
+    /// `tessera login` saved).
+    #[arg(long, env = "TESSERA_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// The request body `--input` names, checked to be a JSON object.
@@ -58,14 +63,18 @@ fn read_request(input: &str) -> anyhow::Result<Value> {
 }
 
 /// The worker to call: the flag, else the model's deployment's first ready replica.
-async fn worker_url(args: &InferArgs, key: &str) -> anyhow::Result<String> {
+async fn worker_url(args: &InferArgs, key: &str, ca_cert: Option<PathBuf>) -> anyhow::Result<String> {
     if let Some(url) = &args.url {
         return Ok(deploy::endpoint_url(url));
     }
-    let connection =
-        ConnectionArgs { url: args.control_plane.clone(), key: Some(key.to_string()), tenant: args.tenant.clone() };
+    let connection = ConnectionArgs {
+        url: args.control_plane.clone(),
+        key: Some(key.to_string()),
+        tenant: args.tenant.clone(),
+        ca_cert,
+    };
     let settings = connection.resolve()?;
-    let api = ApiClient::new(&settings.url, &settings.key);
+    let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
     let (deployments, _) =
         deploy::list(&api, &settings.tenant).await.context("find the model's worker (or pass --url)")?;
     let Some(d) = deployments.iter().find(|d| d.model == args.model) else {
@@ -77,18 +86,24 @@ async fn worker_url(args: &InferArgs, key: &str) -> anyhow::Result<String> {
 /// Runs `tessera infer`.
 pub async fn run(args: InferArgs) -> anyhow::Result<()> {
     let request = read_request(&args.input)?;
+    let saved = || ConfigFile::load(&config_path()?);
     let key = match &args.key {
         Some(key) => key.clone(),
-        None => ConfigFile::load(&config_path()?)?
-            .api_key
-            .context("no API key: run `tessera login --url URL --key KEY` or set TESSERA_API_KEY")?,
+        None => {
+            saved()?.api_key.context("no API key: run `tessera login --url URL --key KEY` or set TESSERA_API_KEY")?
+        }
     };
-    let url = worker_url(&args, &key).await?;
+    // The worker's certificate is trusted as the control plane's is: flag, else what login saved.
+    let ca_cert = match &args.ca_cert {
+        Some(path) => Some(path.clone()),
+        None => saved().ok().and_then(|file| file.ca_cert),
+    };
+    let url = worker_url(&args, &key, ca_cert.clone()).await?;
     let path = match args.version {
         Some(v) => format!("/v2/models/{}/versions/{v}/infer", segment(&args.model)),
         None => format!("/v2/models/{}/infer", segment(&args.model)),
     };
-    let worker = ApiClient::new(&url, &key);
+    let worker = ApiClient::new(&url, &key, ca_cert.as_deref())?;
     let answer: Value = worker
         .send(worker.request(reqwest::Method::POST, &path).json(&request))
         .await

@@ -2,6 +2,8 @@
 //! token, learns the key's tenant from the token's claims, and saves URL, key and tenant in
 //! the config file.
 
+use std::path::PathBuf;
+
 use anyhow::Context;
 use base64::Engine;
 use serde::Deserialize;
@@ -21,6 +23,10 @@ pub struct LoginArgs {
     /// Tenant to act in (default: the key's own; platform admins may name any).
     #[arg(long, env = "TESSERA_TENANT")]
     pub tenant: Option<String>,
+    /// PEM certificate to trust for https besides the system's roots; saved (as an absolute
+    /// path) for the other verbs.
+    #[arg(long, env = "TESSERA_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -47,12 +53,17 @@ fn claims_of(token: &str) -> anyhow::Result<Claims> {
 /// Runs `tessera login`.
 pub async fn run(args: LoginArgs) -> anyhow::Result<()> {
     let url = args.url.trim_end_matches('/').to_string();
-    let api = ApiClient::new(&url, &args.key);
+    let ca_cert = match args.ca_cert {
+        Some(path) => Some(std::path::absolute(&path).with_context(|| format!("resolve {}", path.display()))?),
+        None => None,
+    };
+    let api = ApiClient::new(&url, &args.key, ca_cert.as_deref())?;
     let token: TokenResponse = api.post("/v1/auth/token", &serde_json::json!({})).await.context("check the key")?;
     let claims = claims_of(&token.access_token)?;
     let tenant = args.tenant.unwrap_or_else(|| claims.tenant_name.clone());
     let path = config_path()?;
-    ConfigFile { url: Some(url.clone()), api_key: Some(args.key), tenant: Some(tenant.clone()) }.save(&path)?;
+    let file = ConfigFile { url: Some(url.clone()), api_key: Some(args.key), tenant: Some(tenant.clone()), ca_cert };
+    file.save(&path)?;
     let role = claims.role;
     println!("logged in to {url}: tenant {tenant}, role {role} (saved in {})", path.display());
     Ok(())

@@ -96,7 +96,7 @@ pub async fn run(command: ModelsCommand) -> anyhow::Result<()> {
     match command {
         ModelsCommand::Push(args) => {
             let settings = args.connection.resolve()?;
-            let api = ApiClient::new(&settings.url, &settings.key);
+            let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
             let format = args.format.or_else(|| Format::from_name(&args.file)).unwrap_or(Format::Onnx);
             let artifact = Artifact { file: &args.file, format, config: args.config.as_deref() };
             let v = push(&api, &settings.tenant, &args.model, artifact).await?;

@@ -1,5 +1,6 @@
-//! Where the client finds the control plane, its key and tenant: flags, then the
-//! `TESSERA_URL`, `TESSERA_API_KEY`, `TESSERA_TENANT` variables (both through clap), then the
+//! Where the client finds the control plane, its key, tenant and the CA it trusts: flags, then
+//! the `TESSERA_URL`, `TESSERA_API_KEY`, `TESSERA_TENANT`, `TESSERA_CA_CERT` variables (both
+//! through clap), then the
 //! config file (`$TESSERA_CONFIG`, else `$XDG_CONFIG_HOME/tessera/config.json`, else
 //! `~/.config/tessera/config.json`), which `tessera login` writes with mode 0600.
 
@@ -21,6 +22,10 @@ pub struct ConnectionArgs {
     /// Tenant to act in (default: the key's own).
     #[arg(long, env = "TESSERA_TENANT")]
     pub tenant: Option<String>,
+    /// PEM certificate to trust for https besides the system's roots (e.g. the CA `tessera dev
+    /// --tls` prints).
+    #[arg(long, env = "TESSERA_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// What `tessera login` saves.
@@ -35,6 +40,9 @@ pub struct ConfigFile {
     /// Tenant name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,
+    /// CA certificate trusted for https.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// Resolved connection settings.
@@ -46,6 +54,8 @@ pub struct Settings {
     pub key: String,
     /// Tenant name.
     pub tenant: String,
+    /// CA certificate trusted for https besides the system's roots.
+    pub ca_cert: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -117,7 +127,8 @@ impl ConnectionArgs {
         let key = self.key.clone().or(file.api_key).with_context(|| format!("no API key: {hint} TESSERA_API_KEY"))?;
         let tenant =
             self.tenant.clone().or(file.tenant).with_context(|| format!("no tenant: {hint} TESSERA_TENANT"))?;
-        Ok(Settings { url: url.trim_end_matches('/').to_string(), key, tenant })
+        let ca_cert = self.ca_cert.clone().or(file.ca_cert);
+        Ok(Settings { url: url.trim_end_matches('/').to_string(), key, tenant, ca_cert })
     }
 }
 
@@ -127,11 +138,16 @@ mod tests {
 
     #[test]
     fn flags_win_over_the_file() {
-        let args = ConnectionArgs { url: Some("http://flag/".into()), key: None, tenant: None };
-        let file =
-            ConfigFile { url: Some("http://file".into()), api_key: Some("k".into()), tenant: Some("demo".into()) };
+        let args = ConnectionArgs { url: Some("http://flag/".into()), ..ConnectionArgs::default() };
+        let file = ConfigFile {
+            url: Some("http://file".into()),
+            api_key: Some("k".into()),
+            tenant: Some("demo".into()),
+            ca_cert: Some("ca.pem".into()),
+        };
         let s = args.resolve_with(file).expect("complete");
         assert_eq!((s.url.as_str(), s.key.as_str(), s.tenant.as_str()), ("http://flag", "k", "demo"));
+        assert_eq!(s.ca_cert, Some(PathBuf::from("ca.pem")), "the CA saved by login is used");
     }
 
     #[test]
@@ -144,7 +160,7 @@ mod tests {
     fn the_config_file_is_private_and_round_trips() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("sub/config.json");
-        let file = ConfigFile { url: Some("http://x".into()), api_key: Some("tsk_x".into()), tenant: None };
+        let file = ConfigFile { url: Some("http://x".into()), api_key: Some("tsk_x".into()), ..ConfigFile::default() };
         file.save(&path).expect("save");
         assert_eq!(ConfigFile::load(&path).expect("load"), file);
         #[cfg(unix)]

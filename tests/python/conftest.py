@@ -149,8 +149,10 @@ def server_command(
 class TesseraServer:
     """A running ``tessera serve`` process and the addresses it reported."""
 
-    def __init__(self, cmd: List[str], log_path: Path, name: str = "main"):
+    def __init__(self, cmd: List[str], log_path: Path, name: str = "main", ssl_context=None):
         self.cmd = cmd
+        # Health is probed over HTTPS with this context when the server speaks TLS.
+        self.ssl_context = ssl_context
         self.name = name
         self.log_path = log_path
         self.addrs: Dict[str, str] = {}
@@ -246,7 +248,10 @@ class TesseraServer:
             if self.proc.poll() is not None:
                 self._fail(f"exited before /v2/health/{what} answered 200")
             try:
-                conn = http.client.HTTPConnection(host, int(port), timeout=2)
+                if self.ssl_context is None:
+                    conn = http.client.HTTPConnection(host, int(port), timeout=2)
+                else:
+                    conn = http.client.HTTPSConnection(host, int(port), timeout=2, context=self.ssl_context)
                 conn.request("GET", f"/v2/health/{what}")
                 status = conn.getresponse().status
                 conn.close()

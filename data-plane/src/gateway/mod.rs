@@ -68,6 +68,12 @@ pub struct GatewayArgs {
     /// The bearer token `/metrics` requires, given directly.
     #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<crate::serve::metrics::MetricsToken>,
+    /// TLS of the HTTP, gRPC and metrics listeners.
+    #[command(flatten)]
+    pub tls: crate::serve::net::tls::TlsArgs,
+    /// A CA to trust when the control plane speaks https.
+    #[command(flatten)]
+    pub ca: crate::serve::net::tls::CaArgs,
     /// Largest request body accepted, bytes.
     #[arg(long, env = "TESSERA_GATEWAY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
@@ -247,7 +253,8 @@ pub async fn run(
     shutdown: CancellationToken,
     on_bound: impl FnOnce(GatewayAddrs),
 ) -> anyhow::Result<()> {
-    let client = crate::worker::client::connect(&args.control_plane, &args.worker_token)?;
+    let tls = args.tls.acceptor()?;
+    let client = crate::worker::client::connect(&args.control_plane, &args.worker_token, args.ca.ca_cert.as_deref())?;
     let credentials = Arc::new(crate::worker::credentials::ControlPlaneCredentials::new(client.clone()));
     let auth = Arc::new(Authenticator::new(credentials, Duration::from_secs(args.key_cache_secs)));
     let identity = IdentityKey::from_agent_token(args.worker_token.expose());
@@ -268,8 +275,8 @@ pub async fn run(
     on_bound(addrs);
 
     let tasks = tokio_util::task::TaskTracker::new();
-    tasks.spawn(crate::serve::http::serve(http, http::router(gateway.clone()), shutdown.clone()));
-    tasks.spawn(crate::serve::grpc::serve_routes(grpc, grpc::routes(gateway.clone()), shutdown.clone()));
+    tasks.spawn(crate::serve::http::serve(http, http::router(gateway.clone()), shutdown.clone(), tls.clone()));
+    tasks.spawn(crate::serve::grpc::serve::serve(grpc, grpc::routes(gateway.clone()), shutdown.clone(), tls.clone()));
     let metrics_token = match &args.metrics_token_file {
         Some(path) => Some(
             crate::serve::metrics::MetricsToken::from_file(path)
@@ -278,12 +285,7 @@ pub async fn run(
         None => args.metrics_token.clone(),
     };
     let (metrics_router, stop) = (metrics::router(gateway.clone(), metrics_token), shutdown.clone());
-    tasks.spawn(async move {
-        let serve = axum::serve(metrics, metrics_router).with_graceful_shutdown(stop.cancelled_owned());
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "gateway metrics server failed");
-        }
-    });
+    tasks.spawn(crate::serve::http::serve(metrics, metrics_router, stop, tls));
     watch::run(client, gateway.clone(), gateway_id, shutdown.clone()).await;
     gateway.live.store(false, Ordering::Relaxed);
     tracing::info!("gateway shutting down: finishing requests in flight");

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::serve::facade::UsageHook;
 use crate::serve::metrics::{MetricsSource, MetricsToken};
+use crate::serve::net::tls::{CertFiles, TlsAcceptor};
 use crate::serve::shared_memory::{SharedMemory, ShmPolicy};
 use crate::serve::tenant_gate::TenantGate;
 
@@ -80,6 +81,8 @@ pub struct ServeConfig {
     /// Clients may register and use system and CUDA shared memory regions (Triton's
     /// `--allow-client-shm`).
     pub allow_client_shm: bool,
+    /// Certificate and key every listener presents; `None`: plain HTTP.
+    pub tls: Option<CertFiles>,
 }
 
 /// Shared state of one server: the model manager plus server-level flags.
@@ -443,8 +446,9 @@ pub async fn run(
     }
     let state = Arc::new(state);
 
+    let tls = config.tls.map(TlsAcceptor::watch).transpose().context("load the TLS certificate")?;
     let addrs = BoundAddrs { http: config.http_addr, grpc: config.grpc_addr, metrics: config.metrics_addr };
-    let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
+    let listeners = Listeners::start(state.clone(), addrs, tls, &shutdown).await?;
     on_bound(listeners.bound);
 
     let failed = manager.load_startup(&config.load_models).await;
@@ -484,11 +488,12 @@ pub struct Listeners {
 }
 
 impl Listeners {
-    /// Binds the addresses given (`None` = that protocol off) and starts serving them until
-    /// `shutdown` is cancelled.
+    /// Binds the addresses given (`None` = that protocol off) and starts serving them, over
+    /// TLS when `tls` is given, until `shutdown` is cancelled.
     pub async fn start(
         state: Arc<ServerState>,
         addrs: BoundAddrs,
+        tls: Option<TlsAcceptor>,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Self> {
         let http = bind(addrs.http, "http").await?;
@@ -500,19 +505,14 @@ impl Listeners {
         let tasks = tokio_util::task::TaskTracker::new();
         if let Some(listener) = http {
             let router = crate::serve::http::router(state.clone());
-            tasks.spawn(crate::serve::http::serve(listener, router, shutdown.clone()));
+            tasks.spawn(crate::serve::http::serve(listener, router, shutdown.clone(), tls.clone()));
         }
         if let Some(listener) = grpc {
-            tasks.spawn(crate::serve::grpc::serve(listener, state.clone(), shutdown.clone()));
+            tasks.spawn(crate::serve::grpc::serve(listener, state.clone(), shutdown.clone(), tls.clone()));
         }
         if let Some(listener) = metrics {
-            let (router, token) = (crate::serve::metrics::router(state.clone()), shutdown.clone());
-            tasks.spawn(async move {
-                let serve = axum::serve(listener, router).with_graceful_shutdown(token.cancelled_owned());
-                if let Err(e) = serve.await {
-                    tracing::error!(error = %e, "metrics server failed");
-                }
-            });
+            let router = crate::serve::metrics::router(state.clone());
+            tasks.spawn(crate::serve::http::serve(listener, router, shutdown.clone(), tls));
         }
         Ok(Self { bound, tasks })
     }

@@ -1,6 +1,7 @@
-//! The worker's gRPC client to the control plane's agent service: one lazily connected channel,
-//! the worker token attached to every call.
+//! The worker's gRPC client to the control plane's agent service: one lazily connected channel
+//! (TLS for an `https://` control plane), the worker token attached to every call.
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -8,7 +9,7 @@ use tessera_protocol::agent::worker_agent_client::WorkerAgentClient;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use super::config::WorkerToken;
 
@@ -36,15 +37,22 @@ impl Interceptor for BearerToken {
 }
 
 /// A client for `url` that connects on first use and reconnects after failures, so a worker
-/// starts (and keeps serving) while the control plane is down.
-pub fn connect(url: &str, token: &WorkerToken) -> anyhow::Result<AgentClient> {
-    let endpoint = Endpoint::from_shared(url.to_string())
+/// starts (and keeps serving) while the control plane is down. An `https://` URL is reached
+/// over TLS, trusting the system's roots and `ca_cert`.
+pub fn connect(url: &str, token: &WorkerToken, ca_cert: Option<&Path>) -> anyhow::Result<AgentClient> {
+    let mut endpoint = Endpoint::from_shared(url.to_string())
         .with_context(|| format!("parse the control plane URL {url}"))?
         .connect_timeout(CONNECT_TIMEOUT)
         .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
         .keep_alive_timeout(KEEPALIVE_TIMEOUT)
         .keep_alive_while_idle(true)
         .tcp_nodelay(true);
+    if url.starts_with("https://") {
+        let verifier = tessera_protocol::tls::server_verifier(ca_cert)?;
+        endpoint = endpoint
+            .tls_config_with_verifier(ClientTlsConfig::new(), verifier)
+            .context("configure TLS to the control plane")?;
+    }
     let mut value: MetadataValue<Ascii> =
         format!("Bearer {}", token.expose()).parse().context("the worker token must be printable ASCII")?;
     value.set_sensitive(true);

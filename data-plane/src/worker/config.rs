@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::serve::metrics::MetricsToken;
 use crate::serve::net::listen::ListenArgs;
+use crate::serve::net::tls::{CaArgs, CertFiles};
 use crate::serve::server::DEFAULT_MAX_INPUT_SIZE;
 use crate::serve::shared_memory::{self, ShmPolicy, TenantLimits};
 use crate::worker::gpu::NvmlSource;
@@ -42,9 +43,13 @@ impl From<String> for WorkerToken {
 /// `tessera worker` flags.
 #[derive(Debug, clap::Args)]
 pub struct WorkerArgs {
-    /// Control plane URL (its REST port also serves the agent gRPC service), e.g. `http://127.0.0.1:8080`.
+    /// Control plane URL (its REST port also serves the agent gRPC service), e.g. `http://127.0.0.1:8080`
+    /// or `https://cp.example:8080`.
     #[arg(long, env = "TESSERA_CONTROL_PLANE", value_parser = parse_control_plane)]
     pub control_plane: String,
+    /// Trust for an https control plane.
+    #[command(flatten)]
+    pub ca: CaArgs,
     /// Credential this worker presents to the control plane (its `--worker-token`).
     #[arg(long, env = "TESSERA_WORKER_TOKEN", hide_env_values = true)]
     pub worker_token: WorkerToken,
@@ -134,8 +139,10 @@ pub const DEFAULT_CPU_SLICES: u32 = 2;
 /// Everything a worker needs; built from [`WorkerArgs`] or directly (tests, `tessera dev`).
 #[derive(Debug, Clone)]
 pub struct WorkerConfig {
-    /// Control plane URL (`http://host:port`).
+    /// Control plane URL (`http://host:port` or `https://host:port`).
     pub control_plane: String,
+    /// A PEM certificate trusted besides the system's roots when the control plane is https.
+    pub ca_cert: Option<PathBuf>,
     /// Credential presented on every agent call.
     pub worker_token: WorkerToken,
     /// Fixed worker id; `None` = the one kept in the data directory.
@@ -178,6 +185,8 @@ pub struct WorkerConfig {
     pub client_shm: ShmPolicy,
     /// CUDA library directories put on GPU runners' `LD_LIBRARY_PATH`.
     pub cuda_library_dirs: Vec<PathBuf>,
+    /// Certificate and key the HTTP, gRPC and metrics endpoints present; `None`: plain HTTP.
+    pub tls: Option<CertFiles>,
 }
 
 impl WorkerConfig {
@@ -186,6 +195,7 @@ impl WorkerConfig {
         let any = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
         Self {
             control_plane: control_plane.into(),
+            ca_cert: None,
             worker_token,
             worker_id: None,
             data_dir: data_dir.into(),
@@ -207,6 +217,7 @@ impl WorkerConfig {
             metrics_token: None,
             client_shm: ShmPolicy::worker(false, default_shm_limits()),
             cuda_library_dirs: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -216,12 +227,14 @@ impl WorkerArgs {
     /// start from this very binary.
     pub fn into_config(self) -> std::io::Result<WorkerConfig> {
         let metrics_token = self.listen.metrics_token()?;
+        let tls = self.listen.tls.files();
         let runner_exe = match self.isolation {
             Isolation::Runner => Some(std::env::current_exe()?),
             Isolation::InProcess => None,
         };
         Ok(WorkerConfig {
             control_plane: self.control_plane,
+            ca_cert: self.ca.ca_cert,
             worker_token: self.worker_token,
             worker_id: self.worker_id,
             data_dir: self.data_dir,
@@ -253,6 +266,7 @@ impl WorkerArgs {
                 },
             ),
             cuda_library_dirs: self.cuda_library_dirs,
+            tls,
         })
     }
 }
@@ -270,7 +284,7 @@ pub(crate) fn parse_control_plane(url: &str) -> Result<String, String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
     match (uri.scheme_str(), uri.host()) {
         (Some("http" | "https"), Some(_)) => Ok(url.trim_end_matches('/').to_string()),
-        _ => Err("expected http://HOST:PORT".into()),
+        _ => Err("expected http://HOST:PORT or https://HOST:PORT".into()),
     }
 }
 

@@ -167,8 +167,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_control_plane_is_unavailable() {
-        let client = super::super::client::connect("http://127.0.0.1:1", &super::super::config::WorkerToken::new("t"))
-            .expect("client");
+        let client =
+            super::super::client::connect("http://127.0.0.1:1", &super::super::config::WorkerToken::new("t"), None)
+                .expect("client");
         let creds = ControlPlaneCredentials::new(client);
         assert!(matches!(creds.resolve_key("tsk_x").await, Err(SourceError::Unavailable(_))));
         assert!(matches!(creds.token_keys().await, Err(SourceError::Unavailable(_))));

@@ -35,6 +35,7 @@ use crate::engine::device::Device;
 use crate::engine::manager::{ControlMode, ModelManager};
 use crate::engine::repository::Repository;
 use crate::runner as runners;
+use crate::serve::net::tls::TlsAcceptor;
 use crate::serve::server::{BoundAddrs, Listeners, ServerState};
 use crate::worker::usage::Meter;
 
@@ -67,7 +68,9 @@ pub async fn run(
     .context("build the slice inventory")?;
     let health = Arc::new(gpu::health::SliceHealth::new(&inventory.slices));
     let gpu_metrics = Arc::new(gpu::telemetry::GpuMetrics::new(health.clone()));
-    let client = client::connect(&config.control_plane, &config.worker_token)?;
+    let client = client::connect(&config.control_plane, &config.worker_token, config.ca_cert.as_deref())?;
+    let tls = config.tls.clone().map(TlsAcceptor::watch).transpose().context("load the TLS certificate")?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
 
     let repository_dir = config.data_dir.join("repository");
     std::fs::create_dir_all(&repository_dir).context("create the repository directory")?;
@@ -127,7 +130,7 @@ pub async fn run(
 
     let addrs =
         BoundAddrs { http: Some(config.http_addr), grpc: Some(config.grpc_addr), metrics: Some(config.metrics_addr) };
-    let listeners = Listeners::start(state.clone(), addrs, &shutdown).await?;
+    let listeners = Listeners::start(state.clone(), addrs, tls, &shutdown).await?;
     on_bound(listeners.bound);
     let saved = saved::SavedAssignments::in_dir(&config.data_dir);
     let metering = Arc::new(usage::metering::Metering::new(meter, &inventory));
@@ -151,7 +154,7 @@ pub async fn run(
     let shipping = tokio::spawn(shipper.run(config.usage_ship_interval, shutdown.clone()));
     state.mark_started();
 
-    let register = registration(&worker_id, &config.advertise_host, listeners.bound, &inventory);
+    let register = registration(&worker_id, scheme, &config.advertise_host, listeners.bound, &inventory);
     tracing::info!(
         %worker_id,
         control_plane = %config.control_plane,
@@ -249,9 +252,17 @@ impl Relayout {
     }
 }
 
-/// The `Register` message: id, the endpoints clients reach, the slices offered.
-fn registration(worker_id: &str, host: &str, bound: BoundAddrs, inventory: &inventory::Inventory) -> agent::Register {
-    let url = |addr: Option<SocketAddr>| addr.map(|a| format!("http://{}", advertised(host, a))).unwrap_or_default();
+/// The `Register` message: id, the endpoints clients reach (HTTP ones as `scheme://`, `https`
+/// when the listeners speak TLS), the slices offered.
+fn registration(
+    worker_id: &str,
+    scheme: &str,
+    host: &str,
+    bound: BoundAddrs,
+    inventory: &inventory::Inventory,
+) -> agent::Register {
+    let url =
+        |addr: Option<SocketAddr>| addr.map(|a| format!("{scheme}://{}", advertised(host, a))).unwrap_or_default();
     agent::Register {
         worker_id: worker_id.to_string(),
         http_endpoint: url(bound.http),

@@ -14,6 +14,7 @@ mod gpus;
 mod metrics;
 mod openapi;
 mod tenancy;
+mod tls;
 mod uploads;
 mod usage;
 mod users;

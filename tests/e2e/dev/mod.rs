@@ -37,12 +37,18 @@ fn repo_root() -> PathBuf {
 impl Dev {
     /// Starts `tessera dev` on `dir` with every port 0 and waits for its banner.
     fn start(dir: &Path) -> Dev {
+        Dev::start_with(dir, &[])
+    }
+
+    /// [`Dev::start`] with more flags.
+    fn start_with(dir: &Path, extra: &[&str]) -> Dev {
         let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
             .arg("dev")
             .arg("--data-dir")
             .arg(dir)
             .args(["--listen", "127.0.0.1:0", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"])
             .args(["--gateway-http-port", "0", "--gateway-grpc-port", "0", "--gateway-metrics-port", "0"])
+            .args(extra)
             .current_dir(repo_root())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -162,6 +168,7 @@ impl Cli {
             .env_remove("TESSERA_API_KEY")
             .env_remove("TESSERA_TENANT")
             .env_remove("TESSERA_INFERENCE_URL")
+            .env_remove("TESSERA_CA_CERT")
             .output()
             .expect("run tessera")
     }
@@ -281,4 +288,46 @@ fn dev_request() -> Value {
         { "name": "INPUT0", "datatype": "INT32", "shape": [1, 16], "data": a },
         { "name": "INPUT1", "datatype": "INT32", "shape": [1, 16], "data": vec![1; 16] },
     ]})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dev_with_tls_serves_every_listener_over_https_with_its_local_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("state");
+    let dev = Dev::start_with(&data, &["--tls"]);
+    let ca = data.canonicalize().expect("data dir").join("tls/ca.pem");
+    assert_eq!(PathBuf::from(dev.field("TLS CA")), ca, "the banner names the CA to trust");
+    let cp = dev.control_plane();
+    assert!(cp.starts_with("https://"), "{cp}");
+
+    // The printed examples work as printed: curl with --cacert, tritonclient with SSL options.
+    let curl = dev.line_starting("curl ");
+    assert!(curl.contains("--cacert") && curl.contains("https://"), "{curl}");
+    run_printed_curl(&dev);
+    if repo_root().join(".venv/bin/python").exists() {
+        let out = bash(&dev.python_example());
+        assert!(out.status.success(), "python example failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("OUTPUT0 = [[ 2  3  4"));
+    }
+
+    // The CLI: login trusting the CA, then infer through the worker's advertised https endpoint.
+    let cli = Cli { config: dir.path().join("cli/config.json") };
+    let admin_key = dev.field("tenant-admin key");
+    let refused = cli.run(&["login", "--url", &cp, "--key", &admin_key]);
+    assert!(!refused.status.success(), "the local CA is not trusted without --ca-cert");
+    cli.ok(&["login", "--url", &cp, "--key", &admin_key, "--ca-cert", ca.to_str().expect("utf-8")]);
+    let deployment = cli.ok(&["deployments", "get", "simple"]);
+    assert!(deployment.contains("https://127.0.0.1:"), "the worker advertises https: {deployment}");
+    let request = serde_json::to_string(&dev_request()).expect("json");
+    let answer: Value =
+        serde_json::from_str(&cli.ok(&["infer", "--model", "simple", "--input", &request])).expect("JSON");
+    check_simple_answer(&answer);
+
+    // A restart keeps the certificate.
+    let cert = std::fs::read(data.join("tls/cert.pem")).expect("certificate");
+    dev.interrupt();
+    let dev = Dev::start_with(&data, &["--tls"]);
+    assert_eq!(std::fs::read(data.join("tls/cert.pem")).expect("certificate"), cert);
+    run_printed_curl(&dev);
+    dev.interrupt();
 }

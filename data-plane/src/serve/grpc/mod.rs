@@ -2,8 +2,7 @@
 
 // `pub(crate)` for `crate::fuzzing`, which hands the request conversion to the fuzz targets.
 pub(crate) mod convert;
-mod serve;
-pub use serve::serve as serve_routes;
+pub mod serve;
 mod socket;
 
 use std::pin::Pin;
@@ -31,13 +30,19 @@ use crate::auth::{Principal, Role};
 use crate::engine::cuda_ipc::{HANDLE_BYTES, IpcHandle};
 use crate::error::Error;
 use crate::serve::facade::{Answered, batch_rows};
+use crate::serve::net::tls::TlsAcceptor;
 use crate::serve::server::ServerState;
 use crate::serve::shared_memory::{Kind, tensors};
 
 type GrpcResult<T> = Result<Response<T>, Status>;
 
-/// Serves gRPC on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: CancellationToken) {
+/// Serves gRPC on `listener` until `shutdown`, over TLS when `tls` is given.
+pub async fn serve(
+    listener: TcpListener,
+    state: Arc<ServerState>,
+    shutdown: CancellationToken,
+    tls: Option<TlsAcceptor>,
+) {
     let limit = state.max_input_size;
     // Compressed requests are accepted as Triton accepts them. Responses stay uncompressed:
     // tonic compresses one only when `send_compressed` is set, and like Triton's default we do not.
@@ -49,7 +54,7 @@ pub async fn serve(listener: TcpListener, state: Arc<ServerState>, shutdown: Can
     let health = HealthServer::new(HealthService { state })
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Deflate);
-    serve::serve(listener, Routes::new(inference).add_service(health), shutdown).await;
+    serve::serve(listener, Routes::new(inference).add_service(health), shutdown, tls).await;
 }
 
 /// Parses a gRPC version string ("" means the policy's latest).

@@ -1,5 +1,5 @@
-//! The gRPC endpoint's connections: HTTP/2 only, each over a buffered [`Socket`], serving tonic's
-//! routes as tonic's own server would (see [`crate::serve::net::accept`] for why it is our own): the
+//! The gRPC endpoint's connections: HTTP/2 only, each over a buffered [`Socket`] (under TLS when
+//! the listener has a certificate), serving tonic's routes as tonic's own server would (see [`crate::serve::net::accept`] for why it is our own): the
 //! caller's address in each request's extensions, a client's `grpc-timeout` enforced, and the
 //! crate's codes for requests tonic's codec refuses.
 
@@ -12,6 +12,7 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
@@ -22,25 +23,54 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 use super::convert;
 use super::socket::Socket;
 use crate::serve::net::rewake::RewakeExecutor;
+use crate::serve::net::tls::TlsAcceptor;
 
-/// Serves `routes` on `listener` until `shutdown`; then stops accepting, lets every open
-/// connection finish its calls in progress, and returns once all are closed.
-pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken) {
+/// Serves `routes` on `listener` until `shutdown`, over TLS when `tls` is given (each connection
+/// gets the acceptor's current certificate); then stops accepting, lets every open connection
+/// finish its calls in progress, and returns once all are closed.
+pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken, tls: Option<TlsAcceptor>) {
     let routes = routes.prepare();
     crate::serve::net::accept::serve(listener, "grpc", shutdown, |tcp, shutdown| {
-        connection(tcp, routes.clone(), shutdown)
+        connection(tcp, tls.clone(), routes.clone(), shutdown)
     })
     .await;
 }
 
-/// Serves one connection; on shutdown it finishes the calls in progress and closes.
-async fn connection(tcp: TcpStream, routes: Routes, shutdown: CancellationToken) {
+/// Serves one connection, after its TLS handshake when `tls` is given; on shutdown it finishes
+/// the calls in progress and closes.
+async fn connection(tcp: TcpStream, tls: Option<TlsAcceptor>, routes: Routes, shutdown: CancellationToken) {
+    // TLS runs over the buffered socket, so its records are gathered and read ahead as h2's
+    // frames are without it.
     let socket = Socket::new(tcp);
     let service = Calls { routes, peer: socket.connect_info() };
+    match tls {
+        None => serve_connection(socket, service, shutdown).await,
+        Some(tls) => {
+            let stream = tokio::select! {
+                accepted = tls.accept(socket) => match accepted {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        tracing::debug!(endpoint = "grpc", error = %e, "tls handshake failed");
+                        return;
+                    }
+                },
+                () = shutdown.cancelled() => return,
+            };
+            serve_connection(stream, service, shutdown).await;
+        }
+    }
+}
+
+/// Serves HTTP/2 calls on one connection's stream until it closes or, after `shutdown`,
+/// finishes its calls in progress.
+async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToken)
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let mut builder = Builder::new(RewakeExecutor).http2_only();
     builder.http2().timer(TokioTimer::new());
     crate::serve::net::limits::http2(&mut builder.http2());
-    let conn = builder.serve_connection(TokioIo::new(socket), service);
+    let conn = builder.serve_connection(TokioIo::new(io), service);
     crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown()).await;
 }
 

@@ -29,7 +29,7 @@ async fn start() -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("an address");
     let shutdown = CancellationToken::new();
-    tokio::spawn(serve(listener, state, shutdown.clone()));
+    tokio::spawn(serve(listener, state, shutdown.clone(), None));
     let channel = Channel::from_shared(format!("http://{addr}")).expect("a URI").connect().await.expect("connect");
     TestServer { channel, shutdown, _dir: dir }
 }
@@ -261,4 +261,36 @@ async fn in_band_stream_errors_name_the_request_that_failed() {
     assert!(echo.outputs.is_empty() && echo.raw_output_contents.is_empty());
     let ok = answers[1].as_ref().expect("answered");
     assert!(ok.error_message.is_empty(), "{}", ok.error_message);
+}
+
+#[tokio::test]
+async fn over_tls_calls_are_served_and_plain_clients_are_not() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (files, _) = tessera_protocol::tls::local::ensure(dir.path(), &["localhost"]).expect("certificate");
+    let tls = crate::serve::net::tls::TlsAcceptor::load(files.pair).expect("loads");
+    let (state, _models) = tenant_state().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("an address").port();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(serve(listener, state, shutdown.clone(), Some(tls)));
+
+    let verifier = tessera_protocol::tls::server_verifier(Some(&files.ca)).expect("verifier");
+    let channel = Channel::from_shared(format!("https://localhost:{port}"))
+        .expect("a URI")
+        .tls_config_with_verifier(tonic::transport::ClientTlsConfig::new(), verifier)
+        .expect("tls")
+        .connect()
+        .await
+        .expect("connect over TLS");
+    let mut client = GrpcInferenceServiceClient::new(channel);
+    let reply = client.model_infer(with_key(infer_request("add_sub"), Some(A_INFERENCE))).await.expect("infer");
+    assert_eq!(reply.into_inner().model_name, "add_sub");
+
+    let plain = Channel::from_shared(format!("http://localhost:{port}")).expect("a URI").connect().await;
+    let refused = match plain {
+        Ok(channel) => GrpcInferenceServiceClient::new(channel).server_live(ServerLiveRequest {}).await.is_err(),
+        Err(_) => true,
+    };
+    assert!(refused, "a plain client is not served on a TLS listener");
+    shutdown.cancel();
 }

@@ -1,5 +1,6 @@
 //! The HTTP endpoint's connections: HTTP/1.1, or HTTP/2 with prior knowledge, with upgrades,
-//! as `axum::serve` would serve them (see [`crate::serve::net::accept`] for why it is our own).
+//! as `axum::serve` would serve them (see [`crate::serve::net::accept`] for why it is our own),
+//! over plain TCP or TLS.
 
 use std::time::Duration;
 
@@ -7,11 +8,13 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tower_http::timeout::RequestBodyTimeoutLayer;
 
 use crate::serve::net::rewake::RewakeExecutor;
+use crate::serve::net::tls::TlsAcceptor;
 
 /// How long a client may take to send its first bytes after connecting, and each request
 /// head (HTTP/1); then the connection is closed, so clients that trickle headers (slowloris)
@@ -25,10 +28,11 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// instead of holding it, and its connection, forever.
 const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Serves `router` on `listener` until `shutdown`; then stops accepting, lets every open
+/// Serves `router` on `listener` until `shutdown`, over TLS when `tls` is given (each
+/// connection gets the acceptor's current certificate); then stops accepting, lets every open
 /// connection finish its request in progress, and returns once all are closed.
-pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) {
-    serve_with(listener, router, shutdown, HEADER_READ_TIMEOUT, BODY_READ_TIMEOUT).await;
+pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken, tls: Option<TlsAcceptor>) {
+    serve_with(listener, router, shutdown, tls, HEADER_READ_TIMEOUT, BODY_READ_TIMEOUT).await;
 }
 
 /// [`serve`] with given header and body read timeouts.
@@ -36,20 +40,29 @@ async fn serve_with(
     listener: TcpListener,
     router: Router,
     shutdown: CancellationToken,
+    tls: Option<TlsAcceptor>,
     header_timeout: Duration,
     body_timeout: Duration,
 ) {
     let router = router.layer(RequestBodyTimeoutLayer::new(body_timeout));
     crate::serve::net::accept::serve(listener, "http", shutdown, move |tcp, shutdown| {
-        connection(tcp, router.clone(), shutdown, header_timeout)
+        connection(tcp, tls.clone(), router.clone(), shutdown, header_timeout)
     })
     .await;
 }
 
-/// Serves one connection; on shutdown it finishes the request in progress and closes.
-async fn connection(tcp: TcpStream, router: Router, shutdown: CancellationToken, header_timeout: Duration) {
+/// Serves one connection, after its TLS handshake when `tls` is given; on shutdown it
+/// finishes the request in progress and closes.
+async fn connection(
+    tcp: TcpStream,
+    tls: Option<TlsAcceptor>,
+    router: Router,
+    shutdown: CancellationToken,
+    header_timeout: Duration,
+) {
     // hyper-util reads the first bytes (HTTP/1 or HTTP/2?) with no timeout, and hyper's
-    // header timer starts only after that, so a client that sends nothing needs its own.
+    // header timer starts only after that, so a client that sends nothing needs its own. With
+    // TLS the first bytes are the client's hello.
     tokio::select! {
         sent = sent_something(&tcp, header_timeout) => if !sent {
             tracing::trace!("closing a connection that sent nothing");
@@ -57,10 +70,35 @@ async fn connection(tcp: TcpStream, router: Router, shutdown: CancellationToken,
         },
         () = shutdown.cancelled() => return,
     }
+    // One branch per connection; each request then runs on a stream type known at compile time.
+    match tls {
+        None => serve_connection(tcp, router, shutdown, header_timeout).await,
+        Some(tls) => {
+            let stream = tokio::select! {
+                accepted = tls.accept(tcp) => match accepted {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        tracing::debug!(endpoint = "http", error = %e, "tls handshake failed");
+                        return;
+                    }
+                },
+                () = shutdown.cancelled() => return,
+            };
+            serve_connection(stream, router, shutdown, header_timeout).await;
+        }
+    }
+}
+
+/// Serves HTTP on one connection's stream until it closes or, after `shutdown`, finishes its
+/// request in progress.
+async fn serve_connection<IO>(io: IO, router: Router, shutdown: CancellationToken, header_timeout: Duration)
+where
+    IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let mut builder = Builder::new(RewakeExecutor);
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
     crate::serve::net::limits::http2(&mut builder.http2());
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(router));
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(router));
     crate::serve::net::accept::drive(conn, "http", shutdown, |conn| conn.graceful_shutdown()).await;
 }
 
@@ -92,6 +130,11 @@ mod tests {
 
     /// A server whose header and body timeouts are both `header_timeout`.
     async fn start(header_timeout: Duration) -> (SocketAddr, CancellationToken) {
+        start_with(header_timeout, None).await
+    }
+
+    /// [`start`] over TLS when `tls` is given.
+    async fn start_with(header_timeout: Duration, tls: Option<TlsAcceptor>) -> (SocketAddr, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let read_body = |body: Result<bytes::Bytes, axum::extract::rejection::BytesRejection>| async move {
@@ -102,7 +145,7 @@ mod tests {
         };
         let router = Router::new().route("/", get(|| async { "ok" }).post(read_body));
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve_with(listener, router, shutdown.clone(), header_timeout, header_timeout));
+        tokio::spawn(serve_with(listener, router, shutdown.clone(), tls, header_timeout, header_timeout));
         (addr, shutdown)
     }
 
@@ -145,6 +188,26 @@ mod tests {
         whole.write_all(format!("{head}full").as_bytes()).await.expect("write");
         let (_, reply) = closed_after(&mut whole, "a whole body").await;
         assert!(String::from_utf8_lossy(&reply).starts_with("HTTP/1.1 200"));
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn over_tls_requests_are_served_with_the_current_certificate_and_plain_ones_are_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (files, _) = tessera_protocol::tls::local::ensure(dir.path(), &["localhost"]).expect("certificate");
+        let tls = TlsAcceptor::load(files.pair.clone()).expect("loads");
+        let (addr, shutdown) = start_with(Duration::from_secs(5), Some(tls)).await;
+        let config = tessera_protocol::tls::client_config(Some(&files.ca)).expect("client config");
+        let client = reqwest::Client::builder().use_preconfigured_tls(config).build().expect("client");
+        let url = format!("https://localhost:{}/", addr.port());
+        let answer = client.get(&url).send().await.expect("GET over TLS");
+        assert_eq!(answer.text().await.expect("body"), "ok");
+
+        // A client speaking plain HTTP to the TLS port gets no HTTP answer.
+        let mut plain = TcpStream::connect(addr).await.expect("connect");
+        plain.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+        let (_, reply) = closed_after(&mut plain, "a plain client").await;
+        assert!(!reply.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&reply));
         shutdown.cancel();
     }
 }

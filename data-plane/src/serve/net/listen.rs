@@ -4,6 +4,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 use crate::serve::metrics::MetricsToken;
+use crate::serve::net::tls::TlsArgs;
 
 /// Ports of the three endpoints (tritonserver's flag names); `tessera dev` takes only these.
 #[derive(Debug, Clone, clap::Args)]
@@ -48,6 +49,9 @@ pub struct ListenArgs {
     /// the file: a flag shows in `ps`).
     #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<MetricsToken>,
+    /// Certificate and key of the HTTP, gRPC and metrics endpoints.
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Microseconds an idle server thread keeps polling client connections before it sleeps,
     /// when nothing is in flight: lower latency for low-concurrency clients for some idle CPU;
     /// 0 turns it off.

@@ -1,4 +1,4 @@
-//! The network under the endpoints: listener flags and binding, the accept loop, in-place
+//! The network under the endpoints: listener flags and binding, the accept loop, TLS, in-place
 //! re-polling of connection tasks, and busy-polling of connections before a thread sleeps.
 
 pub mod accept;
@@ -6,3 +6,4 @@ pub mod busy_poll;
 pub mod limits;
 pub mod listen;
 pub mod rewake;
+pub mod tls;
