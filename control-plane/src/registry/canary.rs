@@ -307,3 +307,72 @@ impl Registry {
         Ok(after)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use time::OffsetDateTime;
+
+    use super::*;
+
+    fn deployment(version: i64, canary: Option<(i64, i64)>) -> DeploymentRow {
+        DeploymentRow {
+            id: Uuid::nil(),
+            tenant_id: Uuid::nil(),
+            name: "d".into(),
+            model_id: Uuid::nil(),
+            model_name: "m".into(),
+            version,
+            alias: None,
+            profile: "cpu".into(),
+            replicas: 2,
+            instance_count: 1,
+            max_batch_size: None,
+            dynamic_batching: None,
+            memory_bytes: None,
+            spec_generation: 1,
+            canary_version: canary.map(|(v, _)| v),
+            canary_weight: canary.map_or(0, |(_, w)| w),
+            canary_replicas: canary.map_or(0, |_| 1),
+            created_by: None,
+            created_at: OffsetDateTime::UNIX_EPOCH,
+            updated_at: OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    fn serving(list: &[(i64, bool)]) -> Vec<ServingReplica> {
+        list.iter().map(|&(version, canary)| ServingReplica { version, canary }).collect()
+    }
+
+    fn weights(d: &DeploymentRow, list: &[(i64, bool)], effective: bool) -> Vec<(i64, i64, i64)> {
+        traffic_split(d, &serving(list), effective)
+            .into_iter()
+            .map(|s| (s.version, s.weight, s.ready_replicas))
+            .collect()
+    }
+
+    #[test]
+    fn without_a_canary_the_stable_version_takes_everything() {
+        let d = deployment(1, None);
+        assert_eq!(weights(&d, &[(1, false), (1, false)], true), [(1, 100, 2)]);
+        assert_eq!(weights(&d, &[], false), [(1, 100, 0)], "nothing serves yet: the target");
+        // A rollout before its switch: the old version still serves.
+        assert_eq!(weights(&deployment(2, None), &[(1, false)], true), [(1, 100, 1)]);
+    }
+
+    #[test]
+    fn a_canary_takes_its_weight_once_a_replica_of_it_serves() {
+        let d = deployment(1, Some((2, 10)));
+        assert_eq!(weights(&d, &[(1, false)], false), [(1, 90, 1), (2, 10, 0)], "as set");
+        assert_eq!(weights(&d, &[(1, false)], true), [(1, 100, 1)], "in effect");
+        assert_eq!(weights(&d, &[(1, false), (2, true)], true), [(1, 90, 1), (2, 10, 1)]);
+        let shares = traffic_split(&d, &serving(&[(1, false), (2, true)]), true);
+        assert_eq!((shares[0].canary, shares[1].canary, shares[1].replicas), (false, true, 1));
+    }
+
+    #[test]
+    fn a_promotion_keeps_the_split_until_the_stable_replicas_serve_the_canary_version() {
+        let d = deployment(2, Some((2, 30)));
+        assert_eq!(weights(&d, &[(1, false), (2, true)], true), [(1, 70, 1), (2, 30, 1)]);
+        assert_eq!(weights(&d, &[(2, false), (2, true)], true), [(2, 100, 1)]);
+    }
+}
