@@ -524,13 +524,19 @@ async fn a_canary_gets_its_replicas_and_weight_then_promotion_rolls_out_and_roll
         d["replica_status"].as_array().expect("replicas").iter().filter(|r| r["canary"] == true).collect();
     assert_eq!(canary_replicas.len(), 1);
     let patched = app.raw(
-        app.client.patch(format!("{}{canary}", app.url)).bearer_auth(&acme.deployer).json(&json!({ "weight": 25 })),
+        app.client.patch(format!("{}{canary}", app.url)).bearer_auth(&acme.deployer).json(&json!({ "weight": 20 })),
     );
-    assert_eq!(traffic(patched.await.expect(200)), [(1, 75, 2), (2, 25, 1)]);
+    assert_eq!(traffic(patched.await.expect(200)), [(1, 80, 2), (2, 20, 1)]);
+    // The CLI changes the weight and shows the split.
+    let out = cli(&app, &acme.deployer, &["deployments", "canary", "addsub", "--weight", "25"]).await;
+    assert!(out.contains("traffic: version 1 75% (2/2 ready), canary version 2 25% (1/1 ready)"), "{out}");
+    let out = cli(&app, &acme.viewer, &["deployments", "get", "addsub"]).await;
+    assert!(out.contains("canary version 2 25%") && out.contains("(canary)"), "{out}");
 
     // Promote: the stable replicas roll out to version 2 while the canary keeps its share, then
     // the canary's replica drains and the deployment ends on version 2.
-    let promoted = app.post(&acme.deployer, &format!("{canary}/promote"), &json!({})).await.expect(200).clone();
+    let out = cli(&app, &acme.deployer, &["deployments", "promote", "addsub", "--json"]).await;
+    let promoted: Value = serde_json::from_str(&out).expect("the deployment as JSON");
     assert_eq!((promoted["version"].as_i64(), promoted["canary"].is_null()), (Some(2), true));
     assert_eq!(traffic(&promoted), [(1, 75, 2), (2, 25, 1)]);
     let rolling = w.assignments_until(|a| a.len() == 5).await;
@@ -551,10 +557,13 @@ async fn a_canary_gets_its_replicas_and_weight_then_promotion_rolls_out_and_roll
         w.report_ready(&a.replica_id);
     }
     w.assignments_until(|a| a.iter().any(|x| x.version == 1 && x.serving)).await;
-    let back = app.post(&acme.deployer, &format!("{canary}/rollback"), &json!({})).await.expect(200).clone();
+    let back = app.post_idempotent(&acme.deployer, &format!("{canary}/rollback"), &json!({}), "rb-1").await;
+    let back = back.expect(200).clone();
     assert_eq!((back["canary"].is_null(), traffic(&back)), (true, vec![(2, 100, 2)]));
     let drained = w.assignments_until(|a| a.len() == 2).await;
     assert_eq!(versions(&drained), [(2, true), (2, true)]);
+    let replay = app.post_idempotent(&acme.deployer, &format!("{canary}/rollback"), &json!({}), "rb-1").await;
+    assert_eq!(replay.expect(200)["id"], back["id"], "an idempotent retry replays");
     let again = app.post(&acme.deployer, &format!("{canary}/rollback"), &json!({})).await;
     assert_eq!((again.status, again.code()), (409, "no_canary"));
 
@@ -567,4 +576,19 @@ async fn a_canary_gets_its_replicas_and_weight_then_promotion_rolls_out_and_roll
         assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
     }
     w.beats.abort();
+}
+
+/// Runs the `tessera` CLI against the app as `key` in tenant acme; returns its standard output.
+async fn cli(app: &TestApp, key: &str, args: &[&str]) -> String {
+    let home = tempfile::tempdir().expect("a home for the CLI");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .args(["--url", &app.url, "--key", key, "--tenant", "acme"])
+        .env("HOME", home.path())
+        .output()
+        .await
+        .expect("run the CLI");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "tessera {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    stdout
 }
