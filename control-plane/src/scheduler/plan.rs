@@ -312,7 +312,7 @@ pub struct Plan {
     /// Deployments whose target version moves (alias moved).
     pub retarget: Vec<(Uuid, i64)>,
     /// Deployments whose promoted canary is done: the stable replicas run its version, so the
-    /// canary is cleared (its replicas drain on the next tick).
+    /// canary is cleared (its replicas drain in the same plan).
     pub clear_canary: Vec<Uuid>,
     /// Replicas to create.
     pub inserts: Vec<NewReplica>,
