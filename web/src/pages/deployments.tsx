@@ -165,7 +165,7 @@ export function DeploymentPage(props: { session: Session; tenant: string; name: 
                         <ul class="replicas">
                           {s.replicas.map((r) => (
                             <li key={r.id}>
-                              #{r.index} v{r.version} <Badge value={r.state} /> {r.serving && <Badge value="serving" />}
+                              #{r.index} v{r.version} {r.canary && <Badge value="canary" />} <Badge value={r.state} /> {r.serving && <Badge value="serving" />}
                               {r.reason && <span class="reason"> {r.reason}</span>}
                               {r.http_endpoint && <code class="endpoint"> {r.http_endpoint}</code>}
                             </li>
