@@ -425,7 +425,7 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
         r.worker_id.as_ref().and_then(|w| workers.get(w)).is_some_and(|w| w.applied_generation >= w.generation)
     };
     let (state, serving_version) = deployment_state(&d, &replicas, applied);
-    let traffic = traffic_split(&d, &ServingReplica::of(&replicas), false)
+    let traffic = traffic_split((&d).into(), &ServingReplica::of(&replicas), false)
         .into_iter()
         .map(|s| TrafficShare {
             version: s.version,

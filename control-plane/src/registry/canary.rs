@@ -81,8 +81,42 @@ impl ServingReplica {
     }
 }
 
-/// The traffic split in effect for a deployment with these ready, serving replicas, stable
-/// first, weights summing to 100.
+/// What of a deployment decides its traffic split: the deployment columns the gateway's route
+/// query reads (`version`, `replicas`, `canary_version`, `canary_weight`, `canary_replicas`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitSpec {
+    /// Stable target version.
+    pub version: i64,
+    /// Stable replicas wanted.
+    pub replicas: i64,
+    /// The canary's version, if set.
+    pub canary_version: Option<i64>,
+    /// The canary's percent of unversioned traffic.
+    pub canary_weight: i64,
+    /// Canary replicas wanted.
+    pub canary_replicas: i64,
+}
+
+impl From<&DeploymentRow> for SplitSpec {
+    fn from(d: &DeploymentRow) -> Self {
+        SplitSpec {
+            version: d.version,
+            replicas: d.replicas,
+            canary_version: d.canary_version,
+            canary_weight: d.canary_weight,
+            canary_replicas: d.canary_replicas,
+        }
+    }
+}
+
+/// The split the gateway routes by: `(version, weight)` pairs, stable first, summing to 100
+/// ([`traffic_split`] in effect: the canary counts once one of its replicas serves).
+pub fn weights_in_effect(d: SplitSpec, serving: &[ServingReplica]) -> Vec<(i64, u32)> {
+    traffic_split(d, serving, true).into_iter().map(|s| (s.version, u32::try_from(s.weight).unwrap_or(0))).collect()
+}
+
+/// The traffic split of a deployment with these ready, serving replicas, stable first, weights
+/// summing to 100.
 ///
 /// The stable version is the one its (non-canary) ready, serving replicas run: during a
 /// rollout the old version until the switch, then the new one; the target when none serves yet.
@@ -90,7 +124,7 @@ impl ServingReplica {
 /// is shown as is, and with `effective` it counts only once a canary replica is ready and
 /// serving (until then the stable version gets 100). A deployment without a canary has one
 /// entry with weight 100.
-pub fn traffic_split(d: &DeploymentRow, serving: &[ServingReplica], effective: bool) -> Vec<VersionShare> {
+pub fn traffic_split(d: SplitSpec, serving: &[ServingReplica], effective: bool) -> Vec<VersionShare> {
     let ready = |canary: bool, version: i64| {
         serving.iter().filter(|r| r.canary == canary && r.version == version).count() as i64
     };
@@ -121,9 +155,9 @@ pub fn traffic_split(d: &DeploymentRow, serving: &[ServingReplica], effective: b
 
 impl Conn {
     /// The traffic split in effect for every deployment of every tenant (for the gateway's
-    /// route table): `traffic_split(.., effective = true)` of each, by deployment id. The
-    /// canary's weight counts only once one of its replicas is ready and serving; the gateway
-    /// still has to pass the share of a version whose replicas it cannot reach to the others.
+    /// route table): [`weights_in_effect`] of each, by deployment id. The canary's weight counts
+    /// only once one of its replicas is ready and serving; the gateway still has to pass the
+    /// share of a version whose replicas it cannot reach to the others.
     pub async fn route_weights(&mut self) -> Result<Vec<DeploymentWeights>> {
         let deployments = on_conn!(self, "route.deployments", |c| sqlx::query_as::<_, DeploymentRow>(
             select_deployments!("ORDER BY d.id")
@@ -144,10 +178,7 @@ impl Conn {
             .into_iter()
             .map(|d| {
                 let replicas = by_deployment.remove(&d.id).unwrap_or_default();
-                let weights = traffic_split(&d, &replicas, true)
-                    .into_iter()
-                    .map(|s| (s.version, u32::try_from(s.weight).unwrap_or(0)))
-                    .collect();
+                let weights = weights_in_effect(SplitSpec::from(&d), &replicas);
                 DeploymentWeights { tenant_id: d.tenant_id, deployment_id: d.id, model_name: d.model_name, weights }
             })
             .collect())
@@ -344,7 +375,7 @@ mod tests {
     }
 
     fn weights(d: &DeploymentRow, list: &[(i64, bool)], effective: bool) -> Vec<(i64, i64, i64)> {
-        traffic_split(d, &serving(list), effective)
+        traffic_split(d.into(), &serving(list), effective)
             .into_iter()
             .map(|s| (s.version, s.weight, s.ready_replicas))
             .collect()
@@ -365,7 +396,8 @@ mod tests {
         assert_eq!(weights(&d, &[(1, false)], false), [(1, 90, 1), (2, 10, 0)], "as set");
         assert_eq!(weights(&d, &[(1, false)], true), [(1, 100, 1)], "in effect");
         assert_eq!(weights(&d, &[(1, false), (2, true)], true), [(1, 90, 1), (2, 10, 1)]);
-        let shares = traffic_split(&d, &serving(&[(1, false), (2, true)]), true);
+        let shares = traffic_split((&d).into(), &serving(&[(1, false), (2, true)]), true);
+        assert_eq!(weights_in_effect((&d).into(), &serving(&[(1, false), (2, true)])), [(1, 90), (2, 10)]);
         assert_eq!((shares[0].canary, shares[1].canary, shares[1].replicas), (false, true, 1));
     }
 
