@@ -65,7 +65,7 @@ pub enum Command {
     Models(crate::client::models::ModelsCommand),
     /// Create or update a model's deployment (replicas on workers).
     Deploy(crate::client::deploy::DeployArgs),
-    /// Deployments: `list`, `get NAME`.
+    /// Deployments: `list`, `get NAME`; canaries: `canary NAME`, `promote NAME`, `rollback NAME`.
     #[command(subcommand)]
     Deployments(crate::client::deploy::DeploymentsCommand),
     /// One KServe v2 JSON inference against a worker; prints the JSON answer.

@@ -1,5 +1,6 @@
-//! `tessera deploy` and `tessera deployments list|get`: create or update a deployment, show
-//! its replicas, and wait (with a spinner) until it serves its target version.
+//! `tessera deploy` and `tessera deployments list|get|canary|promote|rollback`: create or update
+//! a deployment, show its replicas and traffic split, wait (with a spinner) until it serves its
+//! target version, and set, weight, promote or roll back its canary.
 
 use std::time::{Duration, Instant};
 
@@ -54,8 +55,53 @@ pub struct DeployArgs {
 pub enum DeploymentsCommand {
     /// The tenant's deployments.
     List(ListArgs),
-    /// One deployment with its replicas.
+    /// One deployment with its replicas and traffic split.
     Get(GetArgs),
+    /// Set the canary (`--version` or `--alias` with `--weight`), or change only its weight
+    /// (`--weight` alone): that percent of unversioned traffic goes to the canary's version.
+    Canary(CanaryArgs),
+    /// Promote the canary: its version rolls out to the stable replicas, then the canary goes.
+    Promote(CanaryActionArgs),
+    /// Roll the canary back: the stable version takes all traffic, the canary's replicas drain.
+    Rollback(CanaryActionArgs),
+}
+
+/// `tessera deployments canary` flags.
+#[derive(Debug, clap::Args)]
+pub struct CanaryArgs {
+    /// Deployment name.
+    pub name: String,
+    /// The canary's version (sets or replaces the canary).
+    #[arg(long, conflicts_with = "alias")]
+    pub version: Option<i64>,
+    /// An alias whose current version becomes the canary (resolved once, not followed).
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// Percent of unversioned traffic the canary gets (1 to 99).
+    #[arg(long)]
+    pub weight: u32,
+    /// Replicas of the canary (default 1; only with `--version` or `--alias`).
+    #[arg(long)]
+    pub replicas: Option<u32>,
+    /// Print the deployment as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Control plane connection.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+}
+
+/// `tessera deployments promote|rollback` flags.
+#[derive(Debug, clap::Args)]
+pub struct CanaryActionArgs {
+    /// Deployment name.
+    pub name: String,
+    /// Print the deployment as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Control plane connection.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
 }
 
 /// `tessera deployments list` flags.
@@ -107,6 +153,27 @@ pub struct Deployment {
     /// Replicas.
     #[serde(default)]
     pub replica_status: Vec<Replica>,
+    /// How unversioned traffic splits between the stable version and the canary.
+    #[serde(default)]
+    pub traffic: Vec<TrafficShare>,
+}
+
+/// One version's share of a deployment's unversioned traffic.
+#[derive(Debug, Clone, Deserialize)]
+pub struct TrafficShare {
+    /// Version.
+    pub version: i64,
+    /// Percent of unversioned requests.
+    pub weight: i64,
+    /// Whether this is the canary.
+    #[serde(default)]
+    pub canary: bool,
+    /// Replicas ready and serving.
+    #[serde(default)]
+    pub ready_replicas: i64,
+    /// Replicas wanted.
+    #[serde(default)]
+    pub replicas: i64,
 }
 
 /// One replica of a deployment.
@@ -135,6 +202,9 @@ pub struct Replica {
     /// Whether it takes traffic.
     #[serde(default)]
     pub serving: bool,
+    /// A canary replica.
+    #[serde(default)]
+    pub canary: bool,
 }
 
 impl Deployment {
@@ -156,6 +226,19 @@ impl Deployment {
             "{}: {}, model {} version {}{alias}{serving}, {ready}/{} {} replicas ready",
             self.name, self.state, self.model, self.version, self.replicas, self.profile
         )
+    }
+
+    /// The split, e.g. `traffic: version 1 90% (2/2 ready), canary version 2 10% (1/1 ready)`.
+    pub fn traffic_line(&self) -> String {
+        let shares: Vec<String> = self
+            .traffic
+            .iter()
+            .map(|t| {
+                let who = if t.canary { "canary version" } else { "version" };
+                format!("{who} {} {}% ({}/{} ready)", t.version, t.weight, t.ready_replicas, t.replicas)
+            })
+            .collect();
+        format!("traffic: {}", if shares.is_empty() { "-".to_string() } else { shares.join(", ") })
     }
 
     /// Why it is not ready, from its replicas' reasons.
@@ -192,6 +275,9 @@ pub fn replica_table(d: &Deployment) -> String {
         let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
         let (worker, slice, endpoint) = (text(&r.worker_id), text(&r.slice_id), text(&r.http_endpoint));
         out.push_str(&row([&index, &version, &r.state, serving, &worker, &slice, &endpoint]));
+        if r.canary {
+            out.push_str("  (canary)");
+        }
         if let Some(reason) = &r.reason {
             out.push_str(&format!("  ({reason})"));
         }
@@ -243,6 +329,68 @@ impl DeployArgs {
     fn deployment_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.model)
     }
+}
+
+impl CanaryArgs {
+    /// The method and body: PUT with the version (or alias), weight and replicas to set the
+    /// canary; PATCH with the weight alone to change it.
+    fn request(&self) -> anyhow::Result<(reqwest::Method, Value)> {
+        let weight = json!(self.weight);
+        if self.version.is_none() && self.alias.is_none() {
+            if self.replicas.is_some() {
+                bail!("--replicas needs --version or --alias (it sets a new canary)");
+            }
+            return Ok((reqwest::Method::PATCH, json!({ "weight": weight })));
+        }
+        let mut body = Map::new();
+        let fields = [
+            ("version", self.version.map(Value::from)),
+            ("alias", self.alias.clone().map(Value::from)),
+            ("weight", Some(weight)),
+            ("replicas", self.replicas.map(Value::from)),
+        ];
+        body.extend(fields.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), v))));
+        Ok((reqwest::Method::PUT, Value::Object(body)))
+    }
+}
+
+/// Prints a deployment a canary verb answered: JSON, or its summary, split and replicas.
+fn print_deployment(raw: &Value, json: bool, verb: &str) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(raw)?);
+        return Ok(());
+    }
+    let d: Deployment = serde_json::from_value(raw.clone()).context("read the deployment")?;
+    println!("{verb} {}", d.summary());
+    println!("{}", d.traffic_line());
+    print!("{}", replica_table(&d));
+    Ok(())
+}
+
+fn canary_path(tenant: &str, name: &str) -> String {
+    format!("{}/{}/canary", deployments_path(tenant), segment(name))
+}
+
+/// Runs `tessera deployments canary`.
+async fn run_canary(args: &CanaryArgs) -> anyhow::Result<()> {
+    let settings = args.connection.resolve()?;
+    let api = ApiClient::new(&settings.url, &settings.key);
+    let (method, body) = args.request()?;
+    let path = canary_path(&settings.tenant, &args.name);
+    let raw: Value =
+        api.call(method, &path, &body).await.with_context(|| format!("set the canary of {}", args.name))?;
+    print_deployment(&raw, args.json, "canary set:")
+}
+
+/// Runs `tessera deployments promote|rollback`: `action` is the route's last segment.
+async fn run_canary_action(args: &CanaryActionArgs, action: &str) -> anyhow::Result<()> {
+    let settings = args.connection.resolve()?;
+    let api = ApiClient::new(&settings.url, &settings.key);
+    let path = format!("{}/{action}", canary_path(&settings.tenant, &args.name));
+    let raw: Value =
+        api.post(&path, &json!({})).await.with_context(|| format!("{action} the canary of {}", args.name))?;
+    let verb = if action == "promote" { "promoting:" } else { "rolled back:" };
+    print_deployment(&raw, args.json, verb)
 }
 
 /// Creates the deployment, or updates (PATCH) the one of that name.
@@ -361,9 +509,13 @@ pub async fn run_deployments(command: DeploymentsCommand) -> anyhow::Result<()> 
                 println!("{}", serde_json::to_string_pretty(&raw)?);
             } else {
                 println!("{}", d.summary());
+                println!("{}", d.traffic_line());
                 print!("{}", replica_table(&d));
             }
         }
+        DeploymentsCommand::Canary(args) => run_canary(&args).await?,
+        DeploymentsCommand::Promote(args) => run_canary_action(&args, "promote").await?,
+        DeploymentsCommand::Rollback(args) => run_canary_action(&args, "rollback").await?,
     }
     Ok(())
 }
@@ -403,6 +555,39 @@ mod tests {
     fn the_endpoint_is_the_first_serving_replica() {
         assert_eq!(sample().http_endpoint().as_deref(), Some("http://127.0.0.1:8000"));
         assert_eq!(endpoint_url("http://h:1/"), "http://h:1");
+    }
+
+    #[test]
+    fn the_split_shows_each_version_with_its_share_and_ready_replicas() {
+        let mut d = sample();
+        d.traffic = serde_json::from_value(json!([
+            {"version": 1, "weight": 90, "canary": false, "ready_replicas": 2, "replicas": 2},
+            {"version": 2, "weight": 10, "canary": true, "ready_replicas": 0, "replicas": 1}
+        ]))
+        .expect("traffic");
+        assert_eq!(d.traffic_line(), "traffic: version 1 90% (2/2 ready), canary version 2 10% (0/1 ready)");
+        d.replica_status[1].canary = true;
+        assert!(replica_table(&d).lines().nth(2).is_some_and(|l| l.ends_with("(canary)")), "{}", replica_table(&d));
+    }
+
+    #[test]
+    fn the_canary_verb_sets_with_a_version_and_weights_without_one() {
+        let args = |version: Option<i64>, alias: Option<&str>, replicas: Option<u32>| CanaryArgs {
+            name: "simple".into(),
+            version,
+            alias: alias.map(str::to_string),
+            weight: 10,
+            replicas,
+            json: false,
+            connection: ConnectionArgs::default(),
+        };
+        let (method, body) = args(Some(2), None, Some(2)).request().expect("a request");
+        assert_eq!((method, body), (reqwest::Method::PUT, json!({"version": 2, "weight": 10, "replicas": 2})));
+        let (method, body) = args(None, Some("staging"), None).request().expect("a request");
+        assert_eq!((method, body), (reqwest::Method::PUT, json!({"alias": "staging", "weight": 10})));
+        let (method, body) = args(None, None, None).request().expect("a request");
+        assert_eq!((method, body), (reqwest::Method::PATCH, json!({"weight": 10})));
+        assert!(args(None, None, Some(2)).request().is_err(), "replicas only come with a new canary");
     }
 
     #[test]

@@ -136,7 +136,7 @@ function Page(props: { session: Session; route: Route }) {
     case 'deployments':
       return <DeploymentsPage tenant={route.tenant} />;
     case 'deployment':
-      return <DeploymentPage tenant={route.tenant} name={route.deployment} />;
+      return <DeploymentPage session={s} tenant={route.tenant} name={route.deployment} />;
     case 'metrics':
       return <MetricsPage tenant={route.tenant} />;
     case 'usage':

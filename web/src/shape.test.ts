@@ -9,7 +9,10 @@ import {
   quotaRows,
   rangeQuery,
   recentPeriods,
+  parseWeight,
   replicasByWorker,
+  trafficLabel,
+  versionStats,
   type Invoice,
   type MetricsPoint,
   type Model,
@@ -56,6 +59,7 @@ const replica = (index: number, worker: string | null, slice: string | null, sta
   slice_id: slice,
   state,
   serving: state === 'ready',
+  canary: false,
   updated_at: '2026-11-30T00:00:00Z',
 });
 
@@ -208,5 +212,36 @@ describe('chart math', () => {
   it('spreads axis ticks', () => {
     expect(tickIndexes(3, 5)).toEqual([0, 1, 2]);
     expect(tickIndexes(61, 5)).toEqual([0, 15, 30, 45, 60]);
+  });
+});
+
+describe('canary', () => {
+  it('labels the split', () => {
+    const stable = { version: 1, weight: 90, canary: false, ready_replicas: 2, replicas: 2 };
+    const canary = { version: 2, weight: 10, canary: true, ready_replicas: 0, replicas: 1 };
+    expect(trafficLabel([stable, canary])).toBe('v1 90% · v2 10% canary');
+    expect(trafficLabel([{ ...stable, weight: 100 }])).toBe('v1 100%');
+  });
+  it('takes whole weights from 1 to 99 only', () => {
+    expect(parseWeight(' 25 ')).toBe(25);
+    for (const bad of ['0', '100', '-5', '2.5', '', 'ten']) expect(parseWeight(bad)).toBeNull();
+  });
+  it('sums a version\'s points, weighting latency by requests', () => {
+    const point = (requests: number, failures: number, p50: number | null, p95: number | null): MetricsPoint => ({
+      start: '2026-11-30T00:00:00Z',
+      requests,
+      failures,
+      request_rate: (requests + failures) / 60,
+      error_rate: failures / 60,
+      p50_us: p50,
+      p95_us: p95,
+    });
+    const s = versionStats(2, [point(30, 0, 1000, 2000), point(90, 30, 3000, 6000), point(0, 0, null, null)]);
+    expect([s.version, s.requests, s.failures]).toEqual([2, 150, 30]);
+    expect(s.errorShare).toBeCloseTo(0.2);
+    expect(s.requestRate).toBeCloseTo(150 / 60 / 3);
+    expect(s.p50Ms).toBeCloseTo(2.5);
+    expect(s.p95Ms).toBeCloseTo(5);
+    expect(versionStats(1, [])).toMatchObject({ requests: 0, errorShare: null, p50Ms: null, requestRate: 0 });
   });
 });

@@ -11,6 +11,7 @@ export type Invoice = S['Invoice'];
 export type InvoiceLine = S['InvoiceLine'];
 export type Quotas = S['Quotas'];
 export type AuditEvent = S['AuditEvent'];
+export type TrafficShare = S['TrafficShare'];
 
 /** A column the models table sorts by. */
 export type ModelSortKey = 'name' | 'latest_version' | 'updated_at';
@@ -81,6 +82,61 @@ export function countStates(replicas: Replica[]): Record<string, number> {
   const counts: Record<string, number> = {};
   for (const r of replicas) counts[r.state] = (counts[r.state] ?? 0) + 1;
   return counts;
+}
+
+/** A deployment's split in one line: `v1 90% · v2 10% canary` (`v1 100%` without a canary). */
+export function trafficLabel(traffic: TrafficShare[]): string {
+  return traffic.map((t) => `v${t.version} ${t.weight}%${t.canary ? ' canary' : ''}`).join(' · ');
+}
+
+/** A canary weight typed by a person: a whole percent from 1 to 99, else null. */
+export function parseWeight(text: string): number | null {
+  const t = text.trim();
+  if (!/^\d{1,2}$/.test(t)) return null;
+  const n = Number(t);
+  return n >= 1 && n <= 99 ? n : null;
+}
+
+/** One version's traffic over a range, to compare a canary with the stable version. */
+export interface VersionStats {
+  version: number;
+  /** Requests answered or failed. */
+  requests: number;
+  failures: number;
+  /** Mean requests per second over the range's steps. */
+  requestRate: number;
+  /** Failed share of the requests; null without requests. */
+  errorShare: number | null;
+  /** Latency percentiles in milliseconds, weighted by each step's requests; null without any. */
+  p50Ms: number | null;
+  p95Ms: number | null;
+}
+
+/** Sums `GET /metrics` points of one version into [`VersionStats`]. */
+export function versionStats(version: number, points: MetricsPoint[]): VersionStats {
+  let requests = 0;
+  let failures = 0;
+  const latency = { p50: 0, p95: 0, weight: 0 };
+  for (const p of points) {
+    requests += p.requests + p.failures;
+    failures += p.failures;
+    if (p.p50_us != null && p.p95_us != null && p.requests > 0) {
+      latency.p50 += p.p50_us * p.requests;
+      latency.p95 += p.p95_us * p.requests;
+      latency.weight += p.requests;
+    }
+  }
+  const mean = points.length ? points.reduce((n, p) => n + p.request_rate, 0) / points.length : 0;
+  const ms = (sum: number) => (latency.weight ? sum / latency.weight / 1000 : null);
+  return {
+    version,
+    requests,
+    failures,
+    requestRate: mean,
+    errorShare: requests ? failures / requests : null,
+    p50Ms: ms(latency.p50),
+    p95Ms: ms(latency.p95),
+  };
 }
 
 /** A time range the metrics page offers. */

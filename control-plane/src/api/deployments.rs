@@ -14,12 +14,14 @@ use uuid::Uuid;
 
 use super::{ApiJson, AppState, Caller};
 use crate::error::{Error, Result};
-use crate::registry::{DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef, WorkerRow};
+use crate::registry::{
+    DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, ServingReplica, VersionRef, WorkerRow, traffic_split,
+};
 use crate::scheduler::plan::replica_memory;
 use crate::types::{Name, Role, is_slice_profile};
 
-/// Most replicas of one deployment.
-const MAX_REPLICAS: i64 = 64;
+/// Most replicas of one deployment (and of its canary).
+pub(super) const MAX_REPLICAS: i64 = 64;
 /// Most model instances per replica.
 const MAX_INSTANCES: i64 = 16;
 /// Events returned by the events endpoint (the latest ones).
@@ -175,9 +177,37 @@ pub struct ReplicaStatus {
     pub reason: Option<String>,
     /// Whether requests without a version reach it.
     pub serving: bool,
+    /// A replica of the canary (indexed apart from the stable replicas).
+    pub canary: bool,
     /// Last change.
     #[serde(with = "time::serde::rfc3339")]
     pub updated_at: OffsetDateTime,
+}
+
+/// One version's share of the deployment's unversioned traffic.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct TrafficShare {
+    /// Model version.
+    pub version: i64,
+    /// Percent of unversioned requests it gets (the shares sum to 100).
+    pub weight: i64,
+    /// Whether this is the canary.
+    pub canary: bool,
+    /// Its replicas that are ready and serving.
+    pub ready_replicas: i64,
+    /// Its replicas wanted.
+    pub replicas: i64,
+}
+
+/// A deployment's canary as set.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CanaryStatus {
+    /// The canary's version.
+    pub version: i64,
+    /// Percent of unversioned traffic it gets (1 to 99) once a replica is ready.
+    pub weight: i64,
+    /// Its replicas wanted.
+    pub replicas: i64,
 }
 
 /// A deployment and its replicas.
@@ -193,8 +223,15 @@ pub struct Deployment {
     pub version: i64,
     /// Alias followed, if any.
     pub alias: Option<String>,
-    /// Highest version ready and serving, if any.
+    /// Highest stable (not canary) version ready and serving, if any.
     pub serving_version: Option<i64>,
+    /// How unversioned traffic splits between the stable version (the one serving now) and the
+    /// canary, with each one's replicas; one entry with weight 100 without a canary. The
+    /// canary's share is as set: a gateway sends it nothing until one of its replicas is ready.
+    pub traffic: Vec<TrafficShare>,
+    /// The canary, if one is set (`null` also while a promoted one rolls out to the stable
+    /// replicas: `traffic` still shows its share until they serve it).
+    pub canary: Option<CanaryStatus>,
     /// Slice profile.
     pub profile: String,
     /// Replicas wanted.
@@ -234,7 +271,9 @@ pub struct DeploymentEvent {
     pub at: OffsetDateTime,
     /// `created`, `updated`, `scaled`, `placed`, `unplaceable`, `ready`, `failed`, `worker_lost`,
     /// `rescheduled`, `retargeted`, `rollout_started`, `rollout_switched`, `drained`,
-    /// `crash_loop` (a replica that crash-looped on several workers stays where it is).
+    /// `crash_loop` (a replica that crash-looped on several workers stays where it is);
+    /// canaries: `canary_set`, `canary_weight`, `canary_promoted`, `canary_rolled_back`,
+    /// `canary_started`, `canary_serving`, `canary_draining`, `canary_cleared` (a promotion done).
     pub kind: String,
     /// Replica concerned.
     pub replica_id: Option<Uuid>,
@@ -260,7 +299,7 @@ pub(super) fn check_profile(profile: &str) -> Result<()> {
     }
 }
 
-fn check_range(field: &str, value: Option<i64>, min: i64, max: i64) -> Result<()> {
+pub(super) fn check_range(field: &str, value: Option<i64>, min: i64, max: i64) -> Result<()> {
     match value {
         Some(v) if v < min || v > max => Err(Error::invalid(field, format!("{field} must be between {min} and {max}"))),
         _ => Ok(()),
@@ -287,7 +326,7 @@ fn check_batching(b: Option<&DynamicBatching>, max_batch_size: Option<i64>) -> R
     serde_json::to_value(b).map(Some).map_err(|e| Error::Internal(e.to_string()))
 }
 
-fn version_ref(version: Option<i64>, alias: Option<Name>) -> Result<Option<VersionRef>> {
+pub(super) fn version_ref(version: Option<i64>, alias: Option<Name>) -> Result<Option<VersionRef>> {
     match (version, alias) {
         (Some(_), Some(_)) => Err(Error::invalid("alias", "give at most one of version and alias")),
         (Some(v), None) if v < 1 => Err(Error::invalid("version", "version must be at least 1")),
@@ -343,19 +382,22 @@ impl DeploymentUpdate {
     }
 }
 
-/// The deployment's state and serving version, from its replicas: `failed` if a replica of
-/// the target failed, `pending` if one cannot be placed (or none exist yet), `ready` when
-/// all target replicas are ready and serving on workers that `applied` their assignments,
-/// else `progressing`.
+/// The deployment's state and serving version, from its stable (not canary) replicas:
+/// `failed` if a replica of the target failed, `pending` if one cannot be placed (or none exist
+/// yet), `ready` when all target replicas are ready and serving on workers that `applied` their
+/// assignments, else `progressing`. The canary's replicas show in `traffic` instead.
 pub fn deployment_state(
     d: &DeploymentRow,
     replicas: &[ReplicaRow],
     applied: impl Fn(&ReplicaRow) -> bool,
 ) -> (&'static str, Option<i64>) {
-    let serving_version = replicas.iter().filter(|r| r.serving && r.state == "ready").map(|r| r.version).max();
+    let serving_version =
+        replicas.iter().filter(|r| !r.canary && r.serving && r.state == "ready").map(|r| r.version).max();
     let current: Vec<&ReplicaRow> = replicas
         .iter()
-        .filter(|r| r.version == d.version && r.spec_generation == d.spec_generation && r.state != "draining")
+        .filter(|r| {
+            !r.canary && r.version == d.version && r.spec_generation == d.spec_generation && r.state != "draining"
+        })
         .collect();
     let state = if current.iter().any(|r| r.state == "failed") {
         "failed"
@@ -383,6 +425,21 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
         r.worker_id.as_ref().and_then(|w| workers.get(w)).is_some_and(|w| w.applied_generation >= w.generation)
     };
     let (state, serving_version) = deployment_state(&d, &replicas, applied);
+    let traffic = traffic_split((&d).into(), &ServingReplica::of(&replicas), false)
+        .into_iter()
+        .map(|s| TrafficShare {
+            version: s.version,
+            weight: s.weight,
+            canary: s.canary,
+            ready_replicas: s.ready_replicas,
+            replicas: s.replicas,
+        })
+        .collect();
+    let canary = d.canary_version.filter(|v| *v != d.version).map(|version| CanaryStatus {
+        version,
+        weight: d.canary_weight,
+        replicas: d.canary_replicas,
+    });
     let replica_status = replicas
         .into_iter()
         .map(|r| {
@@ -398,6 +455,7 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
                 state: r.state,
                 reason: r.reason,
                 serving: r.serving,
+                canary: r.canary,
                 updated_at: r.updated_at,
             }
         })
@@ -411,6 +469,8 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
         version: d.version,
         alias: d.alias,
         serving_version,
+        traffic,
+        canary,
         profile: d.profile,
         replicas: d.replicas,
         instance_count: d.instance_count,
@@ -428,7 +488,7 @@ async fn workers_by_id(app: &AppState) -> Result<HashMap<String, WorkerRow>> {
     Ok(rows.into_iter().map(|w| (w.id.clone(), w)).collect())
 }
 
-async fn view_one(app: &AppState, d: DeploymentRow) -> Result<Deployment> {
+pub(super) async fn view_one(app: &AppState, d: DeploymentRow) -> Result<Deployment> {
     let workers = workers_by_id(app).await?;
     view(app, d, &workers).await
 }
@@ -476,7 +536,7 @@ pub async fn handle_deployment_list(
     Ok(Json(DeploymentList { deployments }))
 }
 
-async fn deployment_for(
+pub(super) async fn deployment_for(
     app: &AppState,
     caller: &Caller,
     tenant: &str,
@@ -647,6 +707,7 @@ mod tests {
             serving,
             drain_until: None,
             crash_moves: 0,
+            canary: false,
             created_at: OffsetDateTime::UNIX_EPOCH,
             updated_at: OffsetDateTime::UNIX_EPOCH,
         }
@@ -668,6 +729,9 @@ mod tests {
             dynamic_batching: None,
             memory_bytes: None,
             spec_generation: 1,
+            canary_version: None,
+            canary_weight: 0,
+            canary_replicas: 0,
             created_by: None,
             created_at: OffsetDateTime::UNIX_EPOCH,
             updated_at: OffsetDateTime::UNIX_EPOCH,

@@ -7,6 +7,7 @@
 mod aliases;
 mod audit;
 mod billing;
+mod canary;
 mod cursor;
 mod deployments;
 mod extract;
@@ -153,6 +154,9 @@ fn api_router() -> OpenApiRouter<AppState> {
             deployments::handle_deployment_delete
         ))
         .routes(routes!(deployments::handle_deployment_events))
+        .routes(routes!(canary::handle_canary_set, canary::handle_canary_update))
+        .routes(routes!(canary::handle_canary_promote))
+        .routes(routes!(canary::handle_canary_rollback))
         .routes(routes!(workers::handle_worker_list))
         .routes(routes!(usage::handle_usage))
         .routes(routes!(usage::handle_metrics))

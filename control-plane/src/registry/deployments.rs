@@ -48,6 +48,13 @@ pub struct DeploymentRow {
     pub memory_bytes: Option<i64>,
     /// Grows with every change that needs new replicas besides the version.
     pub spec_generation: i64,
+    /// The canary's version, if there is a canary (equal to `version` while a promotion rolls
+    /// out; the scheduler clears it once the stable replicas serve it).
+    pub canary_version: Option<i64>,
+    /// Percent (1..99) of unversioned traffic the canary gets; 0 without a canary.
+    pub canary_weight: i64,
+    /// Canary replicas wanted; 0 without a canary.
+    pub canary_replicas: i64,
     /// Creating key.
     pub created_by: Option<Uuid>,
     /// Created.
@@ -57,12 +64,15 @@ pub struct DeploymentRow {
 }
 
 impl DeploymentRow {
-    fn summary(&self) -> Value {
+    pub(super) fn summary(&self) -> Value {
         json!({
             "name": self.name, "model": self.model_name, "version": self.version, "alias": self.alias,
             "profile": self.profile, "replicas": self.replicas, "instance_count": self.instance_count,
             "max_batch_size": self.max_batch_size, "dynamic_batching": self.dynamic_batching.as_ref().map(|j| &j.0),
             "memory_bytes": self.memory_bytes,
+            "canary": self.canary_version.map(|v| json!({
+                "version": v, "weight": self.canary_weight, "replicas": self.canary_replicas,
+            })),
         })
     }
 }
@@ -102,6 +112,8 @@ pub struct ReplicaRow {
     pub drain_until: Option<OffsetDateTime>,
     /// Times it was moved off a worker where its runner kept dying (0 once ready).
     pub crash_moves: i64,
+    /// A canary replica (the deployment's second version), not a stable one.
+    pub canary: bool,
     /// Created.
     pub created_at: OffsetDateTime,
     /// Last changed.
@@ -179,6 +191,7 @@ macro_rules! select_deployments {
         concat!(
             "SELECT d.id, d.tenant_id, d.name, d.model_id, m.name AS model_name, d.version, d.alias, d.profile, ",
             "d.replicas, d.instance_count, d.max_batch_size, d.dynamic_batching, d.memory_bytes, d.spec_generation, ",
+            "d.canary_version, d.canary_weight, d.canary_replicas, ",
             "d.created_by, d.created_at, d.updated_at FROM deployments d JOIN models m ON m.id = d.model_id ",
             $rest
         )
@@ -189,13 +202,14 @@ macro_rules! select_replicas {
     ($rest:literal) => {
         concat!(
             "SELECT id, tenant_id, deployment_id, replica_index, version, spec_generation, profile, memory_bytes, ",
-            "config, worker_id, slice_id, state, reason, serving, drain_until, crash_moves, created_at, updated_at ",
+            "config, worker_id, slice_id, state, reason, serving, drain_until, crash_moves, canary, created_at, ",
+            "updated_at ",
             "FROM replicas ",
             $rest
         )
     };
 }
-pub(super) use select_replicas;
+pub(super) use {select_deployments, select_replicas};
 
 impl Conn {
     /// Serialises scheduling decisions for the rest of the transaction: a Postgres advisory
@@ -310,10 +324,10 @@ impl Conn {
         Ok(n > 0)
     }
 
-    /// Replicas the tenant's deployments ask for, in total.
+    /// Replicas the tenant's deployments ask for, in total (canary replicas count).
     pub async fn replica_usage(&mut self, tenant_id: Uuid) -> Result<i64> {
         on_conn!(self, "deployment.replica_usage", |c| sqlx::query_scalar::<_, i64>(
-            "SELECT CAST(COALESCE(SUM(replicas), 0) AS BIGINT) FROM deployments WHERE tenant_id = $1"
+            "SELECT CAST(COALESCE(SUM(replicas + canary_replicas), 0) AS BIGINT) FROM deployments WHERE tenant_id = $1"
         )
         .bind(tenant_id)
         .fetch_one(c))
@@ -332,7 +346,12 @@ impl Conn {
     }
 
     /// Resolves a version reference of a model to a version number that exists.
-    async fn resolve_version(&mut self, tenant_id: Uuid, model_id: Uuid, version: &VersionRef) -> Result<i64> {
+    pub(super) async fn resolve_version(
+        &mut self,
+        tenant_id: Uuid,
+        model_id: Uuid,
+        version: &VersionRef,
+    ) -> Result<i64> {
         match version {
             VersionRef::Latest => {
                 let latest = self.versions(tenant_id, model_id, None, 1).await?;
@@ -350,14 +369,20 @@ impl Conn {
     }
 
     /// Refuses a profile the version's stored config contradicts (a `KIND_GPU` model on `cpu`).
-    async fn check_profile_fits(&mut self, tenant_id: Uuid, model_id: Uuid, version: i64, profile: &str) -> Result<()> {
+    pub(super) async fn check_profile_fits(
+        &mut self,
+        tenant_id: Uuid,
+        model_id: Uuid,
+        version: i64,
+        profile: &str,
+    ) -> Result<()> {
         let row = self.version(tenant_id, model_id, version).await?;
         crate::model_config::check_profile_json(row.as_ref().and_then(|v| v.config.as_ref()).map(|c| &c.0), profile)
     }
 
     /// Refuses `delta` more replicas over the replica quota, and any growth (or, with
     /// `creating`, any new deployment) once the month's spend reached its quota.
-    async fn check_replica_quota(&mut self, tenant_id: Uuid, delta: i64, creating: bool) -> Result<()> {
+    pub(super) async fn check_replica_quota(&mut self, tenant_id: Uuid, delta: i64, creating: bool) -> Result<()> {
         if delta <= 0 && !creating {
             return Ok(());
         }
@@ -414,6 +439,9 @@ impl Registry {
             dynamic_batching: spec.dynamic_batching.map(Json),
             memory_bytes: spec.memory_bytes,
             spec_generation: 1,
+            canary_version: None,
+            canary_weight: 0,
+            canary_replicas: 0,
             created_by: actor.key_id,
             created_at: at,
             updated_at: at,
@@ -548,7 +576,7 @@ impl Registry {
     }
 }
 
-fn audit_event(
+pub(super) fn audit_event(
     tenant_id: Uuid,
     action: &'static str,
     name: &str,

@@ -13,6 +13,7 @@
 //! audit record commit together or not at all.
 
 mod audit;
+mod canary;
 mod deployments;
 mod idempotency;
 mod keys;
@@ -39,6 +40,9 @@ use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
 pub use audit::{Actor, AuditEventRow, AuditFilter, ChainBreak, ChainReport, ChainVerifier, NewAuditEvent};
+pub use canary::{
+    CanarySpec, DeploymentWeights, ServingReplica, SplitSpec, VersionShare, traffic_split, weights_in_effect,
+};
 pub use deployments::{DeploymentEventRow, DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef};
 pub use idempotency::{IdempotencyClaim, IdempotencyScope};
 pub use keys::{ApiKeyRow, NewApiKey};

@@ -351,7 +351,9 @@ impl Registry {
             .map(|a| a.alias)
             .collect();
         if let Some(d) = tx.deployment_of_model(tenant_id, model.id).await?
-            && (d.version == number || tx.version_has_replicas(tenant_id, d.id, number).await?)
+            && (d.version == number
+                || d.canary_version == Some(number)
+                || tx.version_has_replicas(tenant_id, d.id, number).await?)
         {
             let message = format!("version {number} is in use by deployment '{}'", d.name);
             return Err(Error::conflict("version_in_use", message));

@@ -221,15 +221,16 @@ impl Conn {
 
     /// A tenant's current usage.
     pub async fn quota_usage(&mut self, tenant_id: Uuid) -> Result<QuotaUsage> {
-        let (models, versions, storage_bytes, replicas) =
-            on_conn!(self, "quota.usage", |c| sqlx::query_as::<_, (i64, i64, i64, i64)>(
+        let (models, versions, storage_bytes, replicas) = on_conn!(self, "quota.usage", |c| {
+            sqlx::query_as::<_, (i64, i64, i64, i64)>(
                 "SELECT (SELECT COUNT(*) FROM models WHERE tenant_id = $1), \
              (SELECT COUNT(*) FROM model_versions WHERE tenant_id = $1), \
              (SELECT CAST(COALESCE(SUM(size_bytes), 0) AS BIGINT) FROM model_versions WHERE tenant_id = $1), \
-             (SELECT CAST(COALESCE(SUM(replicas), 0) AS BIGINT) FROM deployments WHERE tenant_id = $1)"
+             (SELECT CAST(COALESCE(SUM(replicas + canary_replicas), 0) AS BIGINT) FROM deployments WHERE tenant_id = $1)"
             )
             .bind(tenant_id)
-            .fetch_one(c))?;
+            .fetch_one(c)
+        })?;
         Ok(QuotaUsage { models, versions, storage_bytes, replicas })
     }
 

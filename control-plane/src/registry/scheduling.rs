@@ -10,7 +10,7 @@ use sqlx::types::Json;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::deployments::{DeploymentRow, ReplicaRow, select_replicas};
+use super::deployments::{DeploymentRow, ReplicaRow, select_deployments, select_replicas};
 use super::workers::WorkerRow;
 use super::{Conn, exec, now, on_conn};
 use crate::error::Result;
@@ -41,12 +41,9 @@ impl Conn {
     /// Reads everything a tick decides on.
     pub async fn scheduling_snapshot(&mut self) -> Result<Snapshot> {
         let workers = self.workers().await?;
-        let deployments = on_conn!(self, "scheduling.deployments", |c| sqlx::query_as::<_, DeploymentRow>(
-            "SELECT d.id, d.tenant_id, d.name, d.model_id, m.name AS model_name, d.version, d.alias, d.profile, \
-             d.replicas, d.instance_count, d.max_batch_size, d.dynamic_batching, d.memory_bytes, d.spec_generation, \
-             d.created_by, d.created_at, d.updated_at FROM deployments d JOIN models m ON m.id = d.model_id"
-        )
-        .fetch_all(c))?;
+        let deployments =
+            on_conn!(self, "scheduling.deployments", |c| sqlx::query_as::<_, DeploymentRow>(select_deployments!(""))
+                .fetch_all(c))?;
         let replicas =
             on_conn!(self, "scheduling.replicas", |c| sqlx::query_as::<_, ReplicaRow>(select_replicas!(""))
                 .fetch_all(c))?;
@@ -101,6 +98,16 @@ impl Conn {
             .bind(at)
             .execute(c))?;
         }
+        for deployment in &plan.clear_canary {
+            // Only a promotion that is still the one planned: a canary set since then stays.
+            exec!(self, "deployment.clear_canary", |c| sqlx::query(
+                "UPDATE deployments SET canary_version = NULL, canary_weight = 0, canary_replicas = 0, updated_at = $2 \
+                 WHERE id = $1 AND canary_version = version"
+            )
+            .bind(deployment)
+            .bind(at)
+            .execute(c))?;
+        }
         for r in &plan.inserts {
             let (worker, slice, state, reason) = match &r.placement {
                 Ok(p) => (Some(p.worker.clone()), Some(p.slice.clone()), "scheduled", None),
@@ -112,8 +119,8 @@ impl Conn {
             exec!(self, "replica.insert", |c| {
                 sqlx::query(
                 "INSERT INTO replicas (id, tenant_id, deployment_id, replica_index, version, spec_generation, profile, \
-                 memory_bytes, config, worker_id, slice_id, state, reason, serving, drain_until, created_at, updated_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULL, $15, $15)"
+                 memory_bytes, config, worker_id, slice_id, state, reason, serving, drain_until, canary, created_at, \
+                 updated_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, NULL, $15, $16, $16)"
             )
             .bind(r.id)
             .bind(r.tenant_id)
@@ -129,6 +136,7 @@ impl Conn {
             .bind(state)
             .bind(&reason)
             .bind(r.serving)
+            .bind(r.canary)
             .bind(at)
             .execute(c)
             })?;
@@ -264,6 +272,8 @@ fn deployment_info(d: DeploymentRow, alias_of: &HashMap<Uuid, i64>) -> Deploymen
         max_batch_size: d.max_batch_size,
         dynamic_batching: d.dynamic_batching.map(|j| j.0),
         memory_bytes: d.memory_bytes,
+        canary_version: d.canary_version,
+        canary_replicas: d.canary_replicas,
     }
 }
 
@@ -283,5 +293,6 @@ fn replica_info(r: ReplicaRow) -> ReplicaInfo {
         serving: r.serving,
         drain_until: r.drain_until,
         crash_moves: r.crash_moves,
+        canary: r.canary,
     }
 }

@@ -782,3 +782,119 @@ async fn the_retention_run_folds_only_minutes_past_the_retention() {
     })
     .await;
 }
+
+/// Reports every placed replica of `d` that is not ready yet as ready on its worker.
+async fn all_ready(r: &Registry, tenant_id: Uuid, d: Uuid) {
+    let replicas = r.conn().await.unwrap().replicas(tenant_id, d).await.unwrap();
+    for replica in replicas.iter().filter(|x| x.state == "scheduled" || x.state == "loading") {
+        let ready = ReportedState { replica_id: replica.id, state: "ready", reason: None };
+        let worker = replica.worker_id.as_deref().expect("placed");
+        r.report_states(worker, std::slice::from_ref(&ready)).await.unwrap();
+    }
+}
+
+async fn weights_of(r: &Registry, d: Uuid) -> Vec<(i64, u32)> {
+    let all = r.conn().await.unwrap().route_weights().await.unwrap();
+    all.into_iter().find(|w| w.deployment_id == d).map(|w| w.weights).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_canary_is_set_weighted_rolled_back_and_promoted_within_quota() {
+    on_both(|r| async move {
+        r.register_worker(&new_worker("w1")).await.unwrap();
+        let a = tenant(&r, "a", QuotaLimits { replicas: 3, ..QuotaLimits::default() }).await;
+        let b = tenant(&r, "b", QuotaLimits::default()).await;
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        for _ in 0..2 {
+            r.create_version(&actor(), &m, version(10)).await.unwrap();
+        }
+        let gpu = NewVersion {
+            config: Some(serde_json::json!({ "instance_group": [{ "kind": "KIND_GPU" }] })),
+            ..version(10)
+        };
+        r.create_version(&actor(), &m, gpu).await.unwrap();
+        let d = r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Pinned(1), 2)).await.unwrap();
+        tick(&r).await;
+        all_ready(&r, a, d.id).await;
+        tick(&r).await;
+        assert_eq!(weights_of(&r, d.id).await, [(1, 100)]);
+
+        // Refusals: other tenant, same version, missing version, GPU version on cpu, quota.
+        let canary = |v: i64, weight: i64, replicas: i64| CanarySpec { version: VersionRef::Pinned(v), weight, replicas };
+        assert!(matches!(r.set_canary(&actor(), b, "d", canary(2, 10, 1)).await, Err(Error::NotFound("deployment"))));
+        for (v, field) in [(1, "version"), (9, "version"), (3, "version")] {
+            match r.set_canary(&actor(), a, "d", canary(v, 10, 1)).await {
+                Err(Error::InvalidInput { field: Some(f), .. }) => assert_eq!(f, field),
+                other => panic!("version {v}: {other:?}"),
+            }
+        }
+        let alias = CanarySpec { version: VersionRef::Alias(name("nope")), weight: 10, replicas: 1 };
+        assert!(matches!(r.set_canary(&actor(), a, "d", alias).await, Err(Error::InvalidInput { field: Some(f), .. }) if f == "alias"));
+        let over = r.set_canary(&actor(), a, "d", canary(2, 10, 2)).await;
+        assert_eq!(over.unwrap_err().code(), "quota_exceeded.replicas");
+        assert_eq!(r.set_canary_weight(&actor(), a, "d", 20).await.unwrap_err().code(), "no_canary");
+        assert_eq!(r.promote_canary(&actor(), a, "d").await.unwrap_err().code(), "no_canary");
+
+        // Set: its replica loads, then serves, and only then takes its share.
+        let set = r.set_canary(&actor(), a, "d", canary(2, 10, 1)).await.unwrap();
+        assert_eq!((set.canary_version, set.canary_weight, set.canary_replicas), (Some(2), 10, 1));
+        assert_eq!(r.conn().await.unwrap().quota_usage(a).await.unwrap().replicas, 3);
+        tick(&r).await;
+        let replicas = r.conn().await.unwrap().replicas(a, d.id).await.unwrap();
+        let canaries: Vec<_> = replicas.iter().filter(|x| x.canary).collect();
+        assert_eq!(canaries.len(), 1);
+        assert_eq!((canaries[0].version, canaries[0].serving, canaries[0].worker_id.as_deref()), (2, false, Some("w1")));
+        assert_eq!(weights_of(&r, d.id).await, [(1, 100)], "no ready canary replica yet");
+        all_ready(&r, a, d.id).await;
+        tick(&r).await;
+        assert_eq!(weights_of(&r, d.id).await, [(1, 90), (2, 10)]);
+        r.set_canary_weight(&actor(), a, "d", 25).await.unwrap();
+        assert_eq!(weights_of(&r, d.id).await, [(1, 75), (2, 25)]);
+        assert_eq!(r.delete_version(&actor(), &m, 2).await.unwrap_err().code(), "version_in_use");
+
+        // Rolled back: all traffic to the stable version, the canary replica drains.
+        let back = r.rollback_canary(&actor(), a, "d").await.unwrap();
+        assert_eq!((back.canary_version, back.canary_weight, back.canary_replicas), (None, 0, 0));
+        assert_eq!(weights_of(&r, d.id).await, [(1, 100)]);
+        tick(&r).await;
+        let replicas = r.conn().await.unwrap().replicas(a, d.id).await.unwrap();
+        let states: Vec<(&str, bool)> = replicas.iter().filter(|x| x.canary).map(|x| (x.state.as_str(), x.serving)).collect();
+        assert_eq!(states, [("draining", false)]);
+        assert_eq!(r.rollback_canary(&actor(), a, "d").await.unwrap_err().code(), "no_canary");
+
+        // Promoted: the stable replicas roll out to version 2; the canary keeps its share until
+        // they serve it, then is cleared.
+        // (The rolled-back replica may still be draining: a new canary does not wait for it.)
+        r.set_canary(&actor(), a, "d", canary(2, 30, 1)).await.unwrap();
+        tick(&r).await;
+        all_ready(&r, a, d.id).await;
+        tick(&r).await;
+        let promoted = r.promote_canary(&actor(), a, "d").await.unwrap();
+        assert_eq!((promoted.version, promoted.alias.as_deref(), promoted.canary_version), (2, None, Some(2)));
+        assert_eq!(r.set_canary_weight(&actor(), a, "d", 5).await.unwrap_err().code(), "no_canary");
+        assert_eq!(weights_of(&r, d.id).await, [(1, 70), (2, 30)], "the split holds while the rollout loads");
+        tick(&r).await;
+        all_ready(&r, a, d.id).await;
+        tick(&r).await; // the stable replicas switch to version 2
+        assert_eq!(weights_of(&r, d.id).await, [(2, 100)]);
+        tick(&r).await; // the canary is cleared and drains
+        let done = r.conn().await.unwrap().deployment(a, "d").await.unwrap().unwrap();
+        assert_eq!((done.version, done.canary_version, done.canary_weight, done.canary_replicas), (2, None, 0, 0));
+        let replicas = r.conn().await.unwrap().replicas(a, d.id).await.unwrap();
+        assert!(replicas.iter().filter(|x| x.canary).all(|x| x.state == "draining" && !x.serving), "{replicas:?}");
+
+        let mut c = r.conn().await.unwrap();
+        let kinds: Vec<String> = c.deployment_events(a, d.id, 100).await.unwrap().into_iter().map(|e| e.kind).collect();
+        for kind in ["canary_set", "canary_weight", "canary_rolled_back", "canary_promoted", "canary_serving", "canary_cleared"] {
+            assert!(kinds.iter().any(|k| k == kind), "{kind} missing from {kinds:?}");
+        }
+        let audit = c.audit_events(a, &AuditFilter::default(), 100).await.unwrap();
+        let actions: Vec<&str> = audit.iter().map(|e| e.action.as_str()).collect();
+        for action in ["deployment.canary.set", "deployment.canary.weight", "deployment.canary.rollback", "deployment.canary.promote"] {
+            assert!(actions.contains(&action), "{action} missing from {actions:?}");
+        }
+        drop(c);
+        assert_eq!(r.verify_audit_chain(a).await.unwrap().first_break, None);
+    })
+    .await;
+}

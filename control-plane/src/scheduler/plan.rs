@@ -14,6 +14,12 @@
 //!   drain (`serving = false`) until `drain_until`, then they are removed.
 //! - Old replicas that never served (a rollout superseded by another) are removed at once.
 //! - A failed new replica stops the rollout: the old replicas keep serving.
+//!
+//! # Canary model
+//! A deployment with a canary also wants `canary_replicas` replicas of `(canary_version,
+//! spec_generation)`, marked `canary` and indexed `0..canary_replicas` on their own; the rollout
+//! above only ever looks at the other (stable) replicas. See [`canary`] for how they serve,
+//! drain and how a promotion ends.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
@@ -23,6 +29,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Placement, Placer, ReplicaRequest, SliceSpec, WorkerSpec};
+
+mod canary;
 
 /// Times one whole scheduler tick ([`plan`]: placement, rendered configs, events) that places
 /// `replicas` new replicas (deployments of 20, 100 tenants, 1 GiB each) on `workers` workers of
@@ -57,6 +65,8 @@ pub fn benchmark_tick(workers: usize, slices: usize, replicas: u32) -> (usize, s
                 max_batch_size: None,
                 dynamic_batching: None,
                 memory_bytes: Some(1 << 30),
+                canary_version: None,
+                canary_replicas: 0,
             })
             .collect(),
         ..Snapshot::default()
@@ -122,6 +132,10 @@ pub struct DeploymentInfo {
     pub dynamic_batching: Option<Value>,
     /// Memory per replica, if set.
     pub memory_bytes: Option<i64>,
+    /// The canary's version, if the deployment has a canary.
+    pub canary_version: Option<i64>,
+    /// Canary replicas wanted (0 without a canary).
+    pub canary_replicas: i64,
 }
 
 /// What the scheduler needs of a model version.
@@ -164,6 +178,8 @@ pub struct ReplicaInfo {
     pub serving: bool,
     /// End of its drain.
     pub drain_until: Option<OffsetDateTime>,
+    /// A canary replica (indexed and rolled apart from the stable ones).
+    pub canary: bool,
 }
 
 /// Everything one tick looks at.
@@ -219,6 +235,8 @@ pub struct NewReplica {
     pub placement: Result<Placement, String>,
     /// Serving from the start (no rollout in progress).
     pub serving: bool,
+    /// A canary replica.
+    pub canary: bool,
 }
 
 /// A change to an existing replica.
@@ -293,6 +311,9 @@ pub struct Plan {
     pub lost_workers: Vec<String>,
     /// Deployments whose target version moves (alias moved).
     pub retarget: Vec<(Uuid, i64)>,
+    /// Deployments whose promoted canary is done: the stable replicas run its version, so the
+    /// canary is cleared (its replicas drain in the same plan).
+    pub clear_canary: Vec<Uuid>,
     /// Replicas to create.
     pub inserts: Vec<NewReplica>,
     /// Changes to existing replicas.
@@ -306,6 +327,7 @@ impl Plan {
     pub fn is_empty(&self) -> bool {
         self.lost_workers.is_empty()
             && self.retarget.is_empty()
+            && self.clear_canary.is_empty()
             && self.inserts.is_empty()
             && self.changes.is_empty()
             && self.events.is_empty()
@@ -451,6 +473,8 @@ fn decide<'a>(
     }
     let key = (version, d.spec_generation);
     let wanted = d.replicas.max(0);
+    // The canary's replicas roll on their own (see [`canary`]); everything below is the stable ones'.
+    let (canaries, replicas): (Vec<&ReplicaInfo>, Vec<&ReplicaInfo>) = replicas.into_iter().partition(|r| r.canary);
     let Sorted { current, mut old_serving, mut draining } = sort_out(d, replicas, key, wanted, now, out);
     let rolling = !old_serving.is_empty();
     let mut created = Vec::new();
@@ -479,6 +503,7 @@ fn decide<'a>(
                 config: config.clone(),
                 placement: Err(String::new()),
                 serving: !rolling,
+                canary: false,
             });
             created.push((out.inserts.len() - 1, preferred));
         }
@@ -505,9 +530,17 @@ fn decide<'a>(
             out.changes.push(ReplicaChange::Serve { id: r.id });
         }
     }
+    let settled = !rolling
+        && created.is_empty()
+        && current.len() as i64 == wanted
+        && current.values().all(|r| r.state == "ready" && r.serving);
     let mut kept: Vec<&ReplicaInfo> = current.into_values().collect();
     kept.extend(old_serving);
     kept.extend(draining);
+    let track = canary::Track { target: version, stable_settled: settled, now };
+    let (canary_kept, canary_created) = canary::decide(d, canaries, track, snapshot, settings, new_id, out);
+    kept.extend(canary_kept);
+    created.extend(canary_created);
     Decision { deployment: d, kept, created }
 }
 
@@ -621,14 +654,11 @@ fn place_all(
             worker_id,
             message,
         };
+        let label = replica_label(r.canary, r.index);
         // Placed before, on a worker that is gone (or no longer has that slice).
         let lost_from = r.worker_id.clone();
         if let Some(w) = lost_from.as_ref().filter(|w| !live.contains(w.as_str())) {
-            out.events.push(event(
-                "worker_lost",
-                Some(w.clone()),
-                format!("worker {w} is gone; replica {} moves", r.index),
-            ));
+            out.events.push(event("worker_lost", Some(w.clone()), format!("worker {w} is gone; {label} moves")));
         }
         let sick = r.worker_id.as_deref().zip(r.slice_id.as_deref()).filter(|at| unhealthy.contains_key(at));
         if let Some((w, s)) = sick {
@@ -636,12 +666,12 @@ fn place_all(
             out.events.push(event(
                 "slice_unhealthy",
                 Some(w.to_string()),
-                format!("slice {s} on worker {w} is unhealthy ({why}); replica {} moves", r.index),
+                format!("slice {s} on worker {w} is unhealthy ({why}); {label} moves"),
             ));
         }
         match placer.place(&request(d, r.index, &r.profile, r.memory_bytes)) {
             Ok(p) => {
-                let message = format!("replica {} placed on worker {} slice {}", r.index, p.worker, p.slice);
+                let message = format!("{label} placed on worker {} slice {}", p.worker, p.slice);
                 let kind = if lost_from.is_some() { "rescheduled" } else { "placed" };
                 out.events.push(event(kind, Some(p.worker.clone()), message));
                 out.changes.push(ReplicaChange::Place { id: r.id, placement: p });
@@ -649,7 +679,7 @@ fn place_all(
             Err(e) => {
                 let reason = e.to_string();
                 if lost_from.is_some() || r.reason.as_deref() != Some(reason.as_str()) || r.state != "pending" {
-                    out.events.push(event("unplaceable", None, format!("replica {}: {reason}", r.index)));
+                    out.events.push(event("unplaceable", None, format!("{label}: {reason}")));
                     out.changes.push(ReplicaChange::Unplaced { id: r.id, reason });
                 }
             }
@@ -664,13 +694,14 @@ fn place_all(
             let new = &mut out.inserts[*i];
             let req = request(d, new.index, &new.profile, new.memory_bytes);
             let result = placer.place_preferring(&req, preferred.as_ref());
+            let label = replica_label(new.canary, new.index);
             let (kind, worker, message) = match &result {
                 Ok(p) => (
                     "placed",
                     Some(p.worker.clone()),
-                    format!("replica {} placed on worker {} slice {}", new.index, p.worker, p.slice),
+                    format!("{label} placed on worker {} slice {}", p.worker, p.slice),
                 ),
-                Err(e) => ("unplaceable", None, format!("replica {}: {e}", new.index)),
+                Err(e) => ("unplaceable", None, format!("{label}: {e}")),
             };
             new.placement = result.map_err(|e| e.to_string());
             let id = new.id;
@@ -684,6 +715,11 @@ fn place_all(
             });
         }
     }
+}
+
+/// How events name a replica: `replica 0`, or `canary replica 0` (the two tracks share indices).
+fn replica_label(canary: bool, index: i64) -> String {
+    if canary { format!("canary replica {index}") } else { format!("replica {index}") }
 }
 
 /// Whether a replica failed because the runner hosting it on its worker keeps dying.
@@ -757,15 +793,15 @@ mod tests {
 
     const GIB: u64 = 1 << 30;
 
-    fn now() -> OffsetDateTime {
+    pub(super) fn now() -> OffsetDateTime {
         OffsetDateTime::UNIX_EPOCH + Duration::from_secs(1_000)
     }
 
-    fn settings() -> Settings {
+    pub(super) fn settings() -> Settings {
         Settings { lost_after: Duration::from_secs(10), drain: Duration::from_secs(3), leader_since: None }
     }
 
-    fn ids() -> impl FnMut() -> Uuid {
+    pub(super) fn ids() -> impl FnMut() -> Uuid {
         let mut n = 0u128;
         move || {
             n += 1;
@@ -773,11 +809,11 @@ mod tests {
         }
     }
 
-    fn tenant(n: u128) -> Uuid {
+    pub(super) fn tenant(n: u128) -> Uuid {
         Uuid::from_u128(n)
     }
 
-    fn worker(id: &str, slices: usize, gib: u64) -> WorkerInfo {
+    pub(super) fn worker(id: &str, slices: usize, gib: u64) -> WorkerInfo {
         WorkerInfo {
             id: id.into(),
             state: "ready".into(),
@@ -789,7 +825,7 @@ mod tests {
         }
     }
 
-    fn deployment(n: u128, tenant_id: Uuid, replicas: i64, version: i64) -> DeploymentInfo {
+    pub(super) fn deployment(n: u128, tenant_id: Uuid, replicas: i64, version: i64) -> DeploymentInfo {
         DeploymentInfo {
             id: Uuid::from_u128(1_000 + n),
             tenant_id,
@@ -805,10 +841,12 @@ mod tests {
             max_batch_size: None,
             dynamic_batching: None,
             memory_bytes: Some(i64::try_from(GIB).unwrap()),
+            canary_version: None,
+            canary_replicas: 0,
         }
     }
 
-    fn replica(
+    pub(super) fn replica(
         d: &DeploymentInfo,
         n: u128,
         index: i64,
@@ -831,18 +869,23 @@ mod tests {
             crash_moves: 0,
             serving: true,
             drain_until: None,
+            canary: false,
         }
     }
 
-    fn snapshot(workers: Vec<WorkerInfo>, deployments: Vec<DeploymentInfo>, replicas: Vec<ReplicaInfo>) -> Snapshot {
+    pub(super) fn snapshot(
+        workers: Vec<WorkerInfo>,
+        deployments: Vec<DeploymentInfo>,
+        replicas: Vec<ReplicaInfo>,
+    ) -> Snapshot {
         Snapshot { workers, deployments, replicas, ..Snapshot::default() }
     }
 
-    fn run(s: &Snapshot) -> Plan {
+    pub(super) fn run(s: &Snapshot) -> Plan {
         plan(s, now(), &settings(), &mut ids())
     }
 
-    fn placed(p: &Plan) -> Vec<(String, String)> {
+    pub(super) fn placed(p: &Plan) -> Vec<(String, String)> {
         p.inserts.iter().map(|r| r.placement.clone().map(|p| (p.worker, p.slice)).unwrap_or_default()).collect()
     }
 
@@ -1082,6 +1125,7 @@ mod tests {
                     crash_moves: 0,
                     serving: false,
                     drain_until: None,
+                    canary: false,
                 }
             })
             .collect();

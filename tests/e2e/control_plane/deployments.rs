@@ -458,3 +458,137 @@ async fn a_gpu_replica_fails_naming_the_missing_cuda_provider() {
     shutdown.cancel();
     worker.await.expect("the worker task").expect("the worker stops cleanly");
 }
+
+/// (version, weight, ready replicas) of each entry of a deployment's `traffic`.
+fn traffic(d: &Value) -> Vec<(i64, i64, i64)> {
+    let entries = d["traffic"].as_array().cloned().unwrap_or_default();
+    entries
+        .iter()
+        .map(|t| {
+            let n = |k: &str| t[k].as_i64().unwrap_or(-1);
+            (n("version"), n("weight"), n("ready_replicas"))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_canary_gets_its_replicas_and_weight_then_promotion_rolls_out_and_rollback_drains() {
+    let args = args();
+    let app = TestApp::spawn_with(Opts { args: &args, ..Opts::default() }).await;
+    let acme = app.tenant("acme").await;
+    let other = app.tenant("umbrella").await;
+    app.create_model(&acme.deployer, "acme", "addsub").await.expect(201);
+    let model = tessera_data_plane::tools::onnx_builder::add_sub();
+    app.upload(&acme.deployer, "acme", "addsub", "", model.clone()).await.expect(201);
+    let body = json!({ "name": "addsub", "model": "addsub", "version": 1, "replicas": 2 });
+    app.post(&acme.deployer, "/v1/tenants/acme/deployments", &body).await.expect(201);
+    let path = "/v1/tenants/acme/deployments/addsub";
+    let mut w = FakeWorker::start(&app, "worker-1", 18300).await;
+    for a in w.assignments_until(|a| a.len() == 2).await {
+        w.report_ready(&a.replica_id);
+    }
+    let d = deployment_until(&app, &acme.viewer, path, |d| d["state"] == "ready").await;
+    assert_eq!(traffic(&d), [(1, 100, 2)]);
+    assert!(d["canary"].is_null());
+    app.upload(&acme.deployer, "acme", "addsub", "", model).await.expect(201);
+
+    // Refusals: roles, tenancy, the weight's range, the stable version, no canary yet.
+    let canary = format!("{path}/canary");
+    let set = json!({ "version": 2, "weight": 10 });
+    app.put(&acme.viewer, &canary, &set).await.expect(403);
+    app.put(&other.deployer, &canary, &set).await.expect(404);
+    let bad = app.put(&acme.deployer, &canary, &json!({ "version": 2, "weight": 100 })).await;
+    assert_eq!(bad.expect(422)["error"]["field"], "weight", "{:?}", bad.body);
+    let same = app.put(&acme.deployer, &canary, &json!({ "version": 1, "weight": 10 })).await;
+    assert_eq!(same.expect(422)["error"]["field"], "version");
+    let none = app.post(&acme.deployer, &format!("{canary}/promote"), &json!({})).await;
+    assert_eq!((none.status, none.code()), (409, "no_canary"));
+
+    // Set: its replica loads beside the stable ones and serves once ready.
+    let d = app.put(&acme.deployer, &canary, &set).await.expect(200).clone();
+    assert_eq!(d["canary"], json!({ "version": 2, "weight": 10, "replicas": 1 }));
+    assert_eq!(traffic(&d), [(1, 90, 2), (2, 10, 0)]);
+    let loading = w.assignments_until(|a| a.len() == 3).await;
+    assert_eq!(versions(&loading), [(1, true), (1, true), (2, false)]);
+    for a in loading.iter().filter(|a| a.version == 2) {
+        w.report_ready(&a.replica_id);
+    }
+    let serving = w.assignments_until(|a| a.iter().any(|x| x.version == 2 && x.serving)).await;
+    assert_eq!(versions(&serving), [(1, true), (1, true), (2, true)]);
+    // The canary leaves the deployment's state and serving version to the stable replicas.
+    let d =
+        deployment_until(&app, &acme.viewer, path, |d| traffic(d) == [(1, 90, 2), (2, 10, 1)] && d["state"] == "ready")
+            .await;
+    assert_eq!(d["serving_version"], 1);
+    let canary_replicas: Vec<&Value> =
+        d["replica_status"].as_array().expect("replicas").iter().filter(|r| r["canary"] == true).collect();
+    assert_eq!(canary_replicas.len(), 1);
+    let patched = app.raw(
+        app.client.patch(format!("{}{canary}", app.url)).bearer_auth(&acme.deployer).json(&json!({ "weight": 20 })),
+    );
+    assert_eq!(traffic(patched.await.expect(200)), [(1, 80, 2), (2, 20, 1)]);
+    // The CLI changes the weight and shows the split.
+    let out = cli(&app, &acme.deployer, &["deployments", "canary", "addsub", "--weight", "25"]).await;
+    assert!(out.contains("traffic: version 1 75% (2/2 ready), canary version 2 25% (1/1 ready)"), "{out}");
+    let out = cli(&app, &acme.viewer, &["deployments", "get", "addsub"]).await;
+    assert!(out.contains("canary version 2 25%") && out.contains("(canary)"), "{out}");
+
+    // Promote: the stable replicas roll out to version 2 while the canary keeps its share, then
+    // the canary's replica drains and the deployment ends on version 2.
+    let out = cli(&app, &acme.deployer, &["deployments", "promote", "addsub", "--json"]).await;
+    let promoted: Value = serde_json::from_str(&out).expect("the deployment as JSON");
+    assert_eq!((promoted["version"].as_i64(), promoted["canary"].is_null()), (Some(2), true));
+    assert_eq!(traffic(&promoted), [(1, 75, 2), (2, 25, 1)]);
+    let rolling = w.assignments_until(|a| a.len() == 5).await;
+    assert_eq!(versions(&rolling), [(1, true), (1, true), (2, false), (2, false), (2, true)]);
+    for a in rolling.iter().filter(|a| a.version == 2 && !a.serving) {
+        w.report_ready(&a.replica_id);
+    }
+    let done = w.assignments_until(|a| a.len() == 2).await;
+    assert_eq!(versions(&done), [(2, true), (2, true)]);
+    let d = deployment_until(&app, &acme.viewer, path, |d| d["state"] == "ready" && d["serving_version"] == 2).await;
+    assert_eq!(traffic(&d), [(2, 100, 2)]);
+    assert!(d["canary"].is_null());
+
+    // Roll back: a canary of version 1 serves, then goes; the stable version keeps everything.
+    app.put(&acme.deployer, &canary, &json!({ "version": 1, "weight": 50 })).await.expect(200);
+    let with_canary = w.assignments_until(|a| a.len() == 3).await;
+    for a in with_canary.iter().filter(|a| a.version == 1) {
+        w.report_ready(&a.replica_id);
+    }
+    w.assignments_until(|a| a.iter().any(|x| x.version == 1 && x.serving)).await;
+    let back = app.post_idempotent(&acme.deployer, &format!("{canary}/rollback"), &json!({}), "rb-1").await;
+    let back = back.expect(200).clone();
+    assert_eq!((back["canary"].is_null(), traffic(&back)), (true, vec![(2, 100, 2)]));
+    let drained = w.assignments_until(|a| a.len() == 2).await;
+    assert_eq!(versions(&drained), [(2, true), (2, true)]);
+    let replay = app.post_idempotent(&acme.deployer, &format!("{canary}/rollback"), &json!({}), "rb-1").await;
+    assert_eq!(replay.expect(200)["id"], back["id"], "an idempotent retry replays");
+    let again = app.post(&acme.deployer, &format!("{canary}/rollback"), &json!({})).await;
+    assert_eq!((again.status, again.code()), (409, "no_canary"));
+
+    let events = app.get(&acme.viewer, &format!("{path}/events")).await.expect(200).clone();
+    let kinds: Vec<&str> =
+        events["events"].as_array().expect("events").iter().filter_map(|e| e["kind"].as_str()).collect();
+    for kind in
+        ["canary_set", "canary_weight", "canary_serving", "canary_promoted", "canary_cleared", "canary_rolled_back"]
+    {
+        assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
+    }
+    w.beats.abort();
+}
+
+/// Runs the `tessera` CLI against the app as `key` in tenant acme; returns its standard output.
+async fn cli(app: &TestApp, key: &str, args: &[&str]) -> String {
+    let home = tempfile::tempdir().expect("a home for the CLI");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .args(["--url", &app.url, "--key", key, "--tenant", "acme"])
+        .env("HOME", home.path())
+        .output()
+        .await
+        .expect("run the CLI");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "tessera {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    stdout
+}

@@ -144,6 +144,30 @@ describe('console', () => {
     await screenshot(p, '07-metrics-charts');
   });
 
+  it('starts a canary on the deployment page, weights it and rolls it back', async () => {
+    const p = await page(dev.adminKey, 1280, 900, `/t/${dev.tenant}/deployments/${model}`);
+    const traffic = p.getByTestId('traffic');
+    await traffic.waitFor();
+    expect(await p.getByTestId('weight-1').textContent()).toBe('100%');
+    await p.getByLabel('Canary version').fill('2');
+    await p.getByLabel('Canary weight').fill('10');
+    await p.getByRole('button', { name: 'Start canary' }).click();
+    await p.getByRole('dialog').getByRole('button', { name: 'Start canary' }).click();
+    await expect.poll(() => p.getByTestId('weight-2').textContent(), { timeout: 10_000 }).toContain('10%');
+    // The canary's replica loads on the dev worker and serves: its row counts it ready.
+    await expect.poll(() => traffic.locator('tr[data-version="2"]').textContent(), { timeout: 120_000, interval: 1_000 }).toContain('1/1');
+    expect(await p.getByTestId('weight-1').textContent()).toBe('90%');
+    await p.getByLabel('Canary weight').fill('25');
+    await p.getByRole('button', { name: 'Set weight' }).click();
+    await expect.poll(() => p.getByTestId('weight-2').textContent()).toBe('25%');
+    expect(await p.getByTestId('weight-1').textContent()).toBe('75%');
+    await screenshot(p, '07b-canary');
+    await p.getByRole('button', { name: 'Roll back' }).click();
+    await p.getByRole('dialog').getByRole('button', { name: 'Roll back' }).click();
+    await expect.poll(() => p.getByTestId('weight-1').textContent()).toBe('100%');
+    expect(await p.getByTestId('weight-2').count()).toBe(0);
+  });
+
   it('shows the month’s invoice from metered usage and prices', async () => {
     const now = new Date();
     const monthStart = new Date(Date.UTC(now.getUTCFullYear(), now.getUTCMonth(), 1)).toISOString().replace('.000Z', 'Z');
