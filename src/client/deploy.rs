@@ -374,7 +374,7 @@ fn canary_path(tenant: &str, name: &str) -> String {
 /// Runs `tessera deployments canary`.
 async fn run_canary(args: &CanaryArgs) -> anyhow::Result<()> {
     let settings = args.connection.resolve()?;
-    let api = ApiClient::new(&settings.url, &settings.key);
+    let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
     let (method, body) = args.request()?;
     let path = canary_path(&settings.tenant, &args.name);
     let raw: Value =
@@ -385,7 +385,7 @@ async fn run_canary(args: &CanaryArgs) -> anyhow::Result<()> {
 /// Runs `tessera deployments promote|rollback`: `action` is the route's last segment.
 async fn run_canary_action(args: &CanaryActionArgs, action: &str) -> anyhow::Result<()> {
     let settings = args.connection.resolve()?;
-    let api = ApiClient::new(&settings.url, &settings.key);
+    let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
     let path = format!("{}/{action}", canary_path(&settings.tenant, &args.name));
     let raw: Value =
         api.post(&path, &json!({})).await.with_context(|| format!("{action} the canary of {}", args.name))?;

@@ -264,3 +264,37 @@ def test_a_rollout_through_the_gateway_fails_no_request(make_cluster):
     finally:
         load.finish()
     assert not load.failures, load.failures[:5]
+
+
+def test_a_90_10_canary_split_holds_within_5_percent_over_2000_requests(make_cluster):
+    cluster = make_cluster(2)
+    keys = cluster.create_tenant("acme")
+    admin = keys["tenant-admin"]
+    cluster.push_version("acme", admin, "marker", marker_model(1.0))
+    cluster.push_version("acme", admin, "marker", marker_model(2.0))
+    cluster.api("POST", "/v1/tenants/acme/deployments", admin,
+                {"name": "marker", "model": "marker", "version": 1, "replicas": 1}, expect=201)
+    cluster.wait_ready("acme", admin, "marker")
+    cluster.api("PUT", "/v1/tenants/acme/deployments/marker/canary", admin, {"version": 2, "weight": 10, "replicas": 1})
+
+    def canary_serving():
+        d = cluster.deployment("acme", admin, "marker")
+        return any(t["version"] == 2 and t["weight"] == 10 and t["ready_replicas"] >= 1 for t in d["traffic"])
+
+    wait_until(canary_serving, 60, "the canary serving with weight 10")
+    gw = cluster.start_gateway()
+    gateway_routes(gw, "acme", "marker", 2)
+    client = httpclient.InferenceServerClient(gw.addrs["http"])
+    inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+    inp.set_data_from_numpy(X, binary_data=True)
+    auth = {"Authorization": f"Bearer {keys['inference']}"}
+    markers = [float(client.infer("marker", [inp], headers=auth).as_numpy("OUTPUT0")[0][0]) for _ in range(2000)]
+    client.close()
+    canary = markers.count(2.0) / len(markers)
+    assert markers.count(1.0) + markers.count(2.0) == 2000
+    assert 0.05 <= canary <= 0.15, f"{canary:.1%} of 2000 requests reached the canary (weight 10%)"
+    # The gateway's metrics show each version beside the other.
+    m = f"http://{gw.addrs['metrics']}/metrics"
+    v1 = metric_sum(m, "tessera_gateway_requests_total", tenant="acme", model="marker", version="1", code="200")
+    v2 = metric_sum(m, "tessera_gateway_requests_total", tenant="acme", model="marker", version="2", code="200")
+    assert v1 + v2 >= 2000 and v2 > 0

@@ -106,8 +106,9 @@ async fn read_table(app: &App) -> crate::error::Result<RouteTable> {
     let tenants = conn.route_tenants().await?;
     let deployments = conn.route_deployments().await?;
     let replicas = conn.route_replicas().await?;
+    let weights = conn.route_weights().await?.into_iter().map(|w| (w.deployment_id, w.weights)).collect();
     let gateways = conn.live_gateways(now(), SEEN_WITHIN).await?;
-    Ok(build_table(tenants, deployments, replicas, gateways))
+    Ok(build_table(tenants, deployments, replicas, weights, gateways))
 }
 
 /// Groups the rows into the table gateways read.
@@ -115,6 +116,7 @@ fn build_table(
     tenants: Vec<RouteTenantRow>,
     deployments: Vec<RouteDeploymentRow>,
     replicas: Vec<RouteReplicaRow>,
+    mut weights: BTreeMap<Uuid, Vec<(i64, u32)>>,
     gateways: u32,
 ) -> RouteTable {
     let mut by_deployment: BTreeMap<Uuid, Vec<RouteReplica>> = BTreeMap::new();
@@ -133,7 +135,14 @@ fn build_table(
         by_tenant.entry(d.tenant_id).or_default().push(ModelRoute {
             model_name: d.model_name,
             deployment_id: d.deployment_id.to_string(),
-            weights: vec![VersionWeight { version: d.version, weight: 100 }],
+            // The split in effect (a canary's share once one of its replicas serves); the
+            // deployment's version alone when the registry has none for it.
+            weights: weights
+                .remove(&d.deployment_id)
+                .unwrap_or_else(|| vec![(d.version, 100)])
+                .into_iter()
+                .map(|(version, weight)| VersionWeight { version, weight })
+                .collect(),
             replicas: by_deployment.remove(&d.deployment_id).unwrap_or_default(),
         });
     }
@@ -183,7 +192,8 @@ mod tests {
             replica(d1, 1, false, "draining", "w2"),
             replica(d1, 2, true, "draining", "w3"),
         ];
-        let table = build_table(tenants, deployments, replicas, 3);
+        let weights = BTreeMap::from([(d2, vec![(1, 90), (3, 10)])]);
+        let table = build_table(tenants, deployments, replicas, weights, 3);
         assert_eq!(table.gateways, 3);
         let a = &table.tenants[0];
         assert_eq!((a.tenant_name.as_str(), a.requests_per_second), ("a", 50));
@@ -195,5 +205,7 @@ mod tests {
         let b = &table.tenants[1];
         assert_eq!((b.requests_per_second, b.concurrent_requests), (0, 4));
         assert!(b.models[0].replicas.is_empty(), "a deployment without loaded replicas is still listed");
+        let split: Vec<_> = b.models[0].weights.iter().map(|w| (w.version, w.weight)).collect();
+        assert_eq!(split, vec![(1, 90), (3, 10)], "the registry's split in effect");
     }
 }
