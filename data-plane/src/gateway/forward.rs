@@ -15,6 +15,7 @@ use http::Response;
 use http_body_util::Full;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -33,31 +34,37 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// A gRPC request body: buffered (unary calls) or streamed on (streams).
 pub type GrpcBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// A connector for `http://` and (workers serving TLS) `https://` upstreams.
+pub type Connector = HttpsConnector<HttpConnector>;
+
 /// The upstream clients.
 pub struct Clients {
     /// HTTP/1.1, pooled keep-alive connections.
-    pub http: Client<HttpConnector, Full<Bytes>>,
+    pub http: Client<Connector, Full<Bytes>>,
     /// HTTP/2 only (gRPC), one connection per worker.
-    pub grpc: Client<HttpConnector, GrpcBody>,
-}
-
-impl Default for Clients {
-    fn default() -> Self {
-        Self::new()
-    }
+    pub grpc: Client<Connector, GrpcBody>,
 }
 
 impl Clients {
-    /// Clients with Nagle off and a short connect timeout.
-    pub fn new() -> Self {
+    /// Clients with Nagle off and a short connect timeout; https trusts the system's roots and
+    /// `tls` (a client config from [`tessera_protocol::tls::client_config`]).
+    pub fn new(tls: rustls::ClientConfig) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        connector.enforce_http(false);
+        let http1 = HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector.clone());
+        let http2 =
+            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http2().wrap_connector(connector);
         let http = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(1024)
-            .build(connector.clone());
+            .build(http1);
         let grpc = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
@@ -65,7 +72,7 @@ impl Clients {
             .http2_keep_alive_interval(Duration::from_secs(10))
             .http2_keep_alive_timeout(Duration::from_secs(5))
             .http2_adaptive_window(true)
-            .build(connector);
+            .build(http2);
         Self { http, grpc }
     }
 }

@@ -120,7 +120,12 @@ pub struct Admission {
 }
 
 impl Gateway {
-    fn new(auth: Option<Arc<Authenticator>>, identity: IdentityKey, max_request_bytes: usize) -> Self {
+    fn new(
+        auth: Option<Arc<Authenticator>>,
+        identity: IdentityKey,
+        max_request_bytes: usize,
+        upstream: forward::Clients,
+    ) -> Self {
         Self {
             routes: RwLock::new(Arc::new(Routes::default())),
             updated: Mutex::new(None),
@@ -128,7 +133,7 @@ impl Gateway {
             identity,
             signed: Mutex::new(HashMap::new()),
             metrics: metrics::GatewayMetrics::default(),
-            upstream: forward::Clients::new(),
+            upstream,
             max_request_bytes,
             live: AtomicBool::new(true),
         }
@@ -137,7 +142,8 @@ impl Gateway {
     /// A gateway with no authentication source and an empty table, for unit tests.
     #[cfg(test)]
     pub fn for_tests() -> Self {
-        Self::new(None, IdentityKey::from_agent_token("test"), DEFAULT_MAX_REQUEST_BYTES)
+        let tls = tessera_protocol::tls::client_config(None).unwrap_or_else(|e| panic!("client TLS config: {e}"));
+        Self::new(None, IdentityKey::from_agent_token("test"), DEFAULT_MAX_REQUEST_BYTES, forward::Clients::new(tls))
     }
 
     /// The current route table.
@@ -258,7 +264,9 @@ pub async fn run(
     let credentials = Arc::new(crate::worker::credentials::ControlPlaneCredentials::new(client.clone()));
     let auth = Arc::new(Authenticator::new(credentials, Duration::from_secs(args.key_cache_secs)));
     let identity = IdentityKey::from_agent_token(args.worker_token.expose());
-    let gateway = Arc::new(Gateway::new(Some(auth), identity, args.max_request_bytes));
+    // Workers serving TLS are reached over https, trusting the same CA as the control plane.
+    let upstream = forward::Clients::new(tessera_protocol::tls::client_config(args.ca.ca_cert.as_deref())?);
+    let gateway = Arc::new(Gateway::new(Some(auth), identity, args.max_request_bytes, upstream));
 
     let [http_addr, grpc_addr, metrics_addr] = args.ports.on(args.address);
     let bind = async |addr: SocketAddr, what: &str| {

@@ -51,7 +51,10 @@ pub enum Outcome {
 
 impl Upstream {
     fn new(worker_id: &str, http: &str, grpc: &str) -> Self {
-        let grpc = if grpc.contains("://") { grpc.to_string() } else { format!("http://{grpc}") };
+        // A worker serving TLS registers an https HTTP endpoint; its gRPC address (no scheme)
+        // speaks TLS too.
+        let scheme = if http.starts_with("https://") { "https" } else { "http" };
+        let grpc = if grpc.contains("://") { grpc.to_string() } else { format!("{scheme}://{grpc}") };
         Self {
             worker_id: worker_id.to_string(),
             http: http.trim_end_matches('/').to_string(),

@@ -143,7 +143,7 @@ async fn quotas_are_enforced_and_reported() {
     let t = app.tenant("acme").await;
     let limits = json!({
         "models": 1, "versions": 2, "storage_bytes": 1500, "replicas": 2,
-        "requests_per_second": 10, "monthly_spend_cents": 500, "slices": { "cpu": 2, "mig-1g.10gb": 1 }
+        "requests_per_second": 10, "concurrent_requests": 3, "monthly_spend_cents": 500, "slices": { "cpu": 2, "mig-1g.10gb": 1 }
     });
     let set = app.put(&app.admin_key, "/v1/tenants/acme/quotas", &limits).await;
     assert_eq!(set.expect(200)["limits"], limits);

@@ -147,7 +147,7 @@ fn run_printed_curl(dev: &Dev) {
     let curl = dev.line_starting("curl ");
     // The examples call the gateway, the one endpoint applications use.
     let gateway = dev.field("gateway       KServe v2 HTTP").trim_end_matches(',').to_string();
-    assert!(curl.contains(&format!("http://{gateway}/v2/models/")), "{curl} does not call the gateway {gateway}");
+    assert!(curl.contains(&format!("://{gateway}/v2/models/")), "{curl} does not call the gateway {gateway}");
     let out = bash(&curl);
     assert!(out.status.success(), "curl failed: {}", String::from_utf8_lossy(&out.stderr));
     let answer: Value = serde_json::from_slice(&out.stdout).expect("a JSON answer");
