@@ -126,18 +126,25 @@ class Proc:
     """One tessera process in its own process group (a worker's runners included), its output in
     a log file that is scanned for the `listening` lines; stop() is idempotent."""
 
-    def __init__(self, name: str, cmd: List[str], log: Path):
+    def __init__(self, name: str, cmd: List[str], log: Path, secrets_: tuple = ()):
         self.name, self.cmd, self.log = name, cmd, log
+        self.secrets = secrets_  # left out of what is printed
         self.proc: Optional[subprocess.Popen] = None
         self.addrs: Dict[str, str] = {}
 
     def start(self) -> "Proc":
-        progress(f"starting {self.name}: {shlex.join(self.cmd)}")
+        progress(f"starting {self.name}: {self.shown()}")
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info"), "NO_COLOR": "1"}
         with open(self.log, "wb") as logf:
             self.proc = subprocess.Popen(self.cmd, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True)
         return self
+
+    def shown(self) -> str:
+        text = shlex.join(self.cmd)
+        for secret in self.secrets:
+            text = text.replace(secret, "<redacted>")
+        return text
 
     def text(self) -> str:
         try:
@@ -146,7 +153,7 @@ class Proc:
             return ""
 
     def fail(self, why: str) -> ServerStartError:
-        return ServerStartError(f"{self.name} did not start: {why}\n  command: {shlex.join(self.cmd)}\n"
+        return ServerStartError(f"{self.name} did not start: {why}\n  command: {self.shown()}\n"
                                 f"  last lines of {self.log}:\n{log_tail(self.log)}")
 
     def wait_log(self, pred, what: str, timeout_s: float = 60.0) -> None:
@@ -213,6 +220,7 @@ class Cluster:
         self.gateway: Optional[Proc] = None
 
     def _start(self, proc: Proc) -> Proc:
+        proc.secrets = (self.admin_key, self.worker_token)
         self.procs.append(proc)
         return proc.start()
 
