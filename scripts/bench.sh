@@ -5,6 +5,7 @@
 # stdout (aligned text, then the same as markdown); progress on stderr.
 #
 #   scripts/bench.sh [--suite quick|full] [--no-triton] [--no-build] [compare.py options]
+#   scripts/bench.sh --gateway [--no-build] [gateway.py options]
 #
 #   --suite quick   raw mlp batch 1; tessera only: mlp concurrency 1 and 4
 #                   over HTTP and gRPC (about 30 s after set-up and build)
@@ -17,11 +18,21 @@
 #   --threads N     intra-op threads for raw ORT and every model instance (1)
 #   --runner        also measure `tessera serve --runner` (models in a runner
 #                   process behind the socket a worker uses) beside in-process
-#   anything else goes to bench/compare.py (see `scripts/bench.sh --help`).
+#   --gateway       instead of the above, only what `tessera gateway` adds:
+#                   bench/gateway.py starts a control plane (SQLite), one
+#                   worker and one gateway, deploys add_sub and mlp, and runs
+#                   add_sub c1 and mlp c16 over HTTP and gRPC against the
+#                   worker directly and through the gateway, alternating, three
+#                   rounds (--rounds N); prints direct vs gateway infer/s and
+#                   p50, the p50 added, the throughput change and the goal
+#                   (<= 30 us added at p50, <= 15 % throughput lost at
+#                   concurrency 16) (about 3 minutes)
+#   anything else goes to bench/compare.py, or with --gateway to
+#   bench/gateway.py (see `scripts/bench.sh [--gateway] --help`).
 #
 # Set-up it runs (each idempotent, quiet when cached): setup-ort.sh,
 # setup-python.sh, setup-perf-analyzer.sh, setup-triton.sh (full suite with
-# Triton), then `cargo build --release --bin tessera`.
+# Triton, never with --gateway), then `cargo build --release --bin tessera`.
 # Exit status: 0 ok; 1 a set-up step, a response check or perf_analyzer
 # failed; 2 a server did not start (the table is printed without its rows).
 set -euo pipefail
@@ -35,6 +46,7 @@ say() {
 suite=full
 triton=1
 build=1
+gateway=0
 pass=()
 while (($#)); do
   case "$1" in
@@ -42,9 +54,13 @@ while (($#)); do
     --suite=*) suite="${1#--suite=}"; pass+=("$1") ;;
     --no-triton) triton=0; pass+=("$1") ;;
     --no-build) build=0 ;;
+    --gateway) gateway=1 ;;
     -h | --help)
       sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
-      exec "$TESSERA_ROOT/.venv/bin/python" "$TESSERA_ROOT/bench/compare.py" --help
+      script=compare.py
+      for a in "$@"; do [[ "$a" != --gateway ]] || gateway=1; done
+      if ((gateway)); then script=gateway.py; fi
+      exec "$TESSERA_ROOT/.venv/bin/python" "$TESSERA_ROOT/bench/$script" --help
       ;;
     *) pass+=("$1") ;;
   esac
@@ -52,6 +68,15 @@ while (($#)); do
 done
 [[ "$suite" == quick || "$suite" == full ]] || die "--suite must be quick or full, not '$suite'"
 [[ "$suite" == full ]] || triton=0
+if ((gateway)); then
+  # The suite and Triton flags belong to compare.py; gateway.py has neither.
+  for a in ${pass[@]+"${pass[@]}"}; do
+    case "$a" in
+      --suite | --suite=* | --no-triton | --runner) die "$a does not go with --gateway (see scripts/bench.sh --gateway --help)" ;;
+    esac
+  done
+  triton=0
+fi
 
 ort_lib="$("$TESSERA_ROOT/scripts/setup-ort.sh" | tail -n1)"
 venv="$("$TESSERA_ROOT/scripts/setup-python.sh" | tail -n1)"
@@ -73,7 +98,7 @@ fi
 
 export ORT_DYLIB_PATH="${ORT_DYLIB_PATH:-$ort_lib}"
 
-# compare.py stops the servers it started when it exits or gets SIGTERM; this
+# compare.py (gateway.py) stops the servers (processes) it started when it exits or gets SIGTERM; this
 # trap passes a signal sent to this script (Ctrl-C included) on to it as
 # SIGTERM (a background job of a script ignores SIGINT), waits for it, then
 # ends this script with the same signal.
@@ -92,8 +117,13 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT
 trap 'forward HUP' HUP
 
-"$venv/bin/python" "$TESSERA_ROOT/bench/compare.py" --tessera "$tessera" --perf-analyzer "$pa" \
-  ${triton_args[@]+"${triton_args[@]}"} ${pass[@]+"${pass[@]}"} &
+if ((gateway)); then
+  "$venv/bin/python" "$TESSERA_ROOT/bench/gateway.py" --tessera "$tessera" --perf-analyzer "$pa" \
+    ${pass[@]+"${pass[@]}"} &
+else
+  "$venv/bin/python" "$TESSERA_ROOT/bench/compare.py" --tessera "$tessera" --perf-analyzer "$pa" \
+    ${triton_args[@]+"${triton_args[@]}"} ${pass[@]+"${pass[@]}"} &
+fi
 child=$!
 rc=0
 wait "$child" || rc=$?
