@@ -138,7 +138,7 @@ describe('invoices and periods', () => {
 describe('quotas and audit', () => {
   it('pairs limits with use', () => {
     const rows = quotaRows({
-      limits: { models: 10, versions: 100, storage_bytes: 1000, replicas: 0, requests_per_second: 50, monthly_spend_cents: 0, slices: { gpu: 1, cpu: 8 } },
+      limits: { models: 10, versions: 100, storage_bytes: 1000, replicas: 0, requests_per_second: 50, concurrent_requests: 0, monthly_spend_cents: 0, slices: { gpu: 1, cpu: 8 } },
       usage: { models: 5, versions: 10, storage_bytes: 250, replicas: 2 },
     });
     expect(rows.find((r) => r.name === 'models')?.share).toBe(0.5);
@@ -148,7 +148,7 @@ describe('quotas and audit', () => {
     expect(rows.find((r) => r.name === 'monthly spend')?.used).toBeNull();
   });
   it('measures monthly spend against its limit when the invoice is known', () => {
-    const limits = { models: 1, versions: 1, storage_bytes: 1, replicas: 1, requests_per_second: 1, monthly_spend_cents: 1000, slices: {} };
+    const limits = { models: 1, versions: 1, storage_bytes: 1, replicas: 1, requests_per_second: 1, concurrent_requests: 0, monthly_spend_cents: 1000, slices: {} };
     const usage = { models: 0, versions: 0, storage_bytes: 0, replicas: 0 };
     expect(quotaRows({ limits, usage }, 250).find((r) => r.name === 'monthly spend')).toMatchObject({ used: 250, share: 0.25 });
   });
