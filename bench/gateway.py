@@ -248,6 +248,8 @@ class Cluster:
             bin_, "gateway", "--control-plane", self.url, f"--worker-token={self.worker_token}",
             "--gateway-id", "bench", "--address", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+            *([f"--threads={self.args.gateway_threads}"] if self.args.gateway_threads else []),
+            *self.args.gateway_arg,
         ], self.tmp / "gateway.log"))
         self.gateway.wait_listening(["http", "grpc", "metrics"])
 
@@ -530,6 +532,9 @@ def parse_args(argv=None):
     ap.add_argument("--protocols", default="http,grpc", help="comma-separated subset of http,grpc")
     ap.add_argument("--scenarios", help="comma-separated subset of 'add_sub c1,mlp c16' (default: both)")
     ap.add_argument("--cpu-slices", type=int, default=2, help="the worker's --cpu-slices (default 2: one per model)")
+    ap.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
+                    help="an extra flag for the gateway, e.g. --gateway-arg=--busy-poll-us=0 (repeatable)")
+    ap.add_argument("--gateway-threads", type=int, default=0, help="the gateway's --threads (default: its own default)")
     ap.add_argument("--isolation", choices=("runner", "in-process"), default="runner",
                     help="the worker's --isolation (default runner, the worker's own default)")
     ap.add_argument("--requests-per-second", type=int, default=1_000_000,

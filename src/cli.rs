@@ -76,6 +76,16 @@ pub enum Command {
 }
 
 impl Command {
+    /// The async threads the role asks for, when it says (`gateway --threads`).
+    pub fn threads(&self) -> Option<usize> {
+        match self {
+            Command::Gateway(args) => {
+                Some(args.threads.map_or_else(tessera_data_plane::gateway::default_threads, usize::from))
+            }
+            _ => None,
+        }
+    }
+
     /// Whether this is the internal runner role (a single-threaded runtime).
     pub fn is_runner(&self) -> bool {
         matches!(self, Command::Runner(_))

@@ -19,16 +19,17 @@ fn main() -> std::process::ExitCode {
     cli::init_logging(cli.log_format, if client { "warn" } else { "info,ort=warn" });
     // A runner reads its one socket and hands batches to instance threads: one async thread
     // is enough, and keeps each hand-off on the thread that read the request.
-    let built = if cli.command.is_runner() {
+    let built = if cli.command.is_runner() || cli.command.threads() == Some(1) {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .on_thread_park(tessera_data_plane::serve::net::busy_poll::before_park)
             .build()
     } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .on_thread_park(tessera_data_plane::serve::net::busy_poll::before_park)
-            .build()
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if let Some(n) = cli.command.threads() {
+            builder.worker_threads(n);
+        }
+        builder.enable_all().on_thread_park(tessera_data_plane::serve::net::busy_poll::before_park).build()
     };
     let runtime = match built {
         Ok(rt) => rt,

@@ -18,7 +18,8 @@ use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
 
 use super::Gateway;
 use super::routes::{InFlight, ModelRoutes, Outcome, Upstream, random};
@@ -35,7 +36,32 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type GrpcBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// A connector for `http://` and (workers serving TLS) `https://` upstreams.
-pub type Connector = HttpsConnector<HttpConnector>;
+pub type Connector = HttpsConnector<WatchedConnector>;
+
+/// TCP connections to workers, each also watched by the busy-poller: at low concurrency a
+/// worker's answer then finds a gateway thread awake instead of paying for a wake-up, as
+/// clients' requests do on the listeners.
+#[derive(Clone)]
+pub struct WatchedConnector(HttpConnector);
+
+impl tower::Service<http::Uri> for WatchedConnector {
+    type Response = TokioIo<TcpStream>;
+    type Error = <HttpConnector as tower::Service<http::Uri>>::Error;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let connecting = self.0.call(uri);
+        Box::pin(async move {
+            let io = connecting.await?;
+            crate::serve::net::busy_poll::watch(io.inner());
+            Ok(io)
+        })
+    }
+}
 
 /// The upstream clients.
 pub struct Clients {
@@ -48,11 +74,12 @@ pub struct Clients {
 impl Clients {
     /// Clients with Nagle off and a short connect timeout; https trusts the system's roots and
     /// `tls` (a client config from [`tessera_protocol::tls::client_config`]).
-    pub fn new(tls: rustls::ClientConfig) -> Self {
+    pub fn new(tls: rustls::ClientConfig, http_over_h2: bool) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.enforce_http(false);
+        let connector = WatchedConnector(connector);
         let http1 = HttpsConnectorBuilder::new()
             .with_tls_config(tls.clone())
             .https_or_http()
@@ -60,11 +87,21 @@ impl Clients {
             .wrap_connector(connector.clone());
         let http2 =
             HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http2().wrap_connector(connector);
-        let http = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .build(http1);
+        let http = if http_over_h2 {
+            // One multiplexed connection per worker: requests in flight together share writes.
+            Client::builder(TokioExecutor::new())
+                .http2_only(true)
+                .timer(TokioTimer::new())
+                .pool_timer(TokioTimer::new())
+                .http2_adaptive_window(true)
+                .build(http2.clone())
+        } else {
+            Client::builder(TokioExecutor::new())
+                .pool_timer(TokioTimer::new())
+                .pool_idle_timeout(Duration::from_secs(60))
+                .pool_max_idle_per_host(1024)
+                .build(http1)
+        };
         let grpc = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
