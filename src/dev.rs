@@ -174,6 +174,19 @@ fn control_plane_config(
         "--audit-signing-key-file".into(),
         audit_key,
     ];
+    // Deployments show the gateway as their endpoint (known here unless its ports are picked
+    // at random).
+    let gw = &args.gateway_ports;
+    if gw.gateway_http_port != 0 {
+        let host = reachable(SocketAddr::new(args.listen.ip(), gw.gateway_http_port));
+        flags.push(format!("--gateway-url={}://{host}", scheme(tls.is_some())));
+    }
+    if gw.gateway_grpc_port != 0 {
+        flags.push(format!(
+            "--gateway-grpc-address={}",
+            reachable(SocketAddr::new(args.listen.ip(), gw.gateway_grpc_port))
+        ));
+    }
     if let Some(tls) = tls {
         flags.extend(["--tls-cert".into(), path_text(&tls.pair.cert), "--tls-key".into(), path_text(&tls.pair.key)]);
     }

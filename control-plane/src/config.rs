@@ -133,6 +133,13 @@ pub struct ControlPlaneArgs {
     /// Address `/metrics` listens on, apart from the API; default: the API listener serves it.
     #[arg(long, env = "TESSERA_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Public base URL of the gateways' KServe v2 HTTP endpoint (e.g. `https://infer.example.com`):
+    /// each deployment shows `<url>/v2/models/<model>` as its endpoint.
+    #[arg(long, env = "TESSERA_GATEWAY_URL", value_parser = parse_gateway_url)]
+    pub gateway_url: Option<String>,
+    /// Public address of the gateways' KServe v2 gRPC endpoint (`host:port`), shown beside it.
+    #[arg(long, env = "TESSERA_GATEWAY_GRPC_ADDRESS")]
+    pub gateway_grpc_address: Option<String>,
     /// File holding the bearer token `/metrics` requires (Prometheus: `authorization: {
     /// credentials_file: FILE }`); without it or `--metrics-token`, `/metrics` is open.
     #[arg(long, env = "TESSERA_METRICS_TOKEN_FILE", conflicts_with = "metrics_token")]
@@ -202,6 +209,10 @@ pub struct Config {
     pub console_dir: Option<PathBuf>,
     /// Separate `/metrics` listen address; `None`: the API listener serves it.
     pub metrics_listen: Option<SocketAddr>,
+    /// Public base URL of the gateways' HTTP endpoint, without a trailing `/`.
+    pub gateway_url: Option<String>,
+    /// Public `host:port` of the gateways' gRPC endpoint.
+    pub gateway_grpc_address: Option<String>,
     /// Bearer token `/metrics` requires; `None`: open.
     pub metrics_token: Option<MetricsToken>,
     /// Key that signs audit checkpoints; `None`: no checkpoints.
@@ -210,6 +221,16 @@ pub struct Config {
     pub audit_checkpoint_interval: Duration,
     /// Certificate and key the listeners present; `None`: plain HTTP.
     pub tls: Option<CertFiles>,
+}
+
+/// An `http(s)://host[:port]` URL without a path, trailing `/` dropped.
+fn parse_gateway_url(url: &str) -> Result<String, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
+    let bare = uri.path_and_query().is_none_or(|p| p.as_str() == "/");
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(_)) if bare => Ok(url.trim_end_matches('/').to_string()),
+        _ => Err("expected http(s)://HOST[:PORT] without a path".into()),
+    }
 }
 
 impl ControlPlaneArgs {
@@ -255,6 +276,8 @@ impl ControlPlaneArgs {
             usage_minute_retention: Duration::from_secs(self.usage_minute_retention_days.max(1) * 86_400),
             console_dir: self.console_dir.filter(|d| !d.as_os_str().is_empty()).or_else(crate::console::default_dir),
             metrics_listen: self.metrics_listen,
+            gateway_url: self.gateway_url,
+            gateway_grpc_address: self.gateway_grpc_address.filter(|a| !a.is_empty()),
             metrics_token,
             audit_signing_key,
             audit_checkpoint_interval: Duration::from_secs(self.audit_checkpoint_secs.max(1)),

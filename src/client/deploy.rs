@@ -156,6 +156,19 @@ pub struct Deployment {
     /// How unversioned traffic splits between the stable version and the canary.
     #[serde(default)]
     pub traffic: Vec<TrafficShare>,
+    /// Where applications call the model through the gateways, when the control plane knows.
+    #[serde(default)]
+    pub endpoint: Option<Endpoint>,
+}
+
+/// A deployment's gateway endpoint.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Endpoint {
+    /// KServe v2 HTTP base of the model (`…/v2/models/<model>`).
+    pub http: String,
+    /// KServe v2 gRPC `host:port`.
+    #[serde(default)]
+    pub grpc: Option<String>,
 }
 
 /// One version's share of a deployment's unversioned traffic.
@@ -250,6 +263,23 @@ impl Deployment {
     }
 
     /// The HTTP endpoint of the first ready, serving replica, as a URL.
+    /// The line `deployments get` prints for the endpoint, when there is one.
+    pub fn endpoint_line(&self) -> Option<String> {
+        let e = self.endpoint.as_ref()?;
+        Some(match &e.grpc {
+            Some(grpc) => format!("endpoint: {} (gRPC {grpc}, model {})", e.http, self.model),
+            None => format!("endpoint: {}", e.http),
+        })
+    }
+
+    /// The gateway's base URL (what precedes `/v2/models/...`), when the deployment has an
+    /// endpoint.
+    pub fn gateway_url(&self) -> Option<String> {
+        let http = &self.endpoint.as_ref()?.http;
+        http.rfind("/v2/models/").map(|at| http[..at].to_string())
+    }
+
+    /// The HTTP endpoint of a ready, serving replica's worker (direct access).
     pub fn http_endpoint(&self) -> Option<String> {
         let r = self.replica_status.iter().find(|r| r.state == "ready" && r.serving && r.http_endpoint.is_some())?;
         r.http_endpoint.as_deref().map(endpoint_url)
@@ -509,6 +539,9 @@ pub async fn run_deployments(command: DeploymentsCommand) -> anyhow::Result<()> 
                 println!("{}", serde_json::to_string_pretty(&raw)?);
             } else {
                 println!("{}", d.summary());
+                if let Some(line) = d.endpoint_line() {
+                    println!("{line}");
+                }
                 println!("{}", d.traffic_line());
                 print!("{}", replica_table(&d));
             }

@@ -62,7 +62,8 @@ fn read_request(input: &str) -> anyhow::Result<Value> {
     Ok(value)
 }
 
-/// The worker to call: the flag, else the model's deployment's first ready replica.
+/// Where to send the request: the flag, else the model's deployment's gateway endpoint, else
+/// its first ready replica's worker.
 async fn worker_url(args: &InferArgs, key: &str, ca_cert: Option<PathBuf>) -> anyhow::Result<String> {
     if let Some(url) = &args.url {
         return Ok(deploy::endpoint_url(url));
@@ -80,6 +81,9 @@ async fn worker_url(args: &InferArgs, key: &str, ca_cert: Option<PathBuf>) -> an
     let Some(d) = deployments.iter().find(|d| d.model == args.model) else {
         bail!("model {} has no deployment in tenant {} (deploy it, or pass --url)", args.model, settings.tenant);
     };
+    if let Some(gateway) = d.gateway_url() {
+        return Ok(gateway);
+    }
     d.http_endpoint().with_context(|| format!("deployment {} has no ready replica yet: {}", d.name, d.summary()))
 }
 

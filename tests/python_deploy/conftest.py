@@ -186,6 +186,7 @@ class Cluster:
         self.cp: Optional[Proc] = None
         self.workers: List[Optional[Proc]] = []
         self.gateways: List[Proc] = []
+        self.cp_extra: List[str] = []
         self.start_control_plane()
         for _ in range(workers):
             self.start_worker()
@@ -206,6 +207,7 @@ class Cluster:
             "--bootstrap-admin-key", self.admin_key,
             f"--worker-token={self.worker_token}",
             *CONTROL_PLANE_TIMINGS,
+            *getattr(self, "cp_extra", []),
         ]
         self.cp = Proc("control-plane", cmd, self.workdir / "control-plane.log")
         self.cp.wait_for(lambda: "http" in self.cp.addrs, "control plane listening")

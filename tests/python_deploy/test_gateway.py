@@ -115,6 +115,15 @@ def test_gateway_serves_http_and_grpc_spreads_load_and_keeps_tenants_apart(make_
     code, body = status("/v2/models/marker/versions/x/infer", keys["inference"])
     assert code == 400 and "'x'" in body
 
+    # A control plane told where the gateways are shows each deployment's endpoint there.
+    cluster.stop_control_plane()
+    cluster.cp_extra = [f"--gateway-url=http://{gw.addrs['http']}", f"--gateway-grpc-address={grpc_ep}"]
+    cluster.start_control_plane()
+    endpoint = cluster.deployment("acme", keys["tenant-admin"], "marker")["endpoint"]
+    assert endpoint == {"http": f"http://{gw.addrs['http']}/v2/models/marker", "grpc": grpc_ep, "model": "marker"}
+    base = endpoint["http"].rsplit("/v2/models/", 1)[0]
+    assert infer_http(base, keys["inference"], "marker", X)[0][0] == 7.0
+
     # The gateway's metrics count requests per tenant, model and routed version.
     ok = metric_sum(f"http://{gw.addrs['metrics']}/metrics", "tessera_gateway_requests_total",
                     tenant="acme", model="marker", version="1", code="200")

@@ -210,6 +210,18 @@ pub struct CanaryStatus {
     pub replicas: i64,
 }
 
+/// Where applications call a deployed model: the gateways' address for it.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct InferenceEndpoint {
+    /// KServe v2 HTTP base of the model, e.g. `https://infer.example.com/v2/models/mlp`
+    /// (append `/infer`, `/ready`, `/versions/{v}/infer`, ...).
+    pub http: String,
+    /// KServe v2 gRPC address (`host:port`), when the control plane knows it.
+    pub grpc: Option<String>,
+    /// The model name requests use.
+    pub model: String,
+}
+
 /// A deployment and its replicas.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Deployment {
@@ -223,6 +235,9 @@ pub struct Deployment {
     pub version: i64,
     /// Alias followed, if any.
     pub alias: Option<String>,
+    /// Where applications call the model through the gateways (`null` when the control plane
+    /// was started without `--gateway-url`).
+    pub endpoint: Option<InferenceEndpoint>,
     /// Highest stable (not canary) version ready and serving, if any.
     pub serving_version: Option<i64>,
     /// How unversioned traffic splits between the stable version (the one serving now) and the
@@ -461,7 +476,13 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
         })
         .collect();
     let dynamic_batching = d.dynamic_batching.and_then(|j| serde_json::from_value(j.0).ok());
+    let endpoint = app.config.gateway_url.as_ref().map(|url| InferenceEndpoint {
+        http: format!("{url}/v2/models/{}", url_segment(&d.model_name)),
+        grpc: app.config.gateway_grpc_address.clone(),
+        model: d.model_name.clone(),
+    });
     Ok(Deployment {
+        endpoint,
         id: d.id,
         memory_bytes: replica_memory(d.memory_bytes, size),
         name: d.name,
@@ -481,6 +502,16 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
         created_at: d.created_at,
         updated_at: d.updated_at,
     })
+}
+
+/// A path segment with everything but unreserved characters percent-encoded.
+fn url_segment(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 async fn workers_by_id(app: &AppState) -> Result<HashMap<String, WorkerRow>> {

@@ -150,6 +150,7 @@ export function DeploymentPage(props: { session: Session; tenant: string; name: 
               <dt>Updated</dt>
               <dd title={formatTime(d.updated_at)}>{formatAgo(d.updated_at)}</dd>
             </dl>
+            <EndpointPanel deployment={d} />
             <TrafficPanel tenant={tenant} deployment={d} canChange={props.session.abilities.moveAliases} onChanged={reload} />
             <h2>Replicas by worker and slice</h2>
             {d.replica_status.length === 0 ? (
@@ -217,6 +218,44 @@ async function loadStats(tenant: string, model: string, versions: number[]): Pro
 
 /** The split between the stable version and the canary, each with its replicas and last hour's
  *  traffic side by side; deployers set the canary's weight, promote it, roll it back or start one. */
+/** Where applications call the model (the gateways), with snippets ready to paste. */
+function EndpointPanel(props: { deployment: Deployment }) {
+  const e = props.deployment.endpoint;
+  if (!e) {
+    return null;
+  }
+  const base = e.http.slice(0, e.http.lastIndexOf('/v2/models/'));
+  const host = base.replace(/^https?:\/\//, '');
+  const ssl = base.startsWith('https://') ? ', ssl=True' : '';
+  const curl = `curl -s -H "Authorization: Bearer $TESSERA_KEY" -H 'Content-Type: application/json' \\\n  -d '{"inputs": [...]}' ${e.http}/infer`;
+  const python = [
+    'import tritonclient.http as httpclient',
+    `client = httpclient.InferenceServerClient("${host}"${ssl})`,
+    `result = client.infer("${e.model}", inputs, headers={"Authorization": f"Bearer {key}"})`,
+  ].join('\n');
+  return (
+    <>
+      <h2>Endpoint</h2>
+      <dl class="facts">
+        <dt>HTTP</dt>
+        <dd>
+          <code>{e.http}</code>
+        </dd>
+        {e.grpc ? (
+          <>
+            <dt>gRPC</dt>
+            <dd>
+              <code>{e.grpc}</code> (model <code>{e.model}</code>)
+            </dd>
+          </>
+        ) : null}
+      </dl>
+      <pre class="snippet">{curl}</pre>
+      <pre class="snippet">{python}</pre>
+    </>
+  );
+}
+
 function TrafficPanel(props: { tenant: string; deployment: Deployment; canChange: boolean; onChanged: () => void }) {
   const { tenant, deployment: d } = props;
   const versions = d.traffic.map((t) => t.version);
