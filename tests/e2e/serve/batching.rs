@@ -355,8 +355,11 @@ async fn preserve_ordering_answers_in_batch_order_when_instances_finish_out_of_o
         async move {
             let t0 = Instant::now();
             let long = timed_request(s, model, 8, "long", t0);
+            // Late enough for the long run to be under way, early enough that the short one
+            // (an eighth of its work) ends first even on a fast machine: the long run takes
+            // about 60 ms here, the short one about 8 ms.
             let short = async {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
                 timed_request(s, model, 1, "short", t0).await
             };
             let (long, short) = tokio::join!(long, short);
