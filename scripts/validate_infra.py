@@ -438,13 +438,17 @@ def scrape_live(binary: str, work: Path, want: set[str]) -> dict[str, dict[str, 
     live = Live(binary, work)
     try:
         dev = live.start("dev", ["dev", "--data-dir", str(work / "dev"), "--listen", "127.0.0.1:0",
-                                 "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"])
+                                 "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+                                 "--gateway-http-port", "0", "--gateway-grpc-port", "0",
+                                 "--gateway-metrics-port", "0"])
         live.wait_log(dev, r"tessera dev is ready", 120)
         banner = dev.log_path.read_text()
         api = re.search(r"REST API\s+(http://[0-9.:]+)/v1", banner).group(1)
         # The worker's line, not the gateway's above it.
         whttp = re.search(r"worker\s+KServe v2 HTTP ([0-9.]+:\d+)", banner).group(1)
         wmetrics = re.search(r"worker\s+KServe v2 HTTP .*metrics (http://[0-9.:]+/metrics)", banner).group(1)
+        ghttp = re.search(r"gateway\s+KServe v2 HTTP ([0-9.]+:\d+)", banner).group(1)
+        gwmetrics = re.search(r"gateway\s+KServe v2 HTTP .*metrics (http://[0-9.:]+/metrics)", banner).group(1)
         creds = json.loads((work / "dev" / "dev-credentials.json").read_text())
         secrets = json.loads((work / "dev" / "secrets.json").read_text())
         key = next(v for k, v in creds.items() if "inference" in k and isinstance(v, str) and v.startswith("tsk_"))
@@ -457,6 +461,23 @@ def scrape_live(binary: str, work: Path, want: set[str]) -> dict[str, dict[str, 
             status, text = http("POST", f"http://{whttp}/v2/models/simple/infer", json.dumps(body).encode(), hdrs)
             if status != 200:
                 raise Failed(f"dev worker infer: HTTP {status} {text[:200]!r}")
+        # The same through the gateway, and one it refuses (an unknown model).
+        for _ in range(5):
+            status, text = http("POST", f"http://{ghttp}/v2/models/simple/infer", json.dumps(body).encode(), hdrs)
+            if status != 200:
+                raise Failed(f"dev gateway infer: HTTP {status} {text[:200]!r}")
+        http("POST", f"http://{ghttp}/v2/models/missing/infer", json.dumps(body).encode(), hdrs)
+        # A throttled request: the demo tenant down to 1 request per second, then a burst.
+        admin = {"Authorization": f"Bearer {secrets['platform_admin_key']}", "Content-Type": "application/json"}
+        status, text = http("GET", f"{api}/v1/tenants/demo/quotas", None, admin)
+        if status != 200:
+            raise Failed(f"demo quotas: HTTP {status} {text[:200]!r}")
+        limits = {**json.loads(text)["limits"], "requests_per_second": 1}
+        http("PUT", f"{api}/v1/tenants/demo/quotas", json.dumps(limits).encode(), admin)
+        deadline = time.monotonic() + 15
+        while http("POST", f"http://{ghttp}/v2/models/simple/infer", json.dumps(body).encode(), hdrs)[0] != 429:
+            if time.monotonic() > deadline:
+                raise Failed("the gateway never throttled the demo tenant at 1 request per second")
         big = {"inputs": [{**i, "shape": [64, 16], "data": list(range(16)) * 64} for i in body["inputs"]]}
         http("POST", f"http://{whttp}/v2/models/simple/infer", json.dumps(big).encode(), hdrs)
 
@@ -510,7 +531,7 @@ def scrape_live(binary: str, work: Path, want: set[str]) -> dict[str, dict[str, 
              {"Content-Type": "application/json"})
 
         endpoints = [("control plane", f"{api}/metrics"), ("worker", wmetrics), ("gpu worker", gmetrics),
-                     ("serve", smetrics)]
+                     ("serve", smetrics), ("gateway", gwmetrics)]
         scraped: dict[str, dict[str, set[str]]] = {role: {} for role, _ in endpoints}
         deadline = time.monotonic() + 20
         while True:

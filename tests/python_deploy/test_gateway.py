@@ -41,6 +41,11 @@ def metric_sum(url: str, family: str, **labels) -> float:
     return total
 
 
+def tenant_id(cluster, name: str) -> str:
+    """The tenant's id: the `tenant` label of worker and gateway metrics."""
+    return cluster.api("GET", f"/v1/tenants/{name}", cluster.admin_key)["id"]
+
+
 def gateway_routes(gateway, tenant: str, model: str, replicas: int):
     """Waits until the gateway's table holds `replicas` ready replicas (its table lags the API by up to ~1 s)."""
     def seen():
@@ -126,7 +131,7 @@ def test_gateway_serves_http_and_grpc_spreads_load_and_keeps_tenants_apart(make_
 
     # The gateway's metrics count requests per tenant, model and routed version.
     ok = metric_sum(f"http://{gw.addrs['metrics']}/metrics", "tessera_gateway_requests_total",
-                    tenant="acme", model="marker", version="1", code="200")
+                    tenant=tenant_id(cluster, "acme"), model="marker", version="1", code="200")
     assert ok >= 200
 
 
@@ -235,7 +240,7 @@ def test_rate_limit_answers_429_with_retry_after_at_the_configured_rate(make_clu
                 assert "requests-per-second" in e.read().decode()
     assert 429 in codes
     throttled = metric_sum(f"http://{gw.addrs['metrics']}/metrics", "tessera_gateway_throttled_total",
-                           tenant="acme", reason="rate")
+                           tenant=tenant_id(cluster, "acme"), reason="rate")
     assert throttled > 0
 
     # gRPC says RESOURCE_EXHAUSTED.
@@ -304,6 +309,7 @@ def test_a_90_10_canary_split_holds_within_5_percent_over_2000_requests(make_clu
     assert 0.05 <= canary <= 0.15, f"{canary:.1%} of 2000 requests reached the canary (weight 10%)"
     # The gateway's metrics show each version beside the other.
     m = f"http://{gw.addrs['metrics']}/metrics"
-    v1 = metric_sum(m, "tessera_gateway_requests_total", tenant="acme", model="marker", version="1", code="200")
-    v2 = metric_sum(m, "tessera_gateway_requests_total", tenant="acme", model="marker", version="2", code="200")
+    acme = tenant_id(cluster, "acme")
+    v1 = metric_sum(m, "tessera_gateway_requests_total", tenant=acme, model="marker", version="1", code="200")
+    v2 = metric_sum(m, "tessera_gateway_requests_total", tenant=acme, model="marker", version="2", code="200")
     assert v1 + v2 >= 2000 and v2 > 0

@@ -1,5 +1,5 @@
 //! The gateway's Prometheus metrics, kept with the `prometheus` crate: requests and latency per
-//! tenant, model, routed version and protocol (so a canary's error rate and latency show beside
+//! tenant (its id, as workers label theirs), model, routed version and protocol (so a canary's error rate and latency show beside
 //! the stable version's), throttled requests, retries, ejections and upstream health.
 
 use std::sync::Arc;
@@ -92,6 +92,10 @@ impl Default for GatewayMetrics {
             "Seconds since the last route table arrived (grows while the control plane is unreachable).",
         ));
         expect(registry.register(Box::new(route_age.clone())));
+        // Every reason shows from the start (at 0), so a rate over it is defined before the first.
+        for reason in ["unreachable", "stale_route"] {
+            retries.with_label_values(&[reason]);
+        }
         Self { registry, requests, duration, throttled, retries, ejections, upstreams, route_updates, route_age }
     }
 }

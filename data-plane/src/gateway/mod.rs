@@ -133,7 +133,7 @@ pub struct Admission {
     pub principal: Principal,
     /// The route table the request is served from.
     pub routes: Arc<Routes>,
-    /// The tenant's name (metrics).
+    /// The tenant's id (the `tenant` label of metrics, as on workers).
     pub tenant: String,
     /// Holds the tenant's concurrency slot until the response is done.
     pub slot: Admitted,
@@ -206,7 +206,7 @@ impl Gateway {
         let Some(tenant) = routes.tenants.get(&principal.tenant_id) else {
             // No deployment at all: nothing to limit, and every model is unknown.
             return Ok(Admission {
-                tenant: principal.tenant_name.clone(),
+                tenant: principal.tenant_id.clone(),
                 principal,
                 routes,
                 slot: limits::Admitted::none(),
@@ -214,9 +214,9 @@ impl Gateway {
         };
         let name = tenant.name.clone();
         match tenant.limiter.admit(Instant::now()) {
-            Ok(slot) => Ok(Admission { principal, routes, tenant: name, slot }),
+            Ok(slot) => Ok(Admission { tenant: principal.tenant_id.clone(), principal, routes, slot }),
             Err(throttled) => {
-                self.metrics.throttled(&name, throttled.reason());
+                self.metrics.throttled(&principal.tenant_id, throttled.reason());
                 let message = match throttled {
                     limits::Throttled::Rate(_) => format!("tenant '{name}' is over its requests-per-second limit"),
                     limits::Throttled::Concurrency => {
