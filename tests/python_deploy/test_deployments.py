@@ -222,7 +222,9 @@ def test_perf_analyzer_runs_against_a_deployment_with_an_inference_key(make_clus
             # gRPC metadata keys are lower case; HTTP takes either.
             "-H", f"authorization: Bearer {acme['inference']}",
             "--concurrency-range", "1:1", "--measurement-mode", "count_windows",
-            "--measurement-request-count", "100", "--stability-percentage", "100", "--max-trials", "4",
+            # What is checked is access, not a stable number: a loaded CI machine may swing
+            # more than 2x between windows, so any spread passes (as bench/compare.py retries).
+            "--measurement-request-count", "100", "--stability-percentage", "1000", "--max-trials", "4",
         ]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         out = p.stdout + p.stderr
