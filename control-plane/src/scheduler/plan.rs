@@ -373,6 +373,66 @@ pub fn render_config(d: &DeploymentInfo, stored: Option<&Value>) -> Value {
     config
 }
 
+/// What new replicas are: stable ones (serving at once unless a rollout waits for them) or a
+/// canary's (serving once ready).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Start {
+    /// Stable replicas.
+    Stable {
+        /// Whether unversioned requests reach them from the start.
+        serving: bool,
+    },
+    /// Canary replicas.
+    Canary,
+}
+
+/// Adds new replicas of `version` at `indices` to the plan, each preferring the place of the
+/// old serving replica with its index; returns their insert positions and preferences.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn start_replicas(
+    d: &DeploymentInfo,
+    version_info: Option<&VersionInfo>,
+    version: i64,
+    indices: Vec<i64>,
+    old_serving: &[&ReplicaInfo],
+    start: Start,
+    new_id: &mut dyn FnMut() -> Uuid,
+    out: &mut Plan,
+) -> Vec<(usize, Option<Placement>)> {
+    if indices.is_empty() {
+        return Vec::new();
+    }
+    let size = version_info.map_or(0, |v| v.size_bytes);
+    let config = render_config(d, version_info.and_then(|v| v.config.as_ref()));
+    let (serving, canary) = match start {
+        Start::Stable { serving } => (serving, false),
+        Start::Canary => (false, true),
+    };
+    let mut created = Vec::with_capacity(indices.len());
+    for index in indices {
+        let preferred = old_serving
+            .iter()
+            .find(|o| o.index == index)
+            .and_then(|o| Some(Placement { worker: o.worker_id.clone()?, slice: o.slice_id.clone()? }));
+        out.inserts.push(NewReplica {
+            id: new_id(),
+            tenant_id: d.tenant_id,
+            deployment_id: d.id,
+            index,
+            version,
+            spec_generation: d.spec_generation,
+            profile: d.profile.clone(),
+            memory_bytes: replica_memory(d.memory_bytes, size),
+            config: config.clone(),
+            placement: Err(String::new()),
+            serving,
+            canary,
+        });
+        created.push((out.inserts.len() - 1, preferred));
+    }
+    created
+}
+
 /// Decides one tick. `new_id` names created replicas (random in production, counted in tests).
 pub fn plan(snapshot: &Snapshot, now: OffsetDateTime, settings: &Settings, new_id: &mut dyn FnMut() -> Uuid) -> Plan {
     let mut out = Plan::default();
@@ -477,37 +537,13 @@ fn decide<'a>(
     let (canaries, replicas): (Vec<&ReplicaInfo>, Vec<&ReplicaInfo>) = replicas.into_iter().partition(|r| r.canary);
     let Sorted { current, mut old_serving, mut draining } = sort_out(d, replicas, key, wanted, now, out);
     let rolling = !old_serving.is_empty();
-    let mut created = Vec::new();
     let version_info = snapshot.versions.get(&(d.model_id, version));
     let missing: Vec<i64> = (0..wanted).filter(|i| !current.contains_key(i)).collect();
-    if !missing.is_empty() {
-        let size = version_info.map_or(0, |v| v.size_bytes);
-        let config = render_config(d, version_info.and_then(|v| v.config.as_ref()));
-        if rolling && current.is_empty() {
-            out.events.push(event("rollout_started", None, None, format!("rolling out version {version}")));
-        }
-        for index in missing {
-            let preferred = old_serving
-                .iter()
-                .find(|o| o.index == index)
-                .and_then(|o| Some(Placement { worker: o.worker_id.clone()?, slice: o.slice_id.clone()? }));
-            out.inserts.push(NewReplica {
-                id: new_id(),
-                tenant_id: d.tenant_id,
-                deployment_id: d.id,
-                index,
-                version,
-                spec_generation: d.spec_generation,
-                profile: d.profile.clone(),
-                memory_bytes: replica_memory(d.memory_bytes, size),
-                config: config.clone(),
-                placement: Err(String::new()),
-                serving: !rolling,
-                canary: false,
-            });
-            created.push((out.inserts.len() - 1, preferred));
-        }
+    if !missing.is_empty() && rolling && current.is_empty() {
+        out.events.push(event("rollout_started", None, None, format!("rolling out version {version}")));
     }
+    let start = Start::Stable { serving: !rolling };
+    let mut created = start_replicas(d, version_info, version, missing, &old_serving, start, new_id, out);
     let all_ready =
         created.is_empty() && current.len() as i64 == wanted && current.values().all(|r| r.state == "ready");
     if rolling && all_ready {

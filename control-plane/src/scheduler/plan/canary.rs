@@ -19,8 +19,8 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{
-    DeploymentInfo, NewReplica, Placement, Plan, PlannedEvent, ReplicaChange, ReplicaInfo, Settings, Snapshot, Sorted,
-    render_config, replica_memory, sort_out,
+    DeploymentInfo, Placement, Plan, PlannedEvent, ReplicaChange, ReplicaInfo, Settings, Snapshot, Sorted, Start,
+    sort_out, start_replicas,
 };
 
 /// What the canary track needs to know of the stable one.
@@ -112,31 +112,7 @@ fn create_missing(
         });
     }
     let version_info = snapshot.versions.get(&(d.model_id, version));
-    let size = version_info.map_or(0, |v| v.size_bytes);
-    let config = render_config(d, version_info.and_then(|v| v.config.as_ref()));
-    let mut created = Vec::new();
-    for index in missing {
-        let preferred = old_serving
-            .iter()
-            .find(|o| o.index == index)
-            .and_then(|o| Some(Placement { worker: o.worker_id.clone()?, slice: o.slice_id.clone()? }));
-        out.inserts.push(NewReplica {
-            id: new_id(),
-            tenant_id: d.tenant_id,
-            deployment_id: d.id,
-            index,
-            version,
-            spec_generation: d.spec_generation,
-            profile: d.profile.clone(),
-            memory_bytes: replica_memory(d.memory_bytes, size),
-            config: config.clone(),
-            placement: Err(String::new()),
-            serving: false,
-            canary: true,
-        });
-        created.push((out.inserts.len() - 1, preferred));
-    }
-    created
+    start_replicas(d, version_info, version, missing, old_serving, Start::Canary, new_id, out)
 }
 
 /// Current canary replicas serve once ready, each on its own.
