@@ -252,7 +252,8 @@ impl Authenticator {
     }
 }
 
-fn system_unix_now() -> i64 {
+/// Unix seconds now.
+pub(crate) fn system_unix_now() -> i64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
     i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
 }

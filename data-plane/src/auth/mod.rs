@@ -109,6 +109,7 @@ mod authenticator;
 pub mod forwarded;
 
 pub use authenticator::Authenticator;
+pub(crate) use authenticator::system_unix_now;
 pub use forwarded::IdentityKey;
 
 #[cfg(test)]

@@ -129,7 +129,7 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
         );
         (e, None)
     })?;
-    let target = target_of(&body, &parts.headers).map_err(|e| (e, None))?;
+    let target = target_of(&body, &parts.headers, g.max_request_bytes).map_err(|e| (e, None))?;
     let tenant = admission.tenant.clone();
     let failed = |e: Error| (e, Some((tenant.clone(), target.name.clone())));
     let model = admission.model(&target.name).map_err(failed)?;
@@ -181,7 +181,7 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
         }
     };
     let prefix = prefix.freeze();
-    let target = target_of(&prefix[..first_len], &parts.headers)?;
+    let target = target_of(&prefix[..first_len], &parts.headers, g.max_request_bytes)?;
     let model = admission.model(&target.name)?;
     let replica = model
         .pick(target.version, &[], Instant::now(), super::routes::random())
@@ -224,7 +224,7 @@ struct Target {
 
 /// Reads the model name and version from a call's first message (decompressed as the
 /// `grpc-encoding` header says when its frame is flagged compressed).
-fn target_of(framed: &[u8], headers: &HeaderMap) -> Result<Target, Error> {
+fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Result<Target, Error> {
     let Some(message) = first_message(framed) else {
         return Err(Error::invalid("the request holds no complete gRPC message"));
     };
@@ -233,13 +233,17 @@ fn target_of(framed: &[u8], headers: &HeaderMap) -> Result<Target, Error> {
         let mut out = Vec::new();
         let encoding = headers.get("grpc-encoding").and_then(|v| v.to_str().ok()).unwrap_or("identity");
         let read = match encoding {
-            "gzip" => flate2::read::GzDecoder::new(message).read_to_end(&mut out),
-            "deflate" => flate2::read::ZlibDecoder::new(message).read_to_end(&mut out),
+            // Read at most one byte past the limit: a small bomb must not expand in memory.
+            "gzip" => flate2::read::GzDecoder::new(message).take(limit as u64 + 1).read_to_end(&mut out),
+            "deflate" => flate2::read::ZlibDecoder::new(message).take(limit as u64 + 1).read_to_end(&mut out),
             other => {
                 return Err(Error::new(ErrorKind::Unsupported, format!("grpc-encoding '{other}' is not supported")));
             }
         };
         read.map_err(|e| Error::invalid(format!("the compressed message could not be read: {e}")))?;
+        if out.len() > limit {
+            return Err(Error::new(ErrorKind::TooLarge, format!("the decompressed message is over {limit} bytes")));
+        }
         decompressed = out;
         &decompressed[..]
     } else {
@@ -312,15 +316,12 @@ fn upstream_uri(base: &str, path: &str) -> Result<Uri, Error> {
     format!("{base}{path}").parse().map_err(|e| Error::internal(format!("bad upstream address {base}: {e}")))
 }
 
-/// The client's headers minus the connection's own and the credential, plus the identity.
+/// The client's headers minus the connection's own and the credential (the HTTP front end's
+/// rule, keeping `te: trailers`, which gRPC requires), plus the identity.
 fn upstream_headers(client: &HeaderMap, identity: HeaderValue) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(client.len() + 1);
     for (name, value) in client {
-        if !matches!(
-            name.as_str(),
-            "authorization" | "connection" | "host" | "content-length" | "transfer-encoding" | "keep-alive" | "upgrade"
-        ) && name.as_str() != forwarded::HEADER
-        {
+        if name == header::TE || super::http::forwardable(name) {
             headers.append(name.clone(), value.clone());
         }
     }
@@ -391,6 +392,8 @@ mod tests {
 
     use super::*;
 
+    const LIMIT: usize = 1 << 20;
+
     fn framed(m: &impl Message) -> Vec<u8> {
         let body = m.encode_to_vec();
         let mut out = vec![0u8];
@@ -408,10 +411,10 @@ mod tests {
             raw_input_contents: vec![vec![7u8; 4096].into()],
             ..Default::default()
         };
-        let t = target_of(&framed(&request), &HeaderMap::new()).expect("read");
+        let t = target_of(&framed(&request), &HeaderMap::new(), LIMIT).expect("read");
         assert_eq!((t.name.as_str(), t.version), ("mlp", Some(3)));
         let unversioned = ModelInferRequest { model_name: "mlp".into(), ..Default::default() };
-        assert_eq!(target_of(&framed(&unversioned), &HeaderMap::new()).expect("read").version, None);
+        assert_eq!(target_of(&framed(&unversioned), &HeaderMap::new(), LIMIT).expect("read").version, None);
     }
 
     #[test]
@@ -426,19 +429,28 @@ mod tests {
         out.extend_from_slice(&body);
         let mut headers = HeaderMap::new();
         headers.insert("grpc-encoding", HeaderValue::from_static("gzip"));
-        assert_eq!(target_of(&out, &headers).expect("read").name, "zipped");
+        assert_eq!(target_of(&out, &headers, LIMIT).expect("read").name, "zipped");
+        // A bomb: a small frame that expands past the limit is refused, not read into memory.
+        let mut bomb = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        bomb.write_all(&vec![0u8; 4 * LIMIT]).expect("compress");
+        let bomb = bomb.finish().expect("compress");
+        let mut framed_bomb = vec![1u8];
+        framed_bomb.extend_from_slice(&(bomb.len() as u32).to_be_bytes());
+        framed_bomb.extend_from_slice(&bomb);
+        let e = target_of(&framed_bomb, &headers, LIMIT).expect_err("refused");
+        assert_eq!(e.kind, ErrorKind::TooLarge);
         headers.insert("grpc-encoding", HeaderValue::from_static("snappy"));
-        assert_eq!(target_of(&out, &headers).err().map(|e| e.kind), Some(ErrorKind::Unsupported));
+        assert_eq!(target_of(&out, &headers, LIMIT).err().map(|e| e.kind), Some(ErrorKind::Unsupported));
     }
 
     #[test]
     fn malformed_requests_are_refused_clearly() {
         let no_name = ModelInferRequest::default();
-        assert!(target_of(&framed(&no_name), &HeaderMap::new()).is_err());
+        assert!(target_of(&framed(&no_name), &HeaderMap::new(), LIMIT).is_err());
         let bad_version = ModelInferRequest { model_name: "m".into(), model_version: "x".into(), ..Default::default() };
-        let e = target_of(&framed(&bad_version), &HeaderMap::new()).expect_err("refused");
+        let e = target_of(&framed(&bad_version), &HeaderMap::new(), LIMIT).expect_err("refused");
         assert!(e.message.contains("'x'"), "{}", e.message);
-        assert!(target_of(&[0, 0, 0, 0, 9, 1], &HeaderMap::new()).is_err(), "truncated");
-        assert!(target_of(&[0, 0, 0, 0, 2, 0x0a, 0x05], &HeaderMap::new()).is_err(), "field runs past the end");
+        assert!(target_of(&[0, 0, 0, 0, 9, 1], &HeaderMap::new(), LIMIT).is_err(), "truncated");
+        assert!(target_of(&[0, 0, 0, 0, 2, 0x0a, 0x05], &HeaderMap::new(), LIMIT).is_err(), "field runs past the end");
     }
 }

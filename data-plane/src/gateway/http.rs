@@ -84,7 +84,10 @@ pub fn model_path(path: &str) -> Result<Option<ModelPath>, Error> {
     let Some(rest) = path.strip_prefix("/v2/models/") else { return Ok(None) };
     let mut parts = rest.split('/');
     let Some(raw) = parts.next().filter(|n| !n.is_empty()) else { return Ok(None) };
-    let name = percent_decode(raw).ok_or_else(|| Error::invalid("the model name in the path is not valid UTF-8"))?;
+    let name = percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map_err(|_| Error::invalid("the model name in the path is not valid UTF-8"))?
+        .into_owned();
     let version = match (parts.next(), parts.next()) {
         (Some("versions"), Some(v)) => Some(v.parse::<i64>().ok().filter(|v| *v > 0).ok_or_else(|| {
             Error::invalid(format!("version '{}' in the path is not a positive integer", v.escape_default()))
@@ -94,28 +97,9 @@ pub fn model_path(path: &str) -> Result<Option<ModelPath>, Error> {
     Ok(Some(ModelPath { name, version }))
 }
 
-fn percent_decode(s: &str) -> Option<String> {
-    if !s.contains('%') {
-        return Some(s.to_string());
-    }
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-/// Headers that belong to one connection (RFC 9110, 7.6.1) or that the gateway replaces.
-fn forwardable(name: &HeaderName) -> bool {
+/// Headers that belong to one connection (RFC 9110, 7.6.1) or that the gateway replaces; gRPC
+/// keeps `te` (see [`super::grpc`]).
+pub(super) fn forwardable(name: &HeaderName) -> bool {
     !matches!(
         name.as_str(),
         "connection"

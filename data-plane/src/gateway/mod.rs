@@ -231,7 +231,7 @@ impl Gateway {
 
     /// The signed identity header for `who`.
     pub fn identity_header(&self, who: &Principal) -> Result<HeaderValue, Error> {
-        let now = unix_now();
+        let now = crate::auth::system_unix_now();
         let key = (who.tenant_id.clone(), who.role);
         if let Some((value, expires)) = self.signed.lock().get(&key)
             && *expires - now > forwarded::LIFETIME_SECS / 2
@@ -272,10 +272,6 @@ impl Admission {
         names.sort_by_key(|(n, _)| *n);
         names
     }
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
 /// Runs a gateway until `shutdown`; `on_bound` hears the bound addresses.

@@ -205,11 +205,11 @@ impl Routes {
 
     /// Every distinct upstream (for metrics).
     pub fn upstreams(&self) -> Vec<Arc<Upstream>> {
-        let mut seen: HashMap<*const Upstream, Arc<Upstream>> = HashMap::new();
+        let mut seen: HashMap<usize, Arc<Upstream>> = HashMap::new();
         for t in self.tenants.values() {
             for m in t.models.values() {
                 for r in &m.replicas {
-                    seen.entry(Arc::as_ptr(&r.upstream)).or_insert_with(|| r.upstream.clone());
+                    seen.entry(r.upstream.key()).or_insert_with(|| r.upstream.clone());
                 }
             }
         }
