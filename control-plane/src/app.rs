@@ -14,6 +14,7 @@ use crate::auth::{Authenticator, Principal};
 use crate::config::Config;
 use crate::error::{Error, QuotaName, Result};
 use crate::registry::{Actor, ModelRow, NewApiKey, NewVersion, QuotaLimits, Registry, UploadRow, VersionRow, now};
+use crate::signature::Signature;
 use crate::store::ArtifactStore;
 use crate::types::{ArtifactFormat, Name, Role};
 
@@ -166,6 +167,20 @@ impl App {
         self.registry.conn().await?.model(tenant.id, model).await?.ok_or(Error::NotFound("model"))
     }
 
+    /// Where an upload goes: an existing model of a tenant the caller may upload to, or, when
+    /// `create` is set and the model does not exist yet, a model created with the version.
+    pub async fn upload_target(&self, p: &Principal, tenant: &str, model: &str, create: bool) -> Result<UploadTarget> {
+        match self.model_for(p, tenant, model, Role::Deployer, "upload versions").await {
+            Ok(m) => Ok(UploadTarget::Existing(m)),
+            Err(Error::NotFound("model")) if create => {
+                let t = self.tenant_for(p, tenant, Role::Deployer, "register models").await?;
+                let name = Name::from_path("model", model)?;
+                Ok(UploadTarget::New { tenant_id: t.id, id: Uuid::now_v7(), name })
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// First start: creates the platform tenant and makes sure a platform-admin key exists,
     /// installing `--bootstrap-admin-key` or generating one. Returns a generated key (to be
     /// shown once), if one was generated.
@@ -267,6 +282,46 @@ impl UploadRequest {
     }
 }
 
+/// The model an upload adds a version to.
+#[derive(Debug, Clone)]
+pub enum UploadTarget {
+    /// A model that exists.
+    Existing(ModelRow),
+    /// A model created together with the version (only if the version is).
+    New {
+        /// Tenant.
+        tenant_id: Uuid,
+        /// The model's id, chosen now: the artifact's key names it.
+        id: Uuid,
+        /// The model's name.
+        name: Name,
+    },
+}
+
+impl UploadTarget {
+    fn tenant_id(&self) -> Uuid {
+        match self {
+            UploadTarget::Existing(m) => m.tenant_id,
+            UploadTarget::New { tenant_id, .. } => *tenant_id,
+        }
+    }
+
+    fn model_id(&self) -> Uuid {
+        match self {
+            UploadTarget::Existing(m) => m.id,
+            UploadTarget::New { id, .. } => *id,
+        }
+    }
+
+    /// The model's name.
+    pub fn name(&self) -> &str {
+        match self {
+            UploadTarget::Existing(m) => &m.name,
+            UploadTarget::New { name, .. } => name.as_str(),
+        }
+    }
+}
+
 /// A hex sha256, lower-cased; anything else is invalid input blamed on `field`.
 pub fn parse_sha256(field: &str, s: &str) -> Result<String> {
     if s.len() == 64 && s.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -293,12 +348,13 @@ impl App {
         Ok(UploadSlot { uploads: self.uploads.clone(), tenant })
     }
 
-    /// Streams an artifact into the store and registers it as the model's next version. A
-    /// failure at any step leaves no object behind.
+    /// Streams an artifact into the store and registers it as the model's next version (with
+    /// the model, for a [`UploadTarget::New`]). A failure at any step leaves no object behind,
+    /// and no model.
     pub async fn upload_version<S, E>(
         &self,
         actor: &Actor,
-        model: &ModelRow,
+        target: &UploadTarget,
         request: UploadRequest,
         body: S,
     ) -> Result<VersionRow>
@@ -306,7 +362,8 @@ impl App {
         S: Stream<Item = std::result::Result<Bytes, E>> + Unpin,
         E: std::fmt::Display,
     {
-        let _slot = self.upload_slot(model.tenant_id)?;
+        let tenant_id = target.tenant_id();
+        let _slot = self.upload_slot(tenant_id)?;
         let max = self.config.max_upload_bytes;
         if let Some(len) = request.declared_len {
             if len > max {
@@ -314,21 +371,32 @@ impl App {
             }
             // Fail before receiving gigabytes that cannot be kept (checked again on commit).
             let mut conn = self.registry.conn().await?;
-            let (limits, usage) = (conn.quota(model.tenant_id).await?, conn.quota_usage(model.tenant_id).await?);
+            let (limits, usage) = (conn.quota(tenant_id).await?, conn.quota_usage(tenant_id).await?);
             limits.check(QuotaName::StorageBytes, usage.storage_bytes.saturating_add_unsigned(len))?;
+            if matches!(target, UploadTarget::New { .. }) {
+                limits.check(QuotaName::Models, usage.models.saturating_add(1))?;
+            }
         }
-        let key = ArtifactStore::new_key(model.tenant_id, model.id, request.format);
+        let key = ArtifactStore::new_key(tenant_id, target.model_id(), request.format);
         let stored = self.store.put_stream(&key, body, max, request.format, request.sha256.as_deref()).await?;
         let created = async {
-            let config = self.artifact_config(&key, request.format, request.config).await?;
+            let (config, signature) =
+                self.artifact_config(&key, request.format, request.config, "X-Model-Config").await?;
             let new = NewVersion {
                 artifact_key: key.to_string(),
                 sha256: stored.sha256,
                 size_bytes: i64::try_from(stored.size).unwrap_or(i64::MAX),
                 format: request.format,
                 config,
+                signature,
             };
-            self.registry.create_version(actor, model, new).await
+            match target {
+                UploadTarget::Existing(model) => self.registry.create_version(actor, model, new).await,
+                UploadTarget::New { tenant_id, id, name } => {
+                    let created = self.registry.create_model_with_version(actor, *tenant_id, name, *id, new).await;
+                    created.map(|(_, version)| version)
+                }
+            }
         }
         .await;
         if created.is_err() {
@@ -337,29 +405,46 @@ impl App {
         created
     }
 
-    /// Checks a stored artifact's contents and finds its model config: a plain model must be
-    /// a well-formed ONNX file ([`ArtifactStore::check_onnx`]) and keeps what the client gave;
-    /// an archive is read through ([`ArtifactStore::inspect_archive`]) and its `config.pbtxt`
-    /// is the config. Both a `config.pbtxt` and a client config is refused: one of them would
-    /// be silently ignored.
+    /// Checks a stored artifact's contents and finds its model config and signature: a plain
+    /// model must be a well-formed ONNX file ([`ArtifactStore::check_onnx`]) and keeps what the
+    /// client gave (in `given_field`); an archive is read through
+    /// ([`ArtifactStore::inspect_archive`]) and its `config.pbtxt` is the config. Both a
+    /// `config.pbtxt` and a client config is refused: one of them would be silently ignored.
+    /// The signature comes from the graph a worker will load and the config
+    /// ([`crate::signature`]), which refuses what no worker could serve.
     async fn artifact_config(
         &self,
         key: &object_store::path::Path,
         format: ArtifactFormat,
         given: Option<serde_json::Value>,
-    ) -> Result<Option<serde_json::Value>> {
+        given_field: &str,
+    ) -> Result<(Option<serde_json::Value>, Option<Signature>)> {
+        let parse = |c: &serde_json::Value| tessera_protocol::model_config::from_json(&c.to_string()).ok();
         if format == ArtifactFormat::Onnx {
-            self.store.check_onnx(key).await?;
-            return Ok(given);
+            let io = self.store.check_onnx(key).await?;
+            let parsed = given.as_ref().and_then(parse);
+            let signature = crate::signature::signature("model.onnx", &io, parsed.as_ref(), given_field)?;
+            return Ok((given, Some(signature)));
         }
         let manifest = self.store.inspect_archive(key, format, self.config.archive_limits).await?;
-        match (manifest.config, given) {
-            (Some(_), Some(_)) => Err(Error::invalid(
-                "config",
-                "the archive has a config.pbtxt; do not also send a config (X-Model-Config or `config`)",
-            )),
-            (from_archive, given) => Ok(from_archive.or(given)),
-        }
+        let (config, field) = match (manifest.config, given) {
+            (Some(_), Some(_)) => {
+                return Err(Error::invalid(
+                    "config",
+                    "the archive has a config.pbtxt; do not also send a config (X-Model-Config or `config`)",
+                ));
+            }
+            (Some(from_archive), None) => (Some(from_archive), "config.pbtxt"),
+            (None, given) => (given, given_field),
+        };
+        let signature = match &manifest.model {
+            Some((file, io)) => {
+                let parsed = config.as_ref().and_then(parse);
+                Some(crate::signature::signature(file, io, parsed.as_ref(), field)?)
+            }
+            None => None,
+        };
+        Ok((config, signature))
     }
 
     /// Opens a presigned upload for a model.
@@ -408,14 +493,15 @@ impl App {
         let format = ArtifactFormat::parse(&upload.format).ok_or_else(|| Error::Internal("stored format".into()))?;
         let key = object_store::path::Path::from(upload.artifact_key.as_str());
         let outcome = match self.store.digest(&key, self.config.max_upload_bytes, format, &sha256).await {
-            Ok(stored) => match self.artifact_config(&key, format, config).await {
-                Ok(config) => {
+            Ok(stored) => match self.artifact_config(&key, format, config, "config").await {
+                Ok((config, signature)) => {
                     let new = NewVersion {
                         artifact_key: upload.artifact_key.clone(),
                         sha256: stored.sha256,
                         size_bytes: i64::try_from(stored.size).unwrap_or(i64::MAX),
                         format,
                         config,
+                        signature,
                     };
                     self.registry.complete_upload(actor, model, upload_id, new).await
                 }

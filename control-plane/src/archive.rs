@@ -22,7 +22,7 @@ use std::io::{self, BufRead, BufReader, Read, Seek};
 use std::rc::Rc;
 
 use crate::error::{Error, Result};
-use crate::onnx::{OnnxError, Streamed, check_model};
+use crate::onnx::{GraphIo, OnnxError, Streamed, check_model};
 use crate::types::ArtifactFormat;
 
 /// Largest `config.pbtxt` read.
@@ -84,6 +84,11 @@ pub struct ArchiveManifest {
     pub config: Option<serde_json::Value>,
     /// The `.onnx` files, relative to the model directory.
     pub onnx_files: Vec<String>,
+    /// The `.onnx` file a worker loads (relative to the model directory) and its graph's
+    /// interface: the highest `<n>/<filename>`, else `<filename>`, else the only `.onnx` file
+    /// (`filename` is the config's `default_model_filename`, `model.onnx` by default). `None`
+    /// when that leaves several candidates (a worker picks by the version number).
+    pub model: Option<(String, GraphIo)>,
 }
 
 /// What kind of entry an archive holds at a path.
@@ -101,7 +106,7 @@ enum Contents {
     /// A `config.pbtxt` where a model directory's could be: read it.
     Config(Vec<String>),
     /// A `.onnx` file: check it is a model.
-    Model,
+    Model(Vec<String>),
     /// Anything else: read it through, to know it is all there.
     Other,
 }
@@ -185,6 +190,8 @@ struct Walk {
     /// one's path.
     dirs: BTreeSet<Vec<String>>,
     configs: BTreeMap<Vec<String>, String>,
+    /// Each `.onnx` file's graph interface, by path.
+    graphs: BTreeMap<Vec<String>, GraphIo>,
     entries: usize,
     /// Bytes the entries so far declared.
     declared: u64,
@@ -198,6 +205,7 @@ impl Walk {
             files: Vec::new(),
             dirs: BTreeSet::new(),
             configs: BTreeMap::new(),
+            graphs: BTreeMap::new(),
             entries: 0,
             declared: 0,
         }
@@ -238,7 +246,7 @@ impl Walk {
         let contents = if path.len() <= 2 && name == "config.pbtxt" {
             Contents::Config(path.clone())
         } else if name.ends_with(".onnx") {
-            Contents::Model
+            Contents::Model(path.clone())
         } else {
             Contents::Other
         };
@@ -250,10 +258,14 @@ impl Walk {
     fn contents(&mut self, raw: &str, contents: Contents, size: u64, mut reader: impl Read) -> Result<()> {
         match contents {
             Contents::Config(path) => self.config_text(path, size, reader),
-            Contents::Model => check_model(&mut Streamed::new(reader), size).map_err(|e| match e {
-                OnnxError::Invalid(m) => refuse(format!("archive entry '{raw}' is not a valid ONNX model: {m}")),
-                OnnxError::Io(e) => self.read_error(e),
-            }),
+            Contents::Model(path) => {
+                let io = check_model(&mut Streamed::new(reader), size).map_err(|e| match e {
+                    OnnxError::Invalid(m) => refuse(format!("archive entry '{raw}' is not a valid ONNX model: {m}")),
+                    OnnxError::Io(e) => self.read_error(e),
+                })?;
+                self.graphs.insert(path, io);
+                Ok(())
+            }
             Contents::Other => {
                 let read = io::copy(&mut reader, &mut io::sink()).map_err(|e| self.read_error(e))?;
                 if read != size {
@@ -311,19 +323,53 @@ impl Walk {
                     .into(),
             ));
         }
-        let mut config_path = root;
+        let mut config_path = root.clone();
         config_path.push("config.pbtxt".into());
-        let config = match self.configs.remove(&config_path) {
+        let parsed = match self.configs.remove(&config_path) {
             None => None,
             Some(text) => {
                 let parsed = tessera_protocol::model_config::from_pbtxt(&text).map_err(|e| {
                     Error::invalid("config.pbtxt", format!("config.pbtxt is not a valid model config: {e}"))
                 })?;
                 crate::model_config::check("config.pbtxt", &parsed)?;
-                Some(tessera_protocol::model_config::to_json_value(&parsed))
+                Some(parsed)
             }
         };
-        Ok(ArchiveManifest { config, onnx_files })
+        let filename = match &parsed {
+            // Checked above: a plain file name.
+            Some(c) => tessera_protocol::model_config::model_filename(c, "model.onnx").unwrap_or("model.onnx"),
+            None => "model.onnx",
+        };
+        let file = loaded_file(&onnx_files, filename);
+        let model = file.and_then(|f| {
+            let mut path = root.clone();
+            path.extend(f.split('/').map(str::to_string));
+            self.graphs.remove(&path).map(|io| (f, io))
+        });
+        let config = parsed.as_ref().map(tessera_protocol::model_config::to_json_value);
+        Ok(ArchiveManifest { config, onnx_files, model })
+    }
+}
+
+/// The file a worker loads among `onnx_files` (relative paths) whatever the version number:
+/// the highest `<n>/<filename>`, else `<filename>`, else the only one.
+fn loaded_file(onnx_files: &[String], filename: &str) -> Option<String> {
+    let versioned = onnx_files
+        .iter()
+        .filter_map(|f| {
+            let (dir, name) = f.split_once('/')?;
+            (name == filename).then(|| dir.parse::<u64>().ok().map(|n| (n, f)))?
+        })
+        .max();
+    if let Some((_, f)) = versioned {
+        return Some(f.clone());
+    }
+    if onnx_files.iter().any(|f| f == filename) {
+        return Some(filename.to_string());
+    }
+    match onnx_files {
+        [only] => Some(only.clone()),
+        _ => None,
     }
 }
 
@@ -663,6 +709,25 @@ pub(crate) mod tests {
         assert_eq!(ArchiveLimits::for_upload_cap(16 << 30).max_expanded_bytes, 32 << 30);
         assert_eq!(l.budget(1 << 20), 64 << 20);
         assert_eq!(l.budget(1 << 30), 8 << 30);
+    }
+
+    #[test]
+    fn the_loaded_file_is_the_one_a_worker_picks() {
+        let files = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            loaded_file(&files(&["1/model.onnx", "2/model.onnx"]), "model.onnx").as_deref(),
+            Some("2/model.onnx")
+        );
+        assert_eq!(
+            loaded_file(&files(&["10/model.onnx", "9/model.onnx"]), "model.onnx").as_deref(),
+            Some("10/model.onnx")
+        );
+        assert_eq!(loaded_file(&files(&["model.onnx", "x.onnx"]), "model.onnx").as_deref(), Some("model.onnx"));
+        assert_eq!(loaded_file(&files(&["1/net.onnx"]), "model.onnx").as_deref(), Some("1/net.onnx"));
+        assert_eq!(loaded_file(&files(&["a.onnx", "b.onnx"]), "model.onnx"), None);
+        let m = tar(&[("m/config.pbtxt", CONFIG.as_bytes()), ("m/1/model.onnx", &model(0))]).unwrap();
+        let (file, io) = m.model.expect("the model is known");
+        assert_eq!((file.as_str(), io.inputs[0].name.as_str()), ("1/model.onnx", "x"));
     }
 
     #[test]

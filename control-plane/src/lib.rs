@@ -24,6 +24,8 @@ pub mod onnx;
 pub mod registry;
 pub mod scheduler;
 pub mod serve;
+pub mod signature;
+pub mod states;
 pub mod store;
 pub mod types;
 pub mod usage;

@@ -125,7 +125,8 @@ static AUDIT_CHECKPOINTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     c
 });
 
-/// Replica and worker states the gauges always show (so a state that empties reads 0).
+/// Replica and worker states the gauges always show (so a state that empties reads 0); the
+/// replica states are [`crate::states::ReplicaState`]'s wire names (a test checks).
 const REPLICA_STATES: &[&str] = &["pending", "scheduled", "loading", "ready", "failed", "draining"];
 const WORKER_STATES: &[&str] = &["ready", "lost"];
 
@@ -214,6 +215,8 @@ mod tests {
 
     #[test]
     fn state_gauges_count_every_known_state_and_lump_the_rest() {
+        let names: Vec<&str> = crate::states::ReplicaState::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, REPLICA_STATES, "every replica state has its gauge");
         let gauge = IntGaugeVec::new(Opts::new("t_states", "test"), &["state"]).unwrap();
         set_counts(&gauge, REPLICA_STATES, ["ready", "ready", "pending", "weird"]);
         let read = |s: &str| gauge.with_label_values(&[s]).get();

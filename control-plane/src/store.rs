@@ -21,7 +21,7 @@ use uuid::Uuid;
 
 use crate::archive::{ArchiveLimits, ArchiveManifest};
 use crate::error::{Error, Result};
-use crate::onnx::{OnnxError, Seeking, check_model};
+use crate::onnx::{GraphIo, OnnxError, Seeking, check_model};
 use crate::types::ArtifactFormat;
 
 /// Multipart part size (S3's minimum is 5 MiB).
@@ -160,10 +160,10 @@ impl ArtifactStore {
             .map_err(|e| Error::Internal(format!("archive inspection task: {e}")))?
     }
 
-    /// Checks that a stored plain ONNX artifact is a well-formed model ([`crate::onnx`]).
-    /// Walks the object in ranges on a blocking thread, seeking over tensors, so a model of
-    /// any size costs little more than its structure.
-    pub async fn check_onnx(&self, key: &Path) -> Result<()> {
+    /// Checks that a stored plain ONNX artifact is a well-formed model ([`crate::onnx`]) and
+    /// returns its graph's interface. Walks the object in ranges on a blocking thread, seeking
+    /// over tensors, so a model of any size costs little more than its structure.
+    pub async fn check_onnx(&self, key: &Path) -> Result<GraphIo> {
         let size = self.store.head(key).await?.size;
         let reader = RangeReader::new(self.store.clone(), key.clone(), size, tokio::runtime::Handle::current());
         let checked = tokio::task::spawn_blocking(move || check_model(&mut Seeking::new(reader, size), size))
@@ -499,7 +499,7 @@ mod tests {
             let key = ArtifactStore::new_key(Uuid::nil(), Uuid::nil(), ArtifactFormat::Onnx);
             store.put_stream(&key, chunks(bytes, 65536), u64::MAX, ArtifactFormat::Onnx, None).await.unwrap();
             match store.check_onnx(&key).await {
-                Ok(()) => assert!(ok, "a {}-byte prefix was accepted", bytes.len()),
+                Ok(_) => assert!(ok, "a {}-byte prefix was accepted", bytes.len()),
                 Err(Error::InvalidInput { message, .. }) => {
                     assert!(!ok, "{message}");
                     assert!(

@@ -124,7 +124,7 @@ fn build_table(
         by_deployment.entry(r.deployment_id).or_default().push(RouteReplica {
             replica_id: r.replica_id.to_string(),
             version: r.version,
-            serving: r.serving && r.state == "ready",
+            serving: r.state.serves(r.serving),
             worker_id: r.worker_id,
             http_endpoint: r.http_endpoint,
             grpc_endpoint: r.grpc_endpoint,
@@ -169,7 +169,7 @@ mod tests {
             deployment_id: deployment,
             version,
             serving,
-            state: state.into(),
+            state: state.parse().expect("a replica state"),
             worker_id: worker.into(),
             http_endpoint: format!("http://{worker}:8000"),
             grpc_endpoint: format!("{worker}:8001"),

@@ -21,6 +21,7 @@ use uuid::Uuid;
 use super::BoxStream;
 use crate::app::App;
 use crate::registry::{AssignmentRow, NewWorker, ReportedState, SliceRecord, now};
+use crate::states::ReplicaState as Stored;
 
 /// How often a session re-reads its worker's generation (changes made by another replica).
 const POLL: Duration = Duration::from_secs(1);
@@ -248,12 +249,12 @@ fn reported_states(hb: &Heartbeat) -> Vec<ReportedState> {
         .filter_map(|r| {
             let replica_id = Uuid::parse_str(&r.replica_id).ok()?;
             let state = match ReplicaState::try_from(r.state).ok()? {
-                ReplicaState::Loading => "loading",
-                ReplicaState::Ready => "ready",
-                ReplicaState::Failed => "failed",
+                ReplicaState::Loading => Stored::Loading,
+                ReplicaState::Ready => Stored::Ready,
+                ReplicaState::Failed => Stored::Failed,
                 ReplicaState::Draining | ReplicaState::Unspecified => return None,
             };
-            let reason = (state == "failed").then(|| r.reason.clone()).filter(|s| !s.is_empty());
+            let reason = (state == Stored::Failed).then(|| r.reason.clone()).filter(|s| !s.is_empty());
             Some(ReportedState { replica_id, state, reason })
         })
         .collect()
@@ -332,7 +333,7 @@ mod tests {
         let got = reported_states(&hb);
         assert_eq!(got.len(), 2);
         assert!(unhealthy_slices(&hb).is_empty());
-        assert_eq!((got[0].state, got[0].reason.as_deref()), ("ready", None));
-        assert_eq!((got[1].state, got[1].reason.as_deref()), ("failed", Some("bad model")));
+        assert_eq!((got[0].state, got[0].reason.as_deref()), (Stored::Ready, None));
+        assert_eq!((got[1].state, got[1].reason.as_deref()), (Stored::Failed, Some("bad model")));
     }
 }

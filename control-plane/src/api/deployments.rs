@@ -18,6 +18,7 @@ use crate::registry::{
     DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, ServingReplica, VersionRef, WorkerRow, traffic_split,
 };
 use crate::scheduler::plan::replica_memory;
+use crate::states::{DeploymentState, ReplicaState};
 use crate::types::{Name, Role, is_slice_profile};
 
 /// Most replicas of one deployment (and of its canary).
@@ -171,11 +172,12 @@ pub struct ReplicaStatus {
     pub grpc_endpoint: Option<String>,
     /// Slice on the worker.
     pub slice_id: Option<String>,
-    /// `pending`, `scheduled`, `loading`, `ready`, `failed` or `draining`.
-    pub state: String,
+    /// Where it is in its life.
+    pub state: ReplicaState,
     /// Why it is pending or failed.
     pub reason: Option<String>,
-    /// Whether requests without a version reach it.
+    /// Whether requests without a version reach it: only ever while it is `ready` (a failed
+    /// replica serves nothing).
     pub serving: bool,
     /// A replica of the canary (indexed apart from the stable replicas).
     pub canary: bool,
@@ -260,9 +262,13 @@ pub struct Deployment {
     /// Memory per replica (given, or the default for the target version).
     pub memory_bytes: i64,
     /// `pending` (a replica cannot be placed yet), `progressing`, `ready` or `failed`.
-    pub state: String,
+    pub state: DeploymentState,
     /// Every replica, old and new, by index.
     pub replica_status: Vec<ReplicaStatus>,
+    /// In the answer to a change only: what the change did that the caller may not expect,
+    /// e.g. that pinning a version stopped following an alias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub notice: Option<String>,
     /// Created.
     #[serde(with = "time::serde::rfc3339")]
     pub created_at: OffsetDateTime,
@@ -286,7 +292,9 @@ pub struct DeploymentEvent {
     pub at: OffsetDateTime,
     /// `created`, `updated`, `scaled`, `placed`, `unplaceable`, `ready`, `failed`, `worker_lost`,
     /// `rescheduled`, `retargeted`, `rollout_started`, `rollout_switched`, `drained`,
-    /// `crash_loop` (a replica that crash-looped on several workers stays where it is);
+    /// `crash_loop` (a replica that crash-looped on several workers stays where it is),
+    /// `replicas_colocated` (replicas had to share a slice, and why), `alias_unfollowed` (a
+    /// version pin stopped following an alias);
     /// canaries: `canary_set`, `canary_weight`, `canary_promoted`, `canary_rolled_back`,
     /// `canary_started`, `canary_serving`, `canary_draining`, `canary_cleared` (a promotion done).
     pub kind: String,
@@ -405,25 +413,25 @@ pub fn deployment_state(
     d: &DeploymentRow,
     replicas: &[ReplicaRow],
     applied: impl Fn(&ReplicaRow) -> bool,
-) -> (&'static str, Option<i64>) {
-    let serving_version =
-        replicas.iter().filter(|r| !r.canary && r.serving && r.state == "ready").map(|r| r.version).max();
+) -> (DeploymentState, Option<i64>) {
+    let serving_version = replicas.iter().filter(|r| !r.canary && r.state.serves(r.serving)).map(|r| r.version).max();
     let current: Vec<&ReplicaRow> = replicas
         .iter()
         .filter(|r| {
-            !r.canary && r.version == d.version && r.spec_generation == d.spec_generation && r.state != "draining"
+            !r.canary
+                && r.version == d.version
+                && r.spec_generation == d.spec_generation
+                && r.state != ReplicaState::Draining
         })
         .collect();
-    let state = if current.iter().any(|r| r.state == "failed") {
-        "failed"
-    } else if current.iter().any(|r| r.state == "pending") || (current.is_empty() && d.replicas > 0) {
-        "pending"
-    } else if current.len() as i64 == d.replicas
-        && current.iter().all(|r| r.state == "ready" && r.serving && applied(r))
-    {
-        "ready"
+    let state = if current.iter().any(|r| r.state == ReplicaState::Failed) {
+        DeploymentState::Failed
+    } else if current.iter().any(|r| r.state == ReplicaState::Pending) || (current.is_empty() && d.replicas > 0) {
+        DeploymentState::Pending
+    } else if current.len() as i64 == d.replicas && current.iter().all(|r| r.state.serves(r.serving) && applied(r)) {
+        DeploymentState::Ready
     } else {
-        "progressing"
+        DeploymentState::Progressing
     };
     (state, serving_version)
 }
@@ -469,7 +477,7 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
                 slice_id: r.slice_id,
                 state: r.state,
                 reason: r.reason,
-                serving: r.serving,
+                serving: r.state.serves(r.serving),
                 canary: r.canary,
                 updated_at: r.updated_at,
             }
@@ -497,8 +505,9 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
         instance_count: d.instance_count,
         max_batch_size: d.max_batch_size,
         dynamic_batching,
-        state: state.to_string(),
+        state,
         replica_status,
+        notice: None,
         created_at: d.created_at,
         updated_at: d.updated_at,
     })
@@ -616,7 +625,11 @@ pub async fn handle_deployment_update(
     let patch = body.into_patch()?;
     let row = app.registry.update_deployment(&caller.actor, d.tenant_id, &d.name, patch).await?;
     app.signals.wake_scheduler();
-    Ok(Json(view_one(&app, row).await?))
+    let notice = match (&d.alias, &row.alias) {
+        (Some(alias), None) => Some(crate::registry::unfollowed_alias(alias, row.version)),
+        _ => None,
+    };
+    Ok(Json(Deployment { notice, ..view_one(&app, row).await? }))
 }
 
 /// Deletes a deployment (deployers); workers unload its replicas.
@@ -733,7 +746,7 @@ mod tests {
             config: SqlJson(serde_json::json!({})),
             worker_id: None,
             slice_id: None,
-            state: state.into(),
+            state: state.parse().expect("a replica state"),
             reason: None,
             serving,
             drain_until: None,
@@ -771,22 +784,29 @@ mod tests {
 
     #[test]
     fn states_follow_the_replicas() {
-        assert_eq!(deployment_state(&deployment(1, 1), &[], |_| true), ("pending", None));
+        assert_eq!(deployment_state(&deployment(1, 1), &[], |_| true), (DeploymentState::Pending, None));
         assert_eq!(
             deployment_state(&deployment(1, 1), &[replica(1, "loading", true)], |_| true),
-            ("progressing", None)
+            (DeploymentState::Progressing, None)
         );
-        assert_eq!(deployment_state(&deployment(1, 1), &[replica(1, "ready", true)], |_| true), ("ready", Some(1)));
+        assert_eq!(
+            deployment_state(&deployment(1, 1), &[replica(1, "ready", true)], |_| true),
+            (DeploymentState::Ready, Some(1))
+        );
         // A rollout: v1 serves while v2 loads, then v2 fails.
         let rolling = [replica(1, "ready", true), replica(2, "loading", false)];
-        assert_eq!(deployment_state(&deployment(2, 1), &rolling, |_| true), ("progressing", Some(1)));
+        assert_eq!(deployment_state(&deployment(2, 1), &rolling, |_| true), (DeploymentState::Progressing, Some(1)));
         let failed = [replica(1, "ready", true), replica(2, "failed", false)];
-        assert_eq!(deployment_state(&deployment(2, 1), &failed, |_| true), ("failed", Some(1)));
+        assert_eq!(deployment_state(&deployment(2, 1), &failed, |_| true), (DeploymentState::Failed, Some(1)));
         let switched = [replica(1, "draining", false), replica(2, "ready", true)];
-        assert_eq!(deployment_state(&deployment(2, 1), &switched, |_| true), ("ready", Some(2)));
-        assert_eq!(deployment_state(&deployment(1, 0), &[], |_| true), ("ready", None));
+        assert_eq!(deployment_state(&deployment(2, 1), &switched, |_| true), (DeploymentState::Ready, Some(2)));
+        assert_eq!(deployment_state(&deployment(1, 0), &[], |_| true), (DeploymentState::Ready, None));
         // Not ready until the worker applied the set that made the replica serve.
         let ready = [replica(1, "ready", true)];
-        assert_eq!(deployment_state(&deployment(1, 1), &ready, |_| false), ("progressing", Some(1)));
+        assert_eq!(deployment_state(&deployment(1, 1), &ready, |_| false), (DeploymentState::Progressing, Some(1)));
+        // A serving replica that fails serves nothing: no serving version, and the deployment
+        // is failed rather than ready.
+        let broken = [replica(1, "failed", true)];
+        assert_eq!(deployment_state(&deployment(1, 1), &broken, |_| true), (DeploymentState::Failed, None));
     }
 }

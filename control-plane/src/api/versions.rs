@@ -14,6 +14,8 @@ use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::app::UploadRequest;
 use crate::error::{Error, Result};
 use crate::registry::VersionRow;
+use crate::signature::Signature;
+use crate::states::VersionState;
 use crate::types::{ArtifactFormat, Role};
 
 /// A model version.
@@ -32,8 +34,13 @@ pub struct ModelVersion {
     /// Model configuration (Triton's, as JSON), when given.
     #[schema(value_type = Option<Object>)]
     pub config: Option<serde_json::Value>,
-    /// `uploaded` until validation.
-    pub status: String,
+    /// What the version is doing, from the replicas that run it: `uploaded` (none does),
+    /// `deployed` (placed, loading or failed, none serving) or `serving`.
+    pub status: VersionState,
+    /// What the version takes and returns, learned from its ONNX graph and config at upload
+    /// (`null` for versions uploaded before signatures were kept, and for archives holding
+    /// several candidate models).
+    pub signature: Option<Signature>,
     /// Object-store key of the artifact.
     pub artifact_key: String,
     /// Key that uploaded it.
@@ -44,7 +51,7 @@ pub struct ModelVersion {
 }
 
 impl ModelVersion {
-    fn new(model: &str, v: VersionRow) -> Self {
+    fn new(model: &str, v: VersionRow, status: VersionState) -> Self {
         ModelVersion {
             model: model.to_string(),
             version: v.version,
@@ -52,7 +59,8 @@ impl ModelVersion {
             size_bytes: v.size_bytes,
             format: ArtifactFormat::parse(&v.format).unwrap_or(ArtifactFormat::Onnx),
             config: v.config.map(|c| c.0),
-            status: v.status,
+            status,
+            signature: v.signature.map(|s| s.0),
             artifact_key: v.artifact_key,
             created_by: v.created_by,
             created_at: v.created_at,
@@ -83,14 +91,23 @@ pub struct UploadParams {
     /// Expected hex sha256 of the body; a mismatch refuses the upload (also `X-Content-Sha256`).
     #[param(pattern = "^[0-9a-fA-F]{64}$")]
     pub sha256: Option<String>,
+    /// Create the model with this version if it does not exist yet (deployers): the model
+    /// exists only if the upload succeeds, so a refused upload leaves no empty model behind.
+    #[serde(default)]
+    pub create_model: bool,
 }
 
 /// Uploads a new version as the request body, streamed to the object store with its sha256
-/// computed on the way (deployers). Refused, leaving nothing behind: bodies over the size cap
-/// (413), a sha256 other than the one given, content that is not the declared format (422: an
-/// `onnx` body must be a well-formed ONNX model; an archive is read through, every `.onnx` in
-/// it checked, and refused when truncated or when it expands past the archive limits), an
-/// `X-Model-Config` with values no worker can use (422), a full version or storage quota (409).
+/// computed on the way (deployers); with `create_model=true` a model that does not exist yet is
+/// created with it. The ONNX graph is read for the version's `signature`. Refused, leaving
+/// nothing behind (no object, no version, no model): bodies over the size cap (413), a sha256
+/// other than the one given, content that is not the declared format (422: an `onnx` body must
+/// be a well-formed ONNX model; an archive is read through, every `.onnx` in it checked, and
+/// refused when truncated or when it expands past the archive limits), a model no worker could
+/// serve (422 naming the input or output: one that is not a tensor, such as scikit-learn's
+/// ZipMap output, or of an element type KServe cannot carry), a config (`X-Model-Config` or
+/// `config.pbtxt`) with values no worker can use or that contradicts the graph (422), a full
+/// model, version or storage quota (409).
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/models/{model}/versions", operation_id = "upload_version", tag = "models",
     request_body(content = ArtifactBytes, content_type = "application/octet-stream"),
     params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
@@ -115,10 +132,10 @@ pub async fn handle_version_create(
 ) -> Result<(StatusCode, Json<ModelVersion>)> {
     let mut stream = body.into_data_stream();
     let outcome = async {
-        let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "upload versions").await?;
+        let target = app.upload_target(&caller.principal, &tenant, &model, params.create_model).await?;
         let request = UploadRequest::from_parts(params.format, params.sha256, &headers)?;
-        let version = app.upload_version(&caller.actor, &m, request, &mut stream).await?;
-        Ok((StatusCode::CREATED, Json(ModelVersion::new(&m.name, version))))
+        let version = app.upload_version(&caller.actor, &target, request, &mut stream).await?;
+        Ok((StatusCode::CREATED, Json(ModelVersion::new(target.name(), version, VersionState::Uploaded))))
     }
     .await;
     if outcome.is_err() && content_length(&headers).is_none_or(|n| n <= DRAIN_LIMIT) {
@@ -162,9 +179,19 @@ pub async fn handle_version_list(
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Viewer, "list versions").await?;
     let limit = page.limit()?;
     let before = page.cursor.as_deref().map(|c| cursor::decode_number("versions", c)).transpose()?;
-    let rows = app.registry.conn().await?.versions(m.tenant_id, m.id, before, limit + 1).await?;
+    let mut conn = app.registry.conn().await?;
+    let rows = conn.versions(m.tenant_id, m.id, before, limit + 1).await?;
+    let states = conn.version_states(m.tenant_id, m.id).await?;
+    drop(conn);
     let more = rows.len() as i64 > limit;
-    let versions: Vec<_> = rows.into_iter().take(limit as usize).map(|v| ModelVersion::new(&m.name, v)).collect();
+    let versions: Vec<_> = rows
+        .into_iter()
+        .take(limit as usize)
+        .map(|v| {
+            let state = states.get(&v.version).copied().unwrap_or(VersionState::Uploaded);
+            ModelVersion::new(&m.name, v, state)
+        })
+        .collect();
     let next_cursor =
         if more { versions.last().map(|v| cursor::encode("versions", &v.version.to_string())) } else { None };
     Ok(Json(VersionPage { versions, next_cursor }))
@@ -187,8 +214,10 @@ pub async fn handle_version_get(
 ) -> Result<Json<ModelVersion>> {
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Viewer, "read versions").await?;
     let number = parse_version(&version)?;
-    let row = app.registry.conn().await?.version(m.tenant_id, m.id, number).await?.ok_or(Error::NotFound("version"))?;
-    Ok(Json(ModelVersion::new(&m.name, row)))
+    let mut conn = app.registry.conn().await?;
+    let row = conn.version(m.tenant_id, m.id, number).await?.ok_or(Error::NotFound("version"))?;
+    let state = conn.version_states(m.tenant_id, m.id).await?.remove(&number).unwrap_or(VersionState::Uploaded);
+    Ok(Json(ModelVersion::new(&m.name, row, state)))
 }
 
 /// Deletes a version and its artifact (deployers); refused while an alias points at it or a
@@ -295,7 +324,7 @@ pub async fn handle_upload_complete(
     let upload_id: Uuid = upload_id.parse().map_err(|_| Error::NotFound("upload"))?;
     let sha256 = crate::app::parse_sha256("sha256", &body.sha256)?;
     let version = app.complete_upload(&caller.actor, &m, upload_id, sha256, body.config).await?;
-    Ok((StatusCode::CREATED, Json(ModelVersion::new(&m.name, version))))
+    Ok((StatusCode::CREATED, Json(ModelVersion::new(&m.name, version, VersionState::Uploaded))))
 }
 
 /// The declared body length, if any.

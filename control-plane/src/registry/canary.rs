@@ -75,7 +75,7 @@ impl ServingReplica {
     pub fn of(replicas: &[ReplicaRow]) -> Vec<ServingReplica> {
         replicas
             .iter()
-            .filter(|r| r.serving && r.state == "ready")
+            .filter(|r| r.state.serves(r.serving))
             .map(|r| ServingReplica { version: r.version, canary: r.canary })
             .collect()
     }

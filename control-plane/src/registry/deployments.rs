@@ -11,6 +11,7 @@ use uuid::Uuid;
 use super::audit::{Actor, NewAuditEvent};
 use super::{Conn, ConnInner, Registry, exec, now, on_conn, on_unique};
 use crate::error::{Error, QuotaName, Result};
+use crate::states::ReplicaState;
 use crate::types::Name;
 
 /// Key of the Postgres advisory lock that serialises scheduling decisions (ticks and
@@ -102,11 +103,13 @@ pub struct ReplicaRow {
     pub worker_id: Option<String>,
     /// Slice, if placed.
     pub slice_id: Option<String>,
-    /// `pending`, `scheduled`, `loading`, `ready`, `failed` or `draining`.
-    pub state: String,
+    /// Where it is in its life.
+    #[sqlx(try_from = "String")]
+    pub state: ReplicaState,
     /// Why it is pending or failed.
     pub reason: Option<String>,
-    /// Whether unversioned requests reach it.
+    /// The scheduler's intent that unversioned requests reach it (they do only while it is
+    /// ready: [`ReplicaState::serves`]).
     pub serving: bool,
     /// End of its drain.
     pub drain_until: Option<OffsetDateTime>,
@@ -396,6 +399,15 @@ impl Conn {
     }
 }
 
+/// What a deployment that followed `alias` and now runs `version` pinned says: moving the
+/// alias no longer rolls it.
+pub fn unfollowed_alias(alias: &str, version: i64) -> String {
+    format!(
+        "pinned to version {version}: no longer follows alias '{alias}' (moving the alias will not roll this \
+         deployment; set the alias on the deployment to follow it again)"
+    )
+}
+
 impl Registry {
     /// Creates a deployment: one per model, names unique per tenant, within the replica quota.
     pub async fn create_deployment(
@@ -534,6 +546,10 @@ impl Registry {
         .bind(after.spec_generation)
         .bind(after.updated_at)
         .execute(c))?;
+        if let (Some(alias), None) = (&before.alias, &after.alias) {
+            let message = unfollowed_alias(alias, after.version);
+            tx.insert_deployment_event(tenant_id, after.id, "alias_unfollowed", None, None, &message).await?;
+        }
         if after.version != before.version || respec {
             let message = format!("rollout requested: version {} (spec {})", after.version, after.spec_generation);
             tx.insert_deployment_event(tenant_id, after.id, "updated", None, None, &message).await?;

@@ -43,7 +43,9 @@ pub use audit::{Actor, AuditEventRow, AuditFilter, ChainBreak, ChainReport, Chai
 pub use canary::{
     CanarySpec, DeploymentWeights, ServingReplica, SplitSpec, VersionShare, traffic_split, weights_in_effect,
 };
-pub use deployments::{DeploymentEventRow, DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef};
+pub use deployments::{
+    DeploymentEventRow, DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef, unfollowed_alias,
+};
 pub use idempotency::{IdempotencyClaim, IdempotencyScope};
 pub use keys::{ApiKeyRow, NewApiKey};
 pub use models::{AliasRow, ModelRow, NewVersion, UploadRow, VersionRow};

@@ -11,6 +11,8 @@ use uuid::Uuid;
 use super::audit::{Actor, NewAuditEvent};
 use super::{Conn, Registry, exec, now, on_conn, on_unique};
 use crate::error::{Error, QuotaName, Result};
+use crate::signature::Signature;
+use crate::states::{ReplicaState, VersionState};
 use crate::types::{ArtifactFormat, Name};
 
 /// A model.
@@ -55,8 +57,11 @@ pub struct VersionRow {
     pub format: String,
     /// Model configuration (Triton's, as JSON), when given.
     pub config: Option<Json<serde_json::Value>>,
-    /// Lifecycle status (`uploaded` until validation marks it `ready` or `invalid`).
+    /// Stored status: always `uploaded` (what the version is doing is derived from the
+    /// replicas that run it, [`Conn::version_states`]).
     pub status: String,
+    /// What it takes and returns, learned at upload (`None` for versions stored before).
+    pub signature: Option<Json<Signature>>,
     /// Creating key.
     pub created_by: Option<Uuid>,
     /// Created.
@@ -125,6 +130,8 @@ pub struct NewVersion {
     pub format: ArtifactFormat,
     /// Model configuration, if given.
     pub config: Option<serde_json::Value>,
+    /// What the version takes and returns.
+    pub signature: Option<Signature>,
 }
 
 macro_rules! select_models {
@@ -140,7 +147,7 @@ macro_rules! select_versions {
     ($rest:literal) => {
         concat!(
             "SELECT id, tenant_id, model_id, version, artifact_key, sha256, size_bytes, format, config, status, ",
-            "created_by, created_at FROM model_versions ",
+            "signature, created_by, created_at FROM model_versions ",
             $rest
         )
     };
@@ -265,42 +272,29 @@ impl Registry {
         name: &Name,
         description: &str,
     ) -> Result<ModelRow> {
-        let at = now();
-        let model = ModelRow {
-            id: Uuid::now_v7(),
-            tenant_id,
-            name: name.to_string(),
-            description: description.to_string(),
-            next_version: 1,
-            created_by: actor.key_id,
-            created_at: at,
-            updated_at: at,
-        };
         let mut tx = self.begin().await?;
-        tx.lock_tenant(tenant_id).await?;
-        if tx.model(tenant_id, name.as_str()).await?.is_some() {
-            return Err(Error::conflict("already_exists", format!("model '{name}' already exists")));
-        }
-        tx.check_quota(tenant_id, QuotaName::Models, 1).await?;
-        exec!(tx, "model.insert", |c| sqlx::query(
-            "INSERT INTO models (id, tenant_id, name, description, next_version, created_by, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
-        )
-        .bind(model.id)
-        .bind(model.tenant_id)
-        .bind(&model.name)
-        .bind(&model.description)
-        .bind(model.next_version)
-        .bind(model.created_by)
-        .bind(model.created_at)
-        .bind(model.updated_at)
-        .execute(c))
-        .map_err(|e| on_unique(e, "already_exists", || format!("model '{name}' already exists")))?;
-        let after = json!({ "name": model.name, "description": model.description });
-        let event = audit_event(tenant_id, "model.create", "model", &model.name, None, Some(after));
-        tx.append_audit(actor, event).await?;
+        let model = tx.add_model(actor, tenant_id, Uuid::now_v7(), name, description).await?;
         tx.commit().await?;
         Ok(model)
+    }
+
+    /// Creates a model with id `model_id` (the artifact's key was made with it) and its first
+    /// version in one transaction (an upload that names a model not created yet): the model
+    /// exists only if the version does, so a refused upload leaves no empty model behind.
+    pub async fn create_model_with_version(
+        &self,
+        actor: &Actor,
+        tenant_id: Uuid,
+        name: &Name,
+        model_id: Uuid,
+        new: NewVersion,
+    ) -> Result<(ModelRow, VersionRow)> {
+        let mut tx = self.begin().await?;
+        let mut model = tx.add_model(actor, tenant_id, model_id, name, "").await?;
+        let version = tx.add_version(actor, &model, new).await?;
+        model.next_version = version.version + 1;
+        tx.commit().await?;
+        Ok((model, version))
     }
 
     /// Deletes a model with its versions and aliases; returns the artifact keys to remove.
@@ -491,6 +485,74 @@ impl Registry {
 }
 
 impl Conn {
+    /// Inside a transaction: creates a model within the tenant's model quota, audits it.
+    async fn add_model(
+        &mut self,
+        actor: &Actor,
+        tenant_id: Uuid,
+        id: Uuid,
+        name: &Name,
+        description: &str,
+    ) -> Result<ModelRow> {
+        let at = now();
+        let model = ModelRow {
+            id,
+            tenant_id,
+            name: name.to_string(),
+            description: description.to_string(),
+            next_version: 1,
+            created_by: actor.key_id,
+            created_at: at,
+            updated_at: at,
+        };
+        self.lock_tenant(tenant_id).await?;
+        if self.model(tenant_id, name.as_str()).await?.is_some() {
+            return Err(Error::conflict("already_exists", format!("model '{name}' already exists")));
+        }
+        self.check_quota(tenant_id, QuotaName::Models, 1).await?;
+        exec!(self, "model.insert", |c| sqlx::query(
+            "INSERT INTO models (id, tenant_id, name, description, next_version, created_by, created_at, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"
+        )
+        .bind(model.id)
+        .bind(model.tenant_id)
+        .bind(&model.name)
+        .bind(&model.description)
+        .bind(model.next_version)
+        .bind(model.created_by)
+        .bind(model.created_at)
+        .bind(model.updated_at)
+        .execute(c))
+        .map_err(|e| on_unique(e, "already_exists", || format!("model '{name}' already exists")))?;
+        let after = json!({ "name": model.name, "description": model.description });
+        let event = audit_event(tenant_id, "model.create", "model", &model.name, None, Some(after));
+        self.append_audit(actor, event).await?;
+        Ok(model)
+    }
+
+    /// What each version of a model is doing, from the replicas that run it (versions no
+    /// replica runs are absent: they are [`VersionState::Uploaded`]).
+    pub async fn version_states(
+        &mut self,
+        tenant_id: Uuid,
+        model_id: Uuid,
+    ) -> Result<std::collections::HashMap<i64, VersionState>> {
+        let rows: Vec<(i64, String, bool)> = on_conn!(self, "version.states", |c| sqlx::query_as(
+            "SELECT r.version, r.state, r.serving FROM replicas r JOIN deployments d ON d.id = r.deployment_id \
+             WHERE r.tenant_id = $1 AND d.tenant_id = $1 AND d.model_id = $2"
+        )
+        .bind(tenant_id)
+        .bind(model_id)
+        .fetch_all(c))?;
+        let mut by_version: std::collections::HashMap<i64, Vec<(ReplicaState, bool)>> = Default::default();
+        for (version, state, serving) in rows {
+            // A state this build does not know is shown as not serving.
+            let state = state.parse().unwrap_or(ReplicaState::Pending);
+            by_version.entry(version).or_default().push((state, serving));
+        }
+        Ok(by_version.into_iter().map(|(v, replicas)| (v, VersionState::of(replicas))).collect())
+    }
+
     /// Inside a transaction: checks quotas, numbers and inserts the version, audits it.
     async fn add_version(&mut self, actor: &Actor, model: &ModelRow, new: NewVersion) -> Result<VersionRow> {
         let tenant_id = model.tenant_id;
@@ -516,7 +578,8 @@ impl Conn {
             size_bytes: new.size_bytes,
             format: new.format.as_str().to_string(),
             config: new.config.map(Json),
-            status: "uploaded".to_string(),
+            status: VersionState::Uploaded.as_str().to_string(),
+            signature: new.signature.map(Json),
             created_by: actor.key_id,
             created_at: at,
         };
@@ -530,7 +593,8 @@ impl Conn {
     async fn insert_version(&mut self, v: &VersionRow) -> Result<()> {
         exec!(self, "version.insert", |c| sqlx::query(
             "INSERT INTO model_versions (id, tenant_id, model_id, version, artifact_key, sha256, size_bytes, format, \
-             config, status, created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+             config, status, signature, created_by, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
         )
         .bind(v.id)
         .bind(v.tenant_id)
@@ -542,6 +606,7 @@ impl Conn {
         .bind(&v.format)
         .bind(&v.config)
         .bind(&v.status)
+        .bind(&v.signature)
         .bind(v.created_by)
         .bind(v.created_at)
         .execute(c))?;

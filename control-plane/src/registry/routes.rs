@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::{Conn, exec, on_conn};
 use crate::error::Result;
+use crate::states::ReplicaState;
 
 /// A tenant that has at least one deployment, with its limits.
 #[derive(Debug, Clone, FromRow)]
@@ -52,7 +53,8 @@ pub struct RouteReplicaRow {
     /// Whether unversioned requests reach it.
     pub serving: bool,
     /// `ready` or `draining`.
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: ReplicaState,
     /// Worker.
     pub worker_id: String,
     /// The worker's HTTP base URL.

@@ -16,6 +16,7 @@ use super::{Conn, exec, now, on_conn};
 use crate::error::Result;
 use crate::scheduler::SliceSpec;
 use crate::scheduler::plan::{DeploymentInfo, Plan, ReplicaChange, ReplicaInfo, Snapshot, VersionInfo, WorkerInfo};
+use crate::states::ReplicaState;
 
 #[derive(sqlx::FromRow)]
 struct VersionSize {
@@ -110,8 +111,8 @@ impl Conn {
         }
         for r in &plan.inserts {
             let (worker, slice, state, reason) = match &r.placement {
-                Ok(p) => (Some(p.worker.clone()), Some(p.slice.clone()), "scheduled", None),
-                Err(reason) => (None, None, "pending", Some(reason.clone())),
+                Ok(p) => (Some(p.worker.clone()), Some(p.slice.clone()), ReplicaState::Scheduled, None),
+                Err(reason) => (None, None, ReplicaState::Pending, Some(reason.clone())),
             };
             if let Some(w) = &worker {
                 touched.insert(w.clone());
@@ -133,7 +134,7 @@ impl Conn {
             .bind(Json(&r.config))
             .bind(&worker)
             .bind(&slice)
-            .bind(state)
+            .bind(state.as_str())
             .bind(&reason)
             .bind(r.serving)
             .bind(r.canary)

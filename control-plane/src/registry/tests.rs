@@ -89,7 +89,82 @@ fn version(size: i64) -> NewVersion {
         size_bytes: size,
         format: ArtifactFormat::Onnx,
         config: Some(serde_json::json!({ "max_batch_size": 4 })),
+        signature: Some(signature()),
     }
+}
+
+fn signature() -> crate::signature::Signature {
+    use crate::signature::{Signature, TensorDatatype, TensorSignature};
+    let tensor = |name: &str| TensorSignature { name: name.into(), datatype: TensorDatatype::Fp32, shape: vec![-1, 4] };
+    Signature {
+        inputs: vec![tensor("x")],
+        outputs: vec![tensor("y")],
+        max_batch_size: 4,
+        platform: "onnxruntime_onnx".into(),
+    }
+}
+
+#[tokio::test]
+async fn a_model_made_by_its_first_upload_exists_only_with_it() {
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits { models: 1, versions: 1, ..QuotaLimits::default() }).await;
+        let id = Uuid::now_v7();
+        let (m, v) = r.create_model_with_version(&actor(), a, &name("m"), id, version(10)).await.unwrap();
+        assert_eq!((m.id, m.next_version, v.version, v.model_id), (id, 2, 1, id));
+        let mut c = r.conn().await.unwrap();
+        let stored = c.version(a, id, 1).await.unwrap().expect("stored");
+        assert_eq!(stored.signature.map(|s| s.0), Some(signature()), "the signature is kept");
+        assert_eq!(c.model(a, "m").await.unwrap().map(|m| m.id), Some(id));
+        drop(c);
+        // The model quota refuses a second model; the version quota a second version of a new
+        // one: either way, no model is left behind.
+        let refused = r.create_model_with_version(&actor(), a, &name("n"), Uuid::now_v7(), version(10)).await;
+        assert!(matches!(refused, Err(Error::QuotaExceeded { .. })), "{refused:?}");
+        r.delete_model(&actor(), a, "m").await.unwrap();
+        let b = tenant(&r, "b", QuotaLimits { versions: 0, ..QuotaLimits::default() }).await;
+        let refused = r.create_model_with_version(&actor(), b, &name("n"), Uuid::now_v7(), version(10)).await;
+        assert!(matches!(refused, Err(Error::QuotaExceeded { .. })), "{refused:?}");
+        let mut c = r.conn().await.unwrap();
+        assert!(c.model(b, "n").await.unwrap().is_none());
+        assert!(c.models(a, None, 10).await.unwrap().is_empty());
+        drop(c);
+        // A name taken is a conflict, as for a created model.
+        r.create_model(&actor(), b, &name("taken"), "").await.unwrap();
+        let taken = r.create_model_with_version(&actor(), b, &name("taken"), Uuid::now_v7(), version(10)).await;
+        assert!(matches!(taken, Err(Error::Conflict { code: "already_exists", .. })), "{taken:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_version_shows_serving_once_a_ready_replica_serves_it() {
+    use crate::states::VersionState;
+    on_both(|r| async move {
+        r.register_worker(&new_worker("w1")).await.unwrap();
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        r.create_version(&actor(), &m, version(10)).await.unwrap();
+        r.create_version(&actor(), &m, version(10)).await.unwrap();
+        assert!(r.conn().await.unwrap().version_states(a, m.id).await.unwrap().is_empty());
+        let d = r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Pinned(1), 1)).await.unwrap();
+        tick(&r).await;
+        let states = r.conn().await.unwrap().version_states(a, m.id).await.unwrap();
+        assert_eq!((states.get(&1), states.get(&2)), (Some(&VersionState::Deployed), None));
+        all_ready(&r, a, d.id).await;
+        let states = r.conn().await.unwrap().version_states(a, m.id).await.unwrap();
+        assert_eq!(states.get(&1), Some(&VersionState::Serving));
+        // A failed replica keeps the scheduler's serving flag but serves nothing.
+        let replica = r.conn().await.unwrap().replicas(a, d.id).await.unwrap().remove(0);
+        let failed = ReportedState {
+            replica_id: replica.id,
+            state: crate::states::ReplicaState::Failed,
+            reason: Some("oom".into()),
+        };
+        r.report_states("w1", std::slice::from_ref(&failed)).await.unwrap();
+        let states = r.conn().await.unwrap().version_states(a, m.id).await.unwrap();
+        assert_eq!(states.get(&1), Some(&VersionState::Deployed));
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -530,7 +605,8 @@ async fn workers_get_assignments_and_report_states() {
         drop(c);
         assert!(tick(&r).await.is_empty(), "a second tick changes nothing");
 
-        let ready = ReportedState { replica_id: one.replica_id, state: "ready", reason: None };
+        let ready =
+            ReportedState { replica_id: one.replica_id, state: crate::states::ReplicaState::Ready, reason: None };
         assert_eq!(r.report_states("w2", std::slice::from_ref(&ready)).await.unwrap().len(), 0, "not its replica");
         assert_eq!(r.report_states("w1", std::slice::from_ref(&ready)).await.unwrap().len(), 1);
         assert_eq!(r.report_states("w1", std::slice::from_ref(&ready)).await.unwrap().len(), 0, "no change");
@@ -604,7 +680,8 @@ async fn a_crash_looping_replica_moves_a_bounded_number_of_times_and_ready_reset
         let crash = |worker: String, id: Uuid| {
             let (r, looping) = (r.clone(), looping.clone());
             async move {
-                let report = ReportedState { replica_id: id, state: "failed", reason: Some(looping) };
+                let report =
+                    ReportedState { replica_id: id, state: crate::states::ReplicaState::Failed, reason: Some(looping) };
                 assert_eq!(r.report_states(&worker, std::slice::from_ref(&report)).await.unwrap().len(), 1);
             }
         };
@@ -631,7 +708,7 @@ async fn a_crash_looping_replica_moves_a_bounded_number_of_times_and_ready_reset
         assert_eq!(kinds.iter().filter(|k| *k == "crash_loop").count(), 1, "{kinds:?}");
         drop(c);
         // Once it serves, the count starts over.
-        let ready = ReportedState { replica_id: stayed.id, state: "ready", reason: None };
+        let ready = ReportedState { replica_id: stayed.id, state: crate::states::ReplicaState::Ready, reason: None };
         r.report_states(stayed.worker_id.as_deref().unwrap(), std::slice::from_ref(&ready)).await.unwrap();
         assert_eq!(replica(r.clone()).await.crash_moves, 0);
     })
@@ -786,8 +863,10 @@ async fn the_retention_run_folds_only_minutes_past_the_retention() {
 /// Reports every placed replica of `d` that is not ready yet as ready on its worker.
 async fn all_ready(r: &Registry, tenant_id: Uuid, d: Uuid) {
     let replicas = r.conn().await.unwrap().replicas(tenant_id, d).await.unwrap();
-    for replica in replicas.iter().filter(|x| x.state == "scheduled" || x.state == "loading") {
-        let ready = ReportedState { replica_id: replica.id, state: "ready", reason: None };
+    for replica in replicas.iter().filter(|x| {
+        x.state == crate::states::ReplicaState::Scheduled || x.state == crate::states::ReplicaState::Loading
+    }) {
+        let ready = ReportedState { replica_id: replica.id, state: crate::states::ReplicaState::Ready, reason: None };
         let worker = replica.worker_id.as_deref().expect("placed");
         r.report_states(worker, std::slice::from_ref(&ready)).await.unwrap();
     }
@@ -881,7 +960,7 @@ async fn a_canary_is_set_weighted_rolled_back_and_promoted_within_quota() {
         let done = r.conn().await.unwrap().deployment(a, "d").await.unwrap().unwrap();
         assert_eq!((done.version, done.canary_version, done.canary_weight, done.canary_replicas), (2, None, 0, 0));
         let replicas = r.conn().await.unwrap().replicas(a, d.id).await.unwrap();
-        assert!(replicas.iter().filter(|x| x.canary).all(|x| x.state == "draining" && !x.serving), "{replicas:?}");
+        assert!(replicas.iter().filter(|x| x.canary).all(|x| x.state == crate::states::ReplicaState::Draining && !x.serving), "{replicas:?}");
 
         let mut c = r.conn().await.unwrap();
         let kinds: Vec<String> = c.deployment_events(a, d.id, 100).await.unwrap().into_iter().map(|e| e.kind).collect();

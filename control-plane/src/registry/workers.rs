@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::{Conn, Registry, exec, now, on_conn};
 use crate::error::Result;
+use crate::states::ReplicaState;
 
 /// One slice a worker offers, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,8 +114,8 @@ pub struct AssignmentRow {
 pub struct ReportedState {
     /// Replica.
     pub replica_id: Uuid,
-    /// `loading`, `ready` or `failed`.
-    pub state: &'static str,
+    /// `loading`, `ready` or `failed` (the others are the control plane's to decide).
+    pub state: ReplicaState,
     /// Why it failed.
     pub reason: Option<String>,
 }
@@ -271,20 +272,20 @@ impl Registry {
             )
             .bind(report.replica_id)
             .bind(worker_id)
-            .bind(report.state)
+            .bind(report.state.as_str())
             .bind(&report.reason)
             .bind(at)
             .fetch_optional(c))?;
             let Some(row) = row else { continue };
-            if report.state != "loading" {
+            if report.state != ReplicaState::Loading {
                 let message = match &report.reason {
                     Some(reason) => format!("replica {} {}: {reason}", row.replica_index, report.state),
                     None => format!("replica {} {} on worker {worker_id}", row.replica_index, report.state),
                 };
                 let (tenant, deployment) = (row.tenant_id, row.deployment_id);
                 let replica = Some(report.replica_id);
-                tx.insert_deployment_event(tenant, deployment, report.state, replica, Some(worker_id), &message)
-                    .await?;
+                let kind = report.state.as_str();
+                tx.insert_deployment_event(tenant, deployment, kind, replica, Some(worker_id), &message).await?;
             }
             changed.push(row);
         }

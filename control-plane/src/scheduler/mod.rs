@@ -10,9 +10,14 @@
 //!   tenant's replicas only takes more of that tenant's; an empty slice takes anyone.
 //! - **Memory fit**: the replicas on a slice never need more than its memory.
 //! - **Spreading**: replicas of one deployment go to workers holding the fewest of its replicas
-//!   so far, so losing a worker loses as few of them as possible.
-//! - **Packing**: on the chosen worker, a slice the tenant already occupies is preferred over an
-//!   empty one, keeping empty slices free for other tenants and the tenant's slice quota low.
+//!   so far, so losing a worker loses as few of them as possible; on the chosen worker, to the
+//!   slice holding the fewest of them, so one slice's fault (or its memory) is not all of them.
+//! - **Packing**: among the slices holding equally few of the deployment's replicas, one the
+//!   tenant already occupies is preferred over an empty one, keeping empty slices free for other
+//!   tenants and the tenant's slice quota low.
+//! - **Saying so**: when replicas of a deployment must share a slice (no other slice has room,
+//!   or the tenant's slice quota is used up), [`Placer::colocation`] says why, and the plan
+//!   records it as a `replicas_colocated` event.
 //! - **Quotas**: a tenant may occupy at most its quota of slices per profile.
 //! - **Health**: a slice its worker reports unhealthy (a critical Xid error or a lost GPU)
 //!   takes no replicas; the ones it held are placed again elsewhere, like a lost worker's.
@@ -148,6 +153,11 @@ struct SliceState {
 }
 
 impl SliceState {
+    /// Replicas of `deployment` on this slice.
+    fn count_of(&self, deployment: &str) -> usize {
+        self.replicas.iter().filter(|(d, _)| d == deployment).count()
+    }
+
     fn fits(&self, replica: &ReplicaRequest) -> bool {
         !self.unhealthy
             && self.spec.profile == replica.profile
@@ -255,7 +265,8 @@ impl Placer {
         let quota_full =
             self.quotas.get(&key).is_some_and(|limit| self.occupied.get(&key).copied().unwrap_or(0) >= *limit);
         let spread = self.spread.get(&replica.deployment);
-        let mut best: Option<(u32, bool, usize, usize)> = None; // (deployment replicas on worker, !shares, worker, slice)
+        // (deployment replicas on the worker, on the slice, !shares, worker, slice)
+        let mut best: Option<(u32, usize, bool, usize, usize)> = None;
         for &w in candidates {
             if Some(w) == avoid {
                 continue;
@@ -264,8 +275,8 @@ impl Placer {
             if best.is_some_and(|b| b.0 < load) {
                 continue; // cannot beat a less-loaded worker already found
             }
-            let Some((s, shares)) = self.pick_slice(w, replica, quota_full) else { continue };
-            let candidate = (load, !shares, w, s);
+            let Some((s, on_slice, shares)) = self.pick_slice(w, replica, quota_full) else { continue };
+            let candidate = (load, on_slice, !shares, w, s);
             if best.is_none_or(|b| candidate < b) {
                 best = Some(candidate);
             }
@@ -273,7 +284,7 @@ impl Placer {
                 break; // nothing beats an empty-of-this-deployment worker with a shared slice
             }
         }
-        let Some((_, _, w, s)) = best else {
+        let Some((_, _, _, w, s)) = best else {
             if quota_full {
                 let limit = self.quotas.get(&key).copied().unwrap_or(0);
                 return Err(ScheduleError::QuotaExceeded {
@@ -316,18 +327,53 @@ impl Placer {
         self.place(replica)
     }
 
-    /// The best slice on worker `w`: one the tenant already holds, else an empty one (unless the
-    /// tenant's quota is used up). Returns the slice and whether it is shared with the tenant.
-    fn pick_slice(&self, w: usize, replica: &ReplicaRequest, quota_full: bool) -> Option<(usize, bool)> {
-        let slices = &self.workers[w].slices;
-        let held = slices.iter().position(|s| s.tenant.as_deref() == Some(replica.tenant.as_str()) && s.fits(replica));
-        if let Some(s) = held {
-            return Some((s, true));
-        }
-        if quota_full {
+    /// The best slice on worker `w`: the one holding the fewest replicas of the deployment,
+    /// then one the tenant already holds over an empty one (none when the tenant's quota is
+    /// used up), then the first. Returns the slice, the deployment's replicas on it and whether
+    /// it is shared with the tenant.
+    fn pick_slice(&self, w: usize, replica: &ReplicaRequest, quota_full: bool) -> Option<(usize, usize, bool)> {
+        self.workers[w]
+            .slices
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.fits(replica))
+            .filter_map(|(i, s)| {
+                let held = s.tenant.is_some();
+                (held || !quota_full).then(|| (s.count_of(&replica.deployment), !held, i))
+            })
+            .min()
+            .map(|(on_slice, not_held, i)| (i, on_slice, !not_held))
+    }
+
+    /// Why `replica`, just placed at `placement`, shares its slice with other replicas of its
+    /// deployment, or `None` when it does not. Replicas with the same index (a rollout's new
+    /// replica beside the old one it replaces) do not count as sharing.
+    pub fn colocation(&self, replica: &ReplicaRequest, placement: &Placement) -> Option<String> {
+        let &w = self.index.get(&placement.worker)?;
+        let slice = self.workers[w].slices.iter().find(|s| s.spec.id == placement.slice)?;
+        let mut indices: Vec<u32> =
+            slice.replicas.iter().filter(|(d, _)| *d == replica.deployment).map(|(_, i)| *i).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        if indices.len() < 2 {
             return None;
         }
-        slices.iter().position(|s| s.tenant.is_none() && s.fits(replica)).map(|s| (s, false))
+        let key = (replica.tenant.clone(), replica.profile.clone());
+        let why = match self.quotas.get(&key) {
+            Some(limit) if self.occupied.get(&key).copied().unwrap_or(0) >= *limit => {
+                format!("the tenant's quota of {limit} '{}' slice(s) is in use", replica.profile)
+            }
+            _ => format!(
+                "no '{}' slice with {} bytes free for the tenant holds fewer of them",
+                replica.profile, replica.memory_bytes
+            ),
+        };
+        Some(format!(
+            "{} replicas share slice {} on worker {}: {why}",
+            indices.len(),
+            placement.slice,
+            placement.worker
+        ))
     }
 
     fn commit(&mut self, w: usize, s: usize, replica: &ReplicaRequest) {

@@ -29,6 +29,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Placement, Placer, ReplicaRequest, SliceSpec, WorkerSpec};
+use crate::states::ReplicaState;
 
 mod canary;
 
@@ -169,7 +170,7 @@ pub struct ReplicaInfo {
     /// Slice, if placed.
     pub slice_id: Option<String>,
     /// Registry state.
-    pub state: String,
+    pub state: ReplicaState,
     /// Why it is pending or failed.
     pub reason: Option<String>,
     /// Times it was moved off a worker where its runner kept dying (0 once ready).
@@ -544,8 +545,9 @@ fn decide<'a>(
     }
     let start = Start::Stable { serving: !rolling };
     let mut created = start_replicas(d, version_info, version, missing, &old_serving, start, new_id, out);
-    let all_ready =
-        created.is_empty() && current.len() as i64 == wanted && current.values().all(|r| r.state == "ready");
+    let all_ready = created.is_empty()
+        && current.len() as i64 == wanted
+        && current.values().all(|r| r.state == ReplicaState::Ready);
     if rolling && all_ready {
         for r in current.values().filter(|r| !r.serving) {
             out.changes.push(ReplicaChange::Serve { id: r.id });
@@ -569,7 +571,7 @@ fn decide<'a>(
     let settled = !rolling
         && created.is_empty()
         && current.len() as i64 == wanted
-        && current.values().all(|r| r.state == "ready" && r.serving);
+        && current.values().all(|r| r.state == ReplicaState::Ready && r.serving);
     let mut kept: Vec<&ReplicaInfo> = current.into_values().collect();
     kept.extend(old_serving);
     kept.extend(draining);
@@ -603,7 +605,7 @@ fn sort_out<'a>(
     replicas.sort_by_key(|r| (r.index, r.id));
     let mut sorted = Sorted { current: BTreeMap::new(), old_serving: Vec::new(), draining: Vec::new() };
     for r in replicas {
-        let keep = if r.state == "draining" {
+        let keep = if r.state == ReplicaState::Draining {
             let done = r.drain_until.is_none_or(|t| t <= now);
             if done {
                 out.events.push(PlannedEvent {
@@ -653,6 +655,8 @@ fn place_all(
         profile: profile.to_string(),
         memory_bytes: u64::try_from(memory).unwrap_or(0),
     };
+    // Per deployment, the last (so the most crowded) slice its replicas had to share this tick.
+    let mut colocated: BTreeMap<Uuid, (Uuid, String)> = BTreeMap::new();
     let mut unplaced: Vec<(&DeploymentInfo, &ReplicaInfo)> = Vec::new();
     let mut crash_looping: Vec<(&DeploymentInfo, &ReplicaInfo, Placement)> = Vec::new();
     for decision in decisions {
@@ -677,7 +681,7 @@ fn place_all(
         }
     }
     for (d, r) in unplaced {
-        if r.state == "draining" {
+        if r.state == ReplicaState::Draining {
             // Nothing to drain on a worker that is gone.
             out.changes.push(ReplicaChange::Delete { id: r.id });
             continue;
@@ -705,8 +709,12 @@ fn place_all(
                 format!("slice {s} on worker {w} is unhealthy ({why}); {label} moves"),
             ));
         }
-        match placer.place(&request(d, r.index, &r.profile, r.memory_bytes)) {
+        let req = request(d, r.index, &r.profile, r.memory_bytes);
+        match placer.place(&req) {
             Ok(p) => {
+                if let Some(why) = placer.colocation(&req, &p) {
+                    colocated.insert(d.id, (d.tenant_id, why));
+                }
                 let message = format!("{label} placed on worker {} slice {}", p.worker, p.slice);
                 let kind = if lost_from.is_some() { "rescheduled" } else { "placed" };
                 out.events.push(event(kind, Some(p.worker.clone()), message));
@@ -714,7 +722,10 @@ fn place_all(
             }
             Err(e) => {
                 let reason = e.to_string();
-                if lost_from.is_some() || r.reason.as_deref() != Some(reason.as_str()) || r.state != "pending" {
+                if lost_from.is_some()
+                    || r.reason.as_deref() != Some(reason.as_str())
+                    || r.state != ReplicaState::Pending
+                {
                     out.events.push(event("unplaceable", None, format!("{label}: {reason}")));
                     out.changes.push(ReplicaChange::Unplaced { id: r.id, reason });
                 }
@@ -730,6 +741,9 @@ fn place_all(
             let new = &mut out.inserts[*i];
             let req = request(d, new.index, &new.profile, new.memory_bytes);
             let result = placer.place_preferring(&req, preferred.as_ref());
+            if let Some(why) = result.as_ref().ok().and_then(|p| placer.colocation(&req, p)) {
+                colocated.insert(d.id, (d.tenant_id, why));
+            }
             let label = replica_label(new.canary, new.index);
             let (kind, worker, message) = match &result {
                 Ok(p) => (
@@ -751,6 +765,16 @@ fn place_all(
             });
         }
     }
+    for (deployment_id, (tenant_id, message)) in colocated {
+        out.events.push(PlannedEvent {
+            tenant_id,
+            deployment_id,
+            kind: "replicas_colocated",
+            replica_id: None,
+            worker_id: None,
+            message,
+        });
+    }
 }
 
 /// How events name a replica: `replica 0`, or `canary replica 0` (the two tracks share indices).
@@ -760,7 +784,8 @@ fn replica_label(canary: bool, index: i64) -> String {
 
 /// Whether a replica failed because the runner hosting it on its worker keeps dying.
 fn is_crash_looping(r: &ReplicaInfo) -> bool {
-    r.state == "failed" && r.reason.as_deref().is_some_and(|why| why.starts_with(tessera_protocol::CRASH_LOOP_REASON))
+    r.state == ReplicaState::Failed
+        && r.reason.as_deref().is_some_and(|why| why.starts_with(tessera_protocol::CRASH_LOOP_REASON))
 }
 
 /// Times a replica is moved off crash loops before it stays where it is: a model that kills
@@ -900,7 +925,7 @@ mod tests {
             memory_bytes: d.memory_bytes.unwrap_or(1),
             worker_id: at.map(|(w, _)| w.to_string()),
             slice_id: at.map(|(_, s)| s.to_string()),
-            state: state.into(),
+            state: state.parse().expect("a replica state"),
             reason: None,
             crash_moves: 0,
             serving: true,
@@ -933,6 +958,21 @@ mod tests {
         assert!(p.inserts.iter().all(|r| r.serving && r.version == 1));
         assert_eq!(p.events.iter().filter(|e| e.kind == "placed").count(), 2);
         assert_eq!(p.inserts[0].config["instance_group"], json!([{ "count": 1, "kind": "KIND_CPU" }]));
+    }
+
+    #[test]
+    fn replicas_spread_over_slices_and_sharing_one_is_an_event() {
+        let d = deployment(1, tenant(1), 3, 1);
+        let p = run(&snapshot(vec![worker("w1", 3, 4)], vec![d.clone()], vec![]));
+        let slices: Vec<String> = placed(&p).into_iter().map(|(_, s)| s).collect();
+        assert_eq!(slices, ["cpu-0", "cpu-1", "cpu-2"]);
+        assert!(p.events.iter().all(|e| e.kind != "replicas_colocated"), "{:?}", p.events);
+        // Two slices for three replicas: one event says which slice they share and why.
+        let p = run(&snapshot(vec![worker("w1", 2, 4)], vec![d.clone()], vec![]));
+        let shared: Vec<&PlannedEvent> = p.events.iter().filter(|e| e.kind == "replicas_colocated").collect();
+        assert_eq!(shared.len(), 1, "{:?}", p.events);
+        assert_eq!(shared[0].deployment_id, d.id);
+        assert!(shared[0].message.starts_with("2 replicas share slice cpu-0 on worker w1: "), "{}", shared[0].message);
     }
 
     #[test]
@@ -976,11 +1016,13 @@ mod tests {
         ];
         let p = run(&snapshot(vec![w1, worker("w2", 2, 4)], vec![d], replicas));
         assert_eq!(p.lost_workers, ["w1"]);
+        // w2's other slice, not the one its sibling holds: replicas spread across slices too.
         let moved = ReplicaChange::Place {
             id: Uuid::from_u128(5_001),
-            placement: Placement { worker: "w2".into(), slice: "cpu-0".into() },
+            placement: Placement { worker: "w2".into(), slice: "cpu-1".into() },
         };
         assert_eq!(p.changes, [moved]);
+        assert!(p.events.iter().all(|e| e.kind != "replicas_colocated"), "{:?}", p.events);
         assert!(p.events.iter().any(|e| e.kind == "worker_lost"));
         assert!(p.events.iter().any(|e| e.kind == "rescheduled"));
     }
@@ -1054,9 +1096,9 @@ mod tests {
         let p = run(&snapshot(vec![w1, h200("w2")], vec![d], replicas));
         let moved = ReplicaChange::Place {
             id: Uuid::from_u128(5_001),
-            placement: Placement { worker: "w2".into(), slice: "MIG-w2-0".into() },
+            placement: Placement { worker: "w2".into(), slice: "MIG-w2-1".into() },
         };
-        assert_eq!(p.changes, [moved], "it joins its tenant's slice on the healthy GPU");
+        assert_eq!(p.changes, [moved], "it takes a slice of the healthy GPU its sibling does not hold");
         let why = p.events.iter().find(|e| e.kind == "slice_unhealthy").expect("an event says why");
         assert!(why.message.contains("MIG-w1-0") && why.message.contains(xid), "{why:?}");
         assert!(p.events.iter().any(|e| e.kind == "rescheduled" && e.replica_id == Some(Uuid::from_u128(5_001))));
@@ -1156,7 +1198,7 @@ mod tests {
                     memory_bytes: r.memory_bytes,
                     worker_id: Some(at.worker),
                     slice_id: Some(at.slice),
-                    state: "ready".into(),
+                    state: ReplicaState::Ready,
                     reason: None,
                     crash_moves: 0,
                     serving: false,
@@ -1165,11 +1207,11 @@ mod tests {
                 }
             })
             .collect();
-        new[1].state = "loading".into();
+        new[1].state = ReplicaState::Loading;
         let all = |new: &[ReplicaInfo]| old.iter().chain(new).cloned().collect::<Vec<_>>();
         assert!(run(&snapshot(workers.clone(), vec![d.clone()], all(&new))).is_empty());
         // Step 3: all ready: switch and drain.
-        new[1].state = "ready".into();
+        new[1].state = ReplicaState::Ready;
         let p = run(&snapshot(workers.clone(), vec![d.clone()], all(&new)));
         let until = now() + Duration::from_secs(3);
         assert_eq!(
@@ -1184,7 +1226,12 @@ mod tests {
         // Step 4: drained replicas go once their time is up.
         let drained: Vec<ReplicaInfo> = old
             .iter()
-            .map(|r| ReplicaInfo { state: "draining".into(), serving: false, drain_until: Some(until), ..r.clone() })
+            .map(|r| ReplicaInfo {
+                state: ReplicaState::Draining,
+                serving: false,
+                drain_until: Some(until),
+                ..r.clone()
+            })
             .collect();
         let serving: Vec<ReplicaInfo> = new.iter().map(|r| ReplicaInfo { serving: true, ..r.clone() }).collect();
         let replicas: Vec<ReplicaInfo> = drained.iter().chain(&serving).cloned().collect();

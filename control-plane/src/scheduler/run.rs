@@ -104,7 +104,7 @@ pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
             label,
             started.elapsed(),
             seen.map_or(0, |t| t.placement_failures),
-            seen.into_iter().flat_map(|t| t.replica_states.iter().map(String::as_str)),
+            seen.into_iter().flat_map(|t| t.replica_states.iter().map(|s| s.as_str())),
             seen.into_iter().flat_map(|t| t.worker_states.iter().map(String::as_str)),
         );
         match outcome {
@@ -126,7 +126,7 @@ struct Ticked {
     /// Replicas that found no slice in this tick's plan.
     placement_failures: u64,
     /// Replica states in the snapshot the tick read.
-    replica_states: Vec<String>,
+    replica_states: Vec<crate::states::ReplicaState>,
     /// Worker states in the snapshot the tick read.
     worker_states: Vec<String>,
 }
@@ -139,7 +139,7 @@ async fn tick(app: &App, settings: &Settings) -> crate::error::Result<Ticked> {
     let decided = plan(&snapshot, now(), settings, &mut uuid::Uuid::now_v7);
     let mut ticked = Ticked {
         placement_failures: decided.events.iter().filter(|e| e.kind == "unplaceable").count() as u64,
-        replica_states: snapshot.replicas.iter().map(|r| r.state.clone()).collect(),
+        replica_states: snapshot.replicas.iter().map(|r| r.state).collect(),
         worker_states: snapshot.workers.iter().map(|w| w.state.clone()).collect(),
         ..Ticked::default()
     };

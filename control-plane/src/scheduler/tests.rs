@@ -74,6 +74,52 @@ fn replicas_spread_across_workers() {
 }
 
 #[test]
+fn replicas_spread_across_the_slices_of_a_worker_and_say_when_they_must_share() {
+    let mut p = Placer::new(vec![worker("w1", &[("cpu-0", "cpu", 8), ("cpu-1", "cpu", 8), ("cpu-2", "cpu", 8)])]);
+    let mut slices = Vec::new();
+    for i in 0..3 {
+        let r = replica("d", i, "acme", "cpu", 1);
+        let at = p.place(&r).expect("fits");
+        assert_eq!(p.colocation(&r, &at), None, "replica {i} has a slice of its own");
+        slices.push(at.slice);
+    }
+    assert_eq!(slices, ["cpu-0", "cpu-1", "cpu-2"], "three replicas on three slices");
+    // A fourth must share: the first slice (ties break on slice id), and the placer says why.
+    let r = replica("d", 3, "acme", "cpu", 1);
+    let at = p.place(&r).expect("fits");
+    assert_eq!(at.slice, "cpu-0");
+    assert_eq!(
+        p.colocation(&r, &at).as_deref(),
+        Some(
+            "2 replicas share slice cpu-0 on worker w1: no 'cpu' slice with 1073741824 bytes free for the tenant \
+             holds fewer of them"
+        )
+    );
+    // Another deployment of the tenant packs onto a slice the tenant holds.
+    let e = p.place(&replica("e", 0, "acme", "cpu", 1)).expect("fits");
+    assert_eq!(e.slice, "cpu-0", "a held slice (all hold none of e's replicas), the first by id");
+    // A rollout's new replica beside the old one with its index is not sharing.
+    let new = replica("d", 1, "acme", "cpu", 1);
+    let beside = Placement { worker: "w1".into(), slice: "cpu-1".into() };
+    assert_eq!(p.place_preferring(&new, Some(&beside)).expect("fits"), beside);
+    assert_eq!(p.colocation(&new, &beside), None);
+}
+
+#[test]
+fn a_slice_quota_makes_replicas_share_and_says_so() {
+    let mut p = Placer::new(cpu_workers(1, 4, 8));
+    p.set_quota("acme", "cpu", 1);
+    let first = replica("d", 0, "acme", "cpu", 1);
+    let at = p.place(&first).expect("fits");
+    assert_eq!(p.colocation(&first, &at), None);
+    let second = replica("d", 1, "acme", "cpu", 1);
+    let shared = p.place(&second).expect("fits on its slice");
+    assert_eq!(shared, at);
+    let why = p.colocation(&second, &shared).expect("shares");
+    assert!(why.ends_with("the tenant's quota of 1 'cpu' slice(s) is in use"), "{why}");
+}
+
+#[test]
 fn profiles_are_matched_and_unknown_ones_refused() {
     let mut p =
         Placer::new(vec![worker("gpu-node", &[("GPU-0", "gpu", 80)]), worker("cpu-node", &[("cpu-0", "cpu", 16)])]);

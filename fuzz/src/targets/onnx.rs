@@ -54,6 +54,6 @@ pub fn run(data: &[u8]) {
     assert!(check_model(&mut Streamed::new(data), len - 1).is_err(), "trailing data is accepted");
 }
 
-fn verdict(result: Result<(), OnnxError>) -> Result<(), String> {
-    result.map_err(|e| e.to_string())
+fn verdict<T>(result: Result<T, OnnxError>) -> Result<(), String> {
+    result.map(|_| ()).map_err(|e| e.to_string())
 }

@@ -22,6 +22,7 @@ use super::{
     DeploymentInfo, Placement, Plan, PlannedEvent, ReplicaChange, ReplicaInfo, Settings, Snapshot, Sorted, Start,
     sort_out, start_replicas,
 };
+use crate::states::ReplicaState;
 
 /// What the canary track needs to know of the stable one.
 pub(super) struct Track {
@@ -66,8 +67,9 @@ pub(super) fn decide<'a>(
     let Sorted { current, mut old_serving, mut draining } = sort_out(d, replicas, key, wanted, track.now, out);
     let created = create_missing(d, &current, &old_serving, key.0, wanted, snapshot, new_id, out);
     serve_ready(d, &current, out);
-    let all_ready =
-        created.is_empty() && current.len() as i64 == wanted && current.values().all(|r| r.state == "ready");
+    let all_ready = created.is_empty()
+        && current.len() as i64 == wanted
+        && current.values().all(|r| r.state == ReplicaState::Ready);
     if all_ready && !old_serving.is_empty() {
         let until = track.now + settings.drain;
         for r in &old_serving {
@@ -117,7 +119,7 @@ fn create_missing(
 
 /// Current canary replicas serve once ready, each on its own.
 fn serve_ready(d: &DeploymentInfo, current: &BTreeMap<i64, &ReplicaInfo>, out: &mut Plan) {
-    for r in current.values().filter(|r| r.state == "ready" && !r.serving) {
+    for r in current.values().filter(|r| r.state == ReplicaState::Ready && !r.serving) {
         out.changes.push(ReplicaChange::Serve { id: r.id });
         out.events.push(PlannedEvent {
             tenant_id: d.tenant_id,
@@ -190,7 +192,7 @@ mod tests {
         let mut replicas = stable(&d, 1);
         replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), "loading"));
         assert!(run(&snapshot(workers(), vec![d.clone()], replicas.clone())).is_empty());
-        replicas[2].state = "ready".into();
+        replicas[2].state = ReplicaState::Ready;
         replicas[2].serving = false;
         let p = run(&snapshot(workers(), vec![d.clone()], replicas.clone()));
         assert_eq!(p.changes, [ReplicaChange::Serve { id: replicas[2].id }]);
@@ -221,8 +223,12 @@ mod tests {
         assert_eq!(p.changes, [ReplicaChange::Drain { id: replicas[2].id, until }]);
         assert!(p.inserts.is_empty());
         assert_eq!(kinds(&p), ["canary_draining"]);
-        replicas[2] =
-            ReplicaInfo { state: "draining".into(), serving: false, drain_until: Some(until), ..replicas[2].clone() };
+        replicas[2] = ReplicaInfo {
+            state: ReplicaState::Draining,
+            serving: false,
+            drain_until: Some(until),
+            ..replicas[2].clone()
+        };
         assert!(run(&snapshot(workers(), vec![d.clone()], replicas.clone())).is_empty(), "still draining");
         let later =
             plan(&snapshot(workers(), vec![d], replicas.clone()), until, &settings(), &mut super::super::tests::ids());
@@ -240,7 +246,7 @@ mod tests {
 
         // Canary 2 serves; the canary moves to 3: 2 serves until 3 is ready, then drains.
         let d = with_canary(2, 1, Some(3), 1);
-        replicas[2].state = "ready".into();
+        replicas[2].state = ReplicaState::Ready;
         replicas[2].serving = true;
         let p = run(&snapshot(workers(), vec![d.clone()], replicas.clone()));
         assert!(p.changes.is_empty(), "{p:?}");
