@@ -51,7 +51,7 @@ describe('filterAndSortModels', () => {
   });
 });
 
-const replica = (index: number, worker: string | null, slice: string | null, state = 'ready'): Replica => ({
+const replica = (index: number, worker: string | null, slice: string | null, state: Replica['state'] = 'ready'): Replica => ({
   id: `r${index}-${worker}`,
   index,
   version: 1,

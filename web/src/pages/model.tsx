@@ -10,6 +10,7 @@ import { Badge, ConfirmDialog, Empty, Link, Loaded, PageHeader, useLoad } from '
 
 type Version = components['schemas']['ModelVersion'];
 type Alias = components['schemas']['Alias'];
+type Signature = components['schemas']['Signature'];
 
 /** A pending alias move, waiting for confirmation. */
 interface Move {
@@ -104,6 +105,7 @@ export function ModelPage(props: { session: Session; tenant: string; model: stri
             <AliasTable aliases={aliases} versions={versions} canMove={canMove} onMove={ask} />
             <h2>Versions</h2>
             <VersionTable versions={versions} aliases={aliases} canMove={canMove} onPromote={ask} />
+            <LatestSignature versions={versions} />
           </>
         )}
       </Loaded>
@@ -243,6 +245,7 @@ function VersionTable(props: { versions: Version[]; aliases: Alias[]; canMove: b
               <th>Size</th>
               <th>Format</th>
               <th>Config</th>
+              <th>Signature</th>
               <th>Creator key</th>
               <th>Created</th>
               <th>Aliases</th>
@@ -263,6 +266,18 @@ function VersionTable(props: { versions: Version[]; aliases: Alias[]; canMove: b
                 <td>{v.format}</td>
                 <td>
                   <ConfigCell config={v.config} />
+                </td>
+                <td>
+                  {v.signature ? (
+                    <details>
+                      <summary>
+                        {v.signature.inputs.length} in, {v.signature.outputs.length} out
+                      </summary>
+                      <SignatureList signature={v.signature} />
+                    </details>
+                  ) : (
+                    <span class="muted">not recorded</span>
+                  )}
                 </td>
                 <td>
                   <code>{v.created_by ? v.created_by.slice(0, 8) : '–'}</code>
@@ -292,6 +307,75 @@ function VersionTable(props: { versions: Version[]; aliases: Alias[]; canMove: b
         </table>
       </div>
     </>
+  );
+}
+
+/** The newest version's signature, shown open: what a request to the model carries. */
+function LatestSignature(props: { versions: Version[] }) {
+  const latest = props.versions.find((v) => v.signature);
+  if (!latest?.signature) return null;
+  return (
+    <>
+      <h2>Signature of version {latest.version}</h2>
+      <SignatureTable signature={latest.signature} version={latest.version} />
+    </>
+  );
+}
+
+/** Inputs and outputs (name, datatype, shape; -1 is any size), max batch size and platform. */
+function SignatureTable(props: { signature: Signature; version: number }) {
+  const s = props.signature;
+  const rows = [
+    ...s.inputs.map((t) => ({ role: 'input', ...t })),
+    ...s.outputs.map((t) => ({ role: 'output', ...t })),
+  ];
+  return (
+    <div class="table-wrap">
+      <table data-testid={`signature-${props.version}`}>
+        <caption>
+          max batch size {s.max_batch_size === 0 ? '0 (no batching)' : s.max_batch_size} · platform <code>{s.platform}</code>
+        </caption>
+        <thead>
+          <tr>
+            <th>Role</th>
+            <th>Name</th>
+            <th>Datatype</th>
+            <th>Shape</th>
+          </tr>
+        </thead>
+        <tbody>
+          {rows.map((t) => (
+            <tr key={`${t.role}-${t.name}`}>
+              <td>{t.role}</td>
+              <td>
+                <code>{t.name}</code>
+              </td>
+              <td>{t.datatype}</td>
+              <td>
+                <code>[{t.shape.join(', ')}]</code>
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+/** A version's signature in a table cell: one line per tensor. */
+function SignatureList(props: { signature: Signature }) {
+  const s = props.signature;
+  const line = (role: string, t: Signature['inputs'][number]) => (
+    <li key={`${role}-${t.name}`}>
+      {role} <code>{t.name}</code> {t.datatype} <code>[{t.shape.join(', ')}]</code>
+    </li>
+  );
+  return (
+    <ul class="signature">
+      {s.inputs.map((t) => line('in', t))}
+      {s.outputs.map((t) => line('out', t))}
+      <li>max batch {s.max_batch_size}</li>
+    </ul>
   );
 }
 

@@ -79,6 +79,13 @@ describe('console', () => {
     expect(await v1.textContent()).toMatch(/[0-9a-f]{12}/);
     expect(await v1.textContent()).toContain('onnx');
     expect(await p.getByTestId('alias-production-version').textContent()).toBe('1');
+    // The newest version's signature, learned at upload: the demo model's INT32 tensors.
+    const signature = p.getByTestId('signature-2');
+    await signature.waitFor();
+    const text = (await signature.textContent()) ?? '';
+    expect(text).toContain('INPUT0');
+    expect(text).toContain('INT32');
+    expect(text).toContain('[-1, 16]');
     await v1.getByText('JSON').click();
     await screenshot(p, '02-model-versions');
   });
