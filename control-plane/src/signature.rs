@@ -86,7 +86,7 @@ pub struct TensorSignature {
     /// Element type.
     pub datatype: TensorDatatype,
     /// Shape as a request carries it, batch dimension included when the model batches; `-1`
-    /// for a dimension of any size.
+    /// for a dimension of any size (only the batch dimension when the model declares no shape).
     pub shape: Vec<i64>,
 }
 
@@ -288,9 +288,13 @@ fn side(
 }
 
 /// A graph tensor's signature when the config says nothing of it: batching needs a variable
-/// first dimension, which the batch then takes.
+/// first dimension, which the batch then takes. A graph that declares no shape for the tensor
+/// is not refused (only its worker can tell): its signature shows the batch dimension alone.
 fn batch_checked(role: &str, t: &GraphTensor, batching: bool) -> std::result::Result<TensorSignature, String> {
-    let shape = t.shape.clone().unwrap_or_default();
+    let Some(shape) = t.shape.clone() else {
+        let shape = if batching { vec![-1] } else { Vec::new() };
+        return Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype.into(), shape });
+    };
     if batching && shape.first() != Some(&-1) {
         return Err(format!(
             "{role} '{}' has shape {} in the model, but max_batch_size > 0 needs a variable first (batch) \
@@ -396,6 +400,11 @@ mod tests {
         assert_eq!(s.max_batch_size, 0);
         assert_eq!(s.inputs, [sig("x", TensorDatatype::Int64, &[2, 4])]);
         assert_eq!(s.outputs, [sig("y", TensorDatatype::Bool, &[])]);
+        // A tensor without a declared shape is left to the worker.
+        let unknown = io(vec![ValueInfo { name: "x".into(), ty: ValueType::Tensor { elem_type: 1, shape: None } }], vec![]);
+        let parsed = tessera_protocol::model_config::from_pbtxt("max_batch_size: 8").unwrap();
+        let u = signature("model.onnx", &unknown, Some(&parsed), "config").unwrap();
+        assert_eq!(u.inputs, [sig("x", TensorDatatype::Fp32, &[-1])]);
         let wire = serde_json::to_value(&s).unwrap();
         assert_eq!(wire["inputs"][0]["datatype"], "INT64");
         assert_eq!(wire["outputs"][0], serde_json::json!({ "name": "y", "datatype": "BOOL", "shape": [] }));
