@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::{Opts, Resp, TestApp, TestDb, onnx_bytes};
+use super::{MIN_ONNX_BYTES, Opts, Resp, TestApp, TestDb, onnx_bytes};
 
 async fn model_lifecycle(app: TestApp) {
     let t = app.tenant("acme").await;
@@ -156,13 +156,13 @@ async fn quotas_are_enforced_and_reported() {
     app.upload(&t.deployer, "acme", "a", "", onnx_bytes(1000)).await.expect(201);
     let big = app.upload(&t.deployer, "acme", "a", "", onnx_bytes(501)).await;
     assert_eq!((big.status, big.code()), (409, "quota_exceeded.storage_bytes"));
-    app.upload(&t.deployer, "acme", "a", "", onnx_bytes(459)).await.expect(201);
-    let third = app.upload(&t.deployer, "acme", "a", "", onnx_bytes(41)).await;
+    app.upload(&t.deployer, "acme", "a", "", onnx_bytes(449)).await.expect(201);
+    let third = app.upload(&t.deployer, "acme", "a", "", onnx_bytes(MIN_ONNX_BYTES)).await;
     assert_eq!((third.status, third.code()), (409, "quota_exceeded.versions"));
     assert_eq!(app.stored_files(), 2, "refused uploads leave nothing behind");
 
     let q = app.get(&t.viewer, "/v1/tenants/acme/quotas").await;
-    assert_eq!(q.expect(200)["usage"], json!({ "models": 1, "versions": 2, "storage_bytes": 1459, "replicas": 0 }));
+    assert_eq!(q.expect(200)["usage"], json!({ "models": 1, "versions": 2, "storage_bytes": 1449, "replicas": 0 }));
     let bad = app.put(&app.admin_key, "/v1/tenants/acme/quotas", &json!({ "models": -1 })).await;
     assert_eq!(bad.status, 422);
 }

@@ -13,6 +13,7 @@ mod flows;
 mod gpus;
 mod metrics;
 mod openapi;
+mod signatures;
 mod tenancy;
 mod tls;
 mod uploads;
@@ -414,10 +415,16 @@ fn len_field(number: u64, body: &[u8], out: &mut Vec<u8>) {
 }
 
 /// Length of the smallest model [`onnx_bytes`] makes.
-pub const MIN_ONNX_BYTES: usize = 39;
+pub const MIN_ONNX_BYTES: usize = 51;
 
-/// A well-formed ONNX model (one Identity node from `x` to `y`), exactly `n` bytes long: a
-/// `doc_string` pads it. `n` is [`MIN_ONNX_BYTES`] or at least 2 more.
+/// A `ValueInfoProto` body: `name`, typed as an FP32 tensor of no declared shape.
+fn fp32_value(name: u8) -> Vec<u8> {
+    // name, then type { tensor_type { elem_type: FLOAT } }
+    vec![0x0a, 0x01, name, 0x12, 0x04, 0x0a, 0x02, 0x08, 0x01]
+}
+
+/// A well-formed ONNX model (one Identity node from `x` to `y`, both FP32 tensors), exactly
+/// `n` bytes long: a `doc_string` pads it. `n` is [`MIN_ONNX_BYTES`] or at least 2 more.
 pub fn onnx_bytes(n: usize) -> Vec<u8> {
     let mut node = Vec::new();
     len_field(1, b"x", &mut node);
@@ -426,8 +433,8 @@ pub fn onnx_bytes(n: usize) -> Vec<u8> {
     let mut graph = Vec::new();
     len_field(1, &node, &mut graph);
     len_field(2, b"g", &mut graph);
-    len_field(11, &[0x0a, 0x01, b'x'], &mut graph);
-    len_field(12, &[0x0a, 0x01, b'y'], &mut graph);
+    len_field(11, &fp32_value(b'x'), &mut graph);
+    len_field(12, &fp32_value(b'y'), &mut graph);
     let mut m = vec![0x08, 0x08]; // ir_version 8
     len_field(8, &[0x10, 0x0d], &mut m); // opset_import { version: 13 }
     len_field(7, &graph, &mut m);
@@ -445,6 +452,55 @@ pub fn onnx_bytes(n: usize) -> Vec<u8> {
         len_field(6, &vec![b'z'; pad], &mut m);
     }
     assert_eq!(m.len(), n.max(MIN_ONNX_BYTES));
+    m
+}
+
+/// What scikit-learn's classifiers become through skl2onnx with its default ZipMap: an FP32
+/// `float_input [N, 4]`, an INT64 `output_label [N]` and `output_probability`, a sequence of
+/// maps from INT64 to FP32.
+pub fn zipmap_onnx() -> Vec<u8> {
+    let tensor_type = |elem_type: u8, dims: &[Option<u8>]| {
+        let mut shape = Vec::new();
+        for d in dims {
+            let mut dim = Vec::new();
+            match d {
+                Some(n) => dim.extend_from_slice(&[0x08, *n]),
+                None => len_field(2, b"N", &mut dim),
+            }
+            len_field(1, &dim, &mut shape);
+        }
+        let mut tensor = vec![0x08, elem_type];
+        len_field(2, &shape, &mut tensor);
+        let mut ty = Vec::new();
+        len_field(1, &tensor, &mut ty);
+        ty
+    };
+    let value = |name: &str, ty: &[u8]| {
+        let mut v = Vec::new();
+        len_field(1, name.as_bytes(), &mut v);
+        len_field(2, ty, &mut v);
+        v
+    };
+    let mut map = vec![0x08, 0x07]; // key_type: INT64
+    len_field(2, &tensor_type(1, &[]), &mut map);
+    let mut map_type = Vec::new();
+    len_field(5, &map, &mut map_type);
+    let mut sequence = Vec::new();
+    len_field(1, &map_type, &mut sequence);
+    let mut zipmap = Vec::new();
+    len_field(4, &sequence, &mut zipmap);
+    let mut node = Vec::new();
+    len_field(1, b"float_input", &mut node);
+    len_field(2, b"output_label", &mut node);
+    len_field(4, b"LinearClassifier", &mut node);
+    let mut graph = Vec::new();
+    len_field(1, &node, &mut graph);
+    len_field(11, &value("float_input", &tensor_type(1, &[None, Some(4)])), &mut graph);
+    len_field(12, &value("output_label", &tensor_type(7, &[None])), &mut graph);
+    len_field(12, &value("output_probability", &zipmap), &mut graph);
+    let mut m = vec![0x08, 0x08];
+    len_field(8, &[0x10, 0x0d], &mut m);
+    len_field(7, &graph, &mut m);
     m
 }
 
