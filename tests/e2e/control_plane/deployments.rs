@@ -364,6 +364,16 @@ async fn moving_an_alias_rolls_out_beside_the_old_version_then_drains_it() {
         .raw(app.client.patch(format!("{}{path}", app.url)).bearer_auth(&acme.deployer).json(&json!({ "version": 2 })));
     let pinned = pinned.await;
     assert_eq!((pinned.body["version"].as_i64(), pinned.body["alias"].is_null()), (Some(2), true), "{:?}", pinned.body);
+    // The pin says it stopped following the alias, in the answer and in the events.
+    let notice = pinned.body["notice"].as_str().unwrap_or_default();
+    assert!(notice.starts_with("pinned to version 2: no longer follows alias 'production'"), "{notice}");
+    let events = app.get(&acme.viewer, &format!("{path}/events")).await.expect(200).clone();
+    let unfollowed = events["events"].as_array().unwrap().iter().any(|e| e["kind"] == "alias_unfollowed");
+    assert!(unfollowed, "{events}");
+    let again = app
+        .raw(app.client.patch(format!("{}{path}", app.url)).bearer_auth(&acme.deployer).json(&json!({ "replicas": 2 })))
+        .await;
+    assert!(again.body.get("notice").is_none(), "only the change that unfollowed says so: {:?}", again.body);
     let settled = w.assignments_until(|a| a.len() == 2).await;
     assert_eq!(versions(&settled), [(2, true), (2, true)]);
     w.beats.abort();
