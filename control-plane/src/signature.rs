@@ -401,7 +401,8 @@ mod tests {
         assert_eq!(s.inputs, [sig("x", TensorDatatype::Int64, &[2, 4])]);
         assert_eq!(s.outputs, [sig("y", TensorDatatype::Bool, &[])]);
         // A tensor without a declared shape is left to the worker.
-        let unknown = io(vec![ValueInfo { name: "x".into(), ty: ValueType::Tensor { elem_type: 1, shape: None } }], vec![]);
+        let unknown =
+            io(vec![ValueInfo { name: "x".into(), ty: ValueType::Tensor { elem_type: 1, shape: None } }], vec![]);
         let parsed = tessera_protocol::model_config::from_pbtxt("max_batch_size: 8").unwrap();
         let u = signature("model.onnx", &unknown, Some(&parsed), "config").unwrap();
         assert_eq!(u.inputs, [sig("x", TensorDatatype::Fp32, &[-1])]);
