@@ -18,12 +18,9 @@ async fn whoami_names_the_tenant_role_key_and_user() {
     assert!(me["key_prefix"].as_str().is_some_and(|p| t.inference.starts_with(p)), "{me}");
     assert!(me["user"].is_null(), "a service key has no user: {me}");
 
-    let user = app.post(
-        &t.admin,
-        "/v1/tenants/acme/users",
-        &json!({ "email": "ana@example.com", "name": "Ana", "role": "deployer" }),
-    );
-    let user_id = user.await.expect(201)["id"].as_str().expect("an id").to_string();
+    let ana = json!({ "email": "ana@example.com", "name": "Ana", "role": "deployer" });
+    let user = app.post(&t.admin, "/v1/tenants/acme/users", &ana).await;
+    let user_id = user.expect(201)["id"].as_str().expect("an id").to_string();
     let body = json!({ "name": "laptop", "role": "deployer", "user_id": user_id });
     let key = app.post(&t.admin, "/v1/tenants/acme/api-keys", &body).await.expect(201)["key"].clone();
     let token = app.token(key.as_str().expect("a key")).await.expect(200)["access_token"].clone();
