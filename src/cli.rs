@@ -11,6 +11,8 @@ use tessera_data_plane::serve::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
 use tessera_data_plane::worker::gpu::NvmlSource;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::output::Output;
+
 /// Tessera: a Triton-compatible, multi-tenant inference service.
 #[derive(Debug, Parser)]
 #[command(name = "tessera", version, about)]
@@ -18,6 +20,9 @@ pub struct Cli {
     /// Log line format.
     #[arg(long, env = "TESSERA_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
+    /// How the client verbs print: tables for people, or the API's JSON for scripts.
+    #[arg(long, short = 'o', env = "TESSERA_OUTPUT", value_enum, default_value_t = Output::Table, global = true)]
+    pub output: Output,
     /// What to run.
     #[command(subcommand)]
     pub command: Command,
@@ -60,15 +65,31 @@ pub enum Command {
     Dev(crate::dev::DevArgs),
     /// Check an API key against a control plane and save URL, key and tenant for the verbs below.
     Login(crate::client::login::LoginArgs),
-    /// Models: `push FILE --model NAME` uploads a version.
+    /// Who the configured key is: tenant, role, key and user.
+    Whoami(crate::client::whoami::WhoamiArgs),
+    /// Models: `list`, `get`, `delete`; `push FILE --model NAME [--alias A]` uploads a version.
     #[command(subcommand)]
     Models(crate::client::models::ModelsCommand),
+    /// A model's versions: `list MODEL`, `get MODEL VERSION` (with its signature).
+    #[command(subcommand)]
+    Versions(crate::client::versions::VersionsCommand),
+    /// A model's aliases: `list`, `set` (or `move`), `rollback`.
+    #[command(subcommand)]
+    Aliases(crate::client::aliases::AliasesCommand),
     /// Create or update a model's deployment (replicas on workers).
     Deploy(crate::client::deploy::DeployArgs),
-    /// Deployments: `list`, `get NAME`; canaries: `canary NAME`, `promote NAME`, `rollback NAME`.
+    /// Deployments: `list`, `get`, `scale`, `delete`, `events`, `watch`; canaries: `canary`,
+    /// `promote`, `rollback`.
     #[command(subcommand)]
-    Deployments(crate::client::deploy::DeploymentsCommand),
-    /// One KServe v2 JSON inference against a worker; prints the JSON answer.
+    Deployments(crate::client::deployments::DeploymentsCommand),
+    /// The tenant's API keys: `create` (the secret is printed once), `list`, `revoke`.
+    #[command(subcommand)]
+    Keys(crate::client::keys::KeysCommand),
+    /// The tenant's usage (requests, inferences, compute and slice time), grouped as asked.
+    Usage(crate::client::billing::UsageArgs),
+    /// The tenant's invoice for a month.
+    Invoice(crate::client::billing::InvoiceArgs),
+    /// One KServe v2 JSON inference; prints each output compactly (`--output json`: the answer).
     Infer(crate::client::infer::InferArgs),
     /// Make a local CA (`ca.pem`) and a server certificate it signs (`cert.pem`, `key.pem`) in a
     /// directory, for `--tls-cert`/`--tls-key` and clients' `--ca-cert` in development and tests.
@@ -95,7 +116,17 @@ impl Command {
     pub fn is_client(&self) -> bool {
         matches!(
             self,
-            Command::Login(_) | Command::Models(_) | Command::Deploy(_) | Command::Deployments(_) | Command::Infer(_)
+            Command::Login(_)
+                | Command::Whoami(_)
+                | Command::Models(_)
+                | Command::Versions(_)
+                | Command::Aliases(_)
+                | Command::Deploy(_)
+                | Command::Deployments(_)
+                | Command::Keys(_)
+                | Command::Usage(_)
+                | Command::Invoice(_)
+                | Command::Infer(_)
         )
     }
 }
@@ -248,6 +279,7 @@ pub fn init_logging(format: LogFormat, default_filter: &str) {
 
 /// Runs the chosen subcommand.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
+    let output = cli.output;
     match cli.command {
         Command::Serve(args) => {
             args.listen.apply_process_settings();
@@ -325,10 +357,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             crate::dev::run(args, shutdown).await
         }
         Command::Login(args) => crate::client::login::run(args).await,
-        Command::Models(command) => crate::client::models::run(command).await,
-        Command::Deploy(args) => crate::client::deploy::run_deploy(args).await,
-        Command::Deployments(command) => crate::client::deploy::run_deployments(command).await,
-        Command::Infer(args) => crate::client::infer::run(args).await,
+        Command::Whoami(args) => crate::client::whoami::run(args, output).await,
+        Command::Models(command) => crate::client::models::run(command, output).await,
+        Command::Versions(command) => crate::client::versions::run(command, output).await,
+        Command::Aliases(command) => crate::client::aliases::run(command, output).await,
+        Command::Deploy(args) => crate::client::deploy::run_deploy(args, output).await,
+        Command::Deployments(command) => crate::client::deployments::run(command, output).await,
+        Command::Keys(command) => crate::client::keys::run(command, output).await,
+        Command::Usage(args) => crate::client::billing::run_usage(args, output).await,
+        Command::Invoice(args) => crate::client::billing::run_invoice(args, output).await,
+        Command::Infer(args) => crate::client::infer::run(args, output).await,
         Command::TlsCert(args) => {
             let hosts: Vec<&str> = if args.hosts.is_empty() {
                 tessera_protocol::tls::local::LOOPBACK_HOSTS.to_vec()
@@ -368,4 +406,43 @@ async fn cancel_on_signal(token: CancellationToken) {
     }
     tracing::info!("shutdown signal received");
     token.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        // Duplicate flag names and the like panic at parse time; this finds them at test time.
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn output_is_a_global_flag_before_or_after_the_verb() {
+        let before = Cli::try_parse_from(["tessera", "-o", "json", "models", "list"]).expect("parses");
+        assert_eq!(before.output, Output::Json);
+        let after = Cli::try_parse_from(["tessera", "deployments", "get", "d", "--output", "json"]).expect("parses");
+        assert_eq!(after.output, Output::Json);
+        let default = Cli::try_parse_from(["tessera", "whoami"]).expect("parses");
+        assert_eq!(default.output, Output::Table);
+        assert!(Cli::try_parse_from(["tessera", "-o", "yaml", "whoami"]).is_err());
+    }
+
+    #[test]
+    fn client_verbs_refuse_bad_arguments_before_any_call() {
+        let refused = |args: &[&str]| Cli::try_parse_from(args).is_err();
+        assert!(refused(&["tessera", "deployments", "scale", "d", "--replicas", "65"]), "at most 64 replicas");
+        assert!(refused(&["tessera", "deployments", "scale", "d"]), "--replicas is required");
+        assert!(refused(&["tessera", "keys", "create", "--name", "x", "--role", "owner"]), "roles are a closed set");
+        assert!(refused(&["tessera", "invoice", "--period", "2026-13"]), "a month");
+        assert!(refused(&["tessera", "usage", "--version", "2"]), "a version needs its model");
+        assert!(refused(&["tessera", "deploy", "--model", "m", "--version", "1", "--alias", "a"]), "pin or follow");
+        assert!(refused(&["tessera", "aliases", "set", "m", "production"]), "--version is required");
+        let moved = Cli::try_parse_from(["tessera", "aliases", "move", "m", "production", "--version", "2"]);
+        assert!(moved.is_ok(), "`move` is `set`");
+        assert!(Cli::try_parse_from(["tessera", "keys", "revoke", "ci", "--key", "tsk_x", "--yes"]).is_ok());
+    }
 }

@@ -51,6 +51,38 @@ impl ApiError {
     pub fn is_not_found(&self) -> bool {
         self.status() == Some(reqwest::StatusCode::NOT_FOUND)
     }
+
+    /// What to do next, by status: `on_404` for a missing resource (e.g. "`tessera models list`
+    /// shows your models"), general advice for the statuses every verb can meet.
+    pub fn next_step(&self, on_404: &str) -> Option<String> {
+        use reqwest::StatusCode;
+        let advice = match self {
+            ApiError::Unreachable { .. } => {
+                "is the control plane running there? check --url / TESSERA_URL (`tessera login` saves it)"
+            }
+            ApiError::Decode { .. } => "is --url the control plane's address (not a worker's or the gateway's)?",
+            ApiError::Status { status, .. } => match *status {
+                StatusCode::NOT_FOUND if !on_404.is_empty() => on_404,
+                StatusCode::UNAUTHORIZED => {
+                    "the key was refused: check it, or run `tessera login --url URL --key KEY` with a valid one"
+                }
+                StatusCode::FORBIDDEN => {
+                    "`tessera whoami` shows your key's role; ask a tenant admin for a key whose role allows this"
+                }
+                StatusCode::TOO_MANY_REQUESTS => "slow down and retry in a moment",
+                _ => return None,
+            },
+        };
+        Some(advice.to_string())
+    }
+
+    /// This error as one line ending in what to do next ([`ApiError::next_step`]).
+    pub fn advise(self, on_404: &str) -> anyhow::Error {
+        match self.next_step(on_404) {
+            Some(next) => anyhow::anyhow!("{self} ({next})"),
+            None => anyhow::Error::new(self),
+        }
+    }
 }
 
 /// The message in an error body: `{"error": {"message"}}` (`/v1`), `{"error": "..."}`
@@ -161,6 +193,54 @@ impl ApiClient {
     pub async fn post<B: Serialize + ?Sized, T: DeserializeOwned>(&self, path: &str, body: &B) -> Result<T, ApiError> {
         self.call(reqwest::Method::POST, path, body).await
     }
+
+    /// `DELETE path`; the answer's body as JSON, `null` when empty (204).
+    pub async fn delete(&self, path: &str) -> Result<Value, ApiError> {
+        let (url, text) = self.send_raw(self.request(reqwest::Method::DELETE, path).timeout(CALL_TIMEOUT)).await?;
+        if text.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&text).map_err(|e| ApiError::Decode { url, reason: e.to_string() })
+    }
+
+    /// Every item of a paged list: `GET path` with `query`, the array under `field` of each
+    /// page, following `next_cursor` until a page has none.
+    pub async fn get_all(&self, path: &str, query: &[(&str, String)], field: &str) -> Result<Vec<Value>, ApiError> {
+        let mut items = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_PAGES {
+            let mut request = self.request(reqwest::Method::GET, path).timeout(CALL_TIMEOUT).query(query);
+            if let Some(c) = &cursor {
+                request = request.query(&[("cursor", c)]);
+            }
+            let (url, text) = self.send_raw(request).await?;
+            let page: Value = serde_json::from_str(&text)
+                .map_err(|e| ApiError::Decode { url: url.clone(), reason: e.to_string() })?;
+            let (mut got, next) = page_items(page, field)
+                .ok_or_else(|| ApiError::Decode { url, reason: format!("no \"{field}\" array in the answer") })?;
+            items.append(&mut got);
+            match next {
+                Some(next) => cursor = Some(next),
+                None => return Ok(items),
+            }
+        }
+        Err(ApiError::Decode { url: path.to_string(), reason: format!("more than {MAX_PAGES} pages") })
+    }
+}
+
+/// Most pages [`ApiClient::get_all`] follows (a server that always answers a cursor would
+/// otherwise keep it forever).
+const MAX_PAGES: usize = 10_000;
+
+/// A page's items (under `field`, else `items`) and its `next_cursor`.
+fn page_items(page: Value, field: &str) -> Option<(Vec<Value>, Option<String>)> {
+    let Value::Object(mut page) = page else { return None };
+    let next = page.get("next_cursor").and_then(Value::as_str).filter(|c| !c.is_empty()).map(str::to_string);
+    let items = match page.remove(field).or_else(|| page.remove("items"))? {
+        Value::Array(items) => items,
+        _ => return None,
+    };
+    Some((items, next))
 }
 
 /// The innermost cause of a reqwest error (e.g. `Connection refused`), which says more
@@ -206,6 +286,33 @@ mod tests {
         let e =
             ApiError::Status { status: reqwest::StatusCode::FORBIDDEN, message: "role 'inference' may not x".into() };
         assert_eq!(e.to_string(), "HTTP 403 Forbidden: role 'inference' may not x");
+    }
+
+    #[test]
+    fn errors_say_what_to_do_next() {
+        let status = |code: u16| ApiError::Status {
+            status: reqwest::StatusCode::from_u16(code).expect("a status"),
+            message: "m".into(),
+        };
+        let missing = status(404).advise("`tessera models list` shows your models").to_string();
+        assert_eq!(missing, "HTTP 404 Not Found: m (`tessera models list` shows your models)");
+        assert!(status(403).advise("").to_string().contains("tessera whoami"));
+        assert!(status(401).advise("").to_string().contains("tessera login"));
+        assert_eq!(status(409).advise("x").to_string(), "HTTP 409 Conflict: m", "no advice where none helps");
+        assert_eq!(status(404).next_step(""), None);
+        let down = ApiError::Unreachable { url: "http://x".into(), reason: "refused".into() };
+        assert!(down.advise("").to_string().contains("TESSERA_URL"));
+    }
+
+    #[test]
+    fn pages_give_their_items_and_cursor() {
+        let page = serde_json::json!({"models": [{"name": "a"}], "next_cursor": "c1"});
+        let (items, next) = page_items(page, "models").expect("a page");
+        assert_eq!((items.len(), next.as_deref()), (1, Some("c1")));
+        let last = serde_json::json!({"items": [], "next_cursor": null});
+        assert_eq!(page_items(last, "models"), Some((Vec::new(), None)), "items is the generic field");
+        assert_eq!(page_items(serde_json::json!({"other": []}), "models"), None);
+        assert_eq!(page_items(serde_json::json!([]), "models"), None);
     }
 
     #[test]

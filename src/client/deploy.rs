@@ -1,14 +1,15 @@
-//! `tessera deploy` and `tessera deployments list|get|canary|promote|rollback`: create or update
-//! a deployment, show its replicas and traffic split, wait (with a spinner) until it serves its
-//! target version, and set, weight, promote or roll back its canary.
+//! `tessera deploy`: create or update a deployment and wait (with a spinner) until it serves its
+//! target version; the deployment and replica types, reads and waits the `deployments` verbs
+//! share.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::api::{ApiClient, segment};
+use super::output::{Output, Table, opt, print_json};
 use super::progress;
 use super::settings::ConnectionArgs;
 
@@ -42,87 +43,6 @@ pub struct DeployArgs {
     /// Longest wait with `--wait`, in seconds.
     #[arg(long, default_value_t = 300)]
     pub timeout_secs: u64,
-    /// Print the deployment as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Control plane connection.
-    #[command(flatten)]
-    pub connection: ConnectionArgs,
-}
-
-/// `tessera deployments …` verbs.
-#[derive(Debug, clap::Subcommand)]
-pub enum DeploymentsCommand {
-    /// The tenant's deployments.
-    List(ListArgs),
-    /// One deployment with its replicas and traffic split.
-    Get(GetArgs),
-    /// Set the canary (`--version` or `--alias` with `--weight`), or change only its weight
-    /// (`--weight` alone): that percent of unversioned traffic goes to the canary's version.
-    Canary(CanaryArgs),
-    /// Promote the canary: its version rolls out to the stable replicas, then the canary goes.
-    Promote(CanaryActionArgs),
-    /// Roll the canary back: the stable version takes all traffic, the canary's replicas drain.
-    Rollback(CanaryActionArgs),
-}
-
-/// `tessera deployments canary` flags.
-#[derive(Debug, clap::Args)]
-pub struct CanaryArgs {
-    /// Deployment name.
-    pub name: String,
-    /// The canary's version (sets or replaces the canary).
-    #[arg(long, conflicts_with = "alias")]
-    pub version: Option<i64>,
-    /// An alias whose current version becomes the canary (resolved once, not followed).
-    #[arg(long)]
-    pub alias: Option<String>,
-    /// Percent of unversioned traffic the canary gets (1 to 99).
-    #[arg(long)]
-    pub weight: u32,
-    /// Replicas of the canary (default 1; only with `--version` or `--alias`).
-    #[arg(long)]
-    pub replicas: Option<u32>,
-    /// Print the deployment as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Control plane connection.
-    #[command(flatten)]
-    pub connection: ConnectionArgs,
-}
-
-/// `tessera deployments promote|rollback` flags.
-#[derive(Debug, clap::Args)]
-pub struct CanaryActionArgs {
-    /// Deployment name.
-    pub name: String,
-    /// Print the deployment as JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Control plane connection.
-    #[command(flatten)]
-    pub connection: ConnectionArgs,
-}
-
-/// `tessera deployments list` flags.
-#[derive(Debug, clap::Args)]
-pub struct ListArgs {
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
-    /// Control plane connection.
-    #[command(flatten)]
-    pub connection: ConnectionArgs,
-}
-
-/// `tessera deployments get` flags.
-#[derive(Debug, clap::Args)]
-pub struct GetArgs {
-    /// Deployment name.
-    pub name: String,
-    /// Print JSON.
-    #[arg(long)]
-    pub json: bool,
     /// Control plane connection.
     #[command(flatten)]
     pub connection: ConnectionArgs,
@@ -159,6 +79,10 @@ pub struct Deployment {
     /// Where applications call the model through the gateways, when the control plane knows.
     #[serde(default)]
     pub endpoint: Option<Endpoint>,
+    /// What the control plane wants the caller to know about the change just made (e.g. that
+    /// a version pin stopped following an alias).
+    #[serde(default)]
+    pub notice: Option<String>,
 }
 
 /// A deployment's gateway endpoint.
@@ -190,8 +114,11 @@ pub struct TrafficShare {
 }
 
 /// One replica of a deployment.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct Replica {
+    /// Id.
+    #[serde(default)]
+    pub id: Option<String>,
     /// Index within the deployment.
     #[serde(default)]
     pub index: u32,
@@ -227,9 +154,14 @@ impl Deployment {
         self.state == "ready" && (self.replicas == 0 || self.serving_version == Some(self.version))
     }
 
+    /// Replicas ready and taking traffic.
+    pub fn ready_replicas(&self) -> usize {
+        self.replica_status.iter().filter(|r| r.state == "ready" && r.serving).count()
+    }
+
     /// One line: `simple: ready, version 1 (alias production), 1/1 replicas ready`.
     pub fn summary(&self) -> String {
-        let ready = self.replica_status.iter().filter(|r| r.state == "ready" && r.serving).count();
+        let ready = self.ready_replicas();
         let alias = self.alias.as_deref().map(|a| format!(" (alias {a})")).unwrap_or_default();
         let serving = match self.serving_version {
             Some(v) if v != self.version => format!(", serving version {v}"),
@@ -293,27 +225,48 @@ pub fn endpoint_url(endpoint: &str) -> String {
 
 /// The replica table `deploy` and `deployments get` print.
 pub fn replica_table(d: &Deployment) -> String {
-    let row = |cells: [&str; 7]| {
-        let [index, version, state, serving, worker, slice, endpoint] = cells;
-        format!("{index:<5} {version:<7} {state:<9} {serving:<7} {worker:<36} {slice:<8} {endpoint}")
-    };
-    let mut out = row(["INDEX", "VERSION", "STATE", "SERVING", "WORKER", "SLICE", "ENDPOINT"]);
-    out.push('\n');
+    let mut table = Table::new(["INDEX", "VERSION", "STATE", "SERVING", "WORKER", "SLICE", "ENDPOINT", "NOTE"]);
     for r in &d.replica_status {
-        let (index, version) = (r.index.to_string(), r.version.to_string());
         let serving = if r.serving { "yes" } else { "no" };
-        let text = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".into());
-        let (worker, slice, endpoint) = (text(&r.worker_id), text(&r.slice_id), text(&r.http_endpoint));
-        out.push_str(&row([&index, &version, &r.state, serving, &worker, &slice, &endpoint]));
+        let mut notes = Vec::new();
         if r.canary {
-            out.push_str("  (canary)");
+            notes.push("canary".to_string());
         }
-        if let Some(reason) = &r.reason {
-            out.push_str(&format!("  ({reason})"));
-        }
-        out.push('\n');
+        notes.extend(r.reason.clone());
+        table.row([
+            r.index.to_string(),
+            r.version.to_string(),
+            r.state.clone(),
+            serving.to_string(),
+            opt(r.worker_id.as_ref()),
+            opt(r.slice_id.as_ref()),
+            opt(r.http_endpoint.as_ref()),
+            notes.join("; "),
+        ]);
     }
-    out
+    table.render()
+}
+
+/// The deployments as a table: one row each.
+pub fn deployments_table(items: &[Deployment]) -> Table {
+    let mut table = Table::new(["NAME", "MODEL", "VERSION", "ALIAS", "STATE", "READY", "PROFILE"]);
+    for d in items {
+        let ready = format!("{}/{}", d.ready_replicas(), d.replicas);
+        let version = match d.serving_version {
+            Some(v) if v != d.version => format!("{} (serving {v})", d.version),
+            _ => d.version.to_string(),
+        };
+        table.row([
+            d.name.clone(),
+            d.model.clone(),
+            version,
+            opt(d.alias.as_ref()),
+            d.state.clone(),
+            ready,
+            d.profile.clone(),
+        ]);
+    }
+    table
 }
 
 fn deployments_path(tenant: &str) -> String {
@@ -323,19 +276,32 @@ fn deployments_path(tenant: &str) -> String {
 /// One deployment, `None` if there is none by that name.
 pub async fn get(api: &ApiClient, tenant: &str, name: &str) -> anyhow::Result<Option<(Deployment, Value)>> {
     let path = format!("{}/{}", deployments_path(tenant), segment(name));
-    let Some(raw) = api.get_opt::<Value>(&path).await.with_context(|| format!("read deployment {name}"))? else {
+    let found = api.get_opt::<Value>(&path).await.map_err(|e| e.advise(""));
+    let Some(raw) = found.with_context(|| format!("read deployment {name}"))? else {
         return Ok(None);
     };
     let d = serde_json::from_value(raw.clone()).context("read the deployment")?;
     Ok(Some((d, raw)))
 }
 
-/// The tenant's deployments.
+/// The tenant's deployments (every page), parsed and as the API gave them.
 pub async fn list(api: &ApiClient, tenant: &str) -> anyhow::Result<(Vec<Deployment>, Value)> {
-    let raw: Value = api.get(&deployments_path(tenant)).await.context("list deployments")?;
-    let items = raw.get("deployments").cloned().unwrap_or(Value::Array(Vec::new()));
-    Ok((serde_json::from_value(items).context("read the deployments")?, raw))
+    let items = api
+        .get_all(&deployments_path(tenant), &[], "deployments")
+        .await
+        .map_err(|e| e.advise(""))
+        .context("list deployments")?;
+    let raw = Value::Array(items);
+    Ok((serde_json::from_value(raw.clone()).context("read the deployments")?, raw))
 }
+
+/// The path of one deployment.
+pub fn deployment_path(tenant: &str, name: &str) -> String {
+    format!("{}/{}", deployments_path(tenant), segment(name))
+}
+
+/// Where to look when a deployment is not found.
+pub const DEPLOYMENTS_HINT: &str = "`tessera deployments list` shows your deployments";
 
 impl DeployArgs {
     /// The body of a create (every given field) or update (given fields but name and model).
@@ -361,89 +327,82 @@ impl DeployArgs {
     }
 }
 
-impl CanaryArgs {
-    /// The method and body: PUT with the version (or alias), weight and replicas to set the
-    /// canary; PATCH with the weight alone to change it.
-    fn request(&self) -> anyhow::Result<(reqwest::Method, Value)> {
-        let weight = json!(self.weight);
-        if self.version.is_none() && self.alias.is_none() {
-            if self.replicas.is_some() {
-                bail!("--replicas needs --version or --alias (it sets a new canary)");
-            }
-            return Ok((reqwest::Method::PATCH, json!({ "weight": weight })));
-        }
-        let mut body = Map::new();
-        let fields = [
-            ("version", self.version.map(Value::from)),
-            ("alias", self.alias.clone().map(Value::from)),
-            ("weight", Some(weight)),
-            ("replicas", self.replicas.map(Value::from)),
-        ];
-        body.extend(fields.into_iter().filter_map(|(k, v)| v.map(|v| (k.to_string(), v))));
-        Ok((reqwest::Method::PUT, Value::Object(body)))
-    }
-}
-
-/// Prints a deployment a canary verb answered: JSON, or its summary, split and replicas.
-fn print_deployment(raw: &Value, json: bool, verb: &str) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(raw)?);
-        return Ok(());
-    }
-    let d: Deployment = serde_json::from_value(raw.clone()).context("read the deployment")?;
-    println!("{verb} {}", d.summary());
-    println!("{}", d.traffic_line());
-    print!("{}", replica_table(&d));
-    Ok(())
-}
-
-fn canary_path(tenant: &str, name: &str) -> String {
-    format!("{}/{}/canary", deployments_path(tenant), segment(name))
-}
-
-/// Runs `tessera deployments canary`.
-async fn run_canary(args: &CanaryArgs) -> anyhow::Result<()> {
-    let settings = args.connection.resolve()?;
-    let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
-    let (method, body) = args.request()?;
-    let path = canary_path(&settings.tenant, &args.name);
-    let raw: Value =
-        api.call(method, &path, &body).await.with_context(|| format!("set the canary of {}", args.name))?;
-    print_deployment(&raw, args.json, "canary set:")
-}
-
-/// Runs `tessera deployments promote|rollback`: `action` is the route's last segment.
-async fn run_canary_action(args: &CanaryActionArgs, action: &str) -> anyhow::Result<()> {
-    let settings = args.connection.resolve()?;
-    let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
-    let path = format!("{}/{action}", canary_path(&settings.tenant, &args.name));
-    let raw: Value =
-        api.post(&path, &json!({})).await.with_context(|| format!("{action} the canary of {}", args.name))?;
-    let verb = if action == "promote" { "promoting:" } else { "rolled back:" };
-    print_deployment(&raw, args.json, verb)
-}
-
-/// Creates the deployment, or updates (PATCH) the one of that name.
-pub async fn apply(api: &ApiClient, tenant: &str, args: &DeployArgs) -> anyhow::Result<(Deployment, Value, bool)> {
+/// Creates the deployment, or updates (PATCH) the one of that name; the deployment, its JSON,
+/// whether it was created, and a note when a version pin stopped it following an alias.
+pub async fn apply(api: &ApiClient, tenant: &str, args: &DeployArgs) -> anyhow::Result<Applied> {
     let name = args.deployment_name();
-    let exists = get(api, tenant, name).await?.is_some();
-    let raw: Value = if exists {
-        let path = format!("{}/{}", deployments_path(tenant), segment(name));
-        api.call(reqwest::Method::PATCH, &path, &args.body(false))
+    let before = get(api, tenant, name).await?.map(|(d, _)| d);
+    let hint = |e: super::api::ApiError| e.advise(&missing_hint(args));
+    let raw: Value = if before.is_some() {
+        api.call(reqwest::Method::PATCH, &deployment_path(tenant, name), &args.body(false))
             .await
+            .map_err(hint)
             .with_context(|| format!("update deployment {name}"))?
     } else {
         api.post(&deployments_path(tenant), &args.body(true))
             .await
+            .map_err(hint)
             .with_context(|| format!("create deployment {name}"))?
     };
-    let d = serde_json::from_value(raw.clone()).context("read the deployment")?;
-    Ok((d, raw, !exists))
+    let deployment: Deployment = serde_json::from_value(raw.clone()).context("read the deployment")?;
+    let notice = deployment.notice.clone().or_else(|| unfollowed_note(before.as_ref(), args));
+    Ok(Applied { deployment, raw, created: before.is_none(), notice })
+}
+
+/// What [`apply`] did.
+#[derive(Debug)]
+pub struct Applied {
+    /// The deployment after the change.
+    pub deployment: Deployment,
+    /// Its JSON.
+    pub raw: Value,
+    /// Created (not updated).
+    pub created: bool,
+    /// A note for the user (the control plane's `notice`, else the CLI's own).
+    pub notice: Option<String>,
+}
+
+/// What to do when a deploy names something that does not exist: the alias (most often, right
+/// after a first push) or the model.
+fn missing_hint(args: &DeployArgs) -> String {
+    let model = &args.model;
+    match &args.alias {
+        Some(alias) => format!(
+            "if the alias is missing, set one with `tessera aliases set {model} {alias} --version N` or push with \
+             `tessera models push FILE --model {model} --alias {alias}`; `tessera models list` shows your models"
+        ),
+        None => "`tessera models list` shows your models, `tessera versions list MODEL` their versions".to_string(),
+    }
+}
+
+/// The note for a deployment that followed an alias and was just pinned to a version.
+fn unfollowed_note(before: Option<&Deployment>, args: &DeployArgs) -> Option<String> {
+    let alias = before?.alias.as_deref()?;
+    let version = args.version?;
+    Some(format!(
+        "deployment {} no longer follows alias {alias}: it is pinned to version {version} \
+         (`tessera deploy --model {} --alias {alias}` follows it again)",
+        args.deployment_name(),
+        args.model
+    ))
 }
 
 /// Polls the deployment until it serves its target version everywhere, with a spinner
 /// showing its state; fails when it fails or `timeout` passes.
 pub async fn wait_ready(api: &ApiClient, tenant: &str, name: &str, timeout: Duration) -> anyhow::Result<Deployment> {
+    wait_serving(api, tenant, name, None, timeout).await
+}
+
+/// [`wait_ready`], and, with `version`, until that is the target: an alias just moved reaches
+/// the deployments following it at the scheduler's next pass, so until then the deployment
+/// still looks rolled out to the old version.
+pub async fn wait_serving(
+    api: &ApiClient,
+    tenant: &str,
+    name: &str,
+    version: Option<i64>,
+    timeout: Duration,
+) -> anyhow::Result<Deployment> {
     let spinner = progress::spinner(format!("waiting for deployment {name}"));
     let started = Instant::now();
     let outcome = loop {
@@ -451,7 +410,8 @@ pub async fn wait_ready(api: &ApiClient, tenant: &str, name: &str, timeout: Dura
             break Err(anyhow::anyhow!("deployment {name} disappeared"));
         };
         spinner.set_message(d.summary());
-        if d.is_rolled_out() && workers_serve(api, &d).await {
+        let targets = version.is_none_or(|v| d.version == v);
+        if targets && d.is_rolled_out() && workers_serve(api, &d).await {
             break Ok(d);
         }
         if d.state == "failed" {
@@ -474,7 +434,7 @@ pub async fn wait_ready(api: &ApiClient, tenant: &str, name: &str, timeout: Dura
 /// Whether every worker with a serving replica answers the model ready. The registry marks
 /// replicas serving a moment before their worker has applied the new assignments, and
 /// unversioned requests find the model only once it has.
-async fn workers_serve(api: &ApiClient, d: &Deployment) -> bool {
+pub async fn workers_serve(api: &ApiClient, d: &Deployment) -> bool {
     let path = format!("/v2/models/{}/ready", segment(&d.model));
     let mut endpoints: Vec<String> = d
         .replica_status
@@ -495,61 +455,23 @@ async fn workers_serve(api: &ApiClient, d: &Deployment) -> bool {
 }
 
 /// Runs `tessera deploy`.
-pub async fn run_deploy(args: DeployArgs) -> anyhow::Result<()> {
-    let settings = args.connection.resolve()?;
-    let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
-    let (mut d, mut raw, created) = apply(&api, &settings.tenant, &args).await?;
+pub async fn run_deploy(args: DeployArgs, output: Output) -> anyhow::Result<()> {
+    let (settings, api) = args.connection.connect()?;
+    let applied = apply(&api, &settings.tenant, &args).await?;
+    if let Some(note) = &applied.notice {
+        // On stderr with JSON, so the answer stays parseable.
+        if output.is_json() { eprintln!("note: {note}") } else { println!("note: {note}") }
+    }
+    let (mut d, mut raw) = (applied.deployment, applied.raw);
     if args.wait {
         d = wait_ready(&api, &settings.tenant, &d.name, Duration::from_secs(args.timeout_secs)).await?;
         raw = get(&api, &settings.tenant, &d.name).await?.map(|(_, raw)| raw).unwrap_or(raw);
     }
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&raw)?);
-    } else {
-        println!("{} {}", if created { "created" } else { "updated" }, d.summary());
-        print!("{}", replica_table(&d));
+    if output.is_json() {
+        return print_json(&raw);
     }
-    Ok(())
-}
-
-/// Runs `tessera deployments list|get`.
-pub async fn run_deployments(command: DeploymentsCommand) -> anyhow::Result<()> {
-    match command {
-        DeploymentsCommand::List(args) => {
-            let settings = args.connection.resolve()?;
-            let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
-            let (items, raw) = list(&api, &settings.tenant).await?;
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&raw)?);
-            } else if items.is_empty() {
-                println!("no deployments in tenant {}", settings.tenant);
-            } else {
-                for d in &items {
-                    println!("{}", d.summary());
-                }
-            }
-        }
-        DeploymentsCommand::Get(args) => {
-            let settings = args.connection.resolve()?;
-            let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
-            let Some((d, raw)) = get(&api, &settings.tenant, &args.name).await? else {
-                bail!("HTTP 404 Not Found: deployment {} not found in tenant {}", args.name, settings.tenant);
-            };
-            if args.json {
-                println!("{}", serde_json::to_string_pretty(&raw)?);
-            } else {
-                println!("{}", d.summary());
-                if let Some(line) = d.endpoint_line() {
-                    println!("{line}");
-                }
-                println!("{}", d.traffic_line());
-                print!("{}", replica_table(&d));
-            }
-        }
-        DeploymentsCommand::Canary(args) => run_canary(&args).await?,
-        DeploymentsCommand::Promote(args) => run_canary_action(&args, "promote").await?,
-        DeploymentsCommand::Rollback(args) => run_canary_action(&args, "rollback").await?,
-    }
+    println!("{} {}", if applied.created { "created" } else { "updated" }, d.summary());
+    print!("{}", replica_table(&d));
     Ok(())
 }
 
@@ -600,32 +522,40 @@ mod tests {
         .expect("traffic");
         assert_eq!(d.traffic_line(), "traffic: version 1 90% (2/2 ready), canary version 2 10% (0/1 ready)");
         d.replica_status[1].canary = true;
-        assert!(replica_table(&d).lines().nth(2).is_some_and(|l| l.ends_with("(canary)")), "{}", replica_table(&d));
+        assert!(replica_table(&d).lines().nth(2).is_some_and(|l| l.ends_with("canary")), "{}", replica_table(&d));
     }
 
     #[test]
-    fn the_canary_verb_sets_with_a_version_and_weights_without_one() {
-        let args = |version: Option<i64>, alias: Option<&str>, replicas: Option<u32>| CanaryArgs {
-            name: "simple".into(),
-            version,
-            alias: alias.map(str::to_string),
-            weight: 10,
-            replicas,
-            json: false,
-            connection: ConnectionArgs::default(),
-        };
-        let (method, body) = args(Some(2), None, Some(2)).request().expect("a request");
-        assert_eq!((method, body), (reqwest::Method::PUT, json!({"version": 2, "weight": 10, "replicas": 2})));
-        let (method, body) = args(None, Some("staging"), None).request().expect("a request");
-        assert_eq!((method, body), (reqwest::Method::PUT, json!({"alias": "staging", "weight": 10})));
-        let (method, body) = args(None, None, None).request().expect("a request");
-        assert_eq!((method, body), (reqwest::Method::PATCH, json!({"weight": 10})));
-        assert!(args(None, None, Some(2)).request().is_err(), "replicas only come with a new canary");
+    fn the_list_shows_one_row_per_deployment_with_its_ready_replicas() {
+        let text = deployments_table(&[sample()]).render();
+        assert_eq!(
+            text,
+            "NAME    MODEL   VERSION        ALIAS       STATE        READY  PROFILE\n\
+             simple  simple  2 (serving 1)  production  progressing  1/1    cpu\n"
+        );
     }
 
     #[test]
-    fn updates_send_only_what_was_given() {
-        let args = DeployArgs {
+    fn a_version_pin_on_a_deployment_that_followed_an_alias_says_so() {
+        let mut args = deploy_args();
+        args.alias = None;
+        args.version = Some(3);
+        let note = unfollowed_note(Some(&sample()), &args).expect("a note");
+        assert!(note.contains("no longer follows alias production") && note.contains("--alias production"), "{note}");
+        assert_eq!(unfollowed_note(None, &args), None, "a new deployment followed nothing");
+        args.version = None;
+        assert_eq!(unfollowed_note(Some(&sample()), &args), None, "no pin, nothing stopped");
+    }
+
+    #[test]
+    fn a_missing_alias_says_how_to_set_one() {
+        let hint = missing_hint(&deploy_args());
+        assert!(hint.contains("tessera aliases set simple production --version N"), "{hint}");
+        assert!(hint.contains("--alias production"), "{hint}");
+    }
+
+    fn deploy_args() -> DeployArgs {
+        DeployArgs {
             model: "simple".into(),
             name: None,
             version: None,
@@ -635,9 +565,13 @@ mod tests {
             instances: None,
             wait: false,
             timeout_secs: 1,
-            json: false,
             connection: ConnectionArgs::default(),
-        };
+        }
+    }
+
+    #[test]
+    fn updates_send_only_what_was_given() {
+        let args = deploy_args();
         assert_eq!(args.body(false), json!({"alias": "production", "replicas": 2}));
         assert_eq!(args.body(true), json!({"name": "simple", "model": "simple", "alias": "production", "replicas": 2}));
     }

@@ -1,6 +1,7 @@
 //! `tessera infer`: one KServe v2 JSON inference against a worker, with the caller's key.
 //! The worker is `--url`/`TESSERA_INFERENCE_URL`, or the first ready replica of the model's
-//! deployment as the control plane reports it.
+//! deployment as the control plane reports it. The answer prints compactly, one line per
+//! output (`--output json`: the KServe JSON).
 
 use std::io::Read;
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use serde_json::Value;
 
 use super::api::{ApiClient, segment};
 use super::deploy;
+use super::output::{Output, Table, cell, print_json};
 use super::settings::{ConfigFile, ConnectionArgs, config_path};
 
 /// `tessera infer` flags.
@@ -87,8 +89,33 @@ async fn worker_url(args: &InferArgs, key: &str, ca_cert: Option<PathBuf>) -> an
     d.http_endpoint().with_context(|| format!("deployment {} has no ready replica yet: {}", d.name, d.summary()))
 }
 
+/// Most elements of an output's data shown before `…`.
+const SHOWN_ELEMENTS: usize = 16;
+
+/// An answer as people read it: `model simple version 1`, then one row per output with its
+/// datatype, shape and first elements.
+fn compact(answer: &Value) -> String {
+    let mut out = format!("model {} version {}\n", cell(&answer["model_name"]), cell(&answer["model_version"]));
+    let mut table = Table::new(["OUTPUT", "DATATYPE", "SHAPE", "DATA"]);
+    for o in answer["outputs"].as_array().into_iter().flatten() {
+        let shape = o["shape"].as_array().map(|d| d.iter().map(cell).collect::<Vec<_>>().join("x")).unwrap_or_default();
+        let data = match o["data"].as_array() {
+            Some(items) => {
+                let shown: Vec<String> = items.iter().take(SHOWN_ELEMENTS).map(cell).collect();
+                let more = items.len().saturating_sub(SHOWN_ELEMENTS);
+                let tail = if more > 0 { format!(" … (+{more})") } else { String::new() };
+                format!("[{}{tail}]", shown.join(", "))
+            }
+            None => "(binary or shared memory)".to_string(),
+        };
+        table.row([cell(&o["name"]), cell(&o["datatype"]), shape, data]);
+    }
+    out.push_str(&table.render());
+    out
+}
+
 /// Runs `tessera infer`.
-pub async fn run(args: InferArgs) -> anyhow::Result<()> {
+pub async fn run(args: InferArgs, output: Output) -> anyhow::Result<()> {
     let request = read_request(&args.input)?;
     let saved = || ConfigFile::load(&config_path()?);
     let key = match &args.key {
@@ -111,8 +138,12 @@ pub async fn run(args: InferArgs) -> anyhow::Result<()> {
     let answer: Value = worker
         .send(worker.request(reqwest::Method::POST, &path).json(&request))
         .await
+        .map_err(|e| e.advise("`tessera deployments list` shows what is deployed"))
         .with_context(|| format!("infer with {} at {url}", args.model))?;
-    println!("{}", serde_json::to_string_pretty(&answer)?);
+    if output.is_json() {
+        return print_json(&answer);
+    }
+    print!("{}", compact(&answer));
     Ok(())
 }
 
@@ -130,5 +161,24 @@ mod tests {
         std::fs::write(&path, r#"{"inputs": [{"name": "INPUT0"}]}"#).expect("write");
         let request = read_request(&format!("@{}", path.display())).expect("from a file");
         assert_eq!(request["inputs"][0]["name"], "INPUT0");
+    }
+
+    #[test]
+    fn answers_print_one_line_per_output_with_the_first_elements() {
+        let answer = serde_json::json!({
+            "model_name": "simple", "model_version": "1",
+            "outputs": [
+                {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 20], "data": (0..20).collect::<Vec<i32>>()},
+                {"name": "OUTPUT1", "datatype": "FP32", "shape": [1, 2], "data": [0.5, 1.5]}
+            ]
+        });
+        let text = compact(&answer);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "model simple version 1");
+        assert!(
+            lines[2].starts_with("OUTPUT0  INT32     1x20   [0, 1, 2,") && lines[2].ends_with("15 … (+4)]"),
+            "{text}"
+        );
+        assert!(lines[3].ends_with("[0.5, 1.5]"), "{text}");
     }
 }

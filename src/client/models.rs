@@ -1,6 +1,6 @@
-//! `tessera models push`: registers the model if it is new, hashes the file (sha256, with a
-//! progress bar), streams it to the control plane with the hash so the server verifies it,
-//! and prints the new version.
+//! `tessera models list|get|delete|push`. `push` registers the model if it is new, hashes the
+//! file (sha256, with a progress bar), streams it to the control plane with the hash so the
+//! server verifies it, prints the new version, and with `--alias` points the alias at it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -8,17 +8,59 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use futures::StreamExt;
 use serde::Deserialize;
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::aliases::{self, WaitArgs};
 use super::api::{ApiClient, segment};
+use super::confirm::confirm;
+use super::output::{Fields, Output, Table, cell, print_json, time};
 use super::progress;
 use super::settings::ConnectionArgs;
 
 /// `tessera models …` verbs.
 #[derive(Debug, clap::Subcommand)]
 pub enum ModelsCommand {
-    /// Upload a file as the model's next version (creating the model if needed).
+    /// The tenant's models.
+    List(ListArgs),
+    /// One model with its aliases.
+    Get(NameArgs),
+    /// Delete a model with its versions and aliases (refused while a deployment runs it).
+    Delete(DeleteArgs),
+    /// Upload a file as the model's next version (creating the model if needed); `--alias`
+    /// points an alias at it.
     Push(PushArgs),
+}
+
+/// `tessera models list` flags.
+#[derive(Debug, clap::Args)]
+pub struct ListArgs {
+    /// Control plane connection.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+}
+
+/// Flags of verbs on one model.
+#[derive(Debug, clap::Args)]
+pub struct NameArgs {
+    /// Model name.
+    pub name: String,
+    /// Control plane connection.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
+}
+
+/// `tessera models delete` flags.
+#[derive(Debug, clap::Args)]
+pub struct DeleteArgs {
+    /// Model name.
+    pub name: String,
+    /// Do not ask for confirmation.
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Control plane connection.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
 }
 
 /// Artifact packaging.
@@ -70,6 +112,13 @@ pub struct PushArgs {
     /// Model configuration as a JSON object (Triton's config in JSON form), for `.onnx` files.
     #[arg(long)]
     pub config: Option<String>,
+    /// Point this alias (e.g. `production`) at the new version, creating or moving it; a
+    /// deployment following it rolls out.
+    #[arg(long)]
+    pub alias: Option<String>,
+    /// With `--alias`: wait until the deployments following it serve the new version.
+    #[command(flatten)]
+    pub wait: WaitArgs,
     /// Control plane connection.
     #[command(flatten)]
     pub connection: ConnectionArgs,
@@ -89,34 +138,149 @@ pub struct Version {
     pub sha256: String,
     /// Bytes.
     pub size_bytes: i64,
+    /// The whole answer, for `--output json`.
+    #[serde(skip)]
+    pub raw: Value,
 }
 
-/// Runs `tessera models push`.
-pub async fn run(command: ModelsCommand) -> anyhow::Result<()> {
+/// Runs `tessera models …`.
+pub async fn run(command: ModelsCommand, output: Output) -> anyhow::Result<()> {
     match command {
-        ModelsCommand::Push(args) => {
-            let settings = args.connection.resolve()?;
-            let api = ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
-            let format = args.format.or_else(|| Format::from_name(&args.file)).unwrap_or(Format::Onnx);
-            let artifact = Artifact { file: &args.file, format, config: args.config.as_deref() };
-            let v = push(&api, &settings.tenant, &args.model, artifact).await?;
-            println!("pushed {} version {} (sha256 {}, {} bytes)", args.model, v.version, v.sha256, v.size_bytes);
+        ModelsCommand::List(args) => run_list(args, output).await,
+        ModelsCommand::Get(args) => run_get(args, output).await,
+        ModelsCommand::Delete(args) => {
+            let (settings, api) = args.connection.connect()?;
+            confirm(
+                &format!("delete model {} with all its versions in tenant {}?", args.name, settings.tenant),
+                args.yes,
+            )?;
+            api.delete(&model_path(&settings.tenant, &args.name))
+                .await
+                .map_err(|e| e.advise(MODELS_HINT))
+                .with_context(|| format!("delete model {}", args.name))?;
+            println!("deleted model {}", args.name);
             Ok(())
         }
+        ModelsCommand::Push(args) => run_push(args, output).await,
     }
+}
+
+/// Where to look when a model is not found.
+const MODELS_HINT: &str = "`tessera models list` shows your models";
+
+fn model_path(tenant: &str, model: &str) -> String {
+    format!("/v1/tenants/{}/models/{}", segment(tenant), segment(model))
+}
+
+async fn run_list(args: ListArgs, output: Output) -> anyhow::Result<()> {
+    let (settings, api) = args.connection.connect()?;
+    let path = format!("/v1/tenants/{}/models", segment(&settings.tenant));
+    let models = api.get_all(&path, &[], "models").await.map_err(|e| e.advise("")).context("list models")?;
+    if output.is_json() {
+        return print_json(&Value::Array(models));
+    }
+    let mut table = Table::new(["NAME", "LATEST", "UPDATED", "DESCRIPTION"]);
+    for m in &models {
+        table.row([
+            cell(&m["name"]),
+            cell(&m["latest_version"]),
+            time(&cell(&m["updated_at"])),
+            cell(&m["description"]),
+        ]);
+    }
+    let empty =
+        format!("no models in tenant {} (upload one with `tessera models push FILE --model NAME`)", settings.tenant);
+    table.print_or(&empty);
+    Ok(())
+}
+
+async fn run_get(args: NameArgs, output: Output) -> anyhow::Result<()> {
+    let (settings, api) = args.connection.connect()?;
+    let path = model_path(&settings.tenant, &args.name);
+    let mut model: Value =
+        api.get(&path).await.map_err(|e| e.advise(MODELS_HINT)).with_context(|| format!("read model {}", args.name))?;
+    let aliases: Value = api
+        .get(&format!("{path}/aliases"))
+        .await
+        .map_err(|e| e.advise(""))
+        .with_context(|| format!("list the aliases of {}", args.name))?;
+    let aliases = aliases.get("aliases").cloned().unwrap_or(Value::Array(Vec::new()));
+    if output.is_json() {
+        if let Value::Object(m) = &mut model {
+            m.insert("aliases".into(), aliases);
+        }
+        return print_json(&model);
+    }
+    let pointers: Vec<String> = aliases
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| format!("{} -> {}", cell(&a["alias"]), cell(&a["version"])))
+        .collect();
+    let mut fields = Fields::new();
+    fields
+        .add("name", cell(&model["name"]))
+        .add("id", cell(&model["id"]))
+        .add("latest version", cell(&model["latest_version"]))
+        .add("aliases", pointers.join(", "))
+        .add("description", cell(&model["description"]))
+        .add("created", time(&cell(&model["created_at"])))
+        .add("updated", time(&cell(&model["updated_at"])));
+    fields.print();
+    Ok(())
+}
+
+async fn run_push(args: PushArgs, output: Output) -> anyhow::Result<()> {
+    if args.wait.wait && args.alias.is_none() {
+        anyhow::bail!("--wait needs --alias (it waits for the deployments following the alias)");
+    }
+    let (settings, api) = args.connection.connect()?;
+    let format = args.format.or_else(|| Format::from_name(&args.file)).unwrap_or(Format::Onnx);
+    let artifact = Artifact { file: &args.file, format, config: args.config.as_deref() };
+    let v = push(&api, &settings.tenant, &args.model, artifact).await?;
+    let line = format!("pushed {} version {} (sha256 {}, {} bytes)", args.model, v.version, v.sha256, v.size_bytes);
+    let Some(alias) = &args.alias else {
+        if output.is_json() {
+            return print_json(&v.raw);
+        }
+        println!("{line}");
+        return Ok(());
+    };
+    let (before, after, alias_raw) = aliases::set(&api, &settings.tenant, &args.model, alias, v.version).await?;
+    if output.is_json() {
+        print_json(&serde_json::json!({ "version": v.raw, "alias": alias_raw }))?;
+    } else {
+        println!("{line}");
+        println!("{}", aliases::moved_line(&args.model, before.as_ref(), &after));
+    }
+    if args.wait.wait {
+        let timeout = std::time::Duration::from_secs(args.wait.timeout_secs);
+        let lines = aliases::wait_followers(&api, &settings.tenant, &args.model, &after, timeout).await?;
+        if !output.is_json() {
+            lines.iter().for_each(|l| println!("{l}"));
+        }
+    }
+    Ok(())
 }
 
 /// Creates `model` in `tenant` unless it exists; returns its latest version number.
 pub async fn ensure_model(api: &ApiClient, tenant: &str, model: &str) -> anyhow::Result<i64> {
-    let path = format!("/v1/tenants/{}/models/{}", segment(tenant), segment(model));
-    if let Some(m) = api.get_opt::<Model>(&path).await.with_context(|| format!("look up model {model}"))? {
-        return Ok(m.latest_version);
+    Ok(find_or_create(api, tenant, model).await?.0.latest_version)
+}
+
+/// The model, and whether this call created it.
+async fn find_or_create(api: &ApiClient, tenant: &str, model: &str) -> anyhow::Result<(Model, bool)> {
+    let path = model_path(tenant, model);
+    let found = api.get_opt::<Model>(&path).await.map_err(|e| e.advise(""));
+    if let Some(m) = found.with_context(|| format!("look up model {model}"))? {
+        return Ok((m, false));
     }
     let created: Model = api
         .post(&format!("/v1/tenants/{}/models", segment(tenant)), &serde_json::json!({ "name": model }))
         .await
+        .map_err(|e| e.advise(""))
         .with_context(|| format!("create model {model}"))?;
-    Ok(created.latest_version)
+    Ok((created, true))
 }
 
 /// A file to upload as a version.
@@ -130,12 +294,22 @@ pub struct Artifact<'a> {
     pub config: Option<&'a str>,
 }
 
-/// Registers the model if needed and uploads the artifact as its next version.
+/// Registers the model if needed and uploads the artifact as its next version. A model this
+/// push registered is removed again when the upload is refused, so a failed first push leaves
+/// no empty model behind.
 pub async fn push(api: &ApiClient, tenant: &str, model: &str, artifact: Artifact<'_>) -> anyhow::Result<Version> {
-    ensure_model(api, tenant, model).await?;
+    // Hash first: a file that cannot be read registers nothing.
     let (sha256, size) = hash_file(artifact.file).await?;
+    let (_, created) = find_or_create(api, tenant, model).await?;
     let path = format!("/v1/tenants/{}/models/{}/versions", segment(tenant), segment(model));
-    upload(api, &path, artifact, &sha256, size).await
+    let uploaded = upload(api, &path, artifact, &sha256, size).await;
+    if uploaded.is_err() && created {
+        // Best effort: the upload's error is what the user needs to see, not this one's.
+        if let Err(e) = api.delete(&model_path(tenant, model)).await {
+            tracing::warn!(error = %e, model, "could not remove the model this failed push registered");
+        }
+    }
+    uploaded
 }
 
 /// The hex sha256 and length of a file, read on a blocking thread with a progress bar.
@@ -188,9 +362,16 @@ async fn upload(
     if let Some(config) = config {
         request = request.header("x-model-config", config);
     }
-    let version = api.send::<Version>(request).await.with_context(|| format!("upload {}", file.display()));
+    let answer = api
+        .send::<Value>(request)
+        .await
+        .map_err(|e| e.advise(""))
+        .with_context(|| format!("upload {}", file.display()));
     bar.finish_and_clear();
-    version
+    let raw = answer?;
+    let mut version: Version = serde_json::from_value(raw.clone()).context("read the new version")?;
+    version.raw = raw;
+    Ok(version)
 }
 
 #[cfg(test)]

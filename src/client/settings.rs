@@ -121,6 +121,13 @@ impl ConnectionArgs {
         self.resolve_with(file)
     }
 
+    /// The settings and a client of the control plane they name.
+    pub fn connect(&self) -> anyhow::Result<(Settings, super::api::ApiClient)> {
+        let settings = self.resolve()?;
+        let api = super::api::ApiClient::new(&settings.url, &settings.key, settings.ca_cert.as_deref())?;
+        Ok((settings, api))
+    }
+
     fn resolve_with(&self, file: ConfigFile) -> anyhow::Result<Settings> {
         let hint = "run `tessera login --url URL --key KEY` or set";
         let url = self.url.clone().or(file.url).with_context(|| format!("no control plane URL: {hint} TESSERA_URL"))?;

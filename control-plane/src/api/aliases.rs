@@ -21,6 +21,9 @@ pub struct Alias {
     pub alias: String,
     /// Version it points at.
     pub version: i64,
+    /// Version it pointed at before its last move (absent: it never moved). Rolling back is
+    /// setting the alias to this version (`tessera aliases rollback`).
+    pub previous_version: Option<i64>,
     /// Key that last moved it.
     pub updated_by: Option<Uuid>,
     /// Last moved.
@@ -30,7 +33,13 @@ pub struct Alias {
 
 impl From<AliasRow> for Alias {
     fn from(a: AliasRow) -> Self {
-        Alias { alias: a.alias, version: a.version, updated_by: a.updated_by, updated_at: a.updated_at }
+        Alias {
+            alias: a.alias,
+            version: a.version,
+            previous_version: a.previous_version,
+            updated_by: a.updated_by,
+            updated_at: a.updated_at,
+        }
     }
 }
 

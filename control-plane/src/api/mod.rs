@@ -19,6 +19,7 @@ mod tenants;
 mod usage;
 mod users;
 mod versions;
+mod whoami;
 mod workers;
 
 use std::net::SocketAddr;
@@ -132,6 +133,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(session::handle_jwks))
         .routes(routes!(session::handle_token_create))
         .routes(routes!(session::handle_signing_key_rotate))
+        .routes(routes!(whoami::handle_whoami))
         .routes(routes!(tenants::handle_tenant_create, tenants::handle_tenant_list))
         .routes(routes!(tenants::handle_tenant_get))
         .routes(routes!(tenants::handle_quota_get, tenants::handle_quota_set))

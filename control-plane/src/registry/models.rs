@@ -88,10 +88,22 @@ pub struct AliasRow {
     pub alias: String,
     /// Version it points at.
     pub version: i64,
+    /// Version it pointed at before its last move (`None`: never moved); a rollback's target.
+    pub previous_version: Option<i64>,
     /// Key that last moved it.
     pub updated_by: Option<Uuid>,
     /// Last moved.
     pub updated_at: OffsetDateTime,
+}
+
+impl AliasRow {
+    /// What `previous_version` becomes when the alias is pointed at `number`: the version it
+    /// leaves, or, when it stays where it is, the history it already had (so setting an alias
+    /// twice to the same version does not make the rollback target itself).
+    fn previous_after_move(before: Option<&AliasRow>, number: i64) -> Option<i64> {
+        let before = before?;
+        if before.version == number { before.previous_version } else { Some(before.version) }
+    }
 }
 
 /// A presigned upload session.
@@ -217,7 +229,8 @@ impl Conn {
     /// A model's aliases by name.
     pub async fn aliases(&mut self, tenant_id: Uuid, model_id: Uuid) -> Result<Vec<AliasRow>> {
         on_conn!(self, "alias.list", |c| sqlx::query_as::<_, AliasRow>(
-            "SELECT model_id, tenant_id, alias, version, updated_by, updated_at FROM model_aliases \
+            "SELECT model_id, tenant_id, alias, version, previous_version, updated_by, updated_at \
+             FROM model_aliases \
              WHERE tenant_id = $1 AND model_id = $2 ORDER BY alias"
         )
         .bind(tenant_id)
@@ -228,7 +241,8 @@ impl Conn {
     /// One alias of a model.
     pub async fn alias(&mut self, tenant_id: Uuid, model_id: Uuid, alias: &str) -> Result<Option<AliasRow>> {
         on_conn!(self, "alias.get", |c| sqlx::query_as::<_, AliasRow>(
-            "SELECT model_id, tenant_id, alias, version, updated_by, updated_at FROM model_aliases \
+            "SELECT model_id, tenant_id, alias, version, previous_version, updated_by, updated_at \
+             FROM model_aliases \
              WHERE tenant_id = $1 AND model_id = $2 AND alias = $3"
         )
         .bind(tenant_id)
@@ -392,18 +406,21 @@ impl Registry {
             tenant_id,
             alias: alias.to_string(),
             version: number,
+            previous_version: AliasRow::previous_after_move(before.as_ref(), number),
             updated_by: actor.key_id,
             updated_at: now(),
         };
         exec!(tx, "alias.upsert", |c| sqlx::query(
-            "INSERT INTO model_aliases (model_id, tenant_id, alias, version, updated_by, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6) \
-             ON CONFLICT (model_id, alias) DO UPDATE SET version = $4, updated_by = $5, updated_at = $6"
+            "INSERT INTO model_aliases (model_id, tenant_id, alias, version, previous_version, updated_by, updated_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+             ON CONFLICT (model_id, alias) DO UPDATE SET version = $4, previous_version = $5, updated_by = $6, \
+             updated_at = $7"
         )
         .bind(row.model_id)
         .bind(row.tenant_id)
         .bind(&row.alias)
         .bind(row.version)
+        .bind(row.previous_version)
         .bind(row.updated_by)
         .bind(row.updated_at)
         .execute(c))?;
@@ -623,4 +640,29 @@ fn audit_event(
     after: Option<serde_json::Value>,
 ) -> NewAuditEvent {
     NewAuditEvent { tenant_id, action, resource_type, resource_id: resource_id.to_string(), before, after }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alias(version: i64, previous_version: Option<i64>) -> AliasRow {
+        AliasRow {
+            model_id: Uuid::nil(),
+            tenant_id: Uuid::nil(),
+            alias: "production".into(),
+            version,
+            previous_version,
+            updated_by: None,
+            updated_at: OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn a_move_remembers_the_version_it_leaves() {
+        assert_eq!(AliasRow::previous_after_move(None, 1), None, "a new alias");
+        assert_eq!(AliasRow::previous_after_move(Some(&alias(1, None)), 2), Some(1));
+        assert_eq!(AliasRow::previous_after_move(Some(&alias(2, Some(1))), 1), Some(2), "a rollback can be undone");
+        assert_eq!(AliasRow::previous_after_move(Some(&alias(2, Some(1))), 2), Some(1), "no move, same history");
+    }
 }

@@ -214,10 +214,17 @@ async fn versions_count_up_aliases_pin_them() {
             assert_eq!(v.version, expected);
             assert_eq!(v.config.as_ref().map(|c| c.0["max_batch_size"].clone()), Some(serde_json::json!(4)));
         }
-        r.set_alias(&actor(), &m, &name("prod"), 2).await.unwrap();
+        let first = r.set_alias(&actor(), &m, &name("prod"), 2).await.unwrap();
+        assert_eq!(first.previous_version, None, "a new alias has no history");
         assert_eq!(r.delete_version(&actor(), &m, 2).await.unwrap_err().code(), "version_in_use");
         assert!(matches!(r.set_alias(&actor(), &m, &name("prod"), 7).await, Err(Error::InvalidInput { .. })));
+        let moved = r.set_alias(&actor(), &m, &name("prod"), 1).await.unwrap();
+        assert_eq!(moved.previous_version, Some(2), "a move remembers where the alias was");
+        let stored = r.conn().await.unwrap().alias(a, m.id, "prod").await.unwrap().unwrap();
+        assert_eq!((stored.version, stored.previous_version), (1, Some(2)));
         r.set_alias(&actor(), &m, &name("prod"), 1).await.unwrap();
+        let listed = r.conn().await.unwrap().aliases(a, m.id).await.unwrap();
+        assert_eq!(listed[0].previous_version, Some(2), "setting the same version keeps the rollback target");
         r.delete_version(&actor(), &m, 2).await.unwrap();
         assert_eq!(r.create_version(&actor(), &m, version(1)).await.unwrap().version, 3, "numbers are not reused");
         let keys = r.delete_model(&actor(), a, "m").await.unwrap();

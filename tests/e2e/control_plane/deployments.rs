@@ -541,11 +541,11 @@ async fn a_canary_gets_its_replicas_and_weight_then_promotion_rolls_out_and_roll
     let out = cli(&app, &acme.deployer, &["deployments", "canary", "addsub", "--weight", "25"]).await;
     assert!(out.contains("traffic: version 1 75% (2/2 ready), canary version 2 25% (1/1 ready)"), "{out}");
     let out = cli(&app, &acme.viewer, &["deployments", "get", "addsub"]).await;
-    assert!(out.contains("canary version 2 25%") && out.contains("(canary)"), "{out}");
+    assert!(out.contains("canary version 2 25%") && out.lines().any(|l| l.contains("  canary")), "{out}");
 
     // Promote: the stable replicas roll out to version 2 while the canary keeps its share, then
     // the canary's replica drains and the deployment ends on version 2.
-    let out = cli(&app, &acme.deployer, &["deployments", "promote", "addsub", "--json"]).await;
+    let out = cli(&app, &acme.deployer, &["deployments", "promote", "addsub", "--output", "json"]).await;
     let promoted: Value = serde_json::from_str(&out).expect("the deployment as JSON");
     assert_eq!((promoted["version"].as_i64(), promoted["canary"].is_null()), (Some(2), true));
     assert_eq!(traffic(&promoted), [(1, 75, 2), (2, 25, 1)]);

@@ -20,6 +20,7 @@ mod uploads;
 mod usage;
 mod users;
 mod validation;
+mod whoami;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

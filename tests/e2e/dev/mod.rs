@@ -232,7 +232,8 @@ async fn dev_serves_the_demo_the_cli_drives_it_and_a_restart_keeps_it() {
     // The registry marks version 2 serving just before the worker applies it: allow it that
     // moment before every answer must come from version 2.
     let infer = || -> Value {
-        serde_json::from_str(&cli.ok(&["infer", "--model", "simple", "--input", &request])).expect("JSON")
+        serde_json::from_str(&cli.ok(&["infer", "--model", "simple", "--input", &request, "--output", "json"]))
+            .expect("JSON")
     };
     let mut answer = infer();
     for _ in 0..50 {
@@ -245,7 +246,7 @@ async fn dev_serves_the_demo_the_cli_drives_it_and_a_restart_keeps_it() {
     assert_eq!(answer["model_version"], "2", "{answer}");
     check_simple_answer(&answer);
     let out = cli.ok(&["deployments", "list"]);
-    assert!(out.contains("simple: ready"), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("simple ") && l.contains(" ready ")), "{out}");
     let out = cli.ok(&["deployments", "get", "simple"]);
     assert!(out.contains("INDEX") && out.contains("ready"), "{out}");
     // Scaled to zero, `--wait` returns as soon as no replica is left, not at its timeout.
@@ -320,7 +321,8 @@ async fn dev_with_tls_serves_every_listener_over_https_with_its_local_certificat
     assert!(deployment.contains("https://127.0.0.1:"), "the worker advertises https: {deployment}");
     let request = serde_json::to_string(&dev_request()).expect("json");
     let answer: Value =
-        serde_json::from_str(&cli.ok(&["infer", "--model", "simple", "--input", &request])).expect("JSON");
+        serde_json::from_str(&cli.ok(&["infer", "--model", "simple", "--input", &request, "-o", "json"]))
+            .expect("JSON");
     check_simple_answer(&answer);
 
     // A restart keeps the certificate.
