@@ -29,6 +29,19 @@ export function configureClient(source: TokenSource, unauthorized: Unauthorized)
   onUnauthorized = unauthorized;
 }
 
+/** The session's bearer token, for the calls openapi-fetch cannot make (upload progress). */
+export function bearer(): string | null {
+  return tokenSource();
+}
+
+/** What a non-2xx answer means: its status and the API's `{"error": {"code", "message"}}`;
+ *  a 401 also ends the session. */
+export function apiError(status: number, statusText: string, body: unknown): ApiError {
+  const detail = errorDetail(body);
+  if (status === 401) onUnauthorized();
+  return new ApiError(status, detail.code, detail.message ?? `${status} ${statusText}`);
+}
+
 /** The client every page uses (same origin as the console). */
 export const api = createClient<paths>({ baseUrl: location.origin });
 
@@ -56,9 +69,7 @@ export async function ok<T>(call: Promise<Outcome<T>>): Promise<T> {
   }
   const { data, error, response } = outcome;
   if (response.ok && data !== undefined) return data;
-  const detail = errorDetail(error);
-  if (response.status === 401) onUnauthorized();
-  throw new ApiError(response.status, detail.code, detail.message ?? `${response.status} ${response.statusText}`);
+  throw apiError(response.status, response.statusText, error);
 }
 
 function errorDetail(body: unknown): { code: string; message?: string } {
