@@ -59,7 +59,8 @@ interface Outcome<T> {
   response: Response;
 }
 
-/** The data of a call, or an [`ApiError`] thrown; a 401 also ends the session. */
+/** The data of a call (undefined for a 204), or an [`ApiError`] thrown; a 401 also ends the
+ *  session. */
 export async function ok<T>(call: Promise<Outcome<T>>): Promise<T> {
   let outcome: Outcome<T>;
   try {
@@ -68,7 +69,8 @@ export async function ok<T>(call: Promise<Outcome<T>>): Promise<T> {
     throw new ApiError(0, 'network', `The control plane did not answer (${e instanceof Error ? e.message : String(e)}).`);
   }
   const { data, error, response } = outcome;
-  if (response.ok && data !== undefined) return data;
+  // A 204 (deletions) has no body: openapi-fetch gives no data, and there is none to return.
+  if (response.ok) return data as T;
   throw apiError(response.status, response.statusText, error);
 }
 
