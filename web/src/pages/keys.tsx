@@ -85,7 +85,7 @@ function Keys(props: { session: Session; tenant: string }) {
                 reload();
               }}
             />
-            <KeyTable keys={keys} users={users} onRevoke={(k) => (setError(null), setRevoking(k))} />
+            <KeyTable keys={keys} users={users} selfId={props.session.claims.sub} onRevoke={(k) => (setError(null), setRevoking(k))} />
           </>
         )}
       </Loaded>
@@ -95,6 +95,11 @@ function Keys(props: { session: Session; tenant: string }) {
             Key <b>{revoking.name}</b> (<code>{revoking.prefix}…</code>, {revoking.role}) stops working at once; tokens already issued for it
             run out within minutes. This cannot be undone.
           </p>
+          {revoking.id === props.session.claims.sub && (
+            <p>
+              <b>You are signed in with this key:</b> the console signs you out once your session's token runs out.
+            </p>
+          )}
         </ConfirmDialog>
       )}
     </section>
@@ -189,7 +194,7 @@ function CreateKeyForm(props: { session: Session; tenant: string; users: User[];
   );
 }
 
-function KeyTable(props: { keys: ApiKey[]; users: User[]; onRevoke: (k: ApiKey) => void }) {
+function KeyTable(props: { keys: ApiKey[]; users: User[]; selfId: string; onRevoke: (k: ApiKey) => void }) {
   if (props.keys.length === 0) return <Empty>No keys.</Empty>;
   const email = new Map(props.users.map((u) => [u.id, u.email]));
   const name = new Map(props.keys.map((k) => [k.id, k.name]));
@@ -216,7 +221,7 @@ function KeyTable(props: { keys: ApiKey[]; users: User[]; onRevoke: (k: ApiKey) 
             return (
               <tr key={k.id} data-key={k.name}>
                 <td>
-                  <b>{k.name}</b>
+                  <b>{k.name}</b> {k.id === props.selfId && <span class="muted">(this session)</span>}
                 </td>
                 <td>
                   <code>{k.prefix}…</code>
