@@ -1,7 +1,12 @@
-// A hand-rolled SVG line chart: time on x, one or more series on y, gaps where a value is null.
+// A line chart drawn by uPlot: time on x, one or more series on y from zero, gaps where a value
+// is null; the legend names every series and shows its value under the cursor (the latest one
+// when the cursor is elsewhere).
 
+import { useEffect, useRef } from 'preact/hooks';
+import uPlot from 'uplot';
+import 'uplot/dist/uPlot.min.css';
 import { formatAxisTime, formatTick } from './format';
-import { isolatedPoints, linear, linePath, niceScale, seriesMax, tickIndexes } from './chartmath';
+import { alignedData, isolatedPoints, lastValue, niceScale, seriesMax } from './chartmath';
 
 /** One line of a chart. */
 export interface Line {
@@ -10,68 +15,76 @@ export interface Line {
   color: string;
 }
 
-const W = 560;
-const H = 200;
-const PAD = { left: 48, right: 12, top: 12, bottom: 28 };
+const HEIGHT = 200;
 
 /** A line chart of `lines` over `times` (epoch ms), `unit` on the y axis label. */
 export function LineChart(props: { title: string; unit: string; times: number[]; lines: Line[]; format: (v: number) => string }) {
-  const { times, lines } = props;
-  const scale = niceScale(seriesMax(lines.map((l) => l.values)));
-  const t0 = times[0] ?? 0;
-  const t1 = times[times.length - 1] ?? 1;
-  const x = linear(t0, t1, PAD.left, W - PAD.right);
-  const y = linear(0, scale.max, H - PAD.bottom, PAD.top);
-  const xs = times.map(x);
+  const box = useRef<HTMLDivElement>(null);
+  const plot = useRef<uPlot | null>(null);
+  const { times, lines, format } = props;
+  const shape = lines.map((l) => `${l.label}:${l.color}`).join('|');
+  const data = alignedData(times, lines.map((l) => l.values));
+
+  // The plot is made once per set of series; new points only replace its data.
+  useEffect(() => {
+    const el = box.current;
+    if (!el) return;
+    const span = () => (times[times.length - 1] ?? 0) - (times[0] ?? 0);
+    const opts: uPlot.Options = {
+      width: Math.max(200, el.clientWidth),
+      height: HEIGHT,
+      scales: { x: { time: true }, y: { range: (u) => [0, niceScale(seriesMax(u.data.slice(1) as (number | null)[][])).max] } },
+      axes: [
+        { stroke: '#64748b', grid: { stroke: '#e2e8f0' }, values: (_u, splits) => splits.map((s) => formatAxisTime(s * 1000, span())) },
+        { stroke: '#64748b', grid: { stroke: '#e2e8f0' }, size: 52, values: (_u, splits) => splits.map((s) => formatTick(s)) },
+      ],
+      legend: { live: true },
+      series: [
+        { label: 'time', value: (_u, v) => (v == null ? '–' : new Date(v * 1000).toISOString().slice(11, 16)) },
+        ...lines.map((l) => ({
+          label: l.label,
+          stroke: l.color,
+          width: 2,
+          spanGaps: false,
+          value: (_u: uPlot, v: number | null) => (v == null ? '–' : format(v)),
+          // A value with gaps on both sides has no line to show it: mark it.
+          points: { show: true, size: 6, fill: l.color, filter: (u: uPlot, si: number) => isolatedPoints(u.data[si] as (number | null)[]) },
+        })),
+      ],
+    };
+    const p = new uPlot(opts, data as uPlot.AlignedData, el);
+    plot.current = p;
+    const resize = new ResizeObserver(() => p.setSize({ width: Math.max(200, el.clientWidth), height: HEIGHT }));
+    resize.observe(el);
+    return () => {
+      resize.disconnect();
+      p.destroy();
+      plot.current = null;
+    };
+  }, [shape]);
+
+  useEffect(() => {
+    plot.current?.setData(data as uPlot.AlignedData);
+  }, [JSON.stringify(data)]);
+
   const latest = lines.map((l) => lastValue(l.values));
-  const summary = lines.map((l, i) => `${l.label} latest ${latest[i] === null ? 'none' : props.format(latest[i] as number)}`);
+  const summary = lines.map((l, i) => `${l.label} latest ${latest[i] === null ? 'none' : format(latest[i] as number)}`);
   return (
-    <figure class="chart" data-testid={`chart-${props.title}`}>
+    <figure class="chart" data-testid={`chart-${props.title}`} aria-label={`${props.title} (${props.unit}): ${summary.join('; ')}`}>
       <figcaption>
         <span class="chart-title">
           {props.title} <span class="muted">({props.unit})</span>
         </span>
-        <span class="legend">
+        <span class="muted latest">
+          latest:{' '}
           {lines.map((l, i) => (
-            <span class="legend-item" key={l.label}>
-              <span class="swatch" style={{ background: l.color }} aria-hidden="true" />
-              {l.label} <b>{latest[i] === null ? '–' : props.format(latest[i] as number)}</b>
+            <span key={l.label}>
+              {l.label} <b>{latest[i] === null ? '–' : format(latest[i] as number)}</b>{' '}
             </span>
           ))}
         </span>
       </figcaption>
-      <svg viewBox={`0 0 ${W} ${H}`} role="img" aria-label={`${props.title} (${props.unit}): ${summary.join('; ')}`}>
-        {scale.ticks.map((t) => (
-          <g key={t}>
-            <line class="grid" x1={PAD.left} x2={W - PAD.right} y1={y(t)} y2={y(t)} />
-            <text class="axis" x={PAD.left - 6} y={y(t) + 4} text-anchor="end">
-              {formatTick(t)}
-            </text>
-          </g>
-        ))}
-        {tickIndexes(times.length, 5).map((i, k, all) => (
-          <text key={i} class="axis" x={xs[i]} y={H - 8} text-anchor={k === 0 ? 'start' : k === all.length - 1 ? 'end' : 'middle'}>
-            {formatAxisTime(times[i], t1 - t0)}
-          </text>
-        ))}
-        {lines.map((l) => (
-          <path
-            key={l.label}
-            class="series"
-            d={linePath(xs, l.values.map((v) => (v === null ? null : y(v))))}
-            stroke={l.color}
-            data-series={l.label}
-          />
-        ))}
-        {lines.map((l) =>
-          isolatedPoints(l.values).map((i) => <circle key={`${l.label}-${i}`} class="point" cx={xs[i]} cy={y(l.values[i] as number)} r={3.5} fill={l.color} />),
-        )}
-      </svg>
+      <div ref={box} class="plot" />
     </figure>
   );
-}
-
-function lastValue(values: (number | null)[]): number | null {
-  for (let i = values.length - 1; i >= 0; i--) if (values[i] !== null) return values[i];
-  return null;
 }

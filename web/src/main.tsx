@@ -15,6 +15,8 @@ import { UsagePage } from './pages/usage';
 import { AuditPage } from './pages/audit';
 import { QuotasPage } from './pages/quotas';
 import { TenantsPage, WorkersPage } from './pages/admin';
+import { PricesPage } from './pages/prices';
+import { KeysPage } from './pages/keys';
 import './style.css';
 
 function useRoute(): Route {
@@ -94,8 +96,10 @@ function NavLinks(props: { session: Session; tenant: string; route: Route }) {
       {item(tenantPath(tenant, 'usage'), 'Usage & invoices', ['usage'])}
       {s.abilities.readAudit && item(tenantPath(tenant, 'audit'), 'Audit trail', ['audit'])}
       {item(tenantPath(tenant, 'quotas'), 'Quotas', ['quotas'])}
+      {s.abilities.manageKeys && item(tenantPath(tenant, 'keys'), 'API keys', ['keys'])}
       {s.abilities.platform && item('/admin/tenants', 'Tenants', ['tenants'])}
       {s.abilities.platform && item('/admin/workers', 'Workers', ['workers'])}
+      {s.abilities.platform && item('/admin/prices', 'Prices', ['prices'])}
     </ul>
   );
 }
@@ -130,11 +134,11 @@ function Page(props: { session: Session; route: Route }) {
     case 'home':
       return null;
     case 'models':
-      return <ModelsPage tenant={route.tenant} />;
+      return <ModelsPage session={s} tenant={route.tenant} />;
     case 'model':
       return <ModelPage session={s} tenant={route.tenant} model={route.model} />;
     case 'deployments':
-      return <DeploymentsPage tenant={route.tenant} />;
+      return <DeploymentsPage session={s} tenant={route.tenant} />;
     case 'deployment':
       return <DeploymentPage session={s} tenant={route.tenant} name={route.deployment} />;
     case 'metrics':
@@ -144,11 +148,15 @@ function Page(props: { session: Session; route: Route }) {
     case 'audit':
       return <AuditPage session={s} tenant={route.tenant} />;
     case 'quotas':
-      return <QuotasPage tenant={route.tenant} />;
+      return <QuotasPage session={s} tenant={route.tenant} />;
+    case 'keys':
+      return <KeysPage session={s} tenant={route.tenant} />;
     case 'tenants':
       return s.abilities.platform ? <TenantsPage /> : <NotAllowed />;
     case 'workers':
       return s.abilities.platform ? <WorkersPage /> : <NotAllowed />;
+    case 'prices':
+      return s.abilities.platform ? <PricesPage /> : <NotAllowed />;
     case 'not-found':
       return (
         <section>

@@ -17,7 +17,11 @@ export function atLeast(role: Role, needed: Role): boolean {
 export interface Abilities {
   read: boolean;
   moveAliases: boolean;
+  /** Upload versions, create, scale and delete deployments (deployers and up). */
+  deploy: boolean;
   readAudit: boolean;
+  /** Create and revoke API keys (tenant admins and up). */
+  manageKeys: boolean;
   platform: boolean;
 }
 
@@ -26,7 +30,20 @@ export function abilitiesOf(role: Role): Abilities {
   return {
     read: atLeast(role, 'viewer'),
     moveAliases: atLeast(role, 'deployer'),
+    deploy: atLeast(role, 'deployer'),
     readAudit: atLeast(role, 'tenant-admin'),
+    manageKeys: atLeast(role, 'tenant-admin'),
     platform: role === 'platform-admin',
   };
+}
+
+/** The roles a key created by `creator` may get: none above the creator's own, and
+ *  `platform-admin` only in the platform tenant (the API refuses the rest). */
+export function grantableRoles(creator: Role, inPlatformTenant: boolean): Role[] {
+  return ROLES.filter((r) => atLeast(creator, r) && (r !== 'platform-admin' || inPlatformTenant));
+}
+
+/** The reason shown on a control the role cannot use. */
+export function needs(role: Role): string {
+  return `Needs the ${role} role`;
 }

@@ -12,17 +12,19 @@ export type Route =
   | { page: 'usage'; tenant: string }
   | { page: 'audit'; tenant: string }
   | { page: 'quotas'; tenant: string }
+  | { page: 'keys'; tenant: string }
   | { page: 'tenants' }
+  | { page: 'prices' }
   | { page: 'workers' }
   | { page: 'not-found'; path: string };
 
-const TENANT_PAGES = ['models', 'deployments', 'metrics', 'usage', 'audit', 'quotas'] as const;
+const TENANT_PAGES = ['models', 'deployments', 'metrics', 'usage', 'audit', 'quotas', 'keys'] as const;
 
 /** The route of a path (`/t/demo/models/simple` -> model page). */
 export function parseRoute(path: string): Route {
   const parts = path.split('/').filter(Boolean).map(safeDecode);
   if (parts.length === 0) return { page: 'home' };
-  if (parts[0] === 'admin' && parts.length === 2 && (parts[1] === 'tenants' || parts[1] === 'workers')) {
+  if (parts[0] === 'admin' && parts.length === 2 && (parts[1] === 'tenants' || parts[1] === 'workers' || parts[1] === 'prices')) {
     return { page: parts[1] };
   }
   if (parts[0] === 't' && parts.length >= 3) {

@@ -20,7 +20,7 @@ import {
 } from './shape';
 import { abilitiesOf, atLeast } from './roles';
 import { parseRoute, tenantPath } from './router';
-import { isolatedPoints, linePath, niceScale, seriesMax, tickIndexes } from './chartmath';
+import { alignedData, isolatedPoints, lastValue, niceScale, seriesMax } from './chartmath';
 
 const model = (name: string, latest: number, updated: string, description = ''): Model => ({
   id: name,
@@ -172,7 +172,9 @@ describe('tokens and roles', () => {
   it('orders roles', () => {
     expect(atLeast('tenant-admin', 'deployer')).toBe(true);
     expect(atLeast('viewer', 'deployer')).toBe(false);
-    expect(abilitiesOf('viewer')).toEqual({ read: true, moveAliases: false, readAudit: false, platform: false });
+    expect(abilitiesOf('viewer')).toEqual({ read: true, moveAliases: false, deploy: false, readAudit: false, manageKeys: false, platform: false });
+    expect(abilitiesOf('deployer')).toMatchObject({ deploy: true, manageKeys: false });
+    expect(abilitiesOf('tenant-admin')).toMatchObject({ deploy: true, manageKeys: true, platform: false });
     expect(abilitiesOf('inference').read).toBe(false);
     expect(abilitiesOf('platform-admin').platform).toBe(true);
   });
@@ -201,17 +203,17 @@ describe('chart math', () => {
     expect(niceScale(0.013).ticks).toEqual([0, 0.005, 0.01, 0.015, 0.02]);
   });
   it('finds the largest value, ignoring gaps', () => expect(seriesMax([[1, null, 3], [2]])).toBe(3));
-  it('breaks lines at gaps and shows lone points', () => {
-    expect(linePath([0, 10, 20, 30], [5, 6, null, 7])).toBe('M0,5L10,6M30,7h0.01');
-    expect(linePath([], [])).toBe('');
+  it('aligns series on seconds for uPlot, gaps kept', () => {
+    expect(alignedData([1_000, 61_000], [[5, null], [1]])).toEqual([[1, 61], [5, null], [1, null]]);
+    expect(alignedData([], [])).toEqual([[]]);
   });
   it('finds the points a line cannot show', () => {
     expect(isolatedPoints([null, 2, null, 3, 4, null, 5])).toEqual([1, 6]);
     expect(isolatedPoints([])).toEqual([]);
   });
-  it('spreads axis ticks', () => {
-    expect(tickIndexes(3, 5)).toEqual([0, 1, 2]);
-    expect(tickIndexes(61, 5)).toEqual([0, 15, 30, 45, 60]);
+  it('finds the latest value past trailing gaps', () => {
+    expect(lastValue([1, 2, null])).toBe(2);
+    expect(lastValue([null])).toBe(null);
   });
 });
 

@@ -306,3 +306,18 @@ export function decodeClaims(jwt: string): Claims {
   }
   return c as Claims;
 }
+
+/** An API key's state: revoked, expired or active. */
+export function keyState(k: S['ApiKey'], now: Date = new Date()): 'revoked' | 'expired' | 'active' {
+  if (k.revoked_at) return 'revoked';
+  if (k.expires_at && new Date(k.expires_at) <= now) return 'expired';
+  return 'active';
+}
+
+/** Who acted, for people: the user's email and the key's name when known, else the key id's
+ *  start (a deleted key), else `system`. */
+export function actorLabel(a: { actor_key_id?: string | null; actor_key_name?: string | null; actor_user_email?: string | null }): string {
+  if (!a.actor_key_id) return 'system';
+  const key = a.actor_key_name ? `key “${a.actor_key_name}”` : `key ${a.actor_key_id.slice(0, 8)}`;
+  return a.actor_user_email ? `${a.actor_user_email} (${key})` : key;
+}

@@ -88,6 +88,8 @@ export function ConfirmDialog(props: {
   title: string;
   children: ComponentChildren;
   confirmLabel: string;
+  /** A destructive action: the confirm button is red. */
+  danger?: boolean;
   busy?: boolean;
   error?: string | null;
   onConfirm: () => void;
@@ -112,7 +114,7 @@ export function ConfirmDialog(props: {
         <button type="button" onClick={props.onCancel} disabled={props.busy}>
           Cancel
         </button>
-        <button type="button" class="primary" onClick={props.onConfirm} disabled={props.busy} autofocus>
+        <button type="button" class={props.danger ? 'danger' : 'primary'} onClick={props.onConfirm} disabled={props.busy} autofocus>
           {props.busy ? 'Working…' : props.confirmLabel}
         </button>
       </div>
@@ -126,8 +128,8 @@ export function Badge(props: { value: string }) {
 }
 
 function badgeKind(v: string): string {
-  if (['ready', 'ok', 'valid', 'validated', 'serving'].includes(v)) return 'good';
-  if (['failed', 'lost', 'invalid', 'broken', 'unplaceable'].includes(v)) return 'bad';
+  if (['ready', 'ok', 'valid', 'validated', 'serving', 'active'].includes(v)) return 'good';
+  if (['failed', 'lost', 'invalid', 'broken', 'unplaceable', 'revoked', 'expired'].includes(v)) return 'bad';
   if (['pending', 'loading', 'scheduled', 'progressing', 'uploaded', 'draining'].includes(v)) return 'busy';
   return 'plain';
 }
@@ -142,5 +144,48 @@ export function PageHeader(props: { title: string; children?: ComponentChildren 
       <h1>{props.title}</h1>
       {props.children && <div class="toolbar">{props.children}</div>}
     </header>
+  );
+}
+
+/** Copies `text` to the clipboard and says so (falls back to selecting a hidden field where
+ *  the Clipboard API is missing, as on plain-http origins). */
+export function CopyButton(props: { text: string; label?: string }) {
+  const [copied, setCopied] = useState<'yes' | 'no' | null>(null);
+  const copy = async () => {
+    try {
+      if (navigator.clipboard) await navigator.clipboard.writeText(props.text);
+      else legacyCopy(props.text);
+      setCopied('yes');
+    } catch {
+      setCopied('no');
+    }
+    setTimeout(() => setCopied(null), 2_000);
+  };
+  return (
+    <button type="button" class="copy" onClick={copy} aria-live="polite">
+      {copied === 'yes' ? 'Copied' : copied === 'no' ? 'Copy failed: select and copy by hand' : (props.label ?? 'Copy')}
+    </button>
+  );
+}
+
+function legacyCopy(text: string): void {
+  const area = document.createElement('textarea');
+  area.value = text;
+  area.setAttribute('readonly', '');
+  area.style.position = 'fixed';
+  area.style.opacity = '0';
+  document.body.appendChild(area);
+  area.select();
+  const done = document.execCommand('copy');
+  area.remove();
+  if (!done) throw new Error('copy refused');
+}
+
+/** A progress bar with its percentage as text. */
+export function ProgressBar(props: { percent: number; label: string }) {
+  return (
+    <span class="progress-wrap">
+      <progress max={100} value={props.percent} aria-label={props.label} /> <span data-testid="progress-text">{props.percent}%</span>
+    </span>
   );
 }

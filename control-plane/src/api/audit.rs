@@ -1,5 +1,7 @@
 //! The audit trail: listing with filters and a cursor, and chain verification.
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::extract::State;
 use base64::Engine;
@@ -13,7 +15,7 @@ use super::{ApiQuery, AppState, Caller, cursor};
 use crate::app::TenantRef;
 use crate::audit_checkpoints::{self, CheckpointKey};
 use crate::error::{Error, Result};
-use crate::registry::{AuditEventRow, AuditFilter};
+use crate::registry::{AuditActorRow, AuditEventRow, AuditFilter};
 use crate::types::Role;
 
 /// One audit event.
@@ -27,6 +29,10 @@ pub struct AuditEvent {
     pub actor_key_id: Option<Uuid>,
     /// The user the acting key belongs to (absent for service keys and the system).
     pub actor_user_id: Option<Uuid>,
+    /// The acting key's name, while the key exists.
+    pub actor_key_name: Option<String>,
+    /// The email of the acting key's user, while the user exists.
+    pub actor_user_email: Option<String>,
     /// What happened, e.g. `model.create`, `alias.set`.
     pub action: String,
     /// Kind of resource.
@@ -60,6 +66,8 @@ impl From<AuditEventRow> for AuditEvent {
             seq: e.seq,
             actor_key_id: e.actor_key_id,
             actor_user_id: e.actor_user_id,
+            actor_key_name: None,
+            actor_user_email: None,
             action: e.action,
             resource_type: e.resource_type,
             resource_id: e.resource_id,
@@ -267,11 +275,28 @@ pub async fn handle_audit_list(
         actor_user_id: params.actor_user_id,
         before_seq,
     };
-    let rows = app.registry.conn().await?.audit_events(t.id, &filter, limit + 1).await?;
+    let mut conn = app.registry.conn().await?;
+    let rows = conn.audit_events(t.id, &filter, limit + 1).await?;
     let more = rows.len() as i64 > limit;
-    let events: Vec<AuditEvent> = rows.into_iter().take(limit as usize).map(AuditEvent::from).collect();
+    let mut events: Vec<AuditEvent> = rows.into_iter().take(limit as usize).map(AuditEvent::from).collect();
+    if let (Some(newest), Some(oldest)) = (events.first(), events.last()) {
+        let names = conn.audit_actor_names(t.id, oldest.seq, newest.seq).await?;
+        name_actors(&mut events, names);
+    }
     let next_cursor = if more { events.last().map(|e| cursor::encode("audit", &e.seq.to_string())) } else { None };
     Ok(Json(AuditPage { events, next_cursor }))
+}
+
+/// Fills in the actors' key names and user emails, so people are told apart by name rather
+/// than by key id.
+fn name_actors(events: &mut [AuditEvent], names: Vec<AuditActorRow>) {
+    let by_seq: HashMap<i64, AuditActorRow> = names.into_iter().map(|n| (n.seq, n)).collect();
+    for e in events {
+        if let Some(n) = by_seq.get(&e.seq) {
+            e.actor_key_name.clone_from(&n.key_name);
+            e.actor_user_email.clone_from(&n.user_email);
+        }
+    }
 }
 
 /// Checks a tenant's audit chain link by link and reports the first broken one (tenant

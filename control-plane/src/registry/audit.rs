@@ -148,6 +148,18 @@ pub struct AuditFilter {
     pub before_seq: Option<i64>,
 }
 
+/// Who an event's actor is, by name: the acting key's label and its user's email, when the
+/// key or user still exists (a deleted one leaves only the id in the event).
+#[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
+pub struct AuditActorRow {
+    /// The event's position in its chain.
+    pub seq: i64,
+    /// The acting key's name.
+    pub key_name: Option<String>,
+    /// The email of the user the acting key belongs to.
+    pub user_email: Option<String>,
+}
+
 /// The first broken link found by verification.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainBreak {
@@ -313,6 +325,26 @@ impl Conn {
         .bind(filter.actor_user_id)
         .bind(filter.before_seq)
         .bind(limit)
+        .fetch_all(c))
+    }
+
+    /// The actors' key names and user emails of a tenant's events `from_seq..=to_seq`. Kept
+    /// out of the event rows: names change and are not part of the hashed record. The acting
+    /// key may live in another tenant (a platform admin's), so keys and users are joined by id.
+    pub async fn audit_actor_names(
+        &mut self,
+        tenant_id: Uuid,
+        from_seq: i64,
+        to_seq: i64,
+    ) -> Result<Vec<AuditActorRow>> {
+        on_conn!(self, "audit.actor_names", |c| sqlx::query_as::<_, AuditActorRow>(
+            "SELECT e.seq AS seq, k.name AS key_name, u.email AS user_email FROM audit_events e \
+             LEFT JOIN api_keys k ON k.id = e.actor_key_id LEFT JOIN users u ON u.id = e.actor_user_id \
+             WHERE e.tenant_id = $1 AND e.seq >= $2 AND e.seq <= $3 AND e.actor_key_id IS NOT NULL"
+        )
+        .bind(tenant_id)
+        .bind(from_seq)
+        .bind(to_seq)
         .fetch_all(c))
     }
 

@@ -39,7 +39,9 @@ use sqlx::{Connection, PgPool, Postgres, Sqlite, SqlitePool, Transaction};
 use time::OffsetDateTime;
 use tokio_util::sync::CancellationToken;
 
-pub use audit::{Actor, AuditEventRow, AuditFilter, ChainBreak, ChainReport, ChainVerifier, NewAuditEvent};
+pub use audit::{
+    Actor, AuditActorRow, AuditEventRow, AuditFilter, ChainBreak, ChainReport, ChainVerifier, NewAuditEvent,
+};
 pub use canary::{
     CanarySpec, DeploymentWeights, ServingReplica, SplitSpec, VersionShare, traffic_split, weights_in_effect,
 };

@@ -484,6 +484,10 @@ async fn audit_events_record_the_acting_user() {
         let events = c.audit_events(a, &filter, 10).await.unwrap();
         assert_eq!(events.len(), 1);
         assert_eq!((events[0].actor_key_id, events[0].action.as_str()), (Some(key.id), "model.create"));
+        let seq = events[0].seq;
+        let names = c.audit_actor_names(a, seq, seq).await.unwrap();
+        let want = AuditActorRow { seq, key_name: Some("tsk_1".into()), user_email: Some("ada@x.io".into()) };
+        assert_eq!(names, vec![want], "the event names its key and the key's user");
         drop(c);
         let report = r.verify_audit_chain(a).await.unwrap();
         assert_eq!((report.events_checked, report.first_break), (4, None));

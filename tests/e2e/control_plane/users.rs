@@ -58,10 +58,18 @@ async fn users_own_keys_and_disabling_revokes_them() {
             (e["actor_key_id"].as_str(), e["actor_user_id"].as_str()),
             (Some(key_id.as_str()), Some(user_id.as_str()))
         );
+        // The console shows people by name: the key's label and its user's email.
+        assert_eq!(
+            (e["actor_key_name"].as_str(), e["actor_user_email"].as_str()),
+            (Some("laptop"), Some("ada@example.com"))
+        );
     }
     // Service keys have no user.
     let service = app.get(&t.admin, "/v1/audit?action=user.create").await;
-    assert_eq!(service.expect(200)["events"][0]["actor_user_id"], Value::Null);
+    let service = &service.expect(200)["events"][0];
+    assert_eq!(service["actor_user_id"], Value::Null);
+    assert_eq!(service["actor_user_email"], Value::Null);
+    assert!(service["actor_key_name"].as_str().is_some_and(|n| !n.is_empty()), "a service key is named: {service}");
 
     let list = app.get(&t.admin, "/v1/tenants/acme/users").await;
     assert_eq!(list.expect(200)["users"].as_array().unwrap().len(), 1);

@@ -29,6 +29,19 @@ export function configureClient(source: TokenSource, unauthorized: Unauthorized)
   onUnauthorized = unauthorized;
 }
 
+/** The session's bearer token, for the calls openapi-fetch cannot make (upload progress). */
+export function bearer(): string | null {
+  return tokenSource();
+}
+
+/** What a non-2xx answer means: its status and the API's `{"error": {"code", "message"}}`;
+ *  a 401 also ends the session. */
+export function apiError(status: number, statusText: string, body: unknown): ApiError {
+  const detail = errorDetail(body);
+  if (status === 401) onUnauthorized();
+  return new ApiError(status, detail.code, detail.message ?? `${status} ${statusText}`);
+}
+
 /** The client every page uses (same origin as the console). */
 export const api = createClient<paths>({ baseUrl: location.origin });
 
@@ -46,7 +59,8 @@ interface Outcome<T> {
   response: Response;
 }
 
-/** The data of a call, or an [`ApiError`] thrown; a 401 also ends the session. */
+/** The data of a call (undefined for a 204), or an [`ApiError`] thrown; a 401 also ends the
+ *  session. */
 export async function ok<T>(call: Promise<Outcome<T>>): Promise<T> {
   let outcome: Outcome<T>;
   try {
@@ -55,10 +69,9 @@ export async function ok<T>(call: Promise<Outcome<T>>): Promise<T> {
     throw new ApiError(0, 'network', `The control plane did not answer (${e instanceof Error ? e.message : String(e)}).`);
   }
   const { data, error, response } = outcome;
-  if (response.ok && data !== undefined) return data;
-  const detail = errorDetail(error);
-  if (response.status === 401) onUnauthorized();
-  throw new ApiError(response.status, detail.code, detail.message ?? `${response.status} ${response.statusText}`);
+  // A 204 (deletions) has no body: openapi-fetch gives no data, and there is none to return.
+  if (response.ok) return data as T;
+  throw apiError(response.status, response.statusText, error);
 }
 
 function errorDetail(body: unknown): { code: string; message?: string } {

@@ -5,7 +5,7 @@ import { api, messageOf, ok } from '../api/client';
 import { formatTime, shortSha } from '../format';
 import { query, setQuery } from '../router';
 import type { Session } from '../session';
-import { changedFields, type AuditEvent } from '../shape';
+import { actorLabel, changedFields, type AuditEvent } from '../shape';
 import { Empty, ErrorBox, Loaded, PageHeader, useLoad } from '../ui';
 
 interface Filters {
@@ -142,7 +142,7 @@ function AuditTrail(props: { tenant: string }) {
                       <th>Time</th>
                       <th>Action</th>
                       <th>Resource</th>
-                      <th>Actor key</th>
+                      <th>Actor</th>
                       <th>Change</th>
                       <th>Request</th>
                       <th>Hash</th>
@@ -159,8 +159,8 @@ function AuditTrail(props: { tenant: string }) {
                         <td>
                           {e.resource_type} <code>{e.resource_id}</code>
                         </td>
-                        <td>
-                          <code>{e.actor_key_id ? e.actor_key_id.slice(0, 8) : 'system'}</code>
+                        <td data-testid="actor" title={e.actor_key_id ?? 'the control plane itself'}>
+                          {actorLabel(e)}
                         </td>
                         <td>
                           <Change before={e.before} after={e.after} />

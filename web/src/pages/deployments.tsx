@@ -17,7 +17,9 @@ import {
   type Deployment,
   type VersionStats,
 } from '../shape';
-import { Badge, ConfirmDialog, Empty, Link, Loaded, PageHeader, useLoad } from '../ui';
+import { Badge, ConfirmDialog, CopyButton, Empty, Link, Loaded, PageHeader, useLoad } from '../ui';
+import { callSnippets } from '../snippets';
+import { CreateDeployment, DeploymentControls } from './deploywrite';
 
 /** Calls `f` every `ms` while the page is shown. */
 function useEvery(ms: number, f: () => void): void {
@@ -31,9 +33,20 @@ function target(d: Deployment): string {
   return d.alias ? `alias ${d.alias} → v${d.version}` : `v${d.version}`;
 }
 
-export function DeploymentsPage(props: { tenant: string }) {
+/** The deployments, and the models a deployer could deploy. */
+async function loadDeployments(tenant: string, withModels: boolean) {
+  const path = { tenant };
+  const [deployments, models] = await Promise.all([
+    ok(api.GET('/v1/tenants/{tenant}/deployments', { params: { path } })),
+    withModels ? ok(api.GET('/v1/tenants/{tenant}/models', { params: { path, query: { limit: 200 } } })).then((m) => m.models) : Promise.resolve([]),
+  ]);
+  return { deployments: deployments.deployments, models };
+}
+
+export function DeploymentsPage(props: { session: Session; tenant: string }) {
   const { tenant } = props;
-  const [load, reload] = useLoad(() => ok(api.GET('/v1/tenants/{tenant}/deployments', { params: { path: { tenant } } })), [tenant]);
+  const canDeploy = props.session.abilities.deploy;
+  const [load, reload] = useLoad(() => loadDeployments(tenant, canDeploy), [tenant, canDeploy]);
   useEvery(10_000, reload);
   return (
     <section>
@@ -43,8 +56,10 @@ export function DeploymentsPage(props: { tenant: string }) {
         </button>
       </PageHeader>
       <Loaded load={load} retry={reload} what="deployments">
-        {({ deployments }) =>
-          deployments.length === 0 ? (
+        {({ deployments, models }) => (
+          <>
+          {canDeploy && <CreateDeployment tenant={tenant} models={models} deployed={deployments.map((d) => d.model)} onCreated={reload} />}
+          {deployments.length === 0 ? (
             <Empty>
               No deployments. Deploy a model with <code>tessera deploy --model NAME --alias production --wait</code>.
             </Empty>
@@ -90,8 +105,9 @@ export function DeploymentsPage(props: { tenant: string }) {
                 </tbody>
               </table>
             </div>
-          )
-        }
+          )}
+          </>
+        )}
       </Loaded>
     </section>
   );
@@ -150,7 +166,8 @@ export function DeploymentPage(props: { session: Session; tenant: string; name: 
               <dt>Updated</dt>
               <dd title={formatTime(d.updated_at)}>{formatAgo(d.updated_at)}</dd>
             </dl>
-            <EndpointPanel deployment={d} />
+            {props.session.abilities.deploy && <DeploymentControls key={d.id} tenant={tenant} deployment={d} onChanged={reload} />}
+            <EndpointPanel tenant={tenant} deployment={d} />
             <TrafficPanel tenant={tenant} deployment={d} canChange={props.session.abilities.moveAliases} onChanged={reload} />
             <h2>Replicas by worker and slice</h2>
             {d.replica_status.length === 0 ? (
@@ -216,26 +233,23 @@ async function loadStats(tenant: string, model: string, versions: number[]): Pro
   );
 }
 
-/** The split between the stable version and the canary, each with its replicas and last hour's
- *  traffic side by side; deployers set the canary's weight, promote it, roll it back or start one. */
 /** Where applications call the model (the gateways), with snippets ready to paste. */
-function EndpointPanel(props: { deployment: Deployment }) {
+function EndpointPanel(props: { tenant: string; deployment: Deployment }) {
   const e = props.deployment.endpoint;
+  const [shown, setShown] = useState(0);
   if (!e) {
-    return null;
+    return (
+      <>
+        <h2>How to call this deployment</h2>
+        <Empty>The control plane was started without <code>--gateway-url</code>, so it does not know where applications reach the gateways.</Empty>
+      </>
+    );
   }
-  const base = e.http.slice(0, e.http.lastIndexOf('/v2/models/'));
-  const host = base.replace(/^https?:\/\//, '');
-  const ssl = base.startsWith('https://') ? ', ssl=True' : '';
-  const curl = `curl -s -H "Authorization: Bearer $TESSERA_KEY" -H 'Content-Type: application/json' \\\n  -d '{"inputs": [...]}' ${e.http}/infer`;
-  const python = [
-    'import tritonclient.http as httpclient',
-    `client = httpclient.InferenceServerClient("${host}"${ssl})`,
-    `result = client.infer("${e.model}", inputs, headers={"Authorization": f"Bearer {key}"})`,
-  ].join('\n');
+  const snippets = callSnippets(e, props.tenant, location.origin);
+  const current = snippets[Math.min(shown, snippets.length - 1)];
   return (
     <>
-      <h2>Endpoint</h2>
+      <h2>How to call this deployment</h2>
       <dl class="facts">
         <dt>HTTP</dt>
         <dd>
@@ -245,17 +259,29 @@ function EndpointPanel(props: { deployment: Deployment }) {
           <>
             <dt>gRPC</dt>
             <dd>
-              <code>{e.grpc}</code> (model <code>{e.model}</code>)
+              <code>{e.grpc}</code> (model <code>{e.model}</code>; send the key as lower-case <code>authorization</code> metadata)
             </dd>
           </>
         ) : null}
       </dl>
-      <pre class="snippet">{curl}</pre>
-      <pre class="snippet">{python}</pre>
+      <p class="muted">Set <code>TESSERA_KEY</code> to an API key of this tenant (an inference key is enough).</p>
+      <div class="tabs" role="tablist" aria-label="Snippets" data-testid="snippets">
+        {snippets.map((s, i) => (
+          <button type="button" role="tab" key={s.id} aria-selected={s === current} onClick={() => setShown(i)}>
+            {s.label}
+          </button>
+        ))}
+      </div>
+      <div class="snippet-wrap" role="tabpanel">
+        <pre class="snippet" data-testid={`snippet-${current.id}`}>{current.text}</pre>
+        <CopyButton text={current.text} />
+      </div>
     </>
   );
 }
 
+/** The split between the stable version and the canary, each with its replicas and last hour's
+ *  traffic side by side; deployers set the canary's weight, promote it, roll it back or start one. */
 function TrafficPanel(props: { tenant: string; deployment: Deployment; canChange: boolean; onChanged: () => void }) {
   const { tenant, deployment: d } = props;
   const versions = d.traffic.map((t) => t.version);

@@ -7,6 +7,7 @@ import { formatAgo, formatBytes, formatTime, shortSha } from '../format';
 import { tenantPath } from '../router';
 import type { Session } from '../session';
 import { Badge, ConfirmDialog, Empty, Link, Loaded, PageHeader, useLoad } from '../ui';
+import { UploadVersion } from './upload';
 
 type Version = components['schemas']['ModelVersion'];
 type Alias = components['schemas']['Alias'];
@@ -20,14 +21,38 @@ interface Move {
   kind: 'promote' | 'rollback';
 }
 
-async function loadModel(tenant: string, model: string) {
+/** Key id -> who it is, for the "by" columns: only tenant admins may list keys, others see
+ *  the id's start. */
+export type KeyNames = Map<string, string>;
+
+async function keyNames(tenant: string, canList: boolean): Promise<KeyNames> {
+  if (!canList) return new Map();
+  const path = { tenant };
+  const [keys, users] = await Promise.all([
+    ok(api.GET('/v1/tenants/{tenant}/api-keys', { params: { path } })),
+    ok(api.GET('/v1/tenants/{tenant}/users', { params: { path } })),
+  ]);
+  const email = new Map(users.users.map((u) => [u.id, u.email]));
+  return new Map(keys.api_keys.map((k) => [k.id, k.user_id && email.has(k.user_id) ? `${email.get(k.user_id)} (${k.name})` : k.name]));
+}
+
+/** Who a key is: its name (and user) when known, else its id's start. */
+export function whoIs(names: KeyNames, id: string | null | undefined) {
+  if (!id) return <span class="muted">–</span>;
+  const name = names.get(id);
+  return name ? <span title={id}>{name}</span> : <code title={id}>{id.slice(0, 8)}</code>;
+}
+
+async function loadModel(tenant: string, model: string, canListKeys: boolean) {
   const path = { tenant, model };
-  const [m, versions, aliases] = await Promise.all([
+  const [m, versions, aliases, names] = await Promise.all([
     ok(api.GET('/v1/tenants/{tenant}/models/{model}', { params: { path } })),
     allVersions(tenant, model),
     ok(api.GET('/v1/tenants/{tenant}/models/{model}/aliases', { params: { path } })),
+    // Names are a nicety: the page still shows when the keys cannot be read.
+    keyNames(tenant, canListKeys).catch(() => new Map<string, string>()),
   ]);
-  return { model: m, versions, aliases: aliases.aliases };
+  return { model: m, versions, aliases: aliases.aliases, names };
 }
 
 async function allVersions(tenant: string, model: string): Promise<Version[]> {
@@ -46,7 +71,8 @@ async function allVersions(tenant: string, model: string): Promise<Version[]> {
 
 export function ModelPage(props: { session: Session; tenant: string; model: string }) {
   const { tenant, model } = props;
-  const [load, reload] = useLoad(() => loadModel(tenant, model), [tenant, model]);
+  const abilities = props.session.abilities;
+  const [load, reload] = useLoad(() => loadModel(tenant, model, abilities.manageKeys), [tenant, model]);
   const [move, setMove] = useState<Move | null>(null);
   const [busy, setBusy] = useState(false);
   const [moveError, setMoveError] = useState<string | null>(null);
@@ -98,14 +124,24 @@ export function ModelPage(props: { session: Session; tenant: string; model: stri
         </p>
       )}
       <Loaded load={load} retry={reload} what={`model ${model}`}>
-        {({ model: m, versions, aliases }) => (
+        {({ model: m, versions, aliases, names }) => (
           <>
             {m.description && <p>{m.description}</p>}
             <h2>Aliases</h2>
-            <AliasTable aliases={aliases} versions={versions} canMove={canMove} onMove={ask} />
+            <AliasTable aliases={aliases} versions={versions} names={names} canMove={canMove} onMove={ask} />
             <h2>Versions</h2>
-            <VersionTable versions={versions} aliases={aliases} canMove={canMove} onPromote={ask} />
+            <VersionTable versions={versions} aliases={aliases} names={names} canMove={canMove} onPromote={ask} />
             <LatestSignature versions={versions} />
+            {abilities.deploy && (
+              <UploadVersion
+                tenant={tenant}
+                model={model}
+                onUploaded={(v) => {
+                  setNotice(`Version ${v.version} uploaded (${v.size_bytes} bytes, sha256 ${v.sha256.slice(0, 12)}…).`);
+                  reload();
+                }}
+              />
+            )}
           </>
         )}
       </Loaded>
@@ -129,7 +165,7 @@ export function ModelPage(props: { session: Session; tenant: string; model: stri
   );
 }
 
-function AliasTable(props: { aliases: Alias[]; versions: Version[]; canMove: boolean; onMove: (m: Move) => void }) {
+function AliasTable(props: { aliases: Alias[]; versions: Version[]; names: KeyNames; canMove: boolean; onMove: (m: Move) => void }) {
   if (props.aliases.length === 0) return <Empty>No aliases. Promote a version below to create one.</Empty>;
   const numbers = props.versions.map((v) => v.version).sort((a, b) => b - a);
   const why = props.canMove ? undefined : 'Needs the deployer role';
@@ -141,7 +177,7 @@ function AliasTable(props: { aliases: Alias[]; versions: Version[]; canMove: boo
             <th>Alias</th>
             <th>Version</th>
             <th>Moved</th>
-            <th>Moved by key</th>
+            <th>Moved by</th>
             <th>Actions</th>
           </tr>
         </thead>
@@ -157,9 +193,7 @@ function AliasTable(props: { aliases: Alias[]; versions: Version[]; canMove: boo
                   {a.version}
                 </td>
                 <td title={formatTime(a.updated_at)}>{formatAgo(a.updated_at)}</td>
-                <td>
-                  <code>{a.updated_by ? a.updated_by.slice(0, 8) : '–'}</code>
-                </td>
+                <td>{whoIs(props.names, a.updated_by)}</td>
                 <td class="actions">
                   <AliasMover alias={a} numbers={numbers} disabled={!props.canMove} title={why} onMove={props.onMove} />
                   <button
@@ -211,9 +245,9 @@ function AliasMover(props: { alias: Alias; numbers: number[]; disabled: boolean;
   );
 }
 
-function VersionTable(props: { versions: Version[]; aliases: Alias[]; canMove: boolean; onPromote: (m: Move) => void }) {
+function VersionTable(props: { versions: Version[]; aliases: Alias[]; names: KeyNames; canMove: boolean; onPromote: (m: Move) => void }) {
   const [aliasName, setAliasName] = useState(props.aliases[0]?.alias ?? 'production');
-  if (props.versions.length === 0) return <Empty>No versions yet. Upload one with <code>tessera models push</code>.</Empty>;
+  if (props.versions.length === 0) return <Empty>No versions yet. Upload one below or with <code>tessera models push</code>.</Empty>;
   const pointing = (v: number) => props.aliases.filter((a) => a.version === v).map((a) => a.alias);
   const current = props.aliases.find((a) => a.alias === aliasName);
   return (
@@ -246,7 +280,7 @@ function VersionTable(props: { versions: Version[]; aliases: Alias[]; canMove: b
               <th>Format</th>
               <th>Config</th>
               <th>Signature</th>
-              <th>Creator key</th>
+              <th>Uploaded by</th>
               <th>Created</th>
               <th>Aliases</th>
               <th>Actions</th>
@@ -279,9 +313,7 @@ function VersionTable(props: { versions: Version[]; aliases: Alias[]; canMove: b
                     <span class="muted">not recorded</span>
                   )}
                 </td>
-                <td>
-                  <code>{v.created_by ? v.created_by.slice(0, 8) : '–'}</code>
-                </td>
+                <td>{whoIs(props.names, v.created_by)}</td>
                 <td title={formatTime(v.created_at)}>{formatAgo(v.created_at)}</td>
                 <td>{pointing(v.version).map((a) => <Badge key={a} value={a} />)}</td>
                 <td>

@@ -1,11 +1,12 @@
 // Models: every model of the tenant, searchable and sortable.
 
 import { useState } from 'preact/hooks';
-import { api, ok } from '../api/client';
+import { api, messageOf, ok } from '../api/client';
 import { formatAgo, formatTime } from '../format';
-import { query, setQuery, tenantPath } from '../router';
+import { navigate, query, setQuery, tenantPath } from '../router';
+import type { Session } from '../session';
 import { filterAndSortModels, type Model, type ModelSortKey, type SortDir } from '../shape';
-import { Empty, Link, Loaded, PageHeader, useLoad } from '../ui';
+import { Empty, ErrorBox, Link, Loaded, PageHeader, useLoad } from '../ui';
 
 /** Every model of a tenant (following pages; at most 2,000). */
 async function allModels(tenant: string): Promise<Model[]> {
@@ -20,7 +21,7 @@ async function allModels(tenant: string): Promise<Model[]> {
   return models;
 }
 
-export function ModelsPage(props: { tenant: string }) {
+export function ModelsPage(props: { session: Session; tenant: string }) {
   const [load, reload] = useLoad(() => allModels(props.tenant), [props.tenant]);
   const q = query();
   const [search, setSearch] = useState(q.get('q') ?? '');
@@ -55,6 +56,7 @@ export function ModelsPage(props: { tenant: string }) {
           Refresh
         </button>
       </PageHeader>
+      {props.session.abilities.deploy && <NewModel tenant={props.tenant} />}
       <Loaded load={load} retry={reload} what="models">
         {(models) => {
           if (models.length === 0) return <Empty>No models yet. Push one with <code>tessera models push model.onnx --model NAME</code>.</Empty>;
@@ -90,5 +92,45 @@ export function ModelsPage(props: { tenant: string }) {
         }}
       </Loaded>
     </section>
+  );
+}
+
+/** Registers a model (deployers), then opens it to upload its first version. */
+function NewModel(props: { tenant: string }) {
+  const [name, setName] = useState('');
+  const [description, setDescription] = useState('');
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<string | null>(null);
+  const submit = async (e: Event) => {
+    e.preventDefault();
+    setBusy(true);
+    setError(null);
+    try {
+      const m = await ok(api.POST('/v1/tenants/{tenant}/models', { params: { path: { tenant: props.tenant } }, body: { name: name.trim(), description } }));
+      navigate(tenantPath(props.tenant, 'models', m.name));
+    } catch (err) {
+      setError(messageOf(err));
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <details class="form-card">
+      <summary>New model</summary>
+      <form onSubmit={submit} aria-label="Register a model">
+        <div class="form-row">
+          <label>
+            Name <input name="model-name" value={name} required title="lower-case letters, digits, “.”, “_” or “-”" onInput={(e) => setName((e.target as HTMLInputElement).value)} />
+          </label>
+          <label>
+            Description <input name="model-description" value={description} size={40} onInput={(e) => setDescription((e.target as HTMLInputElement).value)} />
+          </label>
+          <button type="submit" class="primary" disabled={busy}>
+            {busy ? 'Creating…' : 'Create model'}
+          </button>
+        </div>
+        {error && <ErrorBox message={error} />}
+      </form>
+    </details>
   );
 }

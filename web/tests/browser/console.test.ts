@@ -1,6 +1,6 @@
 // The console in a real browser against a real `tessera dev`: sign in, models, versions,
-// moving an alias and its audit entry, deployments, charts from real traffic, invoices, roles,
-// a narrow window. Each test saves a screenshot under web/test-results/.
+// moving an alias and its audit entry, deployments, charts from real traffic (uPlot, values on
+// hover), invoices, roles, a narrow window. Each test saves a screenshot under web/test-results/.
 
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import type { Browser, BrowserContext, Page } from 'playwright-core';
@@ -143,11 +143,19 @@ describe('console', () => {
     });
     const p = await page(dev.adminKey, 1280, 900, `/t/${dev.tenant}/metrics?model=${model}&range=15m`);
     const chart = p.getByTestId('chart-Request rate');
-    await chart.waitFor();
-    const d = await chart.locator('path.series').getAttribute('d');
-    expect(d ?? '').toMatch(/^M/);
+    await chart.locator('canvas').waitFor();
     expect(await p.getByTestId('metrics-summary').textContent()).toMatch(/4\d requests, [1-9]\d* failed/);
-    expect(await p.getByTestId('chart-Latency').locator('path.series').count()).toBe(3);
+    // uPlot's legend: the time, then one entry per series.
+    const latency = p.getByTestId('chart-Latency').locator('.u-legend .u-series .u-label');
+    expect(await latency.allTextContents()).toEqual(['time', 'p50', 'p95', 'p99']);
+    // Hovering the plot shows the values under the cursor in the legend.
+    const over = chart.locator('.u-over');
+    const box = await over.boundingBox();
+    if (!box) throw new Error('the request-rate plot has no area');
+    await p.mouse.move(box.x + box.width - 2, box.y + box.height / 2);
+    const values = chart.locator('.u-legend .u-series .u-value');
+    await expect.poll(async () => (await values.allTextContents())[0]).toMatch(/^\d\d:\d\d$/);
+    expect((await values.allTextContents())[1]).toMatch(/\d/);
     await screenshot(p, '07-metrics-charts');
   });
 
