@@ -16,3 +16,4 @@ pub mod priority;
 pub mod repository;
 pub mod stats;
 pub mod tensor;
+pub mod warmup;

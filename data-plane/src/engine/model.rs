@@ -14,6 +14,7 @@ use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
 use crate::engine::model_spec::{ModelIo, ModelSpec, complete_and_check};
 use crate::engine::stats::{FailReason, ModelStats, nanos};
 use crate::engine::tensor::OutputTensor;
+use crate::engine::warmup;
 use crate::error::Result;
 use crate::runner::RemoteVersion;
 use tessera_protocol::inference::ModelConfig;
@@ -79,6 +80,22 @@ impl LoadedModel {
         }
         // Not needed: every instance wanted more threads or a GPU.
         drop(probe);
+        // The version directory's parent is the model's: Triton's `warmup/` files live there.
+        let samples = warmup::samples(&spec, model_dir.parent().unwrap_or(model_dir))?;
+        if !samples.is_empty() {
+            let started = std::time::Instant::now();
+            for session in &mut sessions {
+                warmup::run(session, &spec, &samples)?;
+            }
+            tracing::info!(
+                model = name,
+                version,
+                samples = samples.len(),
+                instances = sessions.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "model version warmed up"
+            );
+        }
         let stats = Arc::new(ModelStats::default());
         let batching = BatchingConfig::from_config(&spec.config)?;
         let dynamic = batching.dynamic;
