@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod batcher;
+pub mod classification;
 pub mod cuda_ipc;
 pub mod device;
 pub mod in_flight;
