@@ -251,6 +251,50 @@ def _identity_writer(dtype: str) -> Callable[[Path], None]:
     return write
 
 
+def write_raw_bytes(root: Path) -> None:
+    # BYTES with dims [1]: the one shape Triton accepts for a raw binary BYTES input.
+    d = root / "raw_bytes"
+    _write(d / "config.pbtxt", config_text("raw_bytes", 8, [("INPUT0", "TYPE_STRING", [1])], [("OUTPUT0", "TYPE_STRING", [1])]))
+    _write(
+        d / "1" / "model.onnx",
+        _model(
+            [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+            [helper.make_tensor_value_info("INPUT0", TensorProto.STRING, ["batch", 1])],
+            [helper.make_tensor_value_info("OUTPUT0", TensorProto.STRING, ["batch", 1])],
+            name="raw_bytes",
+        ),
+    )
+
+
+def write_variable_2d(root: Path) -> None:
+    # Two variable dimensions: a raw binary request cannot deduce its shape.
+    d = root / "variable_2d"
+    _write(d / "config.pbtxt", config_text("variable_2d", 8, [("INPUT0", "TYPE_FP32", [-1, -1])], [("OUTPUT0", "TYPE_FP32", [-1, -1])]))
+    _write(
+        d / "1" / "model.onnx",
+        _model(
+            [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+            [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "a", "b"])],
+            [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "a", "b"])],
+            name="variable_2d",
+        ),
+    )
+
+
+CLASSIFIER_LABELS = ["cat", "dog", "bird", "fish"]
+
+
+def write_classifier(root: Path) -> None:
+    # An FP32 identity whose output has a label file: the classification extension's model.
+    d = root / "classifier"
+    config = config_text("classifier", 8, [("INPUT0", "TYPE_FP32", [-1])], [("OUTPUT0", "TYPE_FP32", [-1])])
+    head, _, outputs = config.partition("output [")
+    config = head + "output [" + outputs.replace("    dims: [ -1 ]\n", '    dims: [ -1 ]\n    label_filename: "labels.txt"\n', 1)
+    _write(d / "config.pbtxt", config)
+    _write(d / "labels.txt", "\n".join(CLASSIFIER_LABELS) + "\n")
+    _write(d / "1" / "model.onnx", onnx_identity("FP32"))
+
+
 def write_mlp(root: Path) -> None:
     d = root / "mlp"
     _write(
@@ -350,6 +394,9 @@ WRITERS: Dict[str, Callable[[Path], None]] = {
     "add_sub": write_add_sub,
     "add_sub_auto": write_add_sub_auto,
     **{f"identity_{t}": _identity_writer(t) for t in DTYPES},
+    "raw_bytes": write_raw_bytes,
+    "classifier": write_classifier,
+    "variable_2d": write_variable_2d,
     "mlp": write_mlp,
     "multi_version": _multi_writer("multi_version", "version_policy: { all: {} }"),
     "multi_latest": _multi_writer("multi_latest", ""),
@@ -517,6 +564,27 @@ def verify_model(root: Path, name: str) -> str:
             (y,) = _session(d / "1" / "model.onnx").run(None, {"INPUT0": feed})
             _check(np.array_equal(y, feed) and y.shape == x.shape, f"{name}: roundtrip")
         return f"Identity roundtrip ok for {dtype} shape {list(x.shape)}"
+
+    if name == "classifier":
+        cfg = parse_config(d / "config.pbtxt")
+        _check(cfg.output[0].label_filename == "labels.txt", f"{name}: labels")
+        _check((d / "labels.txt").read_text().split() == CLASSIFIER_LABELS, f"{name}: label file")
+        x = np.array([[0.1, 0.7, 0.2]], dtype=np.float32)
+        (y,) = _session(d / "1" / "model.onnx").run(None, {"INPUT0": x})
+        _check(np.array_equal(y, x), f"{name}: roundtrip")
+        return "FP32 identity with labels.txt on OUTPUT0"
+
+    if name == "raw_bytes":
+        feed = np.array([["a\x00b"], ["c"]], dtype=object)
+        (y,) = _session(d / "1" / "model.onnx").run(None, {"INPUT0": feed})
+        _check(np.array_equal(y, feed), f"{name}: roundtrip")
+        return "BYTES [1] identity roundtrip ok"
+
+    if name == "variable_2d":
+        x = np.arange(12, dtype=np.float32).reshape(1, 3, 4)
+        (y,) = _session(d / "1" / "model.onnx").run(None, {"INPUT0": x})
+        _check(np.array_equal(y, x), f"{name}: roundtrip")
+        return "FP32 [-1, -1] identity roundtrip ok"
 
     if name == "mlp":
         path = d / "1" / "model.onnx"

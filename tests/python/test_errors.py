@@ -370,23 +370,60 @@ def test_bytes_grpc_raw_length_prefix_past_buffer(grpc_url):
 @pytest.mark.parametrize("dtype", ["FP16", "BF16"])
 def test_half_types_as_json_rejected(raw_http, dtype):
     req = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": dtype, "data": [1.0, 2.0]}]}
-    th.assert_error(raw_http.post_json(th.infer_path(f"identity_{dtype}"), req), 400)
+    th.assert_error(
+        raw_http.post_json(th.infer_path(f"identity_{dtype}"), req),
+        400,
+        f"receiving {dtype} data via JSON is not supported. Please use the binary data format for input INPUT0",
+    )
 
 
 @pytest.mark.parametrize("dtype", ["FP16", "BF16"])
-def test_half_types_json_output_rejected_or_binary(raw_http, dtype):
-    """Asking for a JSON FP16/BF16 output must not produce a bogus JSON array:
-    the server either refuses (400) or answers the output as binary."""
+@pytest.mark.parametrize(
+    "outputs,parameters",
+    [
+        ([{"name": "OUTPUT0", "parameters": {"binary_data": False}}], None),  # asked for as JSON
+        (None, None),  # JSON by default
+        ([{"name": "OUTPUT0"}], {"binary_data_output": False}),
+    ],
+)
+def test_half_types_json_output_refused_as_triton_does(raw_http, dtype, outputs, parameters):
+    """An FP16/BF16 output that would go into the JSON is refused before the model runs."""
+    header = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": dtype, "parameters": {"binary_data_size": 4}}]}
+    if outputs is not None:
+        header["outputs"] = outputs
+    if parameters is not None:
+        header["parameters"] = parameters
+    r = raw_http.post_binary(th.infer_path(f"identity_{dtype}"), header, b"\x00\x3c\x00\x40")
+    th.assert_error(r, 400, f"sending {dtype} data via JSON is not supported. Please use the binary data format for output")
+
+
+@pytest.mark.parametrize("dtype", ["FP16", "BF16"])
+def test_half_types_binary_output_works(raw_http, http_client, dtype):
     header = {
         "inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": dtype, "parameters": {"binary_data_size": 4}}],
-        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": False}}],
+        "outputs": [{"name": "OUTPUT0", "parameters": {"binary_data": True}}],
     }
     r = raw_http.post_binary(th.infer_path(f"identity_{dtype}"), header, b"\x00\x3c\x00\x40")
-    if r.status == 200:
-        head, raw = th.split_binary_response(r)
-        assert raw.get("OUTPUT0") == b"\x00\x3c\x00\x40", head
-    else:
-        th.assert_error(r, 400)
+    head, raw = th.split_binary_response(r)
+    assert raw.get("OUTPUT0") == b"\x00\x3c\x00\x40", head
+    if dtype == "FP16":  # tritonclient asks for binary outputs itself
+        x = np.array([[1.0, 2.0]], dtype=np.float16)
+        inp = httpclient.InferInput("INPUT0", [1, 2], "FP16")
+        inp.set_data_from_numpy(x, binary_data=True)
+        np.testing.assert_array_equal(http_client.infer(f"identity_{dtype}", [inp]).as_numpy("OUTPUT0"), x)
+
+
+@pytest.mark.parametrize(
+    "dtype,data,words",
+    [
+        ("BOOL", [1, 0], "non-boolean as boolean"),
+        ("INT32", [1.0, 2], "non-signed-integer as signed-integer"),
+        ("UINT8", [-1, 2], "non-unsigned-integer as unsigned-integer"),
+    ],
+)
+def test_json_values_of_the_wrong_kind_refused_as_triton_does(raw_http, dtype, data, words):
+    req = {"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": dtype, "data": data}]}
+    th.assert_error(raw_http.post_json(th.infer_path(f"identity_{dtype}"), req), 400, f"attempt to access JSON {words}", "INPUT0")
 
 
 # --------------------------------------------------------------------------
@@ -473,6 +510,10 @@ def test_grpc_mixed_raw_and_typed_contents(grpc_url):
         with pytest.raises(grpc.RpcError) as ei:
             s.stub.ModelInfer(req, timeout=30)
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT, ei.value
+        # Triton's words, naming the input.
+        assert ei.value.details() == (
+            "contents field must not be specified when using raw_input_contents for 'INPUT0' for model 'add_sub'"
+        ), ei.value
     finally:
         s.close()
 

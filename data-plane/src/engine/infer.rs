@@ -280,9 +280,6 @@ fn select_outputs(requested: &[RequestedOutput], spec: &ModelSpec) -> Result<Vec
         if selected.contains(&idx) {
             return Err(Error::invalid(format!("output '{}' is requested more than once", out.name)));
         }
-        for key in ["classification", "class_count"] {
-            check_classification(&out.parameters, key, Some(&out.name))?;
-        }
         selected.push(idx);
     }
     Ok(selected)
@@ -323,18 +320,14 @@ fn queue_parameters(params: &Parameters, spec: &ModelSpec) -> Result<(u64, u64)>
     Ok((priority, unsigned("timeout", "a non-negative integer (microseconds)")?))
 }
 
-/// Refuses Triton's classification extension (top-N class strings in place of the tensor),
-/// which this server does not offer; a count of 0 asks for the plain tensor. `output` names
-/// the requested output whose parameter it is.
+/// Refuses `classification` as a request parameter: it belongs to each requested output
+/// (`crate::engine::classification`); a count of 0 asks for nothing and passes.
 fn check_classification(params: &Parameters, key: &str, output: Option<&str>) -> Result<()> {
     let Some(p) = params.get(key) else { return Ok(()) };
-    let (prefix, owner) = match output {
-        Some(name) => (format!("output '{name}': "), format!(" of output '{name}'")),
-        None => (String::new(), String::new()),
-    };
+    let owner = output.map(|name| format!(" of output '{name}'")).unwrap_or_default();
     match p.as_u64() {
         Some(0) => Ok(()),
-        Some(_) => Err(Error::invalid(format!("{prefix}classification is not supported"))),
+        Some(_) => Err(Error::invalid("'classification' is a parameter of each requested output, not of the request")),
         None => Err(Error::invalid(format!(
             "parameter '{key}'{owner} must be a non-negative integer, got {}",
             p.describe()
@@ -507,22 +500,12 @@ mod tests {
     }
 
     #[test]
-    fn classification_is_refused_unless_its_count_is_zero() {
-        let asking = |key: &str, value: ParamValue| {
-            let mut req = good();
-            let parameters = [(key.to_string(), value)].into_iter().collect();
-            req.outputs.push(RequestedOutput { name: "OUTPUT1".into(), parameters });
-            ValidInferRequest::new(req, &add_sub()).map(|v| v.outputs).map_err(|e| e.message)
-        };
-        assert_eq!(asking("classification", ParamValue::Int(0)), Ok(vec![1]));
-        assert_eq!(asking("class_count", ParamValue::Uint(0)), Ok(vec![1]));
-        for key in ["classification", "class_count"] {
-            let e = asking(key, ParamValue::Int(3)).expect_err(key);
-            assert_eq!(e, "output 'OUTPUT1': classification is not supported");
-        }
-        let e = asking("classification", ParamValue::Str("x".into())).expect_err("a string");
-        assert!(e.contains("'classification' of output 'OUTPUT1' must be a non-negative integer"), "{e}");
+    fn classification_belongs_to_outputs_not_to_the_request() {
+        let mut req = good();
+        let parameters = [("classification".to_string(), ParamValue::Int(3))].into_iter().collect();
+        req.outputs.push(RequestedOutput { name: "OUTPUT1".into(), parameters });
+        assert_eq!(ValidInferRequest::new(req, &add_sub()).map(|v| v.outputs).map_err(|e| e.message), Ok(vec![1]));
         let e = err(with_params(&[("classification", ParamValue::Uint(2))]));
-        assert_eq!(e, "classification is not supported");
+        assert_eq!(e, "'classification' is a parameter of each requested output, not of the request");
     }
 }

@@ -299,7 +299,9 @@ impl ModelManager {
             return Ok(());
         }
         Err(Error::unavailable(
-            "explicit model load / unload is not allowed unless the server runs with --model-control-mode=explicit",
+            // Triton's words (it says so in every mode but explicit), then how to get there.
+            "explicit model load / unload is not allowed if polling is enabled \
+             (start the server with --model-control-mode=explicit)",
         ))
     }
 

@@ -5,6 +5,7 @@
 
 pub mod backend;
 pub mod batcher;
+pub mod classification;
 pub mod cuda_ipc;
 pub mod device;
 pub mod in_flight;
@@ -16,3 +17,4 @@ pub mod priority;
 pub mod repository;
 pub mod stats;
 pub mod tensor;
+pub mod warmup;

@@ -9,11 +9,13 @@ use crate::engine::backend::onnx::OnnxSession;
 use crate::engine::backend::providers::ProviderPlan;
 use crate::engine::batcher::Batcher;
 use crate::engine::batcher::policy::BatchingConfig;
+use crate::engine::classification::{self, Labels};
 use crate::engine::device::ExecutionTarget;
 use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
 use crate::engine::model_spec::{ModelIo, ModelSpec, complete_and_check};
 use crate::engine::stats::{FailReason, ModelStats, nanos};
 use crate::engine::tensor::OutputTensor;
+use crate::engine::warmup;
 use crate::error::Result;
 use crate::runner::RemoteVersion;
 use tessera_protocol::inference::ModelConfig;
@@ -28,6 +30,8 @@ pub struct LoadedModel {
     pub stats: Arc<ModelStats>,
     /// What the ONNX graph declares.
     pub io: ModelIo,
+    /// Outputs' class labels (`label_filename`), for the classification extension.
+    labels: Labels,
     /// Where requests run; dropped with the model (after the last request finished).
     execution: Execution,
 }
@@ -64,6 +68,7 @@ impl LoadedModel {
         let io = probe.io();
         let spec = Arc::new(complete_and_check(config, name, &io, target)?);
         let model_dir = file.parent().unwrap_or(Path::new("."));
+        let labels = Labels::load(&spec, model_dir.parent().unwrap_or(model_dir))?;
         let mut probe = (spec.intra_op_threads == 1 && !spec.spinning).then_some(probe);
         let mut sessions = Vec::with_capacity(spec.instance_count());
         let mut providers = Vec::with_capacity(spec.instance_count());
@@ -79,6 +84,22 @@ impl LoadedModel {
         }
         // Not needed: every instance wanted more threads or a GPU.
         drop(probe);
+        // The version directory's parent is the model's: Triton's `warmup/` files live there.
+        let samples = warmup::samples(&spec, model_dir.parent().unwrap_or(model_dir))?;
+        if !samples.is_empty() {
+            let started = std::time::Instant::now();
+            for session in &mut sessions {
+                warmup::run(session, &spec, &samples)?;
+            }
+            tracing::info!(
+                model = name,
+                version,
+                samples = samples.len(),
+                instances = sessions.len(),
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "model version warmed up"
+            );
+        }
         let stats = Arc::new(ModelStats::default());
         let batching = BatchingConfig::from_config(&spec.config)?;
         let dynamic = batching.dynamic;
@@ -95,22 +116,25 @@ impl LoadedModel {
             dynamic_batching = dynamic,
             "model version loaded"
         );
-        Ok(Self { spec, version, stats, io, execution: Execution::Local(batcher) })
+        Ok(Self { spec, version, stats, io, labels, execution: Execution::Local(batcher) })
     }
 
-    /// A version a runner process loaded: its spec is completed here from the graph the runner
-    /// reported, exactly as the runner completed it (on the same `target`).
+    /// A version a runner process loaded from `file`: its spec is completed here from the graph
+    /// the runner reported, exactly as the runner completed it (on the same `target`).
     pub fn in_runner(
         name: &str,
         version: i64,
+        file: &Path,
         config: ModelConfig,
         io: ModelIo,
         target: &ExecutionTarget,
         remote: RemoteVersion,
     ) -> Result<Self, String> {
         let spec = Arc::new(complete_and_check(config, name, &io, target)?);
+        let model_dir = file.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+        let labels = Labels::load(&spec, model_dir)?;
         let stats = Arc::new(ModelStats::default());
-        Ok(Self { spec, version, stats, io, execution: Execution::Runner(remote) })
+        Ok(Self { spec, version, stats, io, labels, execution: Execution::Runner(remote) })
     }
 
     /// Runs one request: check it, queue it for a free instance, await the outputs.
@@ -120,8 +144,10 @@ impl LoadedModel {
     /// like with like; a request that fails the checks is timed from its arrival.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
         let received = Instant::now();
-        let valid = match ValidInferRequest::new(request, &self.spec) {
-            Ok(valid) => valid,
+        let (classes, valid) = match classification::requested(&request.outputs)
+            .and_then(|classes| Ok((classes, ValidInferRequest::new(request, &self.spec)?)))
+        {
+            Ok(checked) => checked,
             Err(e) => {
                 self.stats.record_failure_reason(FailReason::Other);
                 self.stats.fail.record(nanos(received.elapsed()));
@@ -129,10 +155,13 @@ impl LoadedModel {
             }
         };
         let id = valid.id.clone();
-        let outputs = match &self.execution {
+        let mut outputs = match &self.execution {
             Execution::Local(_) => self.run_valid(valid).await?,
             Execution::Runner(remote) => remote.infer(valid, &self.spec.name, &self.stats).await?,
         };
+        if !classes.is_empty() {
+            classification::apply(&self.spec, &self.labels, &classes, &mut outputs)?;
+        }
         Ok(InferResponse { model_name: self.spec.name.clone(), model_version: self.version.to_string(), id, outputs })
     }
 

@@ -162,7 +162,7 @@ impl Runners {
         let remote = RemoteVersion::new(slot.clone(), key.clone(), version);
         let device = self.limits.read().get(&placement.slice).map(|l| l.device.target_device(&placement.slice));
         let target = ExecutionTarget { cores, device: device.unwrap_or_default() };
-        let model = LoadedModel::in_runner(&call.name, version, call.config, io, &target, remote)?;
+        let model = LoadedModel::in_runner(&call.name, version, &call.file, call.config, io, &target, remote)?;
         slot.sinks.lock().insert((key, version), Arc::downgrade(&model.stats));
         Ok(model)
     }

@@ -39,9 +39,12 @@ pub fn parameters(params: HashMap<String, InferParameter>) -> Parameters {
 /// in Triton, `raw_input_contents` holds one entry per input that is not.
 pub fn infer_request(req: ModelInferRequest) -> Result<(InferRequest, ShmInputs)> {
     let raw = req.raw_input_contents;
-    let uses_typed = req.inputs.iter().any(|i| i.contents.is_some());
-    if !raw.is_empty() && uses_typed {
-        return Err(Error::invalid("contents field must not be specified when using raw_input_contents for any input"));
+    if let Some(typed) = req.inputs.iter().find(|i| i.contents.is_some()).filter(|_| !raw.is_empty()) {
+        // Triton's wording, naming the first input that has typed contents.
+        return Err(Error::invalid(format!(
+            "contents field must not be specified when using raw_input_contents for '{}' for model '{}'",
+            typed.name, req.model_name
+        )));
     }
     let mut shm_inputs = ShmInputs::new();
     let mut inputs = Vec::with_capacity(req.inputs.len());
@@ -229,11 +232,15 @@ mod tests {
         };
         assert!(infer_request(req).expect_err("range").message.contains("out of range"));
         let req = ModelInferRequest {
+            model_name: "m".into(),
             inputs: vec![tensor("INT32", Some(InferTensorContents::default()))],
             raw_input_contents: vec![Bytes::from_static(&[0; 8])],
             ..Default::default()
         };
-        assert!(infer_request(req).expect_err("mixed").message.contains("raw_input_contents"));
+        assert_eq!(
+            infer_request(req).expect_err("mixed").message,
+            "contents field must not be specified when using raw_input_contents for 'x' for model 'm'"
+        );
         let req = ModelInferRequest {
             inputs: vec![tensor("FP16", Some(InferTensorContents::default()))],
             ..Default::default()

@@ -14,6 +14,7 @@ use super::nonfinite::{self, Prepared};
 use crate::engine::infer::{
     InferRequest, InferResponse, ParamValue, Parameters, RequestedOutput, bool_param, json_capable,
 };
+use crate::engine::model_spec::ModelSpec;
 use crate::engine::tensor::{InputTensor, OutputTensor, bytes_elements, push_bytes_element};
 use crate::error::{Error, Result};
 use crate::serve::shared_memory::tensors::{self as shm, OutputRegions, ShmInput, ShmInputs, ShmRef};
@@ -60,8 +61,9 @@ fn split_body(body: &Bytes, header_length: Option<&str>) -> Result<(Bytes, Bytes
     let len: usize =
         raw.trim().parse().map_err(|_| Error::invalid(format!("invalid Inference-Header-Content-Length '{raw}'")))?;
     if len == 0 {
-        return Err(Error::unsupported(
-            "raw binary requests (Inference-Header-Content-Length: 0) are not supported; send a JSON header",
+        // The handler decodes raw binary requests against their model (`super::raw`) before this.
+        return Err(Error::invalid(
+            "Inference-Header-Content-Length 0 marks a raw binary request, which needs its model",
         ));
     }
     if len > body.len() {
@@ -201,8 +203,9 @@ fn decode_json_data(
     prepared: &Prepared<'_>,
 ) -> Result<Bytes> {
     if !json_capable(datatype) {
+        // Triton's words.
         return Err(Error::invalid(format!(
-            "input '{name}': datatype {datatype} cannot be sent as JSON; use the binary tensor data extension"
+            "receiving {datatype} data via JSON is not supported. Please use the binary data format for input {name}"
         )));
     }
     let expected = tessera_protocol::element_count(shape)
@@ -248,15 +251,33 @@ struct Sink {
     count: usize,
 }
 
+/// Triton's refusal of a JSON value whose kind does not fit the datatype (a number for BOOL, a
+/// float or a negative number for an integer type, a boolean or string for a number).
+pub(super) fn wrong_kind(datatype: DataType) -> String {
+    let (non, what) = match datatype {
+        DataType::Bool => ("non-boolean", "boolean"),
+        DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64 => {
+            ("non-unsigned-integer", "unsigned-integer")
+        }
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+            ("non-signed-integer", "signed-integer")
+        }
+        DataType::Bytes => ("non-string", "string"),
+        DataType::Fp32 | DataType::Fp64 | DataType::Fp16 | DataType::Bf16 => ("non-number", "number"),
+    };
+    format!("attempt to access JSON {non} as {what} ({datatype} data)")
+}
+
 impl Sink {
     fn push_int(&mut self, v: i128) -> std::result::Result<(), String> {
+        let datatype = self.datatype;
+        let unsigned = matches!(datatype, DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64);
+        if unsigned && v < 0 {
+            return Err(wrong_kind(datatype));
+        }
         let out = &mut self.out;
-        let bad = || format!("value {v} is out of range for {}", self.datatype);
-        match self.datatype {
-            DataType::Bool => match v {
-                0 | 1 => out.push(v as u8),
-                _ => return Err(bad()),
-            },
+        let bad = || format!("value {v} is out of range for {datatype}");
+        match datatype {
             DataType::Uint8 => out.extend(u8::try_from(v).map_err(|_| bad())?.to_le_bytes()),
             DataType::Uint16 => out.extend(u16::try_from(v).map_err(|_| bad())?.to_le_bytes()),
             DataType::Uint32 => out.extend(u32::try_from(v).map_err(|_| bad())?.to_le_bytes()),
@@ -266,19 +287,12 @@ impl Sink {
             DataType::Int32 => out.extend(i32::try_from(v).map_err(|_| bad())?.to_le_bytes()),
             DataType::Int64 => out.extend(i64::try_from(v).map_err(|_| bad())?.to_le_bytes()),
             // FP32 and FP64 data goes through `nonfinite`; FP16 and BF16 have no JSON form.
-            DataType::Fp32 | DataType::Fp64 | DataType::Fp16 | DataType::Bf16 | DataType::Bytes => {
-                return Err(format!("expected {} data, got a number", self.datatype));
+            DataType::Bool | DataType::Fp32 | DataType::Fp64 | DataType::Fp16 | DataType::Bf16 | DataType::Bytes => {
+                return Err(wrong_kind(datatype));
             }
         }
         self.count += 1;
         Ok(())
-    }
-
-    fn push_float(&mut self, v: f64) -> std::result::Result<(), String> {
-        if v.fract() == 0.0 && v.abs() < 9.0e18 {
-            return self.push_int(v as i128);
-        }
-        Err(format!("value {v} is not valid for {}", self.datatype))
     }
 }
 
@@ -306,7 +320,7 @@ impl<'de> Visitor<'de> for Flatten<'_> {
 
     fn visit_bool<E: serde::de::Error>(self, v: bool) -> std::result::Result<(), E> {
         if self.0.datatype != DataType::Bool {
-            return Err(E::custom(format!("expected {} data, got a boolean", self.0.datatype)));
+            return Err(E::custom(wrong_kind(self.0.datatype)));
         }
         self.0.out.push(u8::from(v));
         self.0.count += 1;
@@ -321,13 +335,14 @@ impl<'de> Visitor<'de> for Flatten<'_> {
         self.0.push_int(i128::from(v)).map_err(E::custom)
     }
 
-    fn visit_f64<E: serde::de::Error>(self, v: f64) -> std::result::Result<(), E> {
-        self.0.push_float(v).map_err(E::custom)
+    /// Floats (`1.0` too) are refused for integer and BOOL data, as Triton refuses them.
+    fn visit_f64<E: serde::de::Error>(self, _v: f64) -> std::result::Result<(), E> {
+        Err(E::custom(wrong_kind(self.0.datatype)))
     }
 
     fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<(), E> {
         if self.0.datatype != DataType::Bytes {
-            return Err(E::custom(format!("expected {} data, got a string", self.0.datatype)));
+            return Err(E::custom(wrong_kind(self.0.datatype)));
         }
         push_bytes_element(&mut self.0.out, v.as_bytes()).map_err(|e| E::custom(e.message))?;
         self.0.count += 1;
@@ -383,6 +398,38 @@ impl BinaryChoice {
             }
         }
         Ok(Self { default, explicit })
+    }
+
+    /// Every output binary: the answer to a raw binary request.
+    pub fn all_binary() -> Self {
+        Self { default: true, explicit: Vec::new() }
+    }
+
+    /// Refuses, before the model runs, an FP16 or BF16 output that would have to go into the JSON
+    /// (asked for so, or by default), as Triton does; outputs in shared memory are exempt.
+    pub fn check_json_outputs(
+        &self,
+        spec: &ModelSpec,
+        request: &InferRequest,
+        shm: Option<&OutputRegions>,
+    ) -> Result<()> {
+        let returned = spec
+            .outputs
+            .iter()
+            .filter(|o| request.outputs.is_empty() || request.outputs.iter().any(|r| r.name == o.name));
+        for out in returned {
+            if json_capable(out.datatype) || shm.is_some_and(|s| s.find(&out.name).is_some()) {
+                continue;
+            }
+            if !self.explicit.iter().find(|(n, _)| *n == out.name).map_or(self.default, |(_, b)| *b) {
+                // Triton's words, with the output's name.
+                return Err(Error::invalid(format!(
+                    "sending {} data via JSON is not supported. Please use the binary data format for output {}",
+                    out.datatype, out.name
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Where each output of `response` goes: into the JSON, the binary tail, or the region the
@@ -611,7 +658,27 @@ mod tests {
         let e = decode(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"NOPE","data":[1]}]}"#).expect_err("dtype");
         assert!(e.message.contains("unknown datatype"), "{}", e.message);
         let e = decode(r#"{"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":["a"]}]}"#).expect_err("str");
-        assert!(e.message.contains("string"), "{}", e.message);
+        assert!(e.message.contains("attempt to access JSON non-signed-integer as signed-integer"), "{}", e.message);
+    }
+
+    #[test]
+    fn json_values_of_the_wrong_kind_are_refused_as_triton_refuses_them() {
+        for (dt, data, words) in [
+            ("BOOL", "[1,0]", "non-boolean as boolean"),
+            ("BOOL", "[true,1]", "non-boolean as boolean"),
+            ("INT32", "[1.0,2]", "non-signed-integer as signed-integer"),
+            ("INT64", "[true,false]", "non-signed-integer as signed-integer"),
+            ("UINT8", "[-1,2]", "non-unsigned-integer as unsigned-integer"),
+            ("UINT32", "[1e3,2]", "non-unsigned-integer as unsigned-integer"),
+            ("BYTES", "[1,2]", "non-string as string"),
+        ] {
+            let json = format!(r#"{{"inputs":[{{"name":"x","shape":[2],"datatype":"{dt}","data":{data}}}]}}"#);
+            let e = decode(&json).expect_err(dt).message;
+            assert!(e.contains(&format!("attempt to access JSON {words}")) && e.contains("'x'"), "{dt} {data}: {e}");
+        }
+        let e =
+            decode(r#"{"inputs":[{"name":"h","shape":[1],"datatype":"FP16","data":[1]}]}"#).expect_err("fp16").message;
+        assert_eq!(e, "receiving FP16 data via JSON is not supported. Please use the binary data format for input h");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
-use super::{Caller, UrlPath, codec};
+use super::{Caller, UrlPath, codec, raw};
 use crate::auth::Principal;
 use crate::engine::manager::parse_version;
 use crate::engine::model::LoadedModel;
@@ -101,9 +101,15 @@ async fn run_infer(
     body: &Bytes,
 ) -> Result<Answered<Response>> {
     let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
-    let (mut request, shm_inputs) = codec::decode_body(body, header_length)?;
-    let choice = codec::BinaryChoice::of(&request)?;
+    let (mut request, shm_inputs, choice) = if raw::is_raw(header_length) {
+        (raw::decode(body, &loaded.spec)?, Default::default(), codec::BinaryChoice::all_binary())
+    } else {
+        let (request, shm_inputs) = codec::decode_body(body, header_length)?;
+        let choice = codec::BinaryChoice::of(&request)?;
+        (request, shm_inputs, choice)
+    };
     let shm = tensors::resolve(s.shared_memory(), caller, &mut request, shm_inputs).await?;
+    choice.check_json_outputs(&loaded.spec, &request, shm.as_ref())?;
     let rows = batch_rows(&loaded.spec, &request);
     let mut response = loaded.infer(request).await?;
     if let Some(shm) = &shm {

@@ -7,6 +7,7 @@ pub(crate) mod codec;
 mod encoding;
 mod handlers;
 mod nonfinite;
+mod raw;
 mod serve;
 mod shared_memory;
 mod url_path;

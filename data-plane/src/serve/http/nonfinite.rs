@@ -178,13 +178,12 @@ impl Prepared<'_> {
                     let m = markers
                         .binary_search_by_key(&(base + i), |m| m.at)
                         .map(|k| &markers[k])
-                        .map_err(|_| format!("expected {datatype} data, got a string"))?;
+                        .map_err(|_| super::codec::wrong_kind(datatype))?;
                     push_value(m.value, datatype, out);
                     i += placeholder(m.value).len();
                 }
-                b't' | b'f' => return Err(format!("expected {datatype} data, got a boolean")),
-                b'n' => return Err(format!("expected {datatype} data, got null")),
-                _ => return Err(format!("expected {datatype} data, got an object")),
+                b't' | b'f' | b'n' | b'{' => return Err(super::codec::wrong_kind(datatype)),
+                _ => return Err(format!("expected {datatype} data, got an unexpected character")),
             }
             count += 1;
         }
@@ -289,7 +288,8 @@ mod tests {
 
     #[test]
     fn float_data_refuses_what_is_not_a_number() {
-        for (json, needle) in [(r#"["NaN"]"#, "string"), ("[true]", "boolean"), ("[null]", "null"), ("[{}]", "object")]
+        for (json, needle) in
+            [(r#"["NaN"]"#, "non-number"), ("[true]", "non-number"), ("[null]", "non-number"), ("[{}]", "non-number")]
         {
             let e = floats(json, DataType::Fp32).expect_err(json);
             assert!(e.contains(needle), "{json}: {e}");
