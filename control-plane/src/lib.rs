@@ -16,6 +16,7 @@ pub mod auth;
 pub mod config;
 pub mod console;
 pub mod error;
+pub mod kinds;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod metrics;

@@ -330,11 +330,27 @@ pub async fn get(api: &ApiClient, tenant: &str, name: &str) -> anyhow::Result<Op
     Ok(Some((d, raw)))
 }
 
-/// The tenant's deployments.
+/// The tenant's deployments, every page of them (the raw value is `{"deployments": [...]}`).
 pub async fn list(api: &ApiClient, tenant: &str) -> anyhow::Result<(Vec<Deployment>, Value)> {
-    let raw: Value = api.get(&deployments_path(tenant)).await.context("list deployments")?;
-    let items = raw.get("deployments").cloned().unwrap_or(Value::Array(Vec::new()));
-    Ok((serde_json::from_value(items).context("read the deployments")?, raw))
+    let mut items = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        // Cursors are URL-safe base64: they need no escaping.
+        let path = match &cursor {
+            Some(c) => format!("{}?limit=200&cursor={c}", deployments_path(tenant)),
+            None => format!("{}?limit=200", deployments_path(tenant)),
+        };
+        let page: Value = api.get(&path).await.context("list deployments")?;
+        if let Some(Value::Array(page_items)) = page.get("deployments") {
+            items.extend(page_items.iter().cloned());
+        }
+        match page.get("next_cursor").and_then(Value::as_str) {
+            Some(next) => cursor = Some(next.to_string()),
+            None => break,
+        }
+    }
+    let raw = json!({ "deployments": items });
+    Ok((serde_json::from_value(raw["deployments"].clone()).context("read the deployments")?, raw))
 }
 
 impl DeployArgs {
