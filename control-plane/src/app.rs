@@ -427,7 +427,13 @@ impl App {
             Err(e) => Err(e),
         };
         if let Err(e) = &outcome
-            && !matches!(e, Error::Conflict { code: crate::error::ErrorCode::UploadCompleted | crate::error::ErrorCode::UploadMissing, .. })
+            && !matches!(
+                e,
+                Error::Conflict {
+                    code: crate::error::ErrorCode::UploadCompleted | crate::error::ErrorCode::UploadMissing,
+                    ..
+                }
+            )
         {
             self.store.delete_all(&[upload.artifact_key]).await;
         }

@@ -143,6 +143,8 @@ wire_enum! {
         Failed = "failed",
         /// A replica's worker stopped sending heartbeats.
         WorkerLost = "worker_lost",
+        /// A replica's slice turned unhealthy (a critical Xid error, a lost GPU): it moves.
+        SliceUnhealthy = "slice_unhealthy",
         /// A replica was moved to another worker.
         Rescheduled = "rescheduled",
         /// The deployment's target version changed (an alias moved).

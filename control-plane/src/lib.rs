@@ -16,9 +16,9 @@ pub mod auth;
 pub mod config;
 pub mod console;
 pub mod error;
-pub mod kinds;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod kinds;
 pub mod metrics;
 pub mod model_config;
 pub mod onnx;

@@ -128,7 +128,10 @@ impl ArtifactStore {
         let get = match self.store.get(key).await {
             Ok(get) => get,
             Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::conflict(crate::error::ErrorCode::UploadMissing, "nothing was uploaded to the presigned URL"));
+                return Err(Error::conflict(
+                    crate::error::ErrorCode::UploadMissing,
+                    "nothing was uploaded to the presigned URL",
+                ));
             }
             Err(e) => return Err(e.into()),
         };

@@ -11,8 +11,8 @@ use uuid::Uuid;
 
 use super::{ApiQuery, AppState, Caller, cursor};
 use crate::app::TenantRef;
-use crate::audit_checkpoints::{self, CheckpointKey};
 use crate::audit_checkpoints::Violation;
+use crate::audit_checkpoints::{self, CheckpointKey};
 use crate::error::{Error, Result};
 use crate::kinds::{AuditAction, AuditResourceType, wire_enum};
 use crate::registry::{AuditEventRow, AuditFilter};
@@ -61,7 +61,8 @@ impl TryFrom<AuditEventRow> for AuditEvent {
         let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
         // Every action the registry writes is in the enum (it asserts so); a stranger here is
         // a stored row this build does not know, which is ours to fix, not the caller's.
-        let unknown = |what: &str, value: &str| Error::Internal(format!("audit event {} has unknown {what} {value}", e.seq));
+        let unknown =
+            |what: &str, value: &str| Error::Internal(format!("audit event {} has unknown {what} {value}", e.seq));
         Ok(AuditEvent {
             id: e.id,
             seq: e.seq,
@@ -124,7 +125,10 @@ impl AuditParams {
     /// Refuses filter values longer than the schema allows, naming the parameter.
     fn check(&self) -> Result<()> {
         if self.resource_id.as_ref().is_some_and(|v| v.chars().count() > MAX_FILTER_LEN) {
-            return Err(Error::invalid("resource_id", format!("resource_id must be at most {MAX_FILTER_LEN} characters")));
+            return Err(Error::invalid(
+                "resource_id",
+                format!("resource_id must be at most {MAX_FILTER_LEN} characters"),
+            ));
         }
         Ok(())
     }
@@ -324,12 +328,7 @@ async fn check_checkpoints(app: &AppState, key: &CheckpointKey, tenant: Uuid) ->
     if let Some((object, c)) = found.valid {
         let at = conn.audit_event_hash(tenant, c.seq).await?;
         violation = audit_checkpoints::compare(&c, head_seq, at.as_ref().map(|(_, h)| h.as_str())).map(|v| {
-            CheckpointViolation {
-                kind: v,
-                checkpoint: object.clone(),
-                seq: c.seq,
-                reason: v.reason().into(),
-            }
+            CheckpointViolation { kind: v, checkpoint: object.clone(), seq: c.seq, reason: v.reason().into() }
         });
         after = (head_seq - c.seq).max(0);
         latest = Some(CheckpointRef { object, seq: c.seq, head_hash: c.head_hash, signed_at: c.signed_at });

@@ -41,7 +41,7 @@ pub fn page<T>(
     limit: i64,
 ) -> Result<(Vec<T>, Option<String>)> {
     let after = cursor.map(|c| decode(list, c)).transpose()?;
-    items.sort_by_cached_key(|i| key(i));
+    items.sort_by_cached_key(&key);
     let start = after.map_or(0, |a| items.partition_point(|i| key(i) <= a));
     let limit = usize::try_from(limit).unwrap_or(0);
     let more = items.len().saturating_sub(start) > limit;

@@ -64,7 +64,10 @@ async fn run(
         IdempotencyClaim::New => {}
         IdempotencyClaim::Replay { status, body } => return Ok(replay(status, body)),
         IdempotencyClaim::InProgress => {
-            let e = Error::conflict(crate::error::ErrorCode::IdempotencyInProgress, "a request with this Idempotency-Key is still running");
+            let e = Error::conflict(
+                crate::error::ErrorCode::IdempotencyInProgress,
+                "a request with this Idempotency-Key is still running",
+            );
             return Err(e.into_response());
         }
         IdempotencyClaim::Mismatch => {

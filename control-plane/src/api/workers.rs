@@ -118,7 +118,8 @@ pub async fn handle_worker_list(
     let holders: HashMap<(String, String), Uuid> =
         conn.slice_tenants().await?.into_iter().map(|(w, s, t)| ((w, s), t)).collect();
     drop(conn);
-    let (rows, next_cursor) = cursor::page(rows, "workers", |w: &WorkerRow| w.id.clone(), page.cursor.as_deref(), limit)?;
+    let (rows, next_cursor) =
+        cursor::page(rows, "workers", |w: &WorkerRow| w.id.clone(), page.cursor.as_deref(), limit)?;
     let workers = rows.into_iter().map(|w| worker_view(w, &counts, &holders)).collect::<Result<_>>()?;
     Ok(Json(WorkerList { workers, next_cursor }))
 }

@@ -193,7 +193,9 @@ impl Conn {
                 let message = format!("deployment '{name}' has no canary: version {v} was promoted and is rolling out");
                 Err(Error::conflict(crate::error::ErrorCode::NoCanary, message))
             }
-            None => Err(Error::conflict(crate::error::ErrorCode::NoCanary, format!("deployment '{name}' has no canary"))),
+            None => {
+                Err(Error::conflict(crate::error::ErrorCode::NoCanary, format!("deployment '{name}' has no canary")))
+            }
         }
     }
 

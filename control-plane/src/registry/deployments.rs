@@ -430,7 +430,10 @@ impl Registry {
         tx.lock_scheduling().await?;
         let model = tx.model(tenant_id, model).await?.ok_or(Error::NotFound("model"))?;
         if tx.deployment(tenant_id, name.as_str()).await?.is_some() {
-            return Err(Error::conflict(crate::error::ErrorCode::AlreadyExists, format!("deployment '{name}' already exists")));
+            return Err(Error::conflict(
+                crate::error::ErrorCode::AlreadyExists,
+                format!("deployment '{name}' already exists"),
+            ));
         }
         if let Some(other) = tx.deployment_of_model(tenant_id, model.id).await? {
             let message = format!("model '{}' is already deployed by deployment '{}'", model.name, other.name);

@@ -279,7 +279,10 @@ impl Registry {
         let mut tx = self.begin().await?;
         tx.lock_tenant(tenant_id).await?;
         if tx.model(tenant_id, name.as_str()).await?.is_some() {
-            return Err(Error::conflict(crate::error::ErrorCode::AlreadyExists, format!("model '{name}' already exists")));
+            return Err(Error::conflict(
+                crate::error::ErrorCode::AlreadyExists,
+                format!("model '{name}' already exists"),
+            ));
         }
         tx.check_quota(tenant_id, QuotaName::Models, 1).await?;
         exec!(tx, "model.insert", |c| sqlx::query(
@@ -295,7 +298,9 @@ impl Registry {
         .bind(model.created_at)
         .bind(model.updated_at)
         .execute(c))
-        .map_err(|e| on_unique(e, crate::error::ErrorCode::AlreadyExists, || format!("model '{name}' already exists")))?;
+        .map_err(|e| {
+            on_unique(e, crate::error::ErrorCode::AlreadyExists, || format!("model '{name}' already exists"))
+        })?;
         let after = json!({ "name": model.name, "description": model.description });
         let event = audit_event(tenant_id, "model.create", "model", &model.name, None, Some(after));
         tx.append_audit(actor, event).await?;
@@ -360,7 +365,8 @@ impl Registry {
         }
         if !pinned.is_empty() {
             let list = pinned.join(", ");
-            return Err(Error::conflict(crate::error::ErrorCode::VersionInUse,
+            return Err(Error::conflict(
+                crate::error::ErrorCode::VersionInUse,
                 format!("version {number} is the target of alias(es) {list}"),
             ));
         }
