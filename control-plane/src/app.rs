@@ -247,8 +247,9 @@ pub struct UploadRequest {
 }
 
 impl UploadRequest {
-    /// Reads the query's `format`/`sha256` and the `X-Content-Sha256`, `X-Model-Config` and
-    /// `Content-Length` headers.
+    /// Reads the query's `format`/`sha256` and the `X-Model-Config` and `Content-Length`
+    /// headers. The sha256 has one place, the query: an `X-Content-Sha256` header (read by
+    /// earlier versions) is refused with 400 naming it, instead of being ignored.
     pub fn from_parts(format: Option<ArtifactFormat>, sha256: Option<String>, headers: &HeaderMap) -> Result<Self> {
         let header_text = |name: &str| -> Result<Option<&str>> {
             headers
@@ -256,13 +257,15 @@ impl UploadRequest {
                 .map(|v| v.to_str().map_err(|_| Error::invalid(name, format!("{name} is not valid text"))))
                 .transpose()
         };
-        let from_query = sha256.as_deref().map(|s| parse_sha256("sha256", s)).transpose()?;
-        let from_header = header_text("x-content-sha256")?.map(|s| parse_sha256("X-Content-Sha256", s)).transpose()?;
-        if let (Some(q), Some(h)) = (&from_query, &from_header)
-            && q != h
-        {
-            return Err(Error::invalid("sha256", "the sha256 query parameter and X-Content-Sha256 header differ"));
+        if headers.contains_key("x-content-sha256") {
+            return Err(Error::Malformed {
+                field: "X-Content-Sha256",
+                message: "give the expected sha256 as the `sha256` query parameter (?sha256=<64 hex digits>); \
+                          the X-Content-Sha256 header is not read"
+                    .into(),
+            });
         }
+        let sha256 = sha256.as_deref().map(|s| parse_sha256("sha256", s)).transpose()?;
         let config = match header_text("x-model-config")? {
             None => None,
             Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
@@ -275,7 +278,7 @@ impl UploadRequest {
         };
         Ok(UploadRequest {
             format: format.unwrap_or(ArtifactFormat::Onnx),
-            sha256: from_query.or(from_header),
+            sha256,
             config,
             declared_len: crate::api::content_length(headers),
         })
@@ -485,7 +488,7 @@ impl App {
         let upload = self.registry.conn().await?.upload(model.tenant_id, model.id, upload_id).await?;
         let upload = upload.ok_or(Error::NotFound("upload"))?;
         if upload.completed_at.is_some() {
-            return Err(Error::conflict("upload_completed", "this upload was already completed"));
+            return Err(Error::conflict(crate::error::ErrorCode::UploadCompleted, "this upload was already completed"));
         }
         if let Some(config) = &config {
             crate::model_config::check_json("config", config)?;
@@ -510,7 +513,13 @@ impl App {
             Err(e) => Err(e),
         };
         if let Err(e) = &outcome
-            && !matches!(e, Error::Conflict { code: "upload_completed" | "upload_missing", .. })
+            && !matches!(
+                e,
+                Error::Conflict {
+                    code: crate::error::ErrorCode::UploadCompleted | crate::error::ErrorCode::UploadMissing,
+                    ..
+                }
+            )
         {
             self.store.delete_all(&[upload.artifact_key]).await;
         }

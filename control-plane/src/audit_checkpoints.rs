@@ -237,7 +237,9 @@ fn check_file(
 }
 
 /// How a chain no longer matches a checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = CheckpointViolationKind)]
 pub enum Violation {
     /// The chain ends before the checkpointed event.
     Truncated,

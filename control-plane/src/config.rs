@@ -133,9 +133,14 @@ pub struct ControlPlaneArgs {
     /// Address `/metrics` listens on, apart from the API; default: the API listener serves it.
     #[arg(long, env = "TESSERA_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Public base URL of this API (e.g. `https://tessera.example.com`), named in the served
+    /// OpenAPI document's `servers` so generated clients default to it. Default: `/`, the
+    /// server the document was fetched from.
+    #[arg(long, env = "TESSERA_PUBLIC_URL", value_parser = parse_base_url)]
+    pub public_url: Option<String>,
     /// Public base URL of the gateways' KServe v2 HTTP endpoint (e.g. `https://infer.example.com`):
     /// each deployment shows `<url>/v2/models/<model>` as its endpoint.
-    #[arg(long, env = "TESSERA_GATEWAY_URL", value_parser = parse_gateway_url)]
+    #[arg(long, env = "TESSERA_GATEWAY_URL", value_parser = parse_base_url)]
     pub gateway_url: Option<String>,
     /// Public address of the gateways' KServe v2 gRPC endpoint (`host:port`), shown beside it.
     #[arg(long, env = "TESSERA_GATEWAY_GRPC_ADDRESS")]
@@ -209,6 +214,8 @@ pub struct Config {
     pub console_dir: Option<PathBuf>,
     /// Separate `/metrics` listen address; `None`: the API listener serves it.
     pub metrics_listen: Option<SocketAddr>,
+    /// Public base URL of the API, without a trailing `/`; `None`: relative.
+    pub public_url: Option<String>,
     /// Public base URL of the gateways' HTTP endpoint, without a trailing `/`.
     pub gateway_url: Option<String>,
     /// Public `host:port` of the gateways' gRPC endpoint.
@@ -224,7 +231,7 @@ pub struct Config {
 }
 
 /// An `http(s)://host[:port]` URL without a path, trailing `/` dropped.
-fn parse_gateway_url(url: &str) -> Result<String, String> {
+fn parse_base_url(url: &str) -> Result<String, String> {
     let uri: http::Uri = url.parse().map_err(|e| format!("not a URL: {e}"))?;
     let bare = uri.path_and_query().is_none_or(|p| p.as_str() == "/");
     match (uri.scheme_str(), uri.host()) {
@@ -276,6 +283,7 @@ impl ControlPlaneArgs {
             usage_minute_retention: Duration::from_secs(self.usage_minute_retention_days.max(1) * 86_400),
             console_dir: self.console_dir.filter(|d| !d.as_os_str().is_empty()).or_else(crate::console::default_dir),
             metrics_listen: self.metrics_listen,
+            public_url: self.public_url,
             gateway_url: self.gateway_url,
             gateway_grpc_address: self.gateway_grpc_address.filter(|a| !a.is_empty()),
             metrics_token,

@@ -39,14 +39,124 @@ impl QuotaName {
         }
     }
 
-    fn code(self) -> &'static str {
+    fn code(self) -> ErrorCode {
         match self {
-            QuotaName::Models => "quota_exceeded.models",
-            QuotaName::Versions => "quota_exceeded.versions",
-            QuotaName::StorageBytes => "quota_exceeded.storage_bytes",
-            QuotaName::Replicas => "quota_exceeded.replicas",
-            QuotaName::MonthlySpendCents => "quota_exceeded.monthly_spend_cents",
+            QuotaName::Models => ErrorCode::QuotaExceededModels,
+            QuotaName::Versions => ErrorCode::QuotaExceededVersions,
+            QuotaName::StorageBytes => ErrorCode::QuotaExceededStorageBytes,
+            QuotaName::Replicas => ErrorCode::QuotaExceededReplicas,
+            QuotaName::MonthlySpendCents => ErrorCode::QuotaExceededMonthlySpendCents,
         }
+    }
+}
+
+/// The stable, machine-readable code of an error body: one closed set, so generated clients
+/// get an enum. A kind's default code, a conflict's reason, or the quota that is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 422: input that parsed but is not acceptable (`field` names it).
+    InvalidArgument,
+    /// 400: a request that could not be read.
+    BadRequest,
+    /// 401: missing or invalid credentials.
+    Unauthenticated,
+    /// 403: the caller's role may not do this.
+    PermissionDenied,
+    /// 404: not found in the caller's tenant.
+    NotFound,
+    /// 409: a conflict with no more specific code.
+    Conflict,
+    /// 409: the name (or email, or key prefix) is taken.
+    AlreadyExists,
+    /// 409: a request with the same `Idempotency-Key` is still running.
+    IdempotencyInProgress,
+    /// 409: a deployment uses the model.
+    ModelDeployed,
+    /// 409: an alias or a deployment uses the version.
+    VersionInUse,
+    /// 409: the deployment has no canary.
+    NoCanary,
+    /// 409: the object store cannot presign URLs.
+    PresignUnsupported,
+    /// 409: the upload was completed already.
+    UploadCompleted,
+    /// 409: nothing was uploaded to the presigned URL.
+    UploadMissing,
+    /// 409: the user is disabled.
+    UserDisabled,
+    /// 409: two prices for one profile at one time.
+    DuplicatePrice,
+    /// 409: a quota is full (only when no quota is named).
+    QuotaExceeded,
+    /// 409: the model quota is full.
+    #[serde(rename = "quota_exceeded.models")]
+    QuotaExceededModels,
+    /// 409: the version quota is full.
+    #[serde(rename = "quota_exceeded.versions")]
+    QuotaExceededVersions,
+    /// 409: the storage quota is full.
+    #[serde(rename = "quota_exceeded.storage_bytes")]
+    QuotaExceededStorageBytes,
+    /// 409: the replica quota is full.
+    #[serde(rename = "quota_exceeded.replicas")]
+    QuotaExceededReplicas,
+    /// 409: the month's spend reached its quota.
+    #[serde(rename = "quota_exceeded.monthly_spend_cents")]
+    QuotaExceededMonthlySpendCents,
+    /// 413: the artifact is larger than the cap.
+    PayloadTooLarge,
+    /// 429: too much in progress at once.
+    TooManyRequests,
+    /// 500: our fault.
+    Internal,
+    /// 503: the registry is unreachable.
+    Unavailable,
+}
+
+impl ErrorCode {
+    /// The code as it appears on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::InvalidArgument => "invalid_argument",
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::PermissionDenied => "permission_denied",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::AlreadyExists => "already_exists",
+            ErrorCode::IdempotencyInProgress => "idempotency_in_progress",
+            ErrorCode::ModelDeployed => "model_deployed",
+            ErrorCode::VersionInUse => "version_in_use",
+            ErrorCode::NoCanary => "no_canary",
+            ErrorCode::PresignUnsupported => "presign_unsupported",
+            ErrorCode::UploadCompleted => "upload_completed",
+            ErrorCode::UploadMissing => "upload_missing",
+            ErrorCode::UserDisabled => "user_disabled",
+            ErrorCode::DuplicatePrice => "duplicate_price",
+            ErrorCode::QuotaExceeded => "quota_exceeded",
+            ErrorCode::QuotaExceededModels => "quota_exceeded.models",
+            ErrorCode::QuotaExceededVersions => "quota_exceeded.versions",
+            ErrorCode::QuotaExceededStorageBytes => "quota_exceeded.storage_bytes",
+            ErrorCode::QuotaExceededReplicas => "quota_exceeded.replicas",
+            ErrorCode::QuotaExceededMonthlySpendCents => "quota_exceeded.monthly_spend_cents",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::TooManyRequests => "too_many_requests",
+            ErrorCode::Internal => "internal",
+            ErrorCode::Unavailable => "unavailable",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for ErrorCode {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
     }
 }
 
@@ -91,7 +201,7 @@ pub enum Error {
     #[error("{message}")]
     Conflict {
         /// Stable machine-readable code, e.g. `already_exists`.
-        code: &'static str,
+        code: ErrorCode,
         /// Human-readable detail.
         message: String,
     },
@@ -145,7 +255,7 @@ impl Error {
     }
 
     /// A conflict with a stable code.
-    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn conflict(code: ErrorCode, message: impl Into<String>) -> Self {
         Error::Conflict { code, message: message.into() }
     }
 
@@ -167,9 +277,9 @@ impl Error {
     }
 
     /// The stable code in the error body.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> ErrorCode {
         match self {
-            Error::Conflict { code, .. } => code,
+            Error::Conflict { code, .. } => *code,
             Error::QuotaExceeded { quota, .. } => quota.code(),
             other => other.kind().default_code(),
         }
@@ -187,7 +297,7 @@ impl Error {
             Error::Malformed { field, .. } => Some(field.to_string()),
             _ => None,
         };
-        ErrorBody { error: ErrorDetail { code: self.code().to_string(), message, field } }
+        ErrorBody { error: ErrorDetail { code: self.code(), message, field } }
     }
 }
 
@@ -254,19 +364,19 @@ impl ErrorKind {
         }
     }
 
-    fn default_code(self) -> &'static str {
+    fn default_code(self) -> ErrorCode {
         match self {
-            ErrorKind::InvalidArgument => "invalid_argument",
-            ErrorKind::BadRequest => "bad_request",
-            ErrorKind::Unauthenticated => "unauthenticated",
-            ErrorKind::PermissionDenied => "permission_denied",
-            ErrorKind::NotFound => "not_found",
-            ErrorKind::Conflict => "conflict",
-            ErrorKind::QuotaExceeded => "quota_exceeded",
-            ErrorKind::PayloadTooLarge => "payload_too_large",
-            ErrorKind::TooManyRequests => "too_many_requests",
-            ErrorKind::Internal => "internal",
-            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::InvalidArgument => ErrorCode::InvalidArgument,
+            ErrorKind::BadRequest => ErrorCode::BadRequest,
+            ErrorKind::Unauthenticated => ErrorCode::Unauthenticated,
+            ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+            ErrorKind::NotFound => ErrorCode::NotFound,
+            ErrorKind::Conflict => ErrorCode::Conflict,
+            ErrorKind::QuotaExceeded => ErrorCode::QuotaExceeded,
+            ErrorKind::PayloadTooLarge => ErrorCode::PayloadTooLarge,
+            ErrorKind::TooManyRequests => ErrorCode::TooManyRequests,
+            ErrorKind::Internal => ErrorCode::Internal,
+            ErrorKind::Unavailable => ErrorCode::Unavailable,
         }
     }
 }
@@ -297,7 +407,7 @@ pub struct ErrorBody {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ErrorDetail {
     /// Stable machine-readable code, e.g. `not_found`, `already_exists`, `quota_exceeded.models`.
-    pub code: String,
+    pub code: ErrorCode,
     /// Human-readable explanation.
     pub message: String,
     /// The request field at fault, for invalid input.
@@ -361,6 +471,14 @@ mod tests {
         let spend = Error::QuotaExceeded { quota: QuotaName::MonthlySpendCents, limit: 100, requested: 120 };
         assert_eq!(spend.code(), "quota_exceeded.monthly_spend_cents");
         assert!(spend.to_string().contains("120 cents spent this month reached the limit of 100"));
+    }
+
+    #[test]
+    fn codes_serialise_as_their_wire_names() {
+        for code in [ErrorCode::AlreadyExists, ErrorCode::QuotaExceededStorageBytes, ErrorCode::NotFound] {
+            assert_eq!(serde_json::to_value(code).unwrap(), serde_json::json!(code.as_str()));
+            assert_eq!(serde_json::from_value::<ErrorCode>(serde_json::json!(code.as_str())).unwrap(), code);
+        }
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod console;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod kinds;
 pub mod metrics;
 pub mod model_config;
 pub mod onnx;

@@ -128,7 +128,10 @@ impl ArtifactStore {
         let get = match self.store.get(key).await {
             Ok(get) => get,
             Err(object_store::Error::NotFound { .. }) => {
-                return Err(Error::conflict("upload_missing", "nothing was uploaded to the presigned URL"));
+                return Err(Error::conflict(
+                    crate::error::ErrorCode::UploadMissing,
+                    "nothing was uploaded to the presigned URL",
+                ));
             }
             Err(e) => return Err(e.into()),
         };
@@ -212,7 +215,7 @@ impl ArtifactStore {
     pub async fn presign_put(&self, key: &Path, ttl: Duration) -> Result<url::Url> {
         let signer = self.signer.as_ref().ok_or_else(|| {
             let message = "presigned uploads need an S3-compatible object store; upload through the API";
-            Error::conflict("presign_unsupported", message)
+            Error::conflict(crate::error::ErrorCode::PresignUnsupported, message)
         })?;
         Ok(signer.signed_url(object_store::signer::Method::PUT, key, ttl).await?)
     }

@@ -9,7 +9,8 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ApiJson, AppState, Caller};
+use super::models::PageParams;
+use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::error::{Error, Result};
 use crate::registry::AliasRow;
 use crate::types::{Name, Role};
@@ -43,34 +44,42 @@ impl From<AliasRow> for Alias {
     }
 }
 
-/// A model's aliases.
+/// A page of a model's aliases.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct AliasList {
     /// By name.
     pub aliases: Vec<Alias>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// Where an alias should point.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"version": 3})))]
 pub struct SetAlias {
     /// An existing version of the model.
     #[schema(minimum = 1)]
     pub version: i64,
 }
 
-/// Lists a model's aliases.
+/// Lists a model's aliases by name.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/models/{model}/aliases", operation_id = "list_aliases", tag = "models",
-    params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name")),
-    responses((status = 200, description = "Aliases.", body = AliasList)))]
+    params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
+           PageParams),
+    responses((status = 200, description = "A page of aliases.", body = AliasList)))]
 pub async fn handle_alias_list(
     State(app): State<AppState>,
     caller: Caller,
     Path((tenant, model)): Path<(String, String)>,
+    ApiQuery(page): ApiQuery<PageParams>,
 ) -> Result<Json<AliasList>> {
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Viewer, "list aliases").await?;
+    let limit = page.limit()?;
     let rows = app.registry.conn().await?.aliases(m.tenant_id, m.id).await?;
-    Ok(Json(AliasList { aliases: rows.into_iter().map(Alias::from).collect() }))
+    let (rows, next_cursor) =
+        cursor::page(rows, "aliases", |a: &AliasRow| a.alias.clone(), page.cursor.as_deref(), limit)?;
+    Ok(Json(AliasList { aliases: rows.into_iter().map(Alias::from).collect(), next_cursor }))
 }
 
 /// Points an alias at a version, creating or moving it (deployers).

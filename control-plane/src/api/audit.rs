@@ -13,8 +13,10 @@ use uuid::Uuid;
 
 use super::{ApiQuery, AppState, Caller, cursor};
 use crate::app::TenantRef;
+use crate::audit_checkpoints::Violation;
 use crate::audit_checkpoints::{self, CheckpointKey};
 use crate::error::{Error, Result};
+use crate::kinds::{AuditAction, AuditResourceType, wire_enum};
 use crate::registry::{AuditActorRow, AuditEventRow, AuditFilter};
 use crate::types::Role;
 
@@ -33,10 +35,10 @@ pub struct AuditEvent {
     pub actor_key_name: Option<String>,
     /// The email of the acting key's user, while the user exists.
     pub actor_user_email: Option<String>,
-    /// What happened, e.g. `model.create`, `alias.set`.
-    pub action: String,
+    /// What happened, `resource.verb`.
+    pub action: AuditAction,
     /// Kind of resource.
-    pub resource_type: String,
+    pub resource_type: AuditResourceType,
     /// Which resource.
     pub resource_id: String,
     /// Summary of the state before.
@@ -58,18 +60,25 @@ pub struct AuditEvent {
     pub hash: String,
 }
 
-impl From<AuditEventRow> for AuditEvent {
-    fn from(e: AuditEventRow) -> Self {
+impl TryFrom<AuditEventRow> for AuditEvent {
+    type Error = Error;
+
+    fn try_from(e: AuditEventRow) -> Result<Self> {
         let json = |s: Option<String>| s.and_then(|s| serde_json::from_str(&s).ok());
-        AuditEvent {
+        // Every action the registry writes is in the enum (it asserts so); a stranger here is
+        // a stored row this build does not know, which is ours to fix, not the caller's.
+        let unknown =
+            |what: &str, value: &str| Error::Internal(format!("audit event {} has unknown {what} {value}", e.seq));
+        Ok(AuditEvent {
             id: e.id,
             seq: e.seq,
             actor_key_id: e.actor_key_id,
             actor_user_id: e.actor_user_id,
             actor_key_name: None,
             actor_user_email: None,
-            action: e.action,
-            resource_type: e.resource_type,
+            action: AuditAction::parse(&e.action).ok_or_else(|| unknown("action", &e.action))?,
+            resource_type: AuditResourceType::parse(&e.resource_type)
+                .ok_or_else(|| unknown("resource type", &e.resource_type))?,
             resource_id: e.resource_id,
             before: json(e.before_state),
             after: json(e.after_state),
@@ -78,7 +87,7 @@ impl From<AuditEventRow> for AuditEvent {
             created_at: e.created_at,
             prev_hash: e.prev_hash,
             hash: e.hash,
-        }
+        })
     }
 }
 
@@ -99,11 +108,9 @@ pub struct AuditParams {
     #[param(pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
     pub tenant: Option<String>,
     /// Only this action.
-    #[param(max_length = 200)]
-    pub action: Option<String>,
+    pub action: Option<AuditAction>,
     /// Only this resource type.
-    #[param(max_length = 200)]
-    pub resource_type: Option<String>,
+    pub resource_type: Option<AuditResourceType>,
     /// Only this resource.
     #[param(max_length = 200)]
     pub resource_id: Option<String>,
@@ -125,12 +132,11 @@ const MAX_FILTER_LEN: usize = 200;
 impl AuditParams {
     /// Refuses filter values longer than the schema allows, naming the parameter.
     fn check(&self) -> Result<()> {
-        let filters =
-            [("action", &self.action), ("resource_type", &self.resource_type), ("resource_id", &self.resource_id)];
-        for (field, value) in filters {
-            if value.as_ref().is_some_and(|v| v.chars().count() > MAX_FILTER_LEN) {
-                return Err(Error::invalid(field, format!("{field} must be at most {MAX_FILTER_LEN} characters")));
-            }
+        if self.resource_id.as_ref().is_some_and(|v| v.chars().count() > MAX_FILTER_LEN) {
+            return Err(Error::invalid(
+                "resource_id",
+                format!("resource_id must be at most {MAX_FILTER_LEN} characters"),
+            ));
         }
         Ok(())
     }
@@ -209,7 +215,7 @@ pub struct CheckpointRef {
 pub struct CheckpointViolation {
     /// `truncated` (events deleted after the checkpoint was signed) or `rewritten` (the
     /// checkpointed event, or one before it, changed).
-    pub kind: String,
+    pub kind: Violation,
     /// The checkpoint it contradicts (its object key).
     pub checkpoint: String,
     /// The checkpointed sequence number.
@@ -227,11 +233,19 @@ pub struct InvalidCheckpoint {
     pub reason: String,
 }
 
+wire_enum! {
+    /// The signature algorithm of audit checkpoints.
+    pub enum CheckpointAlgorithm {
+        /// Ed25519 (RFC 8032).
+        Ed25519 = "Ed25519",
+    }
+}
+
 /// The public key that verifies audit checkpoints.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct CheckpointKeyInfo {
     /// Always `Ed25519`.
-    pub algorithm: String,
+    pub algorithm: CheckpointAlgorithm,
     /// The `key_id` checkpoints name: hex of the first 8 bytes of the sha256 of the raw key.
     pub key_id: String,
     /// The raw 32-byte public key, base64.
@@ -268,8 +282,8 @@ pub async fn handle_audit_list(
     };
     let before_seq = params.cursor.as_deref().map(|c| cursor::decode_number("audit", c)).transpose()?;
     let filter = AuditFilter {
-        action: params.action,
-        resource_type: params.resource_type,
+        action: params.action.map(|a| a.as_str().to_string()),
+        resource_type: params.resource_type.map(|r| r.as_str().to_string()),
         resource_id: params.resource_id,
         actor_key_id: params.actor_key_id,
         actor_user_id: params.actor_user_id,
@@ -278,7 +292,7 @@ pub async fn handle_audit_list(
     let mut conn = app.registry.conn().await?;
     let rows = conn.audit_events(t.id, &filter, limit + 1).await?;
     let more = rows.len() as i64 > limit;
-    let mut events: Vec<AuditEvent> = rows.into_iter().take(limit as usize).map(AuditEvent::from).collect();
+    let mut events = rows.into_iter().take(limit as usize).map(AuditEvent::try_from).collect::<Result<Vec<_>>>()?;
     if let (Some(newest), Some(oldest)) = (events.first(), events.last()) {
         let names = conn.audit_actor_names(t.id, oldest.seq, newest.seq).await?;
         name_actors(&mut events, names);
@@ -339,12 +353,7 @@ async fn check_checkpoints(app: &AppState, key: &CheckpointKey, tenant: Uuid) ->
     if let Some((object, c)) = found.valid {
         let at = conn.audit_event_hash(tenant, c.seq).await?;
         violation = audit_checkpoints::compare(&c, head_seq, at.as_ref().map(|(_, h)| h.as_str())).map(|v| {
-            CheckpointViolation {
-                kind: v.as_str().into(),
-                checkpoint: object.clone(),
-                seq: c.seq,
-                reason: v.reason().into(),
-            }
+            CheckpointViolation { kind: v, checkpoint: object.clone(), seq: c.seq, reason: v.reason().into() }
         });
         after = (head_seq - c.seq).max(0);
         latest = Some(CheckpointRef { object, seq: c.seq, head_hash: c.head_hash, signed_at: c.signed_at });
@@ -370,7 +379,7 @@ pub async fn handle_checkpoint_key_get(
 ) -> Result<Json<CheckpointKeyInfo>> {
     let key = app.config.audit_signing_key.as_ref().ok_or(Error::NotFound("audit checkpoint key"))?;
     Ok(Json(CheckpointKeyInfo {
-        algorithm: "Ed25519".into(),
+        algorithm: CheckpointAlgorithm::Ed25519,
         key_id: key.key_id().to_string(),
         public_key: BASE64.encode(key.verifying_key().as_bytes()),
         public_key_pem: key.public_pem(),

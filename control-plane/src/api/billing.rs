@@ -12,9 +12,36 @@ use super::deployments::check_profile;
 use super::usage::to_time;
 use super::{ApiJson, ApiQuery, AppState, Caller};
 use crate::error::{Error, Result};
+use crate::kinds::wire_enum;
 use crate::registry::{PriceRow, UsageFilter, now};
 use crate::types::{Role, check_time};
-use crate::usage::billing::{Period, cents_to_micro, invoice, micro_to_cents};
+use crate::usage::billing::{LineKind, Period, cents_to_micro, invoice, micro_to_cents};
+
+wire_enum! {
+    /// The unit of an invoice line's quantity and price.
+    pub enum InvoiceUnit {
+        /// An hour of a reserved slice.
+        SliceHour = "slice_hour",
+        /// A thousand inferences.
+        ThousandInferences = "1000_inferences",
+    }
+}
+
+wire_enum! {
+    /// The currency of prices and invoices.
+    pub enum Currency {
+        /// US dollars (amounts in cents).
+        Usd = "USD",
+    }
+}
+
+/// The unit a kind of line is counted in.
+fn unit_of(kind: LineKind) -> InvoiceUnit {
+    match kind {
+        LineKind::SliceHours => InvoiceUnit::SliceHour,
+        LineKind::Inferences => InvoiceUnit::ThousandInferences,
+    }
+}
 
 /// Most entries in the price schedule.
 const MAX_PRICES: usize = 1_000;
@@ -44,6 +71,7 @@ pub struct Price {
 /// The price schedule.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"prices": [{"slice_profile": "cpu", "per_slice_hour_cents": 4.5, "per_1000_inferences_cents": 0.02, "effective_from": "2026-01-01T00:00:00Z"}, {"slice_profile": "mig-1g.10gb", "per_slice_hour_cents": 55, "per_1000_inferences_cents": 0.1, "effective_from": "2026-01-01T00:00:00Z"}]})))]
 pub struct Prices {
     /// By profile, then effective time.
     pub prices: Vec<Price>,
@@ -57,11 +85,11 @@ pub struct InvoiceLine {
     /// Slice profile.
     pub slice_profile: String,
     /// `slice_hours` (reserved slice time) or `inferences`.
-    pub kind: String,
+    pub kind: LineKind,
     /// Quantity in `unit`.
     pub quantity: f64,
-    /// `slice_hour` or `1000_inferences`.
-    pub unit: String,
+    /// Unit of `quantity` and `unit_price_cents`.
+    pub unit: InvoiceUnit,
     /// Cents per unit (0 when the profile had no price in effect).
     pub unit_price_cents: f64,
     /// Amount, whole cents: quantity × unit price rounded half up, once per line.
@@ -80,7 +108,7 @@ pub struct Invoice {
     /// Month, `YYYY-MM`.
     pub period: String,
     /// Always `USD`.
-    pub currency: String,
+    pub currency: Currency,
     /// By model, profile, kind, then price entry.
     pub lines: Vec<InvoiceLine>,
     /// Sum of the lines' amounts, cents.
@@ -182,9 +210,9 @@ async fn invoice_for(app: &AppState, caller: &Caller, tenant: &str, period: Opti
         .map(|l| InvoiceLine {
             model: l.model.clone(),
             slice_profile: l.slice_profile.clone(),
-            kind: l.kind.as_str().to_string(),
+            kind: l.kind,
             quantity: l.quantity(),
-            unit: l.kind.unit().to_string(),
+            unit: unit_of(l.kind),
             unit_price_cents: micro_to_cents(l.unit_price_micro_cents),
             amount_cents: l.amount_cents,
             price_effective_from: l.price_effective_from.map(to_time),
@@ -193,7 +221,7 @@ async fn invoice_for(app: &AppState, caller: &Caller, tenant: &str, period: Opti
     Ok(Invoice {
         tenant: t.name,
         period: period.to_string(),
-        currency: "USD".into(),
+        currency: Currency::Usd,
         lines,
         total_cents: computed.total_cents,
         gpu_seconds: computed.gpu_us as f64 / 1e6,

@@ -20,6 +20,7 @@ const WEIGHTS: (i64, i64) = (1, 99);
 /// A canary to set (or to replace the current one with).
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"version": 4, "weight": 10, "replicas": 1})))]
 pub struct CanarySet {
     /// The canary's version: exactly one of `version` and `alias`; it must differ from the
     /// deployment's version.
@@ -42,6 +43,7 @@ pub struct CanarySet {
 /// A new weight for the canary.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"weight": 50})))]
 pub struct CanaryWeight {
     /// Percent of unversioned traffic the canary gets (1 to 99).
     #[schema(minimum = 1, maximum = 99)]

@@ -12,8 +12,10 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ApiJson, AppState, Caller};
+use super::models::PageParams;
+use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::error::{Error, Result};
+use crate::kinds::DeploymentEventKind;
 use crate::registry::{
     DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, ServingReplica, VersionRef, WorkerRow, traffic_split,
 };
@@ -25,8 +27,6 @@ use crate::types::{Name, Role, is_slice_profile};
 pub(super) const MAX_REPLICAS: i64 = 64;
 /// Most model instances per replica.
 const MAX_INSTANCES: i64 = 16;
-/// Events returned by the events endpoint (the latest ones).
-const EVENTS_SHOWN: i64 = 500;
 
 /// Longest queue delay a deployment may ask for: 60 s, in microseconds.
 const MAX_QUEUE_DELAY_US: i64 = 60_000_000;
@@ -70,6 +70,7 @@ fn preferred_sizes_schema() -> utoipa::openapi::schema::Array {
 /// A new deployment.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"name": "resnet50", "model": "resnet50", "alias": "production", "profile": "cpu", "replicas": 2, "instance_count": 1, "max_batch_size": 8, "dynamic_batching": {"max_queue_delay_microseconds": 100, "preferred_batch_size": [4, 8]}})))]
 pub struct DeploymentCreate {
     /// Name, unique in the tenant.
     #[schema(value_type = String, pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
@@ -115,6 +116,7 @@ pub struct DeploymentCreate {
 /// setting. A new version, alias, profile, instance count, batching or memory rolls out.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"replicas": 3})))]
 pub struct DeploymentUpdate {
     /// Pin this version (stops following an alias).
     #[serde(default)]
@@ -277,11 +279,13 @@ pub struct Deployment {
     pub updated_at: OffsetDateTime,
 }
 
-/// A tenant's deployments.
+/// A page of a tenant's deployments.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DeploymentList {
     /// By name.
     pub deployments: Vec<Deployment>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// A placement decision or replica state change.
@@ -290,14 +294,8 @@ pub struct DeploymentEvent {
     /// When.
     #[serde(with = "time::serde::rfc3339")]
     pub at: OffsetDateTime,
-    /// `created`, `updated`, `scaled`, `placed`, `unplaceable`, `ready`, `failed`, `worker_lost`,
-    /// `rescheduled`, `retargeted`, `rollout_started`, `rollout_switched`, `drained`,
-    /// `crash_loop` (a replica that crash-looped on several workers stays where it is),
-    /// `replicas_colocated` (replicas had to share a slice, and why), `alias_unfollowed` (a
-    /// version pin stopped following an alias);
-    /// canaries: `canary_set`, `canary_weight`, `canary_promoted`, `canary_rolled_back`,
-    /// `canary_started`, `canary_serving`, `canary_draining`, `canary_cleared` (a promotion done).
-    pub kind: String,
+    /// What happened.
+    pub kind: DeploymentEventKind,
     /// Replica concerned.
     pub replica_id: Option<Uuid>,
     /// Worker concerned.
@@ -306,11 +304,13 @@ pub struct DeploymentEvent {
     pub message: String,
 }
 
-/// A deployment's latest events.
+/// A page of a deployment's events: the latest first page, older ones after.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct DeploymentEventList {
-    /// Oldest first.
+    /// Oldest first within the page.
     pub events: Vec<DeploymentEvent>,
+    /// Pass as `cursor` for the events before these; absent on the last page.
+    pub next_cursor: Option<String>,
 }
 
 /// Checks a slice profile name: `cpu`, `gpu` or `mig-<profile>`.
@@ -559,21 +559,25 @@ pub async fn handle_deployment_create(
 
 /// Lists a tenant's deployments by name.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/deployments", operation_id = "list_deployments", tag = "deployments",
-    params(("tenant" = String, Path, description = "Tenant name")),
-    responses((status = 200, description = "Deployments.", body = DeploymentList)))]
+    params(("tenant" = String, Path, description = "Tenant name"), PageParams),
+    responses((status = 200, description = "A page of deployments.", body = DeploymentList)))]
 pub async fn handle_deployment_list(
     State(app): State<AppState>,
     caller: Caller,
     Path(tenant): Path<String>,
+    ApiQuery(page): ApiQuery<PageParams>,
 ) -> Result<Json<DeploymentList>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::Viewer, "list deployments").await?;
+    let limit = page.limit()?;
     let rows = app.registry.conn().await?.deployments(t.id).await?;
+    let key = |d: &DeploymentRow| d.name.clone();
+    let (rows, next_cursor) = cursor::page(rows, "deployments", key, page.cursor.as_deref(), limit)?;
     let workers = workers_by_id(&app).await?;
     let mut deployments = Vec::with_capacity(rows.len());
     for d in rows {
         deployments.push(view(&app, d, &workers).await?);
     }
-    Ok(Json(DeploymentList { deployments }))
+    Ok(Json(DeploymentList { deployments, next_cursor }))
 }
 
 pub(super) async fn deployment_for(
@@ -648,28 +652,37 @@ pub async fn handle_deployment_delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// A deployment's latest placement events, oldest first.
+/// A deployment's placement events: the latest page first (oldest first within it), then
+/// older pages through `next_cursor`.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/deployments/{deployment}/events", operation_id = "list_deployment_events", tag = "deployments",
-    params(("tenant" = String, Path, description = "Tenant name"), ("deployment" = String, Path, description = "Deployment name")),
-    responses((status = 200, description = "Events.", body = DeploymentEventList)))]
+    params(("tenant" = String, Path, description = "Tenant name"), ("deployment" = String, Path, description = "Deployment name"),
+           PageParams),
+    responses((status = 200, description = "A page of events.", body = DeploymentEventList)))]
 pub async fn handle_deployment_events(
     State(app): State<AppState>,
     caller: Caller,
     Path((tenant, name)): Path<(String, String)>,
+    ApiQuery(page): ApiQuery<PageParams>,
 ) -> Result<Json<DeploymentEventList>> {
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Viewer, "read deployments").await?;
-    let rows = app.registry.conn().await?.deployment_events(d.tenant_id, d.id, EVENTS_SHOWN).await?;
-    let events = rows
-        .into_iter()
-        .map(|e| DeploymentEvent {
-            at: e.at,
-            kind: e.kind,
-            replica_id: e.replica_id,
-            worker_id: e.worker_id,
-            message: e.message,
-        })
-        .collect();
-    Ok(Json(DeploymentEventList { events }))
+    let limit = page.limit()?;
+    let before = page.cursor.as_deref().map(|c| cursor::decode_number("events", c)).transpose()?;
+    let mut rows = app.registry.conn().await?.deployment_events_before(d.tenant_id, d.id, before, limit + 1).await?;
+    let more = rows.len() as i64 > limit;
+    rows.truncate(limit as usize);
+    let next_cursor = if more { rows.last().map(|e| cursor::encode("events", &e.seq.to_string())) } else { None };
+    let events = rows.into_iter().rev().filter_map(event_view).collect();
+    Ok(Json(DeploymentEventList { events, next_cursor }))
+}
+
+/// The API's view of an event; `None` (logged) for a kind this build does not know, which
+/// the registry's assertion keeps from happening.
+fn event_view(e: crate::registry::DeploymentEventRow) -> Option<DeploymentEvent> {
+    let Some(kind) = DeploymentEventKind::parse(&e.kind) else {
+        tracing::error!(kind = %e.kind, seq = e.seq, "deployment event of unknown kind left out");
+        return None;
+    };
+    Some(DeploymentEvent { at: e.at, kind, replica_id: e.replica_id, worker_id: e.worker_id, message: e.message })
 }
 
 #[cfg(test)]

@@ -64,7 +64,10 @@ async fn run(
         IdempotencyClaim::New => {}
         IdempotencyClaim::Replay { status, body } => return Ok(replay(status, body)),
         IdempotencyClaim::InProgress => {
-            let e = Error::conflict("idempotency_in_progress", "a request with this Idempotency-Key is still running");
+            let e = Error::conflict(
+                crate::error::ErrorCode::IdempotencyInProgress,
+                "a request with this Idempotency-Key is still running",
+            );
             return Err(e.into_response());
         }
         IdempotencyClaim::Mismatch => {
@@ -116,7 +119,7 @@ async fn fingerprint(req: Request) -> Result<(Request, String), Error> {
     sha.update(parts.uri.path_and_query().map_or("", |p| p.as_str()));
     sha.update(b"\n");
     let body = if is_stream(&parts.headers) {
-        for name in [header::CONTENT_LENGTH.as_str(), "x-content-sha256", "x-model-config"] {
+        for name in [header::CONTENT_LENGTH.as_str(), "x-model-config"] {
             sha.update(parts.headers.get(name).map_or(&b""[..], |v| v.as_bytes()));
             sha.update(b"\n");
         }

@@ -8,7 +8,8 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ApiJson, AppState, Caller};
+use super::models::PageParams;
+use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::auth::keys;
 use crate::error::{Error, Result};
 use crate::registry::{ApiKeyRow, NewApiKey, now};
@@ -63,6 +64,7 @@ impl From<ApiKeyRow> for ApiKey {
 /// A new key.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"name": "ci-pipeline", "role": "deployer", "expires_at": "2027-06-30T00:00:00Z"})))]
 pub struct CreateApiKey {
     /// Label, 1 to 100 characters.
     #[schema(min_length = 1, max_length = 100)]
@@ -89,11 +91,18 @@ pub struct CreatedApiKey {
     pub api_key: ApiKey,
 }
 
-/// A tenant's keys.
+/// A page of a tenant's keys.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct ApiKeyList {
     /// Keys, oldest first (revoked and expired ones included).
     pub api_keys: Vec<ApiKey>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// Where a key or user sits in an oldest-first list: creation time, then id.
+pub(super) fn creation_key(created_at: OffsetDateTime, id: Uuid) -> String {
+    format!("{:024}.{id}", created_at.unix_timestamp_nanos())
 }
 
 fn parse_key_id(id: &str) -> Result<Uuid> {
@@ -151,18 +160,22 @@ pub async fn handle_key_create(
     Ok((StatusCode::CREATED, Json(CreatedApiKey { key: generated.key, api_key: row.into() })))
 }
 
-/// Lists a tenant's keys (tenant admins), without secrets.
+/// Lists a tenant's keys, oldest first (tenant admins), without secrets.
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/api-keys", operation_id = "list_api_keys", tag = "api-keys",
-    params(("tenant" = String, Path, description = "Tenant name")),
-    responses((status = 200, description = "Keys.", body = ApiKeyList)))]
+    params(("tenant" = String, Path, description = "Tenant name"), PageParams),
+    responses((status = 200, description = "A page of keys.", body = ApiKeyList)))]
 pub async fn handle_key_list(
     State(app): State<AppState>,
     caller: Caller,
     Path(tenant): Path<String>,
+    ApiQuery(page): ApiQuery<PageParams>,
 ) -> Result<Json<ApiKeyList>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "list API keys").await?;
+    let limit = page.limit()?;
     let rows = app.registry.conn().await?.keys(t.id).await?;
-    Ok(Json(ApiKeyList { api_keys: rows.into_iter().map(ApiKey::from).collect() }))
+    let key = |k: &ApiKeyRow| creation_key(k.created_at, k.id);
+    let (rows, next_cursor) = cursor::page(rows, "api-keys", key, page.cursor.as_deref(), limit)?;
+    Ok(Json(ApiKeyList { api_keys: rows.into_iter().map(ApiKey::from).collect(), next_cursor }))
 }
 
 /// One key (tenant admins).

@@ -32,6 +32,7 @@ use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::server::ServerBuilder;
 use utoipa::openapi::{ContentBuilder, OpenApi as OpenApiDoc, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
@@ -57,9 +58,11 @@ pub type AppState = Arc<App>;
                        `{\"error\": {\"code\", \"message\"}}`; a resource in another tenant is 404.",
         license(name = "Apache-2.0", identifier = "Apache-2.0")
     ),
+    servers((url = "/", description = "The server this document was fetched from")),
     security(("bearer" = [])),
     modifiers(&BearerAuth),
-    components(schemas(crate::error::ErrorBody, crate::error::ErrorDetail)),
+    // Types only parameters name (the router registers the rest from the bodies).
+    components(schemas(crate::error::ErrorBody, crate::error::ErrorDetail, usage::UsageGrouping, usage::MetricsStep)),
     tags(
         (name = "auth", description = "Access tokens and the keys that verify them"),
         (name = "tenants", description = "Tenants and their quotas (platform admins)"),
@@ -170,16 +173,76 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(audit::handle_checkpoint_key_get))
 }
 
-/// The OpenAPI document of the API.
+/// The OpenAPI document of the API (its `servers` entry relative: `/`).
 pub fn openapi() -> OpenApiDoc {
-    finish_doc(api_router().into_openapi())
+    finish_doc(api_router().into_openapi(), None)
 }
 
 /// Adds what needs every path to be present (the derive's modifiers run before the router
-/// adds them).
-fn finish_doc(mut doc: OpenApiDoc) -> OpenApiDoc {
+/// adds them), splits doc comments into summary and description, and names the public URL
+/// as the server when there is one.
+fn finish_doc(mut doc: OpenApiDoc, public_url: Option<&str>) -> OpenApiDoc {
     StandardErrors.modify(&mut doc);
+    for item in doc.paths.paths.values_mut() {
+        let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+        for op in ops.into_iter().flatten() {
+            let text = [op.summary.take(), op.description.take()].into_iter().flatten().collect::<Vec<_>>();
+            let (summary, description) = summary_and_description(&text.join("\n\n"));
+            (op.summary, op.description) = (Some(summary), description);
+        }
+    }
+    if let Some(url) = public_url {
+        let server = ServerBuilder::new().url(url).description(Some("This control plane")).build();
+        doc.servers = Some(vec![server]);
+    }
     doc
+}
+
+/// A handler's doc comment as an operation's summary (its first sentence, whole) and
+/// description (the whole text, when there is more than the summary), with the comment's
+/// line wrapping undone so Markdown renderers see paragraphs. utoipa makes the first
+/// paragraph the summary, which documentation pages then cut at its first line break.
+fn summary_and_description(doc: &str) -> (String, Option<String>) {
+    let paragraphs: Vec<String> = doc.split("\n\n").map(unwrap_lines).filter(|p| !p.is_empty()).collect();
+    let first = paragraphs.first().cloned().unwrap_or_default();
+    let summary = first_sentence(&first).to_string();
+    let whole = paragraphs.join("\n\n");
+    let description = (whole != summary).then_some(whole);
+    (summary, description)
+}
+
+/// A paragraph's lines joined with spaces, except before Markdown list items.
+fn unwrap_lines(paragraph: &str) -> String {
+    let mut out = String::new();
+    for line in paragraph.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !out.is_empty() {
+            let item = line.starts_with("- ") || line.starts_with("* ");
+            out.push(if item { '\n' } else { ' ' });
+        }
+        out.push_str(line);
+    }
+    out
+}
+
+/// The text up to the first full stop that ends a sentence: followed by a space, outside
+/// code spans and parentheses, not an abbreviation such as `e.g.`.
+fn first_sentence(text: &str) -> &str {
+    let (mut ticks, mut depth) = (0usize, 0i32);
+    for (i, c) in text.char_indices() {
+        match c {
+            '`' => ticks += 1,
+            '(' if ticks % 2 == 0 => depth += 1,
+            ')' if ticks % 2 == 0 => depth -= 1,
+            '.' if ticks % 2 == 0 && depth <= 0 && text[i + 1..].starts_with(' ') => {
+                let head = &text[..=i];
+                if !["e.g.", "i.e.", "etc.", "vs."].iter().any(|a| head.ends_with(a)) {
+                    return head;
+                }
+            }
+            _ => {}
+        }
+    }
+    text
 }
 
 /// The OpenAPI document as committed in `openapi/openapi.json` (pretty, newline-terminated).
@@ -197,7 +260,7 @@ fn to_json(doc: &OpenApiDoc) -> String {
 /// The whole HTTP service.
 pub fn router(app: AppState) -> Router {
     let (api, doc) = api_router().split_for_parts();
-    let doc_json = Arc::new(to_json(&finish_doc(doc)));
+    let doc_json = Arc::new(to_json(&finish_doc(doc, app.config.public_url.as_deref())));
     let console = crate::console::Console::open(app.config.console_dir.as_deref());
     let body_timeout = app.config.client_timeout;
     // `/metrics` has its own credential, so it stays outside the API's middleware; with
@@ -314,4 +377,77 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next)
         Err(_) => {}
     }
     next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summaries_are_whole_first_sentences() {
+        let doc = "Uploads a new version as the request body, streamed to the store (deployers). Refused, e.g. when\n\
+                   too large (413). `a. b` stays.\n\nA second paragraph\nwrapped.\n- one\n- two";
+        let (summary, description) = summary_and_description(doc);
+        assert_eq!(summary, "Uploads a new version as the request body, streamed to the store (deployers).");
+        assert_eq!(
+            description.as_deref(),
+            Some(
+                "Uploads a new version as the request body, streamed to the store (deployers). Refused, e.g. when \
+                 too large (413). `a. b` stays.\n\nA second paragraph wrapped.\n- one\n- two"
+            )
+        );
+        assert_eq!(summary_and_description("Lists models."), ("Lists models.".to_string(), None));
+        assert_eq!(first_sentence("Reads it (e.g. `x. y`). Then more."), "Reads it (e.g. `x. y`).");
+    }
+
+    #[test]
+    fn the_document_serves_generated_clients() {
+        let text = openapi_json();
+        let doc: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(doc["servers"][0]["url"], "/");
+        let schemas = &doc["components"]["schemas"];
+        for name in text.split("#/components/schemas/").skip(1) {
+            let name: String = name.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            assert!(schemas[&name].is_object(), "{name} is referenced but not defined");
+        }
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let summary = op["summary"].as_str().unwrap_or_default();
+                assert!(!summary.is_empty() && !summary.contains('\n'), "{method} {path}: summary {summary:?}");
+                // Every JSON request body shows an example.
+                if let Some(schema) = op.pointer("/requestBody/content/application~1json/schema") {
+                    let name = schema["$ref"].as_str().and_then(|r| r.rsplit('/').next()).unwrap_or_default();
+                    let examples = &schemas[name]["examples"];
+                    assert!(examples.as_array().is_some_and(|e| !e.is_empty()), "{method} {path}: no example");
+                }
+                // Every list pages with the same cursor.
+                let page = op.pointer("/responses/200/content/application~1json/schema/$ref").and_then(|r| r.as_str());
+                let body = page.and_then(|r| r.rsplit('/').next()).map(|n| &schemas[n]);
+                let is_list = body.is_some_and(|b| {
+                    b["properties"].as_object().is_some_and(|p| p.values().any(|v| v["type"] == "array"))
+                        && op["operationId"].as_str().is_some_and(|id| id.starts_with("list_"))
+                });
+                if is_list {
+                    let params: Vec<&str> = op["parameters"]
+                        .as_array()
+                        .map(|ps| ps.iter().filter_map(|p| p["name"].as_str()).collect())
+                        .unwrap_or_default();
+                    assert!(params.contains(&"cursor") && params.contains(&"limit"), "{method} {path} does not page");
+                    assert!(body.unwrap()["properties"]["next_cursor"].is_object(), "{method} {path}: no next_cursor");
+                }
+            }
+        }
+        // Closed sets are enums.
+        for name in ["ErrorCode", "AuditAction", "DeploymentEventKind", "WorkerState", "InvoiceLineKind", "Role"] {
+            assert!(schemas[name]["enum"].as_array().is_some_and(|e| !e.is_empty()), "{name} is no enum");
+        }
+        assert_eq!(schemas["ErrorDetail"]["properties"]["code"]["$ref"], "#/components/schemas/ErrorCode");
+    }
+
+    #[test]
+    fn a_public_url_becomes_the_server() {
+        let doc = finish_doc(api_router().into_openapi(), Some("https://tessera.example.com"));
+        let servers = doc.servers.unwrap();
+        assert_eq!(servers.iter().map(|s| s.url.as_str()).collect::<Vec<_>>(), ["https://tessera.example.com"]);
+    }
 }

@@ -51,6 +51,7 @@ impl From<ModelRow> for Model {
 /// A new model.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"name": "resnet50", "description": "Image classifier, ImageNet-1k"})))]
 pub struct CreateModel {
     /// Name, unique in the tenant: lower-case letters, digits, `-`, `_`, `.`; at most 63.
     #[schema(value_type = String, pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]

@@ -9,20 +9,37 @@ use super::{AppState, Caller};
 use crate::app::PLATFORM_TENANT;
 use crate::auth::Credential;
 use crate::error::{Error, Result};
+use crate::kinds::wire_enum;
 use crate::types::Role;
+
+wire_enum! {
+    /// What the health check says.
+    pub enum HealthStatus {
+        /// The service answers.
+        Ok = "ok",
+    }
+}
+
+wire_enum! {
+    /// How an access token is presented.
+    pub enum TokenType {
+        /// `Authorization: Bearer <token>`.
+        Bearer = "Bearer",
+    }
+}
 
 /// Health.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Health {
     /// Always `ok` when the service answers.
-    pub status: String,
+    pub status: HealthStatus,
 }
 
 /// Liveness.
 #[utoipa::path(get, path = "/healthz", operation_id = "health", tag = "service", security(()),
     responses((status = 200, description = "The service is up.", body = Health)))]
 pub async fn handle_health() -> Json<Health> {
-    Json(Health { status: "ok".into() })
+    Json(Health { status: HealthStatus::Ok })
 }
 
 /// A JSON Web Key Set (RFC 7517) of Ed25519 public keys.
@@ -50,7 +67,7 @@ pub struct TokenResponse {
     /// `iat`, `exp`, `jti`.
     pub access_token: String,
     /// Always `Bearer`.
-    pub token_type: String,
+    pub token_type: TokenType,
     /// Seconds until it expires.
     pub expires_in: u64,
 }
@@ -64,7 +81,7 @@ pub async fn handle_token_create(State(app): State<AppState>, caller: Caller) ->
         return Err(Error::Forbidden { role: caller.principal.role.as_str(), action: "exchange a token for a token" });
     }
     let access_token = app.tokens.issue(&caller.principal)?;
-    Ok(Json(TokenResponse { access_token, token_type: "Bearer".into(), expires_in: app.tokens.ttl().as_secs() }))
+    Ok(Json(TokenResponse { access_token, token_type: TokenType::Bearer, expires_in: app.tokens.ttl().as_secs() }))
 }
 
 /// The new signing key.

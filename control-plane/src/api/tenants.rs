@@ -8,7 +8,8 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ApiJson, AppState, Caller};
+use super::models::PageParams;
+use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::error::{Error, Result};
 use crate::registry::{QuotaLimits, QuotaUsage, TenantRow};
 use crate::types::{Name, Role};
@@ -36,6 +37,7 @@ impl From<TenantRow> for Tenant {
 /// A new tenant.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"name": "acme", "display_name": "Acme Corp"})))]
 pub struct CreateTenant {
     /// Unique name: lower-case letters, digits, `-`, `_`, `.`; at most 63 characters.
     #[schema(value_type = String, pattern = "^[a-z0-9][a-z0-9_.-]{0,62}$")]
@@ -49,11 +51,13 @@ pub struct CreateTenant {
     pub quotas: Option<QuotaLimits>,
 }
 
-/// Tenants.
+/// A page of tenants.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct TenantList {
-    /// All tenants by name.
+    /// Tenants by name.
     pub tenants: Vec<Tenant>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// A tenant's quotas and current use.
@@ -91,13 +95,20 @@ pub async fn handle_tenant_create(
     Ok((StatusCode::CREATED, Json(tenant.into())))
 }
 
-/// Lists tenants (platform admins).
-#[utoipa::path(get, path = "/v1/tenants", operation_id = "list_tenants", tag = "tenants",
-    responses((status = 200, description = "Tenants.", body = TenantList)))]
-pub async fn handle_tenant_list(State(app): State<AppState>, caller: Caller) -> Result<Json<TenantList>> {
+/// Lists tenants by name (platform admins).
+#[utoipa::path(get, path = "/v1/tenants", operation_id = "list_tenants", tag = "tenants", params(PageParams),
+    responses((status = 200, description = "A page of tenants.", body = TenantList)))]
+pub async fn handle_tenant_list(
+    State(app): State<AppState>,
+    caller: Caller,
+    ApiQuery(page): ApiQuery<PageParams>,
+) -> Result<Json<TenantList>> {
     require_platform_admin(&caller, "list tenants")?;
+    let limit = page.limit()?;
     let tenants = app.registry.conn().await?.tenants().await?;
-    Ok(Json(TenantList { tenants: tenants.into_iter().map(Tenant::from).collect() }))
+    let (tenants, next_cursor) =
+        cursor::page(tenants, "tenants", |t: &TenantRow| t.name.clone(), page.cursor.as_deref(), limit)?;
+    Ok(Json(TenantList { tenants: tenants.into_iter().map(Tenant::from).collect(), next_cursor }))
 }
 
 /// A tenant (its own members, or platform admins).

@@ -10,6 +10,7 @@ use utoipa::{IntoParams, ToSchema};
 
 use super::{ApiQuery, AppState, Caller};
 use crate::error::{Error, Result};
+use crate::kinds::wire_enum;
 use crate::registry::{UsageFilter, now};
 use crate::types::Role;
 use crate::usage::billing::Period;
@@ -19,6 +20,34 @@ use crate::usage::rollup::{GroupBy, UsageGroup, group_usage, points};
 const MAX_USAGE_RANGE: i64 = 400 * 86_400;
 /// Most points a metrics query returns.
 const MAX_POINTS: i64 = 10_080;
+
+wire_enum! {
+    /// What usage can be summed by (`group_by`, comma-separated; at most one of the times).
+    pub enum UsageGrouping {
+        /// Per model.
+        Model = "model",
+        /// Per model version.
+        Version = "version",
+        /// Per slice profile.
+        Profile = "profile",
+        /// Per minute.
+        Minute = "minute",
+        /// Per hour.
+        Hour = "hour",
+        /// Per day (UTC).
+        Day = "day",
+    }
+}
+
+wire_enum! {
+    /// The width of a metrics point.
+    pub enum MetricsStep {
+        /// One minute.
+        Minute = "minute",
+        /// One hour.
+        Hour = "hour",
+    }
+}
 
 /// Which usage.
 #[derive(Debug, Deserialize, IntoParams)]
@@ -36,9 +65,9 @@ pub struct UsageParams {
     /// Only this version.
     #[param(minimum = 0)]
     pub version: Option<i64>,
-    /// Comma-separated: `model`, `version`, `profile` and at most one of `minute`, `hour`, `day`.
-    /// Absent: one total.
-    #[param(pattern = "^(model|version|profile|minute|hour|day)(,(model|version|profile|minute|hour|day)){0,5}$")]
+    /// Comma-separated (`group_by=model,hour`): `model`, `version`, `profile` and at most one
+    /// of `minute`, `hour`, `day`. Absent: one total.
+    #[param(value_type = Option<Vec<UsageGrouping>>, style = Form, explode = false)]
     pub group_by: Option<String>,
 }
 
@@ -99,8 +128,8 @@ pub struct MetricsParams {
     /// End (RFC 3339, 2000 to 9999), exclusive; default: now.
     #[param(format = DateTime)]
     pub to: Option<String>,
-    /// `minute` (default) or `hour`.
-    #[param(pattern = "^(minute|hour)$")]
+    /// Width of a point (default `minute`).
+    #[param(value_type = Option<MetricsStep>)]
     pub step: Option<String>,
 }
 
@@ -222,10 +251,10 @@ pub async fn handle_metrics(
     ApiQuery(params): ApiQuery<MetricsParams>,
 ) -> Result<Json<MetricsReport>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::Viewer, "read metrics").await?;
-    let step = match params.step.as_deref() {
-        None | Some("minute") => 60,
-        Some("hour") => 3600,
-        Some(_) => return Err(Error::invalid("step", "step must be minute or hour")),
+    let step = match params.step.as_deref().map(MetricsStep::parse) {
+        None | Some(Some(MetricsStep::Minute)) => 60,
+        Some(Some(MetricsStep::Hour)) => 3600,
+        Some(None) => return Err(Error::invalid("step", "step must be minute or hour")),
     };
     check_filter(params.model.as_deref(), params.version)?;
     let to = parse_time("to", params.to.as_deref())?.unwrap_or_else(|| now().unix_timestamp() + 1);
@@ -250,4 +279,21 @@ pub async fn handle_metrics(
         })
         .collect();
     Ok(Json(MetricsReport { points }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_grouping_and_step_is_accepted() {
+        for g in UsageGrouping::ALL {
+            assert!(GroupBy::parse(Some(g.as_str())).is_ok(), "{g}");
+        }
+        let all_but_time = "model,version,profile";
+        assert!(GroupBy::parse(Some(&format!("{all_but_time},day"))).is_ok());
+        assert!(GroupBy::parse(Some("week")).is_err());
+        assert_eq!(MetricsStep::parse("hour"), Some(MetricsStep::Hour));
+        assert_eq!(MetricsStep::parse("day"), None);
+    }
 }

@@ -9,7 +9,9 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ApiJson, AppState, Caller};
+use super::keys::creation_key;
+use super::models::PageParams;
+use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::error::{Error, Result};
 use crate::registry::{NewUser, UserRow};
 use crate::types::{Email, Role};
@@ -55,6 +57,7 @@ impl From<UserRow> for User {
 /// A new user.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"email": "ada@example.com", "name": "Ada Lovelace", "role": "deployer"})))]
 pub struct CreateUser {
     /// Email address, unique within the tenant (compared lower-cased).
     #[schema(value_type = String, max_length = 254, example = "ada@example.com")]
@@ -66,11 +69,13 @@ pub struct CreateUser {
     pub role: Role,
 }
 
-/// A tenant's users.
+/// A page of a tenant's users.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct UserList {
     /// Users, oldest first (disabled ones included).
     pub users: Vec<User>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
 }
 
 /// A disabled user.
@@ -123,18 +128,22 @@ pub async fn handle_user_create(
     Ok((StatusCode::CREATED, Json(row.into())))
 }
 
-/// Lists a tenant's users (tenant admins).
+/// Lists a tenant's users, oldest first (tenant admins).
 #[utoipa::path(get, path = "/v1/tenants/{tenant}/users", operation_id = "list_users", tag = "users",
-    params(("tenant" = String, Path, description = "Tenant name")),
-    responses((status = 200, description = "Users.", body = UserList)))]
+    params(("tenant" = String, Path, description = "Tenant name"), PageParams),
+    responses((status = 200, description = "A page of users.", body = UserList)))]
 pub async fn handle_user_list(
     State(app): State<AppState>,
     caller: Caller,
     Path(tenant): Path<String>,
+    ApiQuery(page): ApiQuery<PageParams>,
 ) -> Result<Json<UserList>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "list users").await?;
+    let limit = page.limit()?;
     let rows = app.registry.conn().await?.users(t.id).await?;
-    Ok(Json(UserList { users: rows.into_iter().map(User::from).collect() }))
+    let key = |u: &UserRow| creation_key(u.created_at, u.id);
+    let (rows, next_cursor) = cursor::page(rows, "users", key, page.cursor.as_deref(), limit)?;
+    Ok(Json(UserList { users: rows.into_iter().map(User::from).collect(), next_cursor }))
 }
 
 /// One user (tenant admins).

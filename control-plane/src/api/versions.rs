@@ -88,7 +88,8 @@ pub struct ArtifactBytes(#[allow(dead_code)] Vec<u8>);
 pub struct UploadParams {
     /// Packaging of the body (default `onnx`).
     pub format: Option<ArtifactFormat>,
-    /// Expected hex sha256 of the body; a mismatch refuses the upload (also `X-Content-Sha256`).
+    /// Expected hex sha256 of the body; a mismatch refuses the upload. The only way to give it
+    /// (an `X-Content-Sha256` header is refused with 400).
     #[param(pattern = "^[0-9a-fA-F]{64}$")]
     pub sha256: Option<String>,
     /// Create the model with this version if it does not exist yet (deployers): the model
@@ -112,7 +113,6 @@ pub struct UploadParams {
     request_body(content = ArtifactBytes, content_type = "application/octet-stream"),
     params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name"),
            UploadParams,
-           ("X-Content-Sha256" = Option<String>, Header, description = "Expected hex sha256 of the body"),
            ("X-Model-Config" = Option<String>, Header, description = "Model configuration as a JSON object"),
            ("Idempotency-Key" = Option<String>, Header, description = "Retry-safe creation key")),
     responses(
@@ -242,9 +242,18 @@ pub async fn handle_version_delete(
 /// A presigned upload request.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"format": "onnx"})))]
 pub struct CreateUpload {
     /// Packaging of the artifact to upload.
     pub format: ArtifactFormat,
+}
+
+crate::kinds::wire_enum! {
+    /// The HTTP method a presigned URL takes.
+    pub enum UploadMethod {
+        /// `PUT` the whole artifact.
+        Put = "PUT",
+    }
 }
 
 /// Where to upload a large artifact.
@@ -254,8 +263,8 @@ pub struct PresignedUpload {
     pub upload_id: Uuid,
     /// Presigned URL.
     pub url: String,
-    /// HTTP method to use with the URL (`PUT`).
-    pub method: String,
+    /// HTTP method to use with the URL.
+    pub method: UploadMethod,
     /// The URL stops working at.
     #[serde(with = "time::serde::rfc3339")]
     pub expires_at: OffsetDateTime,
@@ -284,7 +293,7 @@ pub async fn handle_upload_create(
     let out = PresignedUpload {
         upload_id: upload.id,
         url: url.to_string(),
-        method: "PUT".into(),
+        method: UploadMethod::Put,
         expires_at: upload.expires_at,
         max_bytes,
     };
@@ -294,6 +303,7 @@ pub async fn handle_upload_create(
 /// Completion of a presigned upload.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "config": {"max_batch_size": 8}})))]
 pub struct CompleteUpload {
     /// Hex sha256 of what was uploaded; checked against the stored object.
     #[schema(pattern = "^[0-9a-fA-F]{64}$")]

@@ -10,9 +10,44 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{AppState, Caller};
-use crate::error::Result;
+use super::models::PageParams;
+use super::{ApiQuery, AppState, Caller, cursor};
+use crate::error::{Error, Result};
+use crate::kinds::wire_enum;
+use crate::registry::WorkerRow;
 use crate::types::Role;
+
+wire_enum! {
+    /// Whether a worker is heard from.
+    pub enum WorkerState {
+        /// It sends heartbeats.
+        Ready = "ready",
+        /// No heartbeat for `--worker-lost-after-ms`: its replicas are placed elsewhere.
+        Lost = "lost",
+    }
+}
+
+wire_enum! {
+    /// What a slice is.
+    pub enum SliceKind {
+        /// CPU cores.
+        Cpu = "cpu",
+        /// A whole GPU.
+        Gpu = "gpu",
+        /// A MIG instance of a GPU.
+        Mig = "mig",
+    }
+}
+
+wire_enum! {
+    /// Whether a slice takes replicas.
+    pub enum SliceHealth {
+        /// It does.
+        Healthy = "healthy",
+        /// Its worker saw a critical Xid error or lost its GPU: no replicas until it restarts.
+        Unhealthy = "unhealthy",
+    }
+}
 
 /// One slice of a worker.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -21,16 +56,16 @@ pub struct WorkerSlice {
     pub id: String,
     /// Profile (`cpu`, `gpu`, `mig-1g.10gb`).
     pub profile: String,
-    /// `cpu`, `gpu` or `mig`.
-    pub kind: String,
+    /// CPU, whole GPU or MIG instance.
+    pub kind: SliceKind,
     /// Memory it can hold.
     pub memory_bytes: u64,
     /// Tenant whose replicas it holds (a slice serves one tenant); absent when free.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<Uuid>,
-    /// `healthy`, or `unhealthy` when its worker saw a critical Xid error or lost its GPU
-    /// (it takes no replicas until the worker restarts).
-    pub health: String,
+    /// `unhealthy` when its worker saw a critical Xid error or lost its GPU (it takes no
+    /// replicas until the worker restarts).
+    pub health: SliceHealth,
     /// Why it is unhealthy, e.g. `Xid 79 (GPU has fallen off the bus) on GPU-...`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unhealthy_reason: Option<String>,
@@ -47,8 +82,8 @@ pub struct Worker {
     pub grpc_endpoint: String,
     /// Metrics endpoint (empty when disabled).
     pub metrics_endpoint: String,
-    /// `ready` or `lost` (no heartbeat for `--worker-lost-after-ms`).
-    pub state: String,
+    /// `lost` after no heartbeat for `--worker-lost-after-ms`.
+    pub state: WorkerState,
     /// Last heartbeat.
     #[serde(with = "time::serde::rfc3339")]
     pub last_heartbeat_at: OffsetDateTime,
@@ -58,48 +93,70 @@ pub struct Worker {
     pub replicas: i64,
 }
 
-/// Every worker.
+/// A page of workers.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct WorkerList {
     /// By id.
     pub workers: Vec<Worker>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
 }
 
-/// Lists workers (platform admins).
-#[utoipa::path(get, path = "/v1/workers", operation_id = "list_workers", tag = "deployments",
-    responses((status = 200, description = "Workers.", body = WorkerList)))]
-pub async fn handle_worker_list(State(app): State<AppState>, caller: Caller) -> Result<Json<WorkerList>> {
+/// Lists workers by id (platform admins).
+#[utoipa::path(get, path = "/v1/workers", operation_id = "list_workers", tag = "deployments", params(PageParams),
+    responses((status = 200, description = "A page of workers.", body = WorkerList)))]
+pub async fn handle_worker_list(
+    State(app): State<AppState>,
+    caller: Caller,
+    ApiQuery(page): ApiQuery<PageParams>,
+) -> Result<Json<WorkerList>> {
     caller.principal.require(Role::PlatformAdmin, "list workers")?;
+    let limit = page.limit()?;
     let mut conn = app.registry.conn().await?;
     let rows = conn.workers().await?;
     let counts: HashMap<String, i64> = conn.replica_counts().await?.into_iter().collect();
     let holders: HashMap<(String, String), Uuid> =
         conn.slice_tenants().await?.into_iter().map(|(w, s, t)| ((w, s), t)).collect();
-    let workers = rows
-        .into_iter()
-        .map(|w| Worker {
-            slices: w
-                .slices
-                .0
-                .into_iter()
-                .map(|s| WorkerSlice {
-                    tenant_id: holders.get(&(w.id.clone(), s.id.clone())).copied(),
-                    unhealthy_reason: w.unhealthy_slices.0.get(&s.id).cloned(),
-                    health: if w.unhealthy_slices.0.contains_key(&s.id) { "unhealthy" } else { "healthy" }.into(),
-                    id: s.id,
-                    profile: s.profile,
-                    kind: s.kind,
-                    memory_bytes: s.memory_bytes,
-                })
-                .collect(),
-            replicas: counts.get(&w.id).copied().unwrap_or(0),
-            id: w.id,
-            http_endpoint: w.http_endpoint,
-            grpc_endpoint: w.grpc_endpoint,
-            metrics_endpoint: w.metrics_endpoint,
-            state: w.state,
-            last_heartbeat_at: w.last_heartbeat_at,
-        })
-        .collect();
-    Ok(Json(WorkerList { workers }))
+    drop(conn);
+    let (rows, next_cursor) =
+        cursor::page(rows, "workers", |w: &WorkerRow| w.id.clone(), page.cursor.as_deref(), limit)?;
+    let workers = rows.into_iter().map(|w| worker_view(w, &counts, &holders)).collect::<Result<_>>()?;
+    Ok(Json(WorkerList { workers, next_cursor }))
+}
+
+/// The API's view of a worker, with its replica count and who holds each slice.
+fn worker_view(
+    w: WorkerRow,
+    counts: &HashMap<String, i64>,
+    holders: &HashMap<(String, String), Uuid>,
+) -> Result<Worker> {
+    // Both sets are written by this control plane (a worker's slice kinds were parsed at
+    // registration), so a stranger is ours to fix.
+    let state = WorkerState::parse(&w.state)
+        .ok_or_else(|| Error::Internal(format!("worker {} has unknown state {}", w.id, w.state)))?;
+    let mut slices = Vec::with_capacity(w.slices.0.len());
+    for s in w.slices.0 {
+        let kind = SliceKind::parse(&s.kind)
+            .ok_or_else(|| Error::Internal(format!("slice {} of worker {} has unknown kind {}", s.id, w.id, s.kind)))?;
+        let unhealthy_reason = w.unhealthy_slices.0.get(&s.id).cloned();
+        slices.push(WorkerSlice {
+            tenant_id: holders.get(&(w.id.clone(), s.id.clone())).copied(),
+            health: if unhealthy_reason.is_some() { SliceHealth::Unhealthy } else { SliceHealth::Healthy },
+            unhealthy_reason,
+            id: s.id,
+            profile: s.profile,
+            kind,
+            memory_bytes: s.memory_bytes,
+        });
+    }
+    Ok(Worker {
+        replicas: counts.get(&w.id).copied().unwrap_or(0),
+        id: w.id,
+        http_endpoint: w.http_endpoint,
+        grpc_endpoint: w.grpc_endpoint,
+        metrics_endpoint: w.metrics_endpoint,
+        state,
+        last_heartbeat_at: w.last_heartbeat_at,
+        slices,
+    })
 }

@@ -242,6 +242,14 @@ macro_rules! select_events {
 impl Conn {
     /// Appends an event to its tenant's chain. Call inside the transaction of the change.
     pub async fn append_audit(&mut self, actor: &Actor, event: NewAuditEvent) -> Result<AuditEventRow> {
+        // The API lists these as closed enums: a new one must be added there (tests catch it).
+        debug_assert!(
+            crate::kinds::AuditAction::parse(event.action).is_some()
+                && crate::kinds::AuditResourceType::parse(event.resource_type).is_some(),
+            "audit action {} on {} is missing from crate::kinds",
+            event.action,
+            event.resource_type
+        );
         let tenant = event.tenant_id;
         exec!(self, "audit.head_init", |c| sqlx::query(
             "INSERT INTO audit_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING"

@@ -191,9 +191,11 @@ impl Conn {
             Some(v) if v != d.version => Ok((d, v)),
             Some(v) => {
                 let message = format!("deployment '{name}' has no canary: version {v} was promoted and is rolling out");
-                Err(Error::conflict("no_canary", message))
+                Err(Error::conflict(crate::error::ErrorCode::NoCanary, message))
             }
-            None => Err(Error::conflict("no_canary", format!("deployment '{name}' has no canary"))),
+            None => {
+                Err(Error::conflict(crate::error::ErrorCode::NoCanary, format!("deployment '{name}' has no canary")))
+            }
         }
     }
 

@@ -278,16 +278,30 @@ impl Conn {
         deployment_id: Uuid,
         limit: i64,
     ) -> Result<Vec<DeploymentEventRow>> {
-        let mut rows = on_conn!(self, "deployment_event.list", |c| sqlx::query_as::<_, DeploymentEventRow>(
+        let mut rows = self.deployment_events_before(tenant_id, deployment_id, None, limit).await?;
+        rows.reverse();
+        Ok(rows)
+    }
+
+    /// At most `limit` events of a deployment older than `before_seq` (all when `None`),
+    /// newest first: a page of the events list.
+    pub async fn deployment_events_before(
+        &mut self,
+        tenant_id: Uuid,
+        deployment_id: Uuid,
+        before_seq: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<DeploymentEventRow>> {
+        on_conn!(self, "deployment_event.list", |c| sqlx::query_as::<_, DeploymentEventRow>(
             "SELECT seq, at, kind, replica_id, worker_id, message FROM deployment_events \
-             WHERE tenant_id = $1 AND deployment_id = $2 ORDER BY seq DESC LIMIT $3"
+             WHERE tenant_id = $1 AND deployment_id = $2 AND seq < COALESCE($3, 9223372036854775807) \
+             ORDER BY seq DESC LIMIT $4"
         )
         .bind(tenant_id)
         .bind(deployment_id)
+        .bind(before_seq)
         .bind(limit)
-        .fetch_all(c))?;
-        rows.reverse();
-        Ok(rows)
+        .fetch_all(c))
     }
 
     /// Records a placement event.
@@ -300,6 +314,11 @@ impl Conn {
         worker_id: Option<&str>,
         message: &str,
     ) -> Result<()> {
+        // The API lists kinds as a closed enum: a new one must be added there (tests catch it).
+        debug_assert!(
+            crate::kinds::DeploymentEventKind::parse(kind).is_some(),
+            "deployment event kind {kind} is missing from crate::kinds::DeploymentEventKind"
+        );
         exec!(self, "deployment_event.insert", |c| sqlx::query(
             "INSERT INTO deployment_events (tenant_id, deployment_id, at, kind, replica_id, worker_id, message) \
              VALUES ($1, $2, $3, $4, $5, $6, $7)"
@@ -423,11 +442,14 @@ impl Registry {
         tx.lock_scheduling().await?;
         let model = tx.model(tenant_id, model).await?.ok_or(Error::NotFound("model"))?;
         if tx.deployment(tenant_id, name.as_str()).await?.is_some() {
-            return Err(Error::conflict("already_exists", format!("deployment '{name}' already exists")));
+            return Err(Error::conflict(
+                crate::error::ErrorCode::AlreadyExists,
+                format!("deployment '{name}' already exists"),
+            ));
         }
         if let Some(other) = tx.deployment_of_model(tenant_id, model.id).await? {
             let message = format!("model '{}' is already deployed by deployment '{}'", model.name, other.name);
-            return Err(Error::conflict("model_deployed", message));
+            return Err(Error::conflict(crate::error::ErrorCode::ModelDeployed, message));
         }
         let version = tx.resolve_version(tenant_id, model.id, &spec.version).await?;
         tx.check_profile_fits(tenant_id, model.id, version, &spec.profile).await?;
@@ -480,7 +502,7 @@ impl Registry {
         .bind(row.created_at)
         .bind(row.updated_at)
         .execute(c))
-        .map_err(|e| on_unique(e, "already_exists", || format!("deployment '{name}' already exists")))?;
+        .map_err(|e| on_unique(e, crate::error::ErrorCode::AlreadyExists, || format!("deployment '{name}' already exists")))?;
         let message = format!("deployment created: version {version}, {} replica(s)", row.replicas);
         tx.insert_deployment_event(tenant_id, row.id, "created", None, None, &message).await?;
         tx.append_audit(actor, audit_event(tenant_id, "deployment.create", &row.name, None, Some(row.summary())))

@@ -138,7 +138,10 @@ impl Conn {
         let user = self.lock_user(tenant_id, user_id).await?;
         let user = user.ok_or_else(|| Error::invalid("user_id", "no such user in this tenant"))?;
         if user.disabled_at.is_some() {
-            return Err(Error::conflict("user_disabled", "the user is disabled and may not get new keys"));
+            return Err(Error::conflict(
+                crate::error::ErrorCode::UserDisabled,
+                "the user is disabled and may not get new keys",
+            ));
         }
         if !user.role().allows(role) {
             let message = format!("a key of user {} may not exceed the user's role '{}'", user.email, user.role);
@@ -163,7 +166,9 @@ impl Conn {
         .bind(k.created_at)
         .bind(k.expires_at)
         .execute(c))
-        .map_err(|e| on_unique(e, "already_exists", || "an API key with this prefix already exists".into()))?;
+        .map_err(|e| {
+            on_unique(e, crate::error::ErrorCode::AlreadyExists, || "an API key with this prefix already exists".into())
+        })?;
         Ok(())
     }
 }

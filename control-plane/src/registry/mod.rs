@@ -255,7 +255,7 @@ pub fn now() -> OffsetDateTime {
 }
 
 /// Maps a unique-constraint violation to a 409 with `code` and `message`; passes others on.
-pub(crate) fn on_unique(e: Error, code: &'static str, message: impl FnOnce() -> String) -> Error {
+pub(crate) fn on_unique(e: Error, code: crate::error::ErrorCode, message: impl FnOnce() -> String) -> Error {
     match &e {
         Error::Database(sqlx::Error::Database(db)) if db.is_unique_violation() => Error::conflict(code, message()),
         _ => e,

@@ -317,7 +317,7 @@ impl Registry {
         let model = tx.model(tenant_id, name).await?.ok_or(Error::NotFound("model"))?;
         if let Some(d) = tx.deployment_of_model(tenant_id, model.id).await? {
             let message = format!("model '{name}' is deployed by deployment '{}'; delete the deployment first", d.name);
-            return Err(Error::conflict("model_deployed", message));
+            return Err(Error::conflict(crate::error::ErrorCode::ModelDeployed, message));
         }
         let keys = tx.artifact_keys(tenant_id, model.id).await?;
         // Aliases first: they reference versions.
@@ -364,12 +364,12 @@ impl Registry {
                 || tx.version_has_replicas(tenant_id, d.id, number).await?)
         {
             let message = format!("version {number} is in use by deployment '{}'", d.name);
-            return Err(Error::conflict("version_in_use", message));
+            return Err(Error::conflict(crate::error::ErrorCode::VersionInUse, message));
         }
         if !pinned.is_empty() {
             let list = pinned.join(", ");
             return Err(Error::conflict(
-                "version_in_use",
+                crate::error::ErrorCode::VersionInUse,
                 format!("version {number} is the target of alias(es) {list}"),
             ));
         }
@@ -493,7 +493,7 @@ impl Registry {
         .bind(now())
         .execute(c))?;
         if done == 0 {
-            return Err(Error::conflict("upload_completed", "this upload was already completed"));
+            return Err(Error::conflict(crate::error::ErrorCode::UploadCompleted, "this upload was already completed"));
         }
         let version = tx.add_version(actor, model, new).await?;
         tx.commit().await?;
@@ -524,7 +524,10 @@ impl Conn {
         };
         self.lock_tenant(tenant_id).await?;
         if self.model(tenant_id, name.as_str()).await?.is_some() {
-            return Err(Error::conflict("already_exists", format!("model '{name}' already exists")));
+            return Err(Error::conflict(
+                crate::error::ErrorCode::AlreadyExists,
+                format!("model '{name}' already exists"),
+            ));
         }
         self.check_quota(tenant_id, QuotaName::Models, 1).await?;
         exec!(self, "model.insert", |c| sqlx::query(
@@ -540,7 +543,9 @@ impl Conn {
         .bind(model.created_at)
         .bind(model.updated_at)
         .execute(c))
-        .map_err(|e| on_unique(e, "already_exists", || format!("model '{name}' already exists")))?;
+        .map_err(|e| {
+            on_unique(e, crate::error::ErrorCode::AlreadyExists, || format!("model '{name}' already exists"))
+        })?;
         let after = json!({ "name": model.name, "description": model.description });
         let event = audit_event(tenant_id, "model.create", "model", &model.name, None, Some(after));
         self.append_audit(actor, event).await?;

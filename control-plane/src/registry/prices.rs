@@ -51,7 +51,7 @@ impl Registry {
             .bind(p.per_1000_inferences_micro_cents)
             .execute(c))
             .map_err(|e| {
-                super::on_unique(e, "duplicate_price", || {
+                super::on_unique(e, crate::error::ErrorCode::DuplicatePrice, || {
                     format!("two prices for '{}' at the same effective_from", p.slice_profile)
                 })
             })?;

@@ -26,6 +26,7 @@ pub const MAX_SLICE_PROFILES: usize = 64;
 /// A tenant's limits.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"models": 100, "versions": 1000, "storage_bytes": 107374182400_i64, "replicas": 32, "requests_per_second": 500, "concurrent_requests": 64, "monthly_spend_cents": 500000, "slices": {"cpu": 16, "mig-1g.10gb": 4}})))]
 pub struct QuotaLimits {
     /// Most models.
     #[schema(minimum = 0)]

@@ -82,7 +82,9 @@ impl Conn {
         .bind(t.created_at)
         .bind(t.updated_at)
         .execute(c))
-        .map_err(|e| on_unique(e, "already_exists", || format!("tenant '{}' already exists", t.name)))?;
+        .map_err(|e| {
+            on_unique(e, crate::error::ErrorCode::AlreadyExists, || format!("tenant '{}' already exists", t.name))
+        })?;
         Ok(())
     }
 

@@ -131,7 +131,10 @@ async fn a_model_made_by_its_first_upload_exists_only_with_it() {
         // A name taken is a conflict, as for a created model.
         r.create_model(&actor(), b, &name("taken"), "").await.unwrap();
         let taken = r.create_model_with_version(&actor(), b, &name("taken"), Uuid::now_v7(), version(10)).await;
-        assert!(matches!(taken, Err(Error::Conflict { code: "already_exists", .. })), "{taken:?}");
+        assert!(
+            matches!(taken, Err(Error::Conflict { code: crate::error::ErrorCode::AlreadyExists, .. })),
+            "{taken:?}"
+        );
     })
     .await;
 }

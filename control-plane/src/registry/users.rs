@@ -108,7 +108,11 @@ impl Conn {
         .bind(u.created_by)
         .bind(u.created_at)
         .execute(c))
-        .map_err(|e| on_unique(e, "already_exists", || format!("a user with email '{}' already exists", u.email)))?;
+        .map_err(|e| {
+            on_unique(e, crate::error::ErrorCode::AlreadyExists, || {
+                format!("a user with email '{}' already exists", u.email)
+            })
+        })?;
         Ok(())
     }
 }

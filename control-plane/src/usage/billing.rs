@@ -27,7 +27,11 @@ pub const MICRO_PER_CENT: i64 = 1_000_000;
 const US_PER_HOUR: i128 = 3_600_000_000;
 
 /// What a line bills.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = InvoiceLineKind)]
 pub enum LineKind {
     /// Reserved slice time.
     SliceHours,

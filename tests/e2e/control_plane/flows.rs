@@ -166,3 +166,94 @@ async fn quotas_are_enforced_and_reported() {
     let bad = app.put(&app.admin_key, "/v1/tenants/acme/quotas", &json!({ "models": -1 })).await;
     assert_eq!(bad.status, 422);
 }
+
+/// Every item of a list, read `limit` at a time through `next_cursor`, with the page count.
+async fn walk(app: &TestApp, key: &str, path: &str, field: &str, limit: usize) -> (Vec<serde_json::Value>, usize) {
+    let (mut items, mut pages, mut cursor) = (Vec::new(), 0, None::<String>);
+    loop {
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let url = match &cursor {
+            Some(c) => format!("{path}{sep}limit={limit}&cursor={c}"),
+            None => format!("{path}{sep}limit={limit}"),
+        };
+        let page = app.get(key, &url).await;
+        let body = page.expect(200);
+        let got = body[field].as_array().unwrap_or_else(|| panic!("{path}: no {field}: {body}"));
+        assert!(got.len() <= limit, "{path}: page of {} over {limit}", got.len());
+        items.extend(got.iter().cloned());
+        pages += 1;
+        match body["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => return (items, pages),
+        }
+    }
+}
+
+#[tokio::test]
+async fn every_list_pages_with_cursors() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    for name in ["b", "c"] {
+        app.create_tenant(name).await.expect(201);
+    }
+    let names = |items: &[serde_json::Value], field: &str| -> Vec<String> {
+        items.iter().map(|i| i[field].as_str().unwrap_or_default().to_string()).collect()
+    };
+    let (tenants, pages) = walk(&app, &app.admin_key, "/v1/tenants", "tenants", 2).await;
+    assert_eq!((names(&tenants, "name"), pages), (vec!["acme".into(), "b".into(), "c".into(), "platform".into()], 2));
+
+    // Keys oldest first: the four `tenant` made, then two more.
+    for name in ["e", "f"] {
+        app.post(&t.admin, "/v1/tenants/acme/api-keys", &json!({ "name": name, "role": "viewer" })).await.expect(201);
+    }
+    let (keys, pages) = walk(&app, &t.admin, "/v1/tenants/acme/api-keys", "api_keys", 4).await;
+    assert_eq!(names(&keys, "name"), ["tenant-admin", "deployer", "viewer", "inference", "e", "f"]);
+    assert_eq!(pages, 2);
+    for email in ["u1@example.com", "u2@example.com", "u3@example.com"] {
+        let user = json!({ "email": email, "name": email, "role": "viewer" });
+        app.post(&t.admin, "/v1/tenants/acme/users", &user).await.expect(201);
+    }
+    let (users, _) = walk(&app, &t.admin, "/v1/tenants/acme/users", "users", 1).await;
+    assert_eq!(names(&users, "email"), ["u1@example.com", "u2@example.com", "u3@example.com"]);
+
+    // Deployments by name, aliases by name.
+    for m in ["m3", "m1", "m2"] {
+        app.create_model(&t.deployer, "acme", m).await.expect(201);
+        app.upload(&t.deployer, "acme", m, "", onnx_bytes(1000)).await.expect(201);
+        let d = json!({ "name": m, "model": m, "replicas": 0 });
+        app.post(&t.deployer, "/v1/tenants/acme/deployments", &d).await.expect(201);
+    }
+    for alias in ["a-m3", "a-m1", "a-m2"] {
+        app.set_alias(&t.deployer, "acme", "m1", alias, 1).await.expect(200);
+    }
+    let (deployments, pages) = walk(&app, &t.viewer, "/v1/tenants/acme/deployments", "deployments", 2).await;
+    assert_eq!((names(&deployments, "name"), pages), (vec!["m1".into(), "m2".into(), "m3".into()], 2));
+    let (aliases, _) = walk(&app, &t.viewer, "/v1/tenants/acme/models/m1/aliases", "aliases", 2).await;
+    assert_eq!(names(&aliases, "alias"), ["a-m1", "a-m2", "a-m3"]);
+
+    // Events: the latest page first, oldest first within a page, older pages after.
+    for replicas in [1, 0, 1, 0] {
+        let scale = json!({ "replicas": replicas });
+        let req = app.client.patch(format!("{}/v1/tenants/acme/deployments/m1", app.url)).bearer_auth(&t.deployer);
+        app.raw(req.json(&scale)).await.expect(200);
+    }
+    let path = "/v1/tenants/acme/deployments/m1/events";
+    let (paged, pages) = walk(&app, &t.viewer, path, "events", 2).await;
+    assert!(pages >= 3, "{paged:?}");
+    // Pages are full but the last, so pages of two, newest page first, put back in order.
+    let mut in_order: Vec<serde_json::Value> = Vec::new();
+    for chunk in paged.chunks(2).rev() {
+        in_order.extend(chunk.iter().cloned());
+    }
+    // The scheduler may have added events since: what was walked is where the list starts.
+    let all = app.get(&t.viewer, path).await.expect(200)["events"].as_array().unwrap().clone();
+    assert!(all.starts_with(&in_order), "{in_order:?} vs {all:?}");
+    assert_eq!(all[0]["kind"], "created");
+
+    // A cursor is good only for its own list; a bad limit names itself.
+    let cursor = app.get(&t.viewer, "/v1/tenants/acme/deployments?limit=1").await.expect(200)["next_cursor"].clone();
+    let wrong = app.get(&t.admin, &format!("/v1/tenants/acme/users?cursor={}", cursor.as_str().unwrap())).await;
+    assert_eq!((wrong.status, wrong.body["error"]["field"].as_str()), (400, Some("cursor")));
+    let r = app.get(&t.admin, "/v1/tenants/acme/api-keys?limit=0").await;
+    assert_eq!((r.status, r.body["error"]["field"].as_str()), (422, Some("limit")));
+}

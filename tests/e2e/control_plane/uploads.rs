@@ -36,14 +36,27 @@ async fn corrupted_and_mislabelled_uploads_are_refused_and_leave_nothing() {
     let versions = app.get(&t.viewer, "/v1/tenants/acme/models/m/versions").await;
     assert_eq!(versions.expect(200)["versions"].as_array().unwrap().len(), 0);
 
-    // The right sha256 (query or header) and a model config are kept.
+    // The sha256 has one place, the query: the old header is refused, naming itself, and
+    // nothing is stored.
     let good = sha256_hex(&data);
     let req = app
         .client
-        .post(format!("{}/v1/tenants/acme/models/m/versions?sha256={good}", app.url))
+        .post(format!("{}/v1/tenants/acme/models/m/versions", app.url))
         .bearer_auth(&t.deployer)
         .header("content-type", "application/octet-stream")
-        .header("x-content-sha256", good.to_uppercase())
+        .header("x-content-sha256", good.clone())
+        .body(data.clone());
+    let r = app.raw(req).await;
+    assert_eq!((r.status, r.body["error"]["field"].as_str()), (400, Some("X-Content-Sha256")));
+    assert!(r.body["error"]["message"].as_str().unwrap().contains("`sha256` query parameter"), "{:?}", r.body);
+    assert_eq!(app.stored_files(), 0);
+
+    // The right sha256 (any case) and a model config are kept.
+    let req = app
+        .client
+        .post(format!("{}/v1/tenants/acme/models/m/versions?sha256={}", app.url, good.to_uppercase()))
+        .bearer_auth(&t.deployer)
+        .header("content-type", "application/octet-stream")
         .header("x-model-config", r#"{"max_batch_size": 8}"#)
         .body(data.clone());
     let v = app.raw(req).await;

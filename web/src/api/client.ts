@@ -43,7 +43,9 @@ export function apiError(status: number, statusText: string, body: unknown): Api
 }
 
 /** The client every page uses (same origin as the console). */
-export const api = createClient<paths>({ baseUrl: location.origin });
+// Arrays travel comma-separated (`group_by=model,version`), as the document declares them
+// (`style: form, explode: false`); openapi-fetch would repeat the parameter otherwise.
+export const api = createClient<paths>({ baseUrl: location.origin, querySerializer: { array: { style: 'form', explode: false } } });
 
 api.use({
   onRequest({ request }) {

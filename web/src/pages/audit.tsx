@@ -48,8 +48,9 @@ function AuditTrail(props: { tenant: string }) {
             tenant,
             limit: 50,
             cursor,
-            action: filters.action || undefined,
-            resource_type: filters.resource_type || undefined,
+            // Free text here; the API refuses (422) what is not one of its enum values.
+            action: (filters.action || undefined) as AuditEvent['action'] | undefined,
+            resource_type: (filters.resource_type || undefined) as AuditEvent['resource_type'] | undefined,
             resource_id: filters.resource_id || undefined,
           },
         },

@@ -26,7 +26,7 @@ export function UsagePage(props: { tenant: string }) {
   const [usage, reloadUsage] = useLoad(() => {
     const { from, to } = periodBounds(period);
     const now = new Date().toISOString();
-    const q = { from, to: to < now ? to : now, group_by: 'model,version,profile' };
+    const q = { from, to: to < now ? to : now, group_by: ['model' as const, 'version' as const, 'profile' as const] };
     return ok(api.GET('/v1/tenants/{tenant}/usage', { params: { path: { tenant }, query: q } }));
   }, [tenant, period]);
   const choose = (p: string) => {
