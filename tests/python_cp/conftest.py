@@ -108,11 +108,13 @@ def _field(number: int, body: bytes) -> bytes:
 
 
 def onnx_model(padding: int = 0) -> bytes:
-    """A small well-formed ONNX model (one Identity node), padded by a doc_string.
+    """A small well-formed ONNX model (one FP32 Identity node), padded by a doc_string.
 
     The control plane walks uploads as ONNX protobuf and refuses anything else."""
     node = _field(1, b"x") + _field(2, b"y") + _field(4, b"Identity")
-    graph = _field(1, node) + _field(2, b"g") + _field(11, b"\x0a\x01x") + _field(12, b"\x0a\x01y")
+    # Inputs and outputs typed as FP32 tensors: the control plane refuses untyped ones.
+    fp32 = b"\x12\x04\x0a\x02\x08\x01"  # type { tensor_type { elem_type: FLOAT } }
+    graph = _field(1, node) + _field(2, b"g") + _field(11, b"\x0a\x01x" + fp32) + _field(12, b"\x0a\x01y" + fp32)
     doc = _field(6, b"z" * padding) if padding else b""
     return b"\x08\x08" + _field(8, b"\x10\x0d") + doc + _field(7, graph)
 

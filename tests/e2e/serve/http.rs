@@ -355,8 +355,6 @@ async fn mistyped_and_unsupported_parameters_are_refused_by_name() {
         (with(json!({"sequence_id": -1}), json!([])), "'sequence_id' must be an unsigned integer or a string"),
         (with(json!({"sequence_start": "yes"}), json!([])), "'sequence_start' must be a bool"),
         (with(json!({"sequence_end": 1}), json!([])), "'sequence_end' must be a bool"),
-        (with(json!({}), out0(json!({"classification": 2}))), "output 'OUTPUT0': classification is not supported"),
-        (with(json!({}), out0(json!({"class_count": 3}))), "output 'OUTPUT0': classification is not supported"),
         (with(json!({}), out0(json!({"classification": "x"}))), "'classification' of output 'OUTPUT0'"),
         (zero_batch, "batch-size must be at least 1"),
     ];
