@@ -53,12 +53,13 @@ pub fn decode(body: &Bytes, spec: &ModelSpec) -> Result<InferRequest> {
         }
         Some(size) => {
             let size = size as u64;
+            // Saturating: config dims may be large enough to overflow, and a saturated size
+            // simply never matches the body.
+            let bytes = |dims: &[i64]| dims.iter().filter(|d| **d >= 0).fold(size, |n, d| n.saturating_mul(*d as u64));
             if let Some(axis) = axis {
-                let per_row =
-                    shape.iter().filter(|d| **d >= 0).map(|d| *d as u64).product::<u64>().saturating_mul(size);
-                shape[axis] = (body.len() as u64).checked_div(per_row).unwrap_or(0) as i64;
+                shape[axis] = (body.len() as u64).checked_div(bytes(&shape)).unwrap_or(0) as i64;
             }
-            let expected = shape.iter().map(|d| *d as u64).product::<u64>().saturating_mul(size);
+            let expected = bytes(&shape);
             if expected != body.len() as u64 {
                 return Err(Error::invalid(format!(
                     "input byte size mismatch for input '{name}' for model '{}'. Expected {expected}, got {}",
@@ -140,6 +141,14 @@ mod tests {
             err(&spec(DataType::Int32, &[2], 0), b"abc"),
             "input byte size mismatch for input 'x' for model 'm'. Expected 8, got 3"
         );
+    }
+
+    #[test]
+    fn dims_too_large_to_multiply_are_a_mismatch_not_a_panic() {
+        let e = decode(&Bytes::from_static(b"abcd"), &spec(DataType::Fp32, &[i64::MAX, i64::MAX, -1], 8))
+            .expect_err("refused")
+            .message;
+        assert!(e.contains("input byte size mismatch for input 'x'"), "{e}");
     }
 
     #[test]
