@@ -129,7 +129,8 @@ describe('console writes', () => {
     await p.getByText('New deployment').click();
     await form.getByLabel('Model').selectOption(model);
     await form.getByLabel('Follows').selectOption('alias');
-    expect(await form.getByLabel('Alias', { exact: true }).inputValue()).toBe('production');
+    // The model's aliases load after it is picked; the field fills in when they arrive.
+    await expect.poll(() => form.getByLabel('Alias', { exact: true }).inputValue()).toBe('production');
     expected = /409|Conflict/;
     await form.getByLabel('Name', { exact: true }).fill('simple');
     await form.getByRole('button', { name: 'Deploy' }).click();
