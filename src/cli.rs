@@ -265,16 +265,10 @@ impl ServeArgs {
     }
 }
 
-/// Sets up `tracing` output, filtered by `RUST_LOG` (else `default_filter`).
+/// Sets up `tracing` output, filtered by `RUST_LOG` (else `default_filter`), with the switches
+/// Triton's logging extension changes at run time.
 pub fn init_logging(format: LogFormat, default_filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
+    tessera_data_plane::logging::init(matches!(format, LogFormat::Json), default_filter);
 }
 
 /// Runs the chosen subcommand.

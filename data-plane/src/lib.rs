@@ -12,6 +12,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gateway;
+pub mod logging;
 pub mod runner;
 pub mod serve;
 pub mod tools;

@@ -2,6 +2,7 @@
 
 // `pub(crate)` for `crate::fuzzing`, which hands the request conversion to the fuzz targets.
 pub(crate) mod convert;
+mod logging;
 pub mod serve;
 mod socket;
 
@@ -347,8 +348,10 @@ impl GrpcInferenceService for InferenceService {
         unimplemented("trace settings")
     }
 
-    async fn log_settings(&self, _: Request<LogSettingsRequest>) -> GrpcResult<LogSettingsResponse> {
-        unimplemented("log settings")
+    async fn log_settings(&self, req: Request<LogSettingsRequest>) -> GrpcResult<LogSettingsResponse> {
+        // The whole process's settings: with authentication on, a platform admin's.
+        self.caller(&req, Role::PlatformAdmin).await?;
+        Ok(Response::new(logging::log_settings(req.into_inner())?))
     }
 }
 

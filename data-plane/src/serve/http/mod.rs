@@ -6,6 +6,7 @@ mod caller;
 pub(crate) mod codec;
 mod encoding;
 mod handlers;
+mod logging;
 mod nonfinite;
 mod raw;
 mod serve;
@@ -21,6 +22,7 @@ use axum::routing::{get, post};
 use bytes::Bytes;
 pub use caller::Caller;
 use handlers::*;
+use logging::*;
 pub use serve::serve;
 use shared_memory::*;
 use url_path::UrlPath;
@@ -151,6 +153,11 @@ pub fn router(state: Arc<ServerState>) -> Router {
             post(|State(s): S, c: Caller, UrlPath(r): UrlPath<String>| async move {
                 handle_cuda_shm_unregister(&s, c, Some(r)).await
             }),
+        )
+        .route(
+            "/v2/logging",
+            get(handle_log_settings)
+                .post(|State(s): S, c: Caller, b: Body| async move { handle_update_log_settings(&s, c, b).await }),
         )
         .route("/v2/repository/index", post(handle_repository_index))
         .route("/v2/repository/models/{model}/load", post(handle_repository_load))

@@ -153,3 +153,17 @@ async fn statistics_are_for_any_key_of_the_tenant_and_show_only_its_models() {
     let one = get(&router, "/v2/models/add_sub/versions/1/stats", Some(A_VIEWER)).await;
     assert_eq!(names(&one), [("add_sub".to_string(), "1".to_string())]);
 }
+
+#[tokio::test]
+async fn log_settings_are_a_platform_admins_whatever_the_tenant_role() {
+    let (state, _dir) = tenant_state().await;
+    let router = router(state);
+    assert_eq!(get(&router, "/v2/logging", None).await.status, StatusCode::UNAUTHORIZED);
+    for key in [A_INFERENCE, A_VIEWER, B_DEPLOYER] {
+        let read = get(&router, "/v2/logging", Some(key)).await;
+        assert_eq!(read.status, StatusCode::FORBIDDEN, "{key}");
+        let change = call(&router, Method::POST, "/v2/logging", Some(key), Some(json!({"log_info": false}))).await;
+        assert_eq!(change.status, StatusCode::FORBIDDEN, "{key}");
+        assert!(change.body["error"].as_str().is_some_and(|m| m.contains("platform")), "{}", change.body);
+    }
+}
