@@ -451,10 +451,12 @@ mod tests {
         let routes = Routes::from_table(&table(replicas.clone(), weights.clone()), &Routes::default());
         let m = model(&routes);
         let now = Instant::now();
-        let key_of = |n: u64| crate::gateway::sticky::sequence_key("t", "m", &crate::gateway::sticky::SequenceId::Num(n));
+        let key_of =
+            |n: u64| crate::gateway::sticky::sequence_key("t", "m", &crate::gateway::sticky::SequenceId::Num(n));
         let mut owners = HashMap::new();
         for n in 1..=200u64 {
-            let first = m.pick_for(None, &[], now, random(), Some(key_of(n))).expect("a replica").upstream.worker_id.clone();
+            let first =
+                m.pick_for(None, &[], now, random(), Some(key_of(n))).expect("a replica").upstream.worker_id.clone();
             for _ in 0..5 {
                 // Load and the random roll change nothing for a sequence.
                 let _busy = m.replicas[0].upstream.start();

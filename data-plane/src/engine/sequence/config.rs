@@ -158,7 +158,10 @@ impl SequenceConfig {
                     ));
                 }
                 let delay = Duration::from_micros(d.max_queue_delay_microseconds);
-                (Strategy::Direct { max_queue_delay: delay, minimum_slot_utilization: d.minimum_slot_utilization }, slots)
+                (
+                    Strategy::Direct { max_queue_delay: delay, minimum_slot_utilization: d.minimum_slot_utilization },
+                    slots,
+                )
             }
             Some(StrategyChoice::Oldest(o)) => {
                 let candidates = match usize::try_from(o.max_candidate_sequences) {
@@ -176,7 +179,9 @@ impl SequenceConfig {
             }
         };
         if capacity > MAX_SEQUENCES {
-            return Err(format!("sequence_batching would hold {capacity} sequences, above the limit of {MAX_SEQUENCES}"));
+            return Err(format!(
+                "sequence_batching would hold {capacity} sequences, above the limit of {MAX_SEQUENCES}"
+            ));
         }
         let idle = match sb.max_sequence_idle_microseconds {
             0 => DEFAULT_IDLE,
@@ -240,7 +245,8 @@ fn control_input(input: &inference::model_sequence_batching::ControlInput) -> Re
         Ok(Kind::ControlSequenceCorrid) => Signal::CorrId,
         Err(_) => return Err(format!("sequence_batching control_input '{name}' has an unknown kind {}", control.kind)),
     };
-    let encoding = if signal == Signal::CorrId { corrid_encoding(name, control)? } else { flag_encoding(name, control)? };
+    let encoding =
+        if signal == Signal::CorrId { corrid_encoding(name, control)? } else { flag_encoding(name, control)? };
     Ok(ControlInput { name: name.clone(), signal, encoding })
 }
 

@@ -5,10 +5,10 @@
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::Pending;
 use super::Shared;
 use super::config::{ControlInput, Encoding, SequenceConfig, Signal};
 use super::slots::{Row, SeqId};
-use super::Pending;
 use crate::engine::backend::onnx::OnnxSession;
 use crate::engine::model_spec::{ModelSpec, TensorSpec};
 use crate::engine::stats::{Execution, FailReason, nanos};
