@@ -205,12 +205,26 @@ async fn batcher_task(
     }
 }
 
-/// An instance thread: runs dispatched batches until the batcher stops.
+/// An instance thread: runs dispatched batches until the batcher stops. After each run it
+/// takes the next batch itself when the strategy says go now (the sequences it just answered
+/// may have their next requests queued already), so a busy instance never waits for the
+/// batcher task; when the strategy says wait, the batcher takes over.
 fn run_instance(mut session: OnnxSession, shared: &Shared, batches: &crossbeam_channel::Receiver<Dispatch>) {
     crate::engine::priority::apply_to_instance_thread();
-    while let Ok(Dispatch { rows, _permit: permit }) = batches.recv() {
-        run::run_batch(&mut session, shared, rows);
+    while let Ok(Dispatch { mut rows, _permit: permit }) = batches.recv() {
+        loop {
+            run::run_batch(&mut session, shared, rows);
+            let step = shared.sequences.lock().next_batch(Instant::now(), true);
+            for id in &step.expired {
+                tracing::info!(model = %shared.spec.name, sequence = %id, "sequence released after idling");
+            }
+            if step.batch.is_empty() {
+                break;
+            }
+            rows = step.batch;
+        }
         drop(permit);
+        // The batcher may have a batch to form (or a delay or an idle timeout to wait for).
         shared.notify.notify_one();
     }
 }
