@@ -391,7 +391,7 @@ def write_wrong_io(root: Path) -> None:
 # Stateful models for the sequence batcher (tests/python/test_sequence.py). The
 # graph keeps no state itself: the server feeds the previous step's state output
 # back as the state input (implicit state), and fills the control inputs.
-SEQUENCE_IDLE_US = 500_000
+SEQUENCE_IDLE_US = 2_000_000
 
 
 def onnx_simple_sequence() -> onnx.ModelProto:
