@@ -65,6 +65,11 @@ struct Dispatch {
 /// and the instances.
 pub struct SequenceBatcher {
     shared: Arc<Shared>,
+    /// One permit per instance; held from dispatch until the run ends.
+    permits: Arc<Semaphore>,
+    /// To the instance threads (for batches formed on the caller's task); the batcher task
+    /// holds the other sender.
+    batches: crossbeam_channel::Sender<Dispatch>,
     _stop: DropGuard,
 }
 
@@ -98,8 +103,8 @@ impl SequenceBatcher {
                 .map_err(|e| format!("failed to start an instance thread: {e}"))?;
         }
         let stop = CancellationToken::new();
-        runtime.spawn(batcher_task(shared.clone(), permits, batches, stop.clone()));
-        Ok(Self { shared, _stop: stop.drop_guard() })
+        runtime.spawn(batcher_task(shared.clone(), permits.clone(), batches.clone(), stop.clone()));
+        Ok(Self { shared, permits, batches, _stop: stop.drop_guard() })
     }
 
     /// Queues a checked request of a sequence and waits for its outputs.
@@ -122,8 +127,22 @@ impl SequenceBatcher {
                 return Err(Error::unavailable(format!("Exceeds maximum queue size for model '{model}'")));
             }
         }
+        self.dispatch_now();
         self.shared.notify.notify_one();
         answer.await.map_err(|_| Error::unavailable(format!("model '{model}' stopped before answering")))?
+    }
+
+    /// With an instance free, forms the batch the strategy allows now on the caller's task and
+    /// hands it over, sparing the hop through the batcher task (which the notify after this
+    /// still wakes for delays and idle timeouts).
+    fn dispatch_now(&self) {
+        let Ok(permit) = self.permits.clone().try_acquire_owned() else { return };
+        let step = self.shared.sequences.lock().next_batch(Instant::now(), true);
+        log_expired(&self.shared, &step.expired);
+        if !step.batch.is_empty() {
+            // Instances gone (unloading): the rows' answers drop with them, failing the callers.
+            let _ = self.batches.send(Dispatch { rows: step.batch, _permit: permit });
+        }
     }
 
     /// Requests waiting for their turn.
@@ -169,6 +188,12 @@ fn no_correlation_id(model: &str) -> Error {
     Error::invalid(format!("inference request to model '{model}' must specify a non-zero or non-empty correlation ID"))
 }
 
+fn log_expired(shared: &Shared, expired: &[SeqId]) {
+    for id in expired {
+        tracing::info!(model = %shared.spec.name, sequence = %id, "sequence released after idling");
+    }
+}
+
 /// Forms batches whenever an instance is free and the strategy says go, and releases idle
 /// sequences when their time is up.
 async fn batcher_task(
@@ -180,9 +205,7 @@ async fn batcher_task(
     loop {
         let permit = permits.clone().try_acquire_owned().ok();
         let step = shared.sequences.lock().next_batch(Instant::now(), permit.is_some());
-        for id in &step.expired {
-            tracing::info!(model = %shared.spec.name, sequence = %id, "sequence released after idling");
-        }
+        log_expired(&shared, &step.expired);
         if let Some(permit) = permit
             && !step.batch.is_empty()
         {
@@ -215,9 +238,7 @@ fn run_instance(mut session: OnnxSession, shared: &Shared, batches: &crossbeam_c
         loop {
             run::run_batch(&mut session, shared, rows);
             let step = shared.sequences.lock().next_batch(Instant::now(), true);
-            for id in &step.expired {
-                tracing::info!(model = %shared.spec.name, sequence = %id, "sequence released after idling");
-            }
+            log_expired(shared, &step.expired);
             if step.batch.is_empty() {
                 break;
             }
