@@ -75,6 +75,11 @@ MAX_BATCH = {"add_sub": 8, "mlp": 32, "large": 8}
 LARGE = 1 << 18
 # FP32 inputs per batch-1 sample, as tests/python/gen_models.py writes the models.
 INPUTS = {"add_sub": {"INPUT0": 16, "INPUT1": 16}, "mlp": {"INPUT0": 256}, "large": {"INPUT0": LARGE}}
+# INT32 inputs per sample: simple_sequence, Triton's accumulator example (a stateful model that
+# perf_analyzer drives as sequences: one live sequence per concurrent request slot, START on the
+# first request and END on the last of each, --sequence-length requests long).
+INT_INPUTS = {"simple_sequence": {"INPUT": 1}}
+SEQUENCE_LENGTH = 20
 
 T0 = time.monotonic()
 
@@ -114,9 +119,13 @@ SCENARIOS = [
     # One at a time: perf_analyzer 2.60 over HTTP at concurrency 4 with 1 MiB tensors grew past
     # 23 GiB here and was killed by the kernel.
     Scenario("1 MiB c1", "large", 1, 1, ("full", "large")),
+    # The sequence batcher (direct strategy, implicit state): requests of one sequence run one
+    # after another, those of different sequences batch together.
+    Scenario("sequence c1", "simple_sequence", 1, 1, ("full", "sequence")),
+    Scenario("sequence c8", "simple_sequence", 1, 8, ("full", "sequence")),
 ]
 # Raw ONNX Runtime in-process: (model, batch) per suite.
-RAW = {"quick": [("mlp", 1)], "full": [("mlp", 1), ("mlp", 8), ("add_sub", 1)], "large": []}
+RAW = {"quick": [("mlp", 1)], "full": [("mlp", 1), ("mlp", 8), ("add_sub", 1)], "large": [], "sequence": []}
 PROTOCOLS = ("http", "grpc")
 
 
@@ -162,7 +171,7 @@ class Row:
 
 def write_repository(repo: Path, args) -> None:
     subprocess.run(
-        [sys.executable, str(GEN_MODELS), str(repo), "--only", "mlp", "add_sub", "identity_FP32"],
+        [sys.executable, str(GEN_MODELS), str(repo), "--only", "mlp", "add_sub", "identity_FP32", "simple_sequence"],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -183,6 +192,9 @@ def write_repository(repo: Path, args) -> None:
             extra.append(f"dynamic_batching {{{delay}}}")
         text = cfg.read_text()
         cfg.write_text(text.rstrip("\n") + "\n" + "\n".join(extra) + "\n")
+    # simple_sequence names its one instance itself; only the threads are the run's.
+    cfg = repo / "simple_sequence" / "config.pbtxt"
+    cfg.write_text(cfg.read_text() + f'parameters {{ key: "intra_op_thread_count" value {{ string_value: "{args.threads}" }} }}\n')
 
 
 def write_input_data(root: Path) -> None:
@@ -198,6 +210,11 @@ def write_input_data(root: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         for name, count in inputs.items():
             (folder / name).write_bytes(rng.uniform(-1.0, 1.0, count).astype("<f4").tobytes())
+    for model, inputs in INT_INPUTS.items():
+        folder = root / model
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, count in inputs.items():
+            (folder / name).write_bytes(rng.integers(-100, 100, count).astype("<i4").tobytes())
 
 
 # ---------------------------------------------------------------------------
@@ -440,6 +457,8 @@ def pa_command(args, url: str, proto: str, sc: Scenario, csv_path: Path, stabili
            "--input-data", str(csv_path.parent / "input-data" / sc.model),
            "--warmup-request-count", str(max(100, 20 * sc.concurrency)),
            "--stability-percentage", str(stability), "--max-trials", str(trials)]
+    if sc.model in INT_INPUTS:
+        cmd += ["--sequence-length", str(SEQUENCE_LENGTH)]
     if args.pa_mode == "time":
         cmd += ["--measurement-mode", "time_windows", "--measurement-interval", str(args.window_ms)]
     else:
@@ -630,7 +649,7 @@ def git_describe() -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", choices=("quick", "full", "large"), default="full",
+    ap.add_argument("--suite", choices=("quick", "full", "large", "sequence"), default="full",
                     help="quick: raw mlp b1 + tessera mlp c1/c4 over HTTP and gRPC; large: 1 MiB tensors "
                          "through an identity; full: everything (default)")
     ap.add_argument("--no-triton", action="store_true", help="leave Triton out of the full suite")
@@ -664,7 +683,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    use_triton = args.suite in ("full", "large") and not args.no_triton
+    use_triton = args.suite in ("full", "large", "sequence") and not args.no_triton
     if use_triton and not args.triton:
         print("compare.py: --triton LAUNCHER is needed for the full suite (or pass --no-triton)", file=sys.stderr)
         return 1

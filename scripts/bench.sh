@@ -4,7 +4,7 @@
 # same generated model repository, one server at a time. Prints one table on
 # stdout (aligned text, then the same as markdown); progress on stderr.
 #
-#   scripts/bench.sh [--suite quick|full] [--no-triton] [--no-build] [compare.py options]
+#   scripts/bench.sh [--suite quick|full|sequence] [--no-triton] [--no-build] [compare.py options]
 #   scripts/bench.sh --gateway [--no-build] [gateway.py options]
 #
 #   --suite quick   raw mlp batch 1; tessera only: mlp concurrency 1 and 4
@@ -13,6 +13,9 @@
 #                   Triton: add_sub c1, mlp c1/c4/c16, mlp -b 8 c8, over HTTP
 #                   and gRPC, each three times with the servers alternating
 #                   (about 8 minutes)
+#   --suite sequence  only the sequence batcher: simple_sequence (Triton's
+#                   accumulator example, implicit state) at concurrency 1 and
+#                   8 (8 live sequences of 20 requests), tessera and Triton
 #   --no-triton     full suite without Triton
 #   --no-build      use the existing release binary (no cargo build)
 #   --threads N     intra-op threads for raw ORT and every model instance (1)
@@ -50,7 +53,7 @@ gateway=0
 pass=()
 while (($#)); do
   case "$1" in
-    --suite) [[ $# -ge 2 ]] || die "--suite needs quick or full"; suite="$2"; pass+=("$1" "$2"); shift 2; continue ;;
+    --suite) [[ $# -ge 2 ]] || die "--suite needs quick, full or sequence"; suite="$2"; pass+=("$1" "$2"); shift 2; continue ;;
     --suite=*) suite="${1#--suite=}"; pass+=("$1") ;;
     --no-triton) triton=0; pass+=("$1") ;;
     --no-build) build=0 ;;
@@ -66,8 +69,8 @@ while (($#)); do
   esac
   shift
 done
-[[ "$suite" == quick || "$suite" == full ]] || die "--suite must be quick or full, not '$suite'"
-[[ "$suite" == full ]] || triton=0
+[[ "$suite" == quick || "$suite" == full || "$suite" == sequence ]] || die "--suite must be quick, full or sequence, not '$suite'"
+[[ "$suite" == full || "$suite" == sequence ]] || triton=0
 if ((gateway)); then
   # The suite and Triton flags belong to compare.py; gateway.py has neither.
   for a in ${pass[@]+"${pass[@]}"}; do

@@ -81,8 +81,13 @@ class TritonPythonModel:
         path = os.path.join(args["model_repository"], args["model_version"],
                             cfg.get("default_model_filename") or "model.onnx")
         self.sess = ort.InferenceSession(path, sess_options=opts, providers=["CPUExecutionProvider"])
-        self.inputs = [i["name"] for i in cfg["input"]]
-        self.outputs = [o["name"] for o in cfg["output"]]
+        # A sequence model's graph also takes the control and state inputs the sequence
+        # batcher fills, and gives the state outputs it keeps.
+        seq = cfg.get("sequence_batching") or {}
+        controls = [c["name"] for c in seq.get("control_input", [])]
+        states = seq.get("state", [])
+        self.inputs = [i["name"] for i in cfg["input"]] + controls + [s["input_name"] for s in states]
+        self.outputs = [o["name"] for o in cfg["output"]] + [s["output_name"] for s in states]
         self.batching = int(cfg.get("max_batch_size", 0)) > 0
 
     def execute(self, requests):

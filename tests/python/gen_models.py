@@ -388,6 +388,109 @@ def write_wrong_io(root: Path) -> None:
     _write(d / "1" / "model.onnx", onnx_add_const(1.0))
 
 
+# Stateful models for the sequence batcher (tests/python/test_sequence.py). The
+# graph keeps no state itself: the server feeds the previous step's state output
+# back as the state input (implicit state), and fills the control inputs.
+SEQUENCE_IDLE_US = 2_000_000
+
+
+def onnx_simple_sequence() -> onnx.ModelProto:
+    """Triton's ``simple_sequence`` accumulator: START resets, READY gates the update.
+
+    acc = START ? INPUT : ACC_IN + INPUT; ACC_OUT = READY ? acc : ACC_IN; OUTPUT = ACC_OUT.
+    """
+    shape = ["batch", 1]
+    i32 = lambda n: helper.make_tensor_value_info(n, TensorProto.INT32, shape)  # noqa: E731
+    zero = numpy_helper.from_array(np.zeros((1,), dtype=np.int32), "ZERO")
+    return _model(
+        [
+            helper.make_node("Add", ["ACC_IN", "INPUT"], ["SUM"]),
+            helper.make_node("Greater", ["START", "ZERO"], ["IS_START"]),
+            helper.make_node("Where", ["IS_START", "INPUT", "SUM"], ["ACC"]),
+            helper.make_node("Greater", ["READY", "ZERO"], ["IS_READY"]),
+            helper.make_node("Where", ["IS_READY", "ACC", "ACC_IN"], ["ACC_OUT"]),
+            helper.make_node("Identity", ["ACC_OUT"], ["OUTPUT"]),
+        ],
+        [i32("INPUT"), i32("START"), i32("READY"), i32("ACC_IN")],
+        [i32("OUTPUT"), i32("ACC_OUT")],
+        [zero],
+        name="simple_sequence",
+    )
+
+
+def write_simple_sequence(root: Path) -> None:
+    d = root / "simple_sequence"
+    extra = """
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+  state [ { input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+instance_group [ { kind: KIND_CPU count: 1 } ]
+"""
+    cfg = config_text("simple_sequence", 8, [("INPUT", "TYPE_INT32", [1])], [("OUTPUT", "TYPE_INT32", [1])], extra)
+    _write(d / "config.pbtxt", cfg)
+    _write(d / "1" / "model.onnx", onnx_simple_sequence())
+
+
+def onnx_sequence_oldest() -> onnx.ModelProto:
+    """A running total in implicit state, with END and CORRID echoed back.
+
+    OUTPUT = TOTAL_IN + INPUT = TOTAL_OUT; END_OUT = END; CORRID_OUT = CORRID.
+    """
+    shape = ["batch", 1]
+    return _model(
+        [
+            helper.make_node("Add", ["TOTAL_IN", "INPUT"], ["TOTAL_OUT"]),
+            helper.make_node("Identity", ["TOTAL_OUT"], ["OUTPUT"]),
+            helper.make_node("Identity", ["END"], ["END_OUT"]),
+            helper.make_node("Identity", ["CORRID"], ["CORRID_OUT"]),
+        ],
+        [
+            helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, shape),
+            helper.make_tensor_value_info("END", TensorProto.FLOAT, shape),
+            helper.make_tensor_value_info("CORRID", TensorProto.UINT64, shape),
+            helper.make_tensor_value_info("TOTAL_IN", TensorProto.FLOAT, shape),
+        ],
+        [
+            helper.make_tensor_value_info("OUTPUT", TensorProto.FLOAT, shape),
+            helper.make_tensor_value_info("END_OUT", TensorProto.FLOAT, shape),
+            helper.make_tensor_value_info("CORRID_OUT", TensorProto.UINT64, shape),
+            helper.make_tensor_value_info("TOTAL_OUT", TensorProto.FLOAT, shape),
+        ],
+        name="sequence_oldest",
+    )
+
+
+def write_sequence_oldest(root: Path) -> None:
+    d = root / "sequence_oldest"
+    extra = f"""
+sequence_batching {{
+  max_sequence_idle_microseconds: {SEQUENCE_IDLE_US}
+  oldest {{ max_candidate_sequences: 4 preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 2000 }}
+  control_input [
+    {{ name: "END" control [ {{ kind: CONTROL_SEQUENCE_END fp32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }} ] }}
+  ]
+  state [ {{ input_name: "TOTAL_IN" output_name: "TOTAL_OUT" data_type: TYPE_FP32 dims: [ 1 ]
+             initial_state [ {{ data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "zeros" }} ] }} ]
+}}
+instance_group [ {{ kind: KIND_CPU count: 2 }} ]
+"""
+    cfg = config_text(
+        "sequence_oldest",
+        4,
+        [("INPUT", "TYPE_FP32", [1])],
+        [("OUTPUT", "TYPE_FP32", [1]), ("END_OUT", "TYPE_FP32", [1]), ("CORRID_OUT", "TYPE_UINT64", [1])],
+        extra,
+    )
+    _write(d / "config.pbtxt", cfg)
+    _write(d / "1" / "model.onnx", onnx_sequence_oldest())
+
+
 IDENTITY_MODELS = [f"identity_{t}" for t in DTYPES]
 
 WRITERS: Dict[str, Callable[[Path], None]] = {
@@ -405,6 +508,8 @@ WRITERS: Dict[str, Callable[[Path], None]] = {
     "bad_config": write_bad_config,
     "bad_onnx": write_bad_onnx,
     "wrong_io": write_wrong_io,
+    "simple_sequence": write_simple_sequence,
+    "sequence_oldest": write_sequence_oldest,
 }
 
 BROKEN_MODELS = ("bad_config", "bad_onnx", "wrong_io")
@@ -623,6 +728,32 @@ def verify_model(root: Path, name: str) -> str:
         (y,) = _session(d / "1" / "model.onnx").run(None, {"INPUT0": x})
         _check(np.array_equal(y, x + LOAD_UNLOAD_ADD), "load_unload: expected x+10")
         return f"computes x+{LOAD_UNLOAD_ADD:g}"
+
+    if name == "simple_sequence":
+        cfg = parse_config(d / "config.pbtxt")
+        _check(cfg.HasField("sequence_batching"), "simple_sequence: sequence_batching")
+        sess = _session(d / "1" / "model.onnx")
+        col = lambda *v: np.array(v, dtype=np.int32).reshape(-1, 1)  # noqa: E731
+        out, acc = sess.run(
+            ["OUTPUT", "ACC_OUT"],
+            {"INPUT": col(5, 5, 5), "START": col(1, 0, 0), "READY": col(1, 1, 0), "ACC_IN": col(9, 9, 9)},
+        )
+        _check(np.array_equal(out, col(5, 14, 9)) and np.array_equal(acc, out), "simple_sequence: accumulator")
+        return "START resets, READY gates, ACC_OUT feeds ACC_IN"
+
+    if name == "sequence_oldest":
+        cfg = parse_config(d / "config.pbtxt")
+        _check(cfg.sequence_batching.HasField("oldest"), "sequence_oldest: oldest strategy")
+        sess = _session(d / "1" / "model.onnx")
+        feeds = {
+            "INPUT": np.array([[2.0]], dtype=np.float32),
+            "END": np.array([[1.0]], dtype=np.float32),
+            "CORRID": np.array([[77]], dtype=np.uint64),
+            "TOTAL_IN": np.array([[3.0]], dtype=np.float32),
+        }
+        out, end, corrid, total = sess.run(["OUTPUT", "END_OUT", "CORRID_OUT", "TOTAL_OUT"], feeds)
+        _check(out[0, 0] == 5.0 and total[0, 0] == 5.0 and end[0, 0] == 1.0 and corrid[0, 0] == 77, "sequence_oldest")
+        return "running total in state; END and CORRID echoed"
 
     raise AssertionError(f"no verifier for {name}")
 

@@ -15,6 +15,7 @@ pub mod model;
 pub mod model_spec;
 pub mod priority;
 pub mod repository;
+pub mod sequence;
 pub mod stats;
 pub mod tensor;
 pub mod warmup;

@@ -13,6 +13,8 @@ use crate::engine::classification::{self, Labels};
 use crate::engine::device::ExecutionTarget;
 use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
 use crate::engine::model_spec::{ModelIo, ModelSpec, complete_and_check};
+use crate::engine::sequence::SequenceBatcher;
+use crate::engine::sequence::config::SequenceConfig;
 use crate::engine::stats::{FailReason, ModelStats, nanos};
 use crate::engine::tensor::OutputTensor;
 use crate::engine::warmup;
@@ -40,6 +42,8 @@ pub struct LoadedModel {
 enum Execution {
     /// Queue, batcher and instances in this process.
     Local(Batcher),
+    /// A stateful model's sequence batcher and instances in this process.
+    Sequence(SequenceBatcher),
     /// A runner process hosting them.
     Runner(RemoteVersion),
 }
@@ -101,10 +105,19 @@ impl LoadedModel {
             );
         }
         let stats = Arc::new(ModelStats::default());
-        let batching = BatchingConfig::from_config(&spec.config)?;
-        let dynamic = batching.dynamic;
         let label = format!("{name}-v{version}");
-        let batcher = Batcher::start(spec.clone(), sessions, stats.clone(), batching, &label)?;
+        let model_root = model_dir.parent().unwrap_or(model_dir);
+        let (execution, dynamic) = match SequenceConfig::from_config(&spec.config, sessions.len(), model_root)? {
+            Some(sequences) => {
+                let batcher = SequenceBatcher::start(spec.clone(), sessions, stats.clone(), sequences, &label)?;
+                (Execution::Sequence(batcher), false)
+            }
+            None => {
+                let batching = BatchingConfig::from_config(&spec.config)?;
+                let dynamic = batching.dynamic;
+                (Execution::Local(Batcher::start(spec.clone(), sessions, stats.clone(), batching, &label)?), dynamic)
+            }
+        };
         providers.dedup();
         tracing::info!(
             model = name,
@@ -116,7 +129,7 @@ impl LoadedModel {
             dynamic_batching = dynamic,
             "model version loaded"
         );
-        Ok(Self { spec, version, stats, io, labels, execution: Execution::Local(batcher) })
+        Ok(Self { spec, version, stats, io, labels, execution })
     }
 
     /// A version a runner process loaded from `file`: its spec is completed here from the graph
@@ -156,7 +169,7 @@ impl LoadedModel {
         };
         let id = valid.id.clone();
         let mut outputs = match &self.execution {
-            Execution::Local(_) => self.run_valid(valid).await?,
+            Execution::Local(_) | Execution::Sequence(_) => self.run_valid(valid).await?,
             Execution::Runner(remote) => remote.infer(valid, &self.spec.name, &self.stats).await?,
         };
         if !classes.is_empty() {
@@ -171,6 +184,7 @@ impl LoadedModel {
         let started = Instant::now();
         let result = match &self.execution {
             Execution::Local(batcher) => batcher.submit(valid, started).await,
+            Execution::Sequence(batcher) => batcher.submit(valid, started).await,
             Execution::Runner(remote) => return remote.infer(valid, &self.spec.name, &self.stats).await,
         };
         if result.is_err() {
@@ -183,6 +197,7 @@ impl LoadedModel {
     pub fn pending(&self) -> usize {
         match &self.execution {
             Execution::Local(batcher) => batcher.pending(),
+            Execution::Sequence(batcher) => batcher.pending(),
             Execution::Runner(remote) => remote.pending(),
         }
     }

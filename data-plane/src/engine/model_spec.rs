@@ -102,6 +102,19 @@ pub fn complete_and_check(
     if config.max_batch_size < 0 {
         return Err(format!("max_batch_size must be >= 0, got {}", config.max_batch_size));
     }
+    // Control and state tensors are the sequence batcher's, not the client's.
+    let provided = crate::engine::sequence::config::provided_tensors(&config);
+    let client_io;
+    let io = if provided.is_empty() {
+        io
+    } else {
+        let keep = |t: &&IoInfo| !provided.contains(&t.name);
+        client_io = ModelIo {
+            inputs: io.inputs.iter().filter(keep).cloned().collect(),
+            outputs: io.outputs.iter().filter(keep).cloned().collect(),
+        };
+        &client_io
+    };
     autocomplete(&mut config, io);
     let batching = config.max_batch_size > 0;
     let inputs = config.input.iter().map(|i| check_input(i, io, batching)).collect::<Result<Vec<_>, _>>()?;
@@ -155,18 +168,15 @@ fn check_identity(config: &mut ModelConfig, model_name: &str) -> Result<(), Stri
 }
 
 /// Refuses what the config asks for that this server does not do, rather than serving the model
-/// without it: stateful sequences, decoupled responses and ensembles would all give wrong answers
-/// run as plain stateless requests, and a `reshape` would make requests' shapes mean something
+/// without it: decoupled responses and ensembles would give wrong answers run as plain
+/// requests, and a `reshape` would make requests' shapes mean something
 /// else than the client meant.
 fn check_supported(config: &ModelConfig) -> Result<(), String> {
     match &config.scheduling_choice {
-        Some(SchedulingChoice::SequenceBatching(_)) => {
-            return Err("sequence_batching (stateful models) is not supported by this server".into());
-        }
         Some(SchedulingChoice::EnsembleScheduling(_)) => {
             return Err("ensemble_scheduling is not supported by this server".into());
         }
-        Some(SchedulingChoice::DynamicBatching(_)) | None => {}
+        Some(SchedulingChoice::DynamicBatching(_) | SchedulingChoice::SequenceBatching(_)) | None => {}
     }
     if config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
         return Err("decoupled models (model_transaction_policy { decoupled: true }) are not supported".into());
@@ -440,7 +450,6 @@ mod tests {
             let err = complete_and_check(config, "m", &add_sub_io(), &host(2)).expect_err(text);
             assert!(err.contains(expect), "{text}: {err}");
         };
-        refused("max_batch_size: 8 sequence_batching { }", "sequence_batching");
         refused("max_batch_size: 8 model_transaction_policy { decoupled: true }", "decoupled");
         refused(
             "max_batch_size: 8 input [ { name: \"INPUT0\" data_type: TYPE_FP32 dims: [ 4, 4 ] reshape { shape: [ 16 ] } } ]",

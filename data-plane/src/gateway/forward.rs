@@ -126,12 +126,15 @@ pub struct Answer {
 
 /// Sends a request with `send` to a replica of `model` (of `version` when given), trying
 /// another replica when the rule above allows; `stale` tells an answer that says the worker
-/// does not hold the model.
+/// does not hold the model. A request of a sequence (`sequence`: its routing key) goes to the
+/// sequence's replica.
+#[allow(clippy::too_many_arguments)]
 pub async fn send<F, Fut>(
     gateway: &Gateway,
     model_name: &str,
     model: &ModelRoutes,
     version: Option<i64>,
+    sequence: Option<u64>,
     mut send: F,
     stale: fn(&Response<Incoming>) -> bool,
 ) -> Result<Answer, Error>
@@ -148,7 +151,7 @@ where
     let mut last_stale = None;
     let mut last_error = None;
     for _ in 0..MAX_ATTEMPTS {
-        let Some(replica) = model.pick(version, &tried, Instant::now(), random()) else { break };
+        let Some(replica) = model.pick_for(version, &tried, Instant::now(), random(), sequence) else { break };
         let upstream = &replica.upstream;
         tried.push(upstream.key());
         let in_flight = upstream.start();

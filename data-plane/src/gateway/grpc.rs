@@ -146,7 +146,8 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
         Ok(g.upstream.grpc.request(req))
     };
     let stale = |r: &http::Response<hyper::body::Incoming>| r.headers().get("grpc-status").is_some_and(|s| s == "5");
-    let answer = forward::send(g, &target.name, model, target.version, send, stale).await.map_err(failed)?;
+    let sequence = target.sequence.as_ref().map(|id| super::sticky::sequence_key(&tenant, &target.name, id));
+    let answer = forward::send(g, &target.name, model, target.version, sequence, send, stale).await.map_err(failed)?;
     let code =
         answer.response.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map_or("0", |c| code_label(c));
     g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "grpc", code, started.elapsed());
@@ -183,8 +184,10 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
     let prefix = prefix.freeze();
     let target = target_of(&prefix[..first_len], &parts.headers, g.max_request_bytes)?;
     let model = admission.model(&target.name)?;
+    // A stream is routed by its first request's sequence, if any: its later requests follow it.
+    let sequence = target.sequence.as_ref().map(|id| super::sticky::sequence_key(&admission.tenant, &target.name, id));
     let replica = model
-        .pick(target.version, &[], Instant::now(), super::routes::random())
+        .pick_for(target.version, &[], Instant::now(), super::routes::random(), sequence)
         .ok_or_else(|| Error::unavailable(format!("model '{}' has no ready replica", target.name)).retry_after(1))?;
     let upstream = replica.upstream.clone();
     let in_flight = upstream.start();
@@ -220,6 +223,8 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
 struct Target {
     name: String,
     version: Option<i64>,
+    /// The request's sequence id, which picks its replica.
+    sequence: Option<super::sticky::SequenceId>,
 }
 
 /// Reads the model name and version from a call's first message (decompressed as the
@@ -261,7 +266,7 @@ fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Result<Target,
                 Error::invalid(format!("version '{}' is not a positive integer", v.escape_default()))
             })?),
         };
-    Ok(Target { name, version })
+    Ok(Target { name, version, sequence: super::sticky::grpc_sequence_id(message) })
 }
 
 /// The first message of a gRPC body (after its 5-byte frame header), if whole.

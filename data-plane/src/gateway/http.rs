@@ -185,9 +185,11 @@ async fn forward(
         *upstream_request.headers_mut() = headers.clone();
         Ok(g.upstream.http.request(upstream_request))
     };
-    let answer = forward::send(g, &target.name, model, target.version, send, |r| r.status() == StatusCode::NOT_FOUND)
-        .await
-        .map_err(with_tenant)?;
+    let sequence = super::sticky::http_sequence_id(&parts.headers, &body)
+        .map(|id| super::sticky::sequence_key(&tenant, &target.name, &id));
+    let not_held = |r: &http::Response<hyper::body::Incoming>| r.status() == StatusCode::NOT_FOUND;
+    let answer =
+        forward::send(g, &target.name, model, target.version, sequence, send, not_held).await.map_err(with_tenant)?;
     let status = answer.response.status();
     g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "http", status.as_str(), started.elapsed());
     let (mut head, incoming) = answer.response.into_parts();

@@ -14,6 +14,7 @@ pub mod http;
 pub mod limits;
 pub mod metrics;
 pub mod routes;
+pub mod sticky;
 pub mod watch;
 
 use std::collections::HashMap;

@@ -223,6 +223,22 @@ impl ModelRoutes {
     /// is left. Among the candidates, the less loaded of two random ones (power of two
     /// choices). `roll` is a uniform random number; `tried` holds [`Upstream::key`]s.
     pub fn pick(&self, version: Option<i64>, tried: &[usize], now: Instant, roll: u64) -> Option<&Replica> {
+        self.pick_for(version, tried, now, roll, None)
+    }
+
+    /// [`Self::pick`], except that a request of a sequence (`sequence`: its
+    /// [`super::sticky::sequence_key`]) goes to the candidate with the highest rendezvous score,
+    /// so all its requests reach the replica holding its state; its version draw uses the key
+    /// too, so a canary split keeps a sequence on one version.
+    pub fn pick_for(
+        &self,
+        version: Option<i64>,
+        tried: &[usize],
+        now: Instant,
+        roll: u64,
+        sequence: Option<u64>,
+    ) -> Option<&Replica> {
+        let roll = sequence.unwrap_or(roll);
         let untried = |r: &&Replica| !tried.contains(&r.upstream.key());
         let candidates: Vec<&Replica> = match version {
             Some(v) => self.replicas.iter().filter(|r| r.version == v).filter(untried).collect(),
@@ -236,6 +252,10 @@ impl ModelRoutes {
         };
         let healthy: Vec<&Replica> = candidates.iter().copied().filter(|r| !r.upstream.is_ejected(now)).collect();
         let pool = if healthy.is_empty() { candidates } else { healthy };
+        if let Some(key) = sequence {
+            let score = |r: &&Replica| super::sticky::score(key, &r.upstream.worker_id, &r.upstream.http);
+            return pool.into_iter().max_by_key(score);
+        }
         match pool.len() {
             0 => None,
             1 => Some(pool[0]),
@@ -422,5 +442,41 @@ mod tests {
         assert!(Arc::ptr_eq(&first.tenants["t1"].limiter, &second.tenants["t1"].limiter));
         assert_eq!(a.http, "http://a:8000");
         assert_eq!(a.grpc, "http://a:8001");
+    }
+
+    #[test]
+    fn a_sequence_sticks_to_one_replica_and_moves_only_when_it_leaves() {
+        let replicas: Vec<RouteReplica> = ["a", "b", "c", "d"].iter().map(|w| replica(w, 1, true)).collect();
+        let weights = vec![VersionWeight { version: 1, weight: 100 }];
+        let routes = Routes::from_table(&table(replicas.clone(), weights.clone()), &Routes::default());
+        let m = model(&routes);
+        let now = Instant::now();
+        let key_of =
+            |n: u64| crate::gateway::sticky::sequence_key("t", "m", &crate::gateway::sticky::SequenceId::Num(n));
+        let mut owners = HashMap::new();
+        for n in 1..=200u64 {
+            let first =
+                m.pick_for(None, &[], now, random(), Some(key_of(n))).expect("a replica").upstream.worker_id.clone();
+            for _ in 0..5 {
+                // Load and the random roll change nothing for a sequence.
+                let _busy = m.replicas[0].upstream.start();
+                let again = m.pick_for(None, &[], now, random(), Some(key_of(n))).expect("a replica");
+                assert_eq!(again.upstream.worker_id, first, "sequence {n}");
+            }
+            owners.insert(n, first);
+        }
+        let spread: std::collections::HashSet<&String> = owners.values().collect();
+        assert_eq!(spread.len(), 4, "sequences spread over every replica");
+        // Replica `b` leaves: only its sequences move; a new gateway table agrees with this one.
+        let without_b: Vec<RouteReplica> = replicas.into_iter().filter(|r| r.worker_id != "b").collect();
+        let after = Routes::from_table(&table(without_b, weights), &Routes::default());
+        for (n, owner) in &owners {
+            let now_owner = model(&after).pick_for(None, &[], now, random(), Some(key_of(*n))).expect("a replica");
+            if owner != "b" {
+                assert_eq!(&now_owner.upstream.worker_id, owner, "sequence {n} stays");
+            } else {
+                assert_ne!(now_owner.upstream.worker_id, "b");
+            }
+        }
     }
 }

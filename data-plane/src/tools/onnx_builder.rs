@@ -226,6 +226,38 @@ pub fn busy(copies: i64, rounds: usize) -> Vec<u8> {
     model(GraphProto { name: "busy".into(), node: nodes, input: vec![t("INPUT0")], output: vec![t("OUTPUT0")] })
 }
 
+/// A stateful accumulator for the sequence batcher (INT32, shape `[-1, 1]` throughout): the
+/// server feeds `START` and `READY` controls (`int32_false_true: [0, 1]`) and the implicit
+/// state `ACC_IN` (the previous request's `ACC_OUT`); `ACC_OUT = ACC_IN * (READY - START) +
+/// INPUT`, so a START begins from `INPUT`, and `OUTPUT = ACC_OUT`.
+pub fn accumulator() -> Vec<u8> {
+    let t = |n: &str| value(n, INT32, &[-1, 1]);
+    model(GraphProto {
+        name: "accumulator".into(),
+        node: vec![
+            node("Sub", &["READY", "START"], "keep"),
+            node("Mul", &["ACC_IN", "keep"], "kept"),
+            node("Add", &["kept", "INPUT"], "ACC_OUT"),
+            node("Identity", &["ACC_OUT"], "OUTPUT"),
+        ],
+        input: vec![t("INPUT"), t("START"), t("READY"), t("ACC_IN")],
+        output: vec![t("OUTPUT"), t("ACC_OUT")],
+    })
+}
+
+/// The config that goes with [`accumulator`].
+pub const ACCUMULATOR_CONFIG: &str = r#"max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+  ]
+  state [ { input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+}
+"#;
+
 /// `OUTPUT0 = INPUT0` for one element type, shape `[-1, -1]`.
 pub fn identity(elem_type: i32) -> Vec<u8> {
     model(GraphProto {

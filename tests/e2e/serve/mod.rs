@@ -8,6 +8,7 @@ mod gpu;
 mod grpc;
 mod http;
 mod runner;
+mod sequence;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
