@@ -29,8 +29,10 @@ use crate::serve::tenant_gate::TenantGate;
 
 /// Every extension this server may list in server metadata; the shared-memory ones last, so
 /// each set below is a prefix.
-const ALL_EXTENSIONS: [&str; 9] = [
+const ALL_EXTENSIONS: [&str; 11] = [
     "classification",
+    "sequence",
+    "sequence(string_id)",
     "binary_tensor_data",
     "parameters",
     "model_repository",
@@ -41,9 +43,9 @@ const ALL_EXTENSIONS: [&str; 9] = [
     "cuda_shared_memory",
 ];
 /// Extensions this server implements, as listed in server metadata.
-pub const EXTENSIONS: &[&str] = ALL_EXTENSIONS.split_at(7).0;
+pub const EXTENSIONS: &[&str] = ALL_EXTENSIONS.split_at(9).0;
 /// [`EXTENSIONS`] with system shared memory, when clients may use it.
-const EXTENSIONS_WITH_SHM: &[&str] = ALL_EXTENSIONS.split_at(8).0;
+const EXTENSIONS_WITH_SHM: &[&str] = ALL_EXTENSIONS.split_at(10).0;
 /// [`EXTENSIONS_WITH_SHM`] with CUDA shared memory, when the CUDA driver is here too.
 const EXTENSIONS_WITH_CUDA_SHM: &[&str] = &ALL_EXTENSIONS;
 
