@@ -67,11 +67,18 @@ pub struct Signals {
     /// Bumped by the scheduler after it changed assignments; every agent session watches it
     /// and re-reads its worker's generation. Never closed while the app lives.
     assignments: tokio::sync::watch::Sender<u64>,
+    /// Notified when deliveries were queued for now (a ping, a replay); the webhook
+    /// dispatcher waits on it besides its poll interval.
+    webhooks: tokio::sync::Notify,
 }
 
 impl Default for Signals {
     fn default() -> Self {
-        Signals { scheduler: tokio::sync::Notify::new(), assignments: tokio::sync::watch::Sender::new(0) }
+        Signals {
+            scheduler: tokio::sync::Notify::new(),
+            assignments: tokio::sync::watch::Sender::new(0),
+            webhooks: tokio::sync::Notify::new(),
+        }
     }
 }
 
@@ -84,6 +91,16 @@ impl Signals {
     /// Waits for [`Signals::wake_scheduler`].
     pub async fn scheduler_woken(&self) {
         self.scheduler.notified().await;
+    }
+
+    /// Asks the webhook dispatcher to look for due deliveries now.
+    pub fn wake_webhooks(&self) {
+        self.webhooks.notify_one();
+    }
+
+    /// Waits for [`Signals::wake_webhooks`].
+    pub async fn webhooks_woken(&self) {
+        self.webhooks.notified().await;
     }
 
     /// Tells agent sessions that assignments changed.
