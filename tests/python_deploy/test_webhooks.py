@@ -15,7 +15,7 @@ from typing import Dict, List
 
 import pytest
 
-from conftest import ApiError, marker_model, wait_until
+from conftest import ApiError, free_port, marker_model, wait_until
 
 TOLERANCE_S = 300
 
@@ -184,6 +184,25 @@ def test_webhooks_are_signed_retried_replayed_and_refused_on_loopback_without_th
     with pytest.raises(ApiError) as hidden:
         cluster.api("GET", f"{hooks}/{main_id}", other)
     assert hidden.value.status == 404
+    # Nothing is lost across a control-plane kill: a delivery that could not reach its receiver
+    # stays queued in the database and goes out from the restarted control plane.
+    dead = f"http://127.0.0.1:{free_port()}/durable"
+    durable = cluster.api("POST", hooks, admin, {"url": dead, "events": ["alias.moved"]}, expect=201)["webhook"]
+    cluster.api("PUT", "/v1/tenants/acme/models/marker/aliases/staging", admin, {"version": 1})
+
+    def failed_once():
+        ds = cluster.api("GET", f"{hooks}/{durable['id']}/deliveries", admin)["deliveries"]
+        return ds[0] if ds and ds[0]["attempts"] >= 1 else None
+
+    queued = wait_until(failed_once, 30, "a delivery to a dead receiver failed")
+    assert queued["status"] == "pending" and "connect" in queued["last_error"], queued
+    cluster.cp.kill()
+    cluster.start_control_plane()
+    cluster.api("PATCH", f"{hooks}/{durable['id']}", admin, {"url": f"{receiver.url}/durable"})
+    wait_until(lambda: receiver.on("/durable", "alias.moved"), 60, "the queued delivery sent after the restart")
+    got = receiver.on("/durable", "alias.moved")[0]
+    assert got["headers"]["tessera-delivery"] == queued["id"] and got["json"]["data"]["alias"] == "staging"
+
     # Without the allowance again, the hook's next delivery is refused at send time.
     cluster.api("PUT", "/v1/tenants/acme/webhook-settings", cluster.admin_key, {"allow_private_targets": False})
     cluster.api("POST", f"{hooks}/{main_id}/ping", admin, expect=202)

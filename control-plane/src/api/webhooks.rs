@@ -227,15 +227,24 @@ async fn check_url(app: &App, tenant_id: Uuid, url: &str) -> Result<String> {
     if url.len() > 2000 {
         return Err(Error::invalid("url", "url must be at most 2000 characters"));
     }
-    let allow = app.config.webhooks_allow_private || app.registry.conn().await?.webhooks_allow_private(tenant_id).await?;
+    let allow =
+        app.config.webhooks_allow_private || app.registry.conn().await?.webhooks_allow_private(tenant_id).await?;
     let target = ssrf::parse_target("url", url, allow)?;
     ssrf::resolve("url", &target, allow).await?;
     Ok(target.url.to_string())
 }
 
-async fn hook_for(app: &App, caller: &Caller, tenant: &str, id: &str, needed: Role, action: &'static str) -> Result<(TenantRef, WebhookRow)> {
+async fn hook_for(
+    app: &App,
+    caller: &Caller,
+    tenant: &str,
+    id: &str,
+    needed: Role,
+    action: &'static str,
+) -> Result<(TenantRef, WebhookRow)> {
     let t = app.tenant_for(&caller.principal, tenant, needed, action).await?;
-    let hook = app.registry.conn().await?.webhook(t.id, parse_id("webhook", id)?).await?.ok_or(Error::NotFound("webhook"))?;
+    let hook =
+        app.registry.conn().await?.webhook(t.id, parse_id("webhook", id)?).await?.ok_or(Error::NotFound("webhook"))?;
     Ok((t, hook))
 }
 

@@ -60,7 +60,8 @@ pub use tenants::TenantRow;
 pub use usage::{HOUR, MINUTE, UsageFilter, UsageRecordRow, UsageStored, UsageTotalsRow, add_counts, hour_key};
 pub use users::{NewUser, UserRow};
 pub use webhooks::{
-    AttemptOutcome, DeliveryRow, DueDeliveryRow, MAX_WEBHOOKS_PER_TENANT, NewWebhook, WebhookPatch, WebhookRow, event_body,
+    AttemptOutcome, DeliveryRow, DueDeliveryRow, MAX_WEBHOOKS_PER_TENANT, NewWebhook, WebhookPatch, WebhookRow,
+    event_body,
 };
 pub use workers::{AssignmentRow, ChangedReplica, NewWorker, ReportedState, SliceRecord, WorkerRow};
 

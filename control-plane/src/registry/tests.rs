@@ -1004,7 +1004,11 @@ async fn webhook_events_are_queued_with_their_change_and_only_to_subscribers() {
         let b = tenant(&r, "b", QuotaLimits::default()).await;
         let aliases = r.create_webhook(&actor(), a, hook("https://a.example/h", &[E::AliasMoved])).await.unwrap();
         let all = r
-            .create_webhook(&actor(), a, hook("https://a.example/all", &[E::AliasMoved, E::VersionUploaded, E::DeploymentCreated]))
+            .create_webhook(
+                &actor(),
+                a,
+                hook("https://a.example/all", &[E::AliasMoved, E::VersionUploaded, E::DeploymentCreated]),
+            )
             .await
             .unwrap();
         let other = r.create_webhook(&actor(), b, hook("https://b.example/h", &[E::AliasMoved])).await.unwrap();
@@ -1025,7 +1029,10 @@ async fn webhook_events_are_queued_with_their_change_and_only_to_subscribers() {
         assert!(c.webhook_deliveries(b, aliases.id, None, None, 50).await.unwrap().is_empty(), "scoped by tenant");
         let body: serde_json::Value = serde_json::from_str(&to_aliases[0].payload).unwrap();
         assert_eq!(body["type"], "alias.moved");
-        assert_eq!(body["data"], serde_json::json!({"model": "m", "alias": "prod", "version": 1, "previous_version": null}));
+        assert_eq!(
+            body["data"],
+            serde_json::json!({"model": "m", "alias": "prod", "version": 1, "previous_version": null})
+        );
         let created: serde_json::Value = serde_json::from_str(&to_all[0].payload).unwrap();
         assert_eq!((created["data"]["deployment"].as_str(), created["data"]["model"].as_str()), (Some("d"), Some("m")));
 
@@ -1059,7 +1066,10 @@ async fn webhook_events_are_queued_with_their_change_and_only_to_subscribers() {
         // A replay is a new delivery of the same event; a ping reaches a hook that did not
         // subscribe to anything like it; disabled hooks get nothing new.
         let replay = r.replay_webhook_delivery(&actor(), a, aliases.id, first.id).await.unwrap();
-        assert_eq!((replay.event_id, replay.replay_of, replay.status.as_str()), (first.event_id, Some(first.id), "pending"));
+        assert_eq!(
+            (replay.event_id, replay.replay_of, replay.status.as_str()),
+            (first.event_id, Some(first.id), "pending")
+        );
         assert!(r.replay_webhook_delivery(&actor(), b, aliases.id, first.id).await.is_err(), "other tenant");
         let ping = r.ping_webhook(&actor(), a, aliases.id).await.unwrap();
         assert_eq!(ping.event_type, "ping");
@@ -1067,7 +1077,11 @@ async fn webhook_events_are_queued_with_their_change_and_only_to_subscribers() {
         r.update_webhook(&actor(), a, aliases.id, patch).await.unwrap();
         r.set_alias(&actor(), &m, &name("staging"), 1).await.unwrap();
         let mut c = r.conn().await.unwrap();
-        assert_eq!(c.webhook_deliveries(a, aliases.id, None, None, 50).await.unwrap().len(), 3, "disabled: nothing new");
+        assert_eq!(
+            c.webhook_deliveries(a, aliases.id, None, None, 50).await.unwrap().len(),
+            3,
+            "disabled: nothing new"
+        );
         assert!(c.due_webhook_deliveries(now(), 50).await.unwrap().iter().all(|d| d.webhook_id != aliases.id));
         drop(c);
 
@@ -1082,7 +1096,15 @@ async fn webhook_events_are_queued_with_their_change_and_only_to_subscribers() {
         assert!(c.webhook_deliveries(a, aliases.id, None, None, 50).await.unwrap().is_empty());
         let actions: Vec<String> =
             c.audit_events(a, &AuditFilter::default(), 100).await.unwrap().into_iter().map(|e| e.action).collect();
-        for action in ["webhook.create", "webhook.update", "webhook.delete", "webhook.secret.rotate", "webhook.delivery.replay", "webhook.ping", "webhook_settings.update"] {
+        for action in [
+            "webhook.create",
+            "webhook.update",
+            "webhook.delete",
+            "webhook.secret.rotate",
+            "webhook.delivery.replay",
+            "webhook.ping",
+            "webhook_settings.update",
+        ] {
             assert!(actions.iter().any(|a| a == action), "{action} audited");
         }
     })

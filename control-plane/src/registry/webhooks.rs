@@ -45,7 +45,11 @@ pub struct WebhookRow {
 impl std::fmt::Debug for WebhookRow {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the secret.
-        f.debug_struct("WebhookRow").field("id", &self.id).field("url", &self.url).field("events", &self.events).finish()
+        f.debug_struct("WebhookRow")
+            .field("id", &self.id)
+            .field("url", &self.url)
+            .field("events", &self.events)
+            .finish()
     }
 }
 
@@ -358,7 +362,9 @@ impl Conn {
         .bind(at)
         .bind(replay_of)
         .execute(c))?;
-        self.webhook_delivery(tenant_id, webhook_id, id).await?.ok_or_else(|| Error::Internal("delivery vanished".into()))
+        self.webhook_delivery(tenant_id, webhook_id, id)
+            .await?
+            .ok_or_else(|| Error::Internal("delivery vanished".into()))
     }
 
     /// A page of a hook's deliveries, newest first: at most `limit` older than `before_seq`,
@@ -384,7 +390,12 @@ impl Conn {
     }
 
     /// One delivery of a hook.
-    pub async fn webhook_delivery(&mut self, tenant_id: Uuid, webhook_id: Uuid, id: Uuid) -> Result<Option<DeliveryRow>> {
+    pub async fn webhook_delivery(
+        &mut self,
+        tenant_id: Uuid,
+        webhook_id: Uuid,
+        id: Uuid,
+    ) -> Result<Option<DeliveryRow>> {
         on_conn!(self, "webhook_delivery.get", |c| sqlx::query_as::<_, DeliveryRow>(select_deliveries!(
             "WHERE tenant_id = $1 AND webhook_id = $2 AND id = $3"
         ))
@@ -455,12 +466,25 @@ pub fn event_body(event_id: Uuid, tenant_id: Uuid, kind: WebhookEventType, at: O
         .to_string()
 }
 
-fn audit(tenant_id: Uuid, action: AuditAction, resource_id: String, before: Option<Value>, after: Option<Value>) -> NewAuditEvent {
+fn audit(
+    tenant_id: Uuid,
+    action: AuditAction,
+    resource_id: String,
+    before: Option<Value>,
+    after: Option<Value>,
+) -> NewAuditEvent {
     let resource_type = match action {
         AuditAction::WebhookSettingsUpdate => AuditResourceType::WebhookSettings,
         _ => AuditResourceType::Webhook,
     };
-    NewAuditEvent { tenant_id, action: action.as_str(), resource_type: resource_type.as_str(), resource_id, before, after }
+    NewAuditEvent {
+        tenant_id,
+        action: action.as_str(),
+        resource_type: resource_type.as_str(),
+        resource_id,
+        before,
+        after,
+    }
 }
 
 impl Registry {
@@ -498,14 +522,23 @@ impl Registry {
         .bind(row.enabled)
         .bind(row.created_at)
         .execute(c))?;
-        tx.append_audit(actor, audit(tenant_id, AuditAction::WebhookCreate, row.id.to_string(), None, Some(row.summary())))
-            .await?;
+        tx.append_audit(
+            actor,
+            audit(tenant_id, AuditAction::WebhookCreate, row.id.to_string(), None, Some(row.summary())),
+        )
+        .await?;
         tx.commit().await?;
         Ok(row)
     }
 
     /// Changes a hook.
-    pub async fn update_webhook(&self, actor: &Actor, tenant_id: Uuid, id: Uuid, patch: WebhookPatch) -> Result<WebhookRow> {
+    pub async fn update_webhook(
+        &self,
+        actor: &Actor,
+        tenant_id: Uuid,
+        id: Uuid,
+        patch: WebhookPatch,
+    ) -> Result<WebhookRow> {
         let mut tx = self.begin().await?;
         let before = tx.webhook(tenant_id, id).await?.ok_or(Error::NotFound("webhook"))?;
         let mut row = before.clone();
@@ -523,14 +556,21 @@ impl Registry {
         }
         row.updated_at = now();
         tx.update_webhook_row(&row).await?;
-        let event = audit(tenant_id, AuditAction::WebhookUpdate, id.to_string(), Some(before.summary()), Some(row.summary()));
+        let event =
+            audit(tenant_id, AuditAction::WebhookUpdate, id.to_string(), Some(before.summary()), Some(row.summary()));
         tx.append_audit(actor, event).await?;
         tx.commit().await?;
         Ok(row)
     }
 
     /// Replaces a hook's secret; deliveries from now on are signed with `secret`.
-    pub async fn rotate_webhook_secret(&self, actor: &Actor, tenant_id: Uuid, id: Uuid, secret: String) -> Result<WebhookRow> {
+    pub async fn rotate_webhook_secret(
+        &self,
+        actor: &Actor,
+        tenant_id: Uuid,
+        id: Uuid,
+        secret: String,
+    ) -> Result<WebhookRow> {
         let mut tx = self.begin().await?;
         let mut row = tx.webhook(tenant_id, id).await?.ok_or(Error::NotFound("webhook"))?;
         row.secret = secret;
@@ -555,8 +595,11 @@ impl Registry {
             .bind(tenant_id)
             .bind(id)
             .execute(c))?;
-        tx.append_audit(actor, audit(tenant_id, AuditAction::WebhookDelete, id.to_string(), Some(before.summary()), None))
-            .await?;
+        tx.append_audit(
+            actor,
+            audit(tenant_id, AuditAction::WebhookDelete, id.to_string(), Some(before.summary()), None),
+        )
+        .await?;
         tx.commit().await?;
         Ok(())
     }
@@ -574,8 +617,11 @@ impl Registry {
         let replay =
             tx.insert_delivery(tenant_id, webhook_id, d.event_id, &d.event_type, &d.payload, Some(d.id)).await?;
         let after = json!({ "webhook_id": webhook_id, "replay_of": d.id, "event_id": d.event_id });
-        tx.append_audit(actor, audit(tenant_id, AuditAction::WebhookDeliveryReplay, replay.id.to_string(), None, Some(after)))
-            .await?;
+        tx.append_audit(
+            actor,
+            audit(tenant_id, AuditAction::WebhookDeliveryReplay, replay.id.to_string(), None, Some(after)),
+        )
+        .await?;
         tx.commit().await?;
         Ok(replay)
     }

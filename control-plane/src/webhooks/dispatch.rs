@@ -28,6 +28,9 @@ const LEADER_LOCK: i64 = 0x7465_7373_0003;
 /// Most deliveries read per pass.
 const BATCH: i64 = 64;
 
+/// Most batches sent in one pass before waiting for the next tick.
+const MAX_BATCHES_PER_PASS: usize = 16;
+
 /// Most attempts in flight at once.
 const CONCURRENCY: usize = 8;
 
@@ -55,8 +58,9 @@ pub async fn run_dispatcher(app: Arc<App>, shutdown: CancellationToken) {
         if !leadership.check().await {
             continue;
         }
-        // A full batch means more may be due: go again at once.
-        loop {
+        // A full batch means more may be due: go again at once, a bounded number of times (a
+        // batch whose outcomes could not be recorded is read again).
+        for _ in 0..MAX_BATCHES_PER_PASS {
             match dispatch_due(&app, &tls).await {
                 Ok(n) if n as i64 == BATCH && !shutdown.is_cancelled() => continue,
                 Ok(_) => break,

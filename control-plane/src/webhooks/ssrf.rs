@@ -8,10 +8,14 @@
 //! for a tenant (or the server for all), which also allows plain http.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::time::Duration;
 
 use url::Url;
 
 use crate::error::{Error, Result};
+
+/// Longest a webhook host's name may take to resolve.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why an address is refused, or `None` when a webhook may reach it.
 pub fn refused_range(ip: IpAddr) -> Option<&'static str> {
@@ -80,7 +84,10 @@ pub fn parse_target(field: &str, raw: &str, allow_private: bool) -> Result<Targe
         "https" => {}
         "http" if allow_private => {}
         "http" => {
-            return Err(Error::invalid(field, "webhook URLs must use https (plain http only where private targets are allowed)"));
+            return Err(Error::invalid(
+                field,
+                "webhook URLs must use https (plain http only where private targets are allowed)",
+            ));
         }
         other => return Err(Error::invalid(field, format!("unsupported scheme '{other}': use https"))),
     }
@@ -105,10 +112,16 @@ pub fn parse_target(field: &str, raw: &str, allow_private: bool) -> Result<Targe
 pub async fn resolve(field: &str, target: &Target, allow_private: bool) -> Result<Vec<SocketAddr>> {
     let addrs: Vec<SocketAddr> = match target.host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, target.port)],
-        Err(_) => tokio::net::lookup_host((target.host.as_str(), target.port))
-            .await
-            .map_err(|e| Error::invalid(field, format!("host '{}' does not resolve: {e}", target.host)))?
-            .collect(),
+        Err(_) => {
+            let lookup = tokio::net::lookup_host((target.host.as_str(), target.port));
+            tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
+                .await
+                .map_err(|_| {
+                    Error::invalid(field, format!("host '{}' did not resolve within {RESOLVE_TIMEOUT:?}", target.host))
+                })?
+                .map_err(|e| Error::invalid(field, format!("host '{}' does not resolve: {e}", target.host)))?
+                .collect()
+        }
     };
     if addrs.is_empty() {
         return Err(Error::invalid(field, format!("host '{}' has no addresses", target.host)));
@@ -170,7 +183,15 @@ mod tests {
 
     #[test]
     fn public_addresses_are_allowed() {
-        for ip in ["8.8.8.8", "1.1.1.1", "172.32.0.1", "100.128.0.1", "2001:4860:4860::8888", "::ffff:8.8.4.4", "64:ff9b::808:808"] {
+        for ip in [
+            "8.8.8.8",
+            "1.1.1.1",
+            "172.32.0.1",
+            "100.128.0.1",
+            "2001:4860:4860::8888",
+            "::ffff:8.8.4.4",
+            "64:ff9b::808:808",
+        ] {
             assert_eq!(refused(ip), None, "{ip}");
         }
     }
