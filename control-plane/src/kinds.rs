@@ -213,6 +213,9 @@ wire_enum! {
         VersionUploaded = "version.uploaded",
         /// An alias was created or moved.
         AliasMoved = "alias.moved",
+        /// A request was refused by one of the tenant's quotas (at most one event per quota
+        /// every ten minutes).
+        QuotaExceeded = "quota.exceeded",
         /// A test event sent on request (every hook receives it, whatever it subscribes to).
         Ping = "ping",
     }

@@ -214,3 +214,21 @@ def test_webhooks_are_signed_retried_replayed_and_refused_on_loopback_without_th
     pending = wait_until(refused_ping, 30, "a ping refused at send time")
     assert "loopback" in (pending["last_error"] or "") or "https" in (pending["last_error"] or ""), pending
     assert len(receiver.on("/main", "ping")) == 2
+
+    # A quota refusal is announced once per quota and window, however often it is retried.
+    capped = cluster.create_tenant("capped", versions=1)["tenant-admin"]
+    cluster.api("PUT", "/v1/tenants/capped/webhook-settings", cluster.admin_key, {"allow_private_targets": True})
+    quota_hook = cluster.api("POST", "/v1/tenants/capped/webhooks", capped,
+                             {"url": f"{receiver.url}/quota", "events": ["quota.exceeded"]}, expect=201)
+    assert cluster.push_version("capped", capped, "marker", marker_model(1.0)) == 1
+    for _ in range(2):
+        with pytest.raises(ApiError) as over:
+            cluster.push_version("capped", capped, "marker", marker_model(2.0))
+        assert "quota_exceeded.versions" in over.value.body, over.value.body
+    wait_until(lambda: receiver.on("/quota", "quota.exceeded"), 30, "quota.exceeded delivered")
+    cluster.api("POST", f"/v1/tenants/capped/webhooks/{quota_hook['webhook']['id']}/ping", capped, expect=202)
+    wait_until(lambda: receiver.on("/quota", "ping"), 30, "the ping after the refusals delivered")
+    exceeded = receiver.on("/quota", "quota.exceeded")
+    assert len(exceeded) == 1, [r["json"] for r in exceeded]
+    assert exceeded[0]["json"]["data"] == {"quota": "versions", "limit": 1, "requested": 2}
+    assert verify(quota_hook["secret"], exceeded[0]["headers"], exceeded[0]["body"])
