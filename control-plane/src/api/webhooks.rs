@@ -120,7 +120,7 @@ pub struct WebhookDelivery {
     /// The event (the body's `id`; a replay carries the same one).
     pub event_id: Uuid,
     /// The event type (`Tessera-Event`).
-    pub event_type: String,
+    pub event_type: WebhookEventType,
     /// Where it stands.
     pub status: WebhookDeliveryStatus,
     /// Attempts made.
@@ -147,26 +147,39 @@ pub struct WebhookDelivery {
     pub payload: String,
 }
 
-impl From<DeliveryRow> for WebhookDelivery {
-    fn from(d: DeliveryRow) -> Self {
-        WebhookDelivery {
-            // The registry writes only these three.
-            status: WebhookDeliveryStatus::parse(&d.status).unwrap_or(WebhookDeliveryStatus::Pending),
-            id: d.id,
-            webhook_id: d.webhook_id,
-            event_id: d.event_id,
-            event_type: d.event_type,
-            attempts: d.attempts,
-            next_attempt_at: d.next_attempt_at,
-            last_attempt_at: d.last_attempt_at,
-            last_http_status: d.last_http_status,
-            last_error: d.last_error,
-            replay_of: d.replay_of,
-            created_at: d.created_at,
-            delivered_at: d.delivered_at,
-            payload: d.payload,
-        }
-    }
+/// The API's view of a delivery; `None` (logged) for a type or status this build does not know,
+/// which only a newer build could have written.
+fn delivery_view(d: DeliveryRow) -> Option<WebhookDelivery> {
+    let (Some(event_type), Some(status)) =
+        (WebhookEventType::parse(&d.event_type), WebhookDeliveryStatus::parse(&d.status))
+    else {
+        tracing::error!(
+            delivery = %d.id, event_type = %d.event_type, status = %d.status,
+            "delivery of unknown type or status left out"
+        );
+        return None;
+    };
+    Some(WebhookDelivery {
+        event_type,
+        status,
+        id: d.id,
+        webhook_id: d.webhook_id,
+        event_id: d.event_id,
+        attempts: d.attempts,
+        next_attempt_at: d.next_attempt_at,
+        last_attempt_at: d.last_attempt_at,
+        last_http_status: d.last_http_status,
+        last_error: d.last_error,
+        replay_of: d.replay_of,
+        created_at: d.created_at,
+        delivered_at: d.delivered_at,
+        payload: d.payload,
+    })
+}
+
+/// A delivery's view, or a 500 for one this build cannot show.
+fn one_delivery(d: DeliveryRow) -> Result<WebhookDelivery> {
+    delivery_view(d).ok_or_else(|| Error::Internal("delivery of an unknown type".into()))
 }
 
 /// A page of deliveries.
@@ -369,7 +382,7 @@ pub async fn handle_webhook_ping(
     let (t, hook) = hook_for(&app, &caller, &tenant, &id, Role::TenantAdmin, "manage webhooks").await?;
     let d = app.registry.ping_webhook(&caller.actor, t.id, hook.id).await?;
     app.signals.wake_webhooks();
-    Ok((StatusCode::ACCEPTED, Json(d.into())))
+    Ok((StatusCode::ACCEPTED, Json(one_delivery(d)?)))
 }
 
 /// A webhook's deliveries, newest first, optionally of one status (viewers).
@@ -391,7 +404,7 @@ pub async fn handle_delivery_list(
     let more = rows.len() as i64 > limit;
     rows.truncate(limit as usize);
     let next_cursor = if more { rows.last().map(|d| cursor::encode("deliveries", &d.seq.to_string())) } else { None };
-    Ok(Json(WebhookDeliveryList { deliveries: rows.into_iter().map(WebhookDelivery::from).collect(), next_cursor }))
+    Ok(Json(WebhookDeliveryList { deliveries: rows.into_iter().filter_map(delivery_view).collect(), next_cursor }))
 }
 
 /// One delivery (viewers).
@@ -412,7 +425,7 @@ pub async fn handle_delivery_get(
         .webhook_delivery(t.id, hook.id, parse_id("delivery", &delivery)?)
         .await?
         .ok_or(Error::NotFound("delivery"))?;
-    Ok(Json(d.into()))
+    Ok(Json(one_delivery(d)?))
 }
 
 /// Sends a delivery's event again, as a new delivery with the same body (tenant admins).
@@ -429,7 +442,7 @@ pub async fn handle_delivery_replay(
     let delivery = parse_id("delivery", &delivery)?;
     let d = app.registry.replay_webhook_delivery(&caller.actor, t.id, hook.id, delivery).await?;
     app.signals.wake_webhooks();
-    Ok((StatusCode::ACCEPTED, Json(d.into())))
+    Ok((StatusCode::ACCEPTED, Json(one_delivery(d)?)))
 }
 
 /// A tenant's webhook settings (viewers).
