@@ -37,7 +37,13 @@ pub struct App {
     pub signals: Signals,
     /// Uploads streaming through this process, by tenant.
     uploads: Arc<parking_lot::Mutex<std::collections::HashMap<Uuid, usize>>>,
+    /// When this process last queued a `quota.exceeded` webhook event, by tenant and quota:
+    /// a client retrying a refused request sends one event per window, not one per retry.
+    quota_events: parking_lot::Mutex<std::collections::HashMap<(Uuid, QuotaName), std::time::Instant>>,
 }
+
+/// Shortest time between two `quota.exceeded` events of one tenant and quota (per process).
+const QUOTA_EVENT_WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// One upload in progress, counted against its tenant until dropped.
 struct UploadSlot {
@@ -67,11 +73,18 @@ pub struct Signals {
     /// Bumped by the scheduler after it changed assignments; every agent session watches it
     /// and re-reads its worker's generation. Never closed while the app lives.
     assignments: tokio::sync::watch::Sender<u64>,
+    /// Notified when deliveries were queued for now (a ping, a replay); the webhook
+    /// dispatcher waits on it besides its poll interval.
+    webhooks: tokio::sync::Notify,
 }
 
 impl Default for Signals {
     fn default() -> Self {
-        Signals { scheduler: tokio::sync::Notify::new(), assignments: tokio::sync::watch::Sender::new(0) }
+        Signals {
+            scheduler: tokio::sync::Notify::new(),
+            assignments: tokio::sync::watch::Sender::new(0),
+            webhooks: tokio::sync::Notify::new(),
+        }
     }
 }
 
@@ -84,6 +97,16 @@ impl Signals {
     /// Waits for [`Signals::wake_scheduler`].
     pub async fn scheduler_woken(&self) {
         self.scheduler.notified().await;
+    }
+
+    /// Asks the webhook dispatcher to look for due deliveries now.
+    pub fn wake_webhooks(&self) {
+        self.webhooks.notify_one();
+    }
+
+    /// Waits for [`Signals::wake_webhooks`].
+    pub async fn webhooks_woken(&self) {
+        self.webhooks.notified().await;
     }
 
     /// Tells agent sessions that assignments changed.
@@ -123,7 +146,16 @@ impl App {
         let hasher = KeyHasher::new(config.api_key_pepper.expose().as_bytes());
         let auth = Authenticator::new(registry.clone(), hasher, tokens.clone());
         let uploads = Arc::default();
-        Ok(Arc::new(App { registry, store, auth, tokens, config, signals: Signals::default(), uploads }))
+        Ok(Arc::new(App {
+            registry,
+            store,
+            auth,
+            tokens,
+            config,
+            signals: Signals::default(),
+            uploads,
+            quota_events: Default::default(),
+        }))
     }
 
     /// The tenant named in a path, if the caller may see it, and only if the caller's role
@@ -149,6 +181,36 @@ impl App {
         };
         p.require(needed, action)?;
         Ok(found)
+    }
+
+    /// Passes `result` on; when a quota refused it, first queues a `quota.exceeded` webhook
+    /// event for the tenant, in a transaction of its own (the refused change rolled back with
+    /// its transaction). At most one per tenant and quota per [`QUOTA_EVENT_WINDOW`].
+    pub async fn noting_quota<T>(&self, tenant_id: Uuid, result: Result<T>) -> Result<T> {
+        let Err(Error::QuotaExceeded { quota, limit, requested }) = &result else { return result };
+        let due = {
+            let mut sent = self.quota_events.lock();
+            let now = std::time::Instant::now();
+            match sent.get(&(tenant_id, *quota)) {
+                Some(at) if now.duration_since(*at) < QUOTA_EVENT_WINDOW => false,
+                _ => {
+                    sent.insert((tenant_id, *quota), now);
+                    true
+                }
+            }
+        };
+        if due {
+            let data = serde_json::json!({ "quota": quota.as_str(), "limit": limit, "requested": requested });
+            let queued = async {
+                let mut tx = self.registry.begin().await?;
+                tx.enqueue_webhook_event(tenant_id, crate::kinds::WebhookEventType::QuotaExceeded, data).await?;
+                tx.commit().await
+            };
+            if let Err(e) = queued.await {
+                tracing::warn!(tenant = %tenant_id, error = %e, "could not queue a quota.exceeded webhook event");
+            }
+        }
+        result
     }
 
     /// A model of a tenant the caller may act on.
@@ -302,7 +364,8 @@ pub enum UploadTarget {
 }
 
 impl UploadTarget {
-    fn tenant_id(&self) -> Uuid {
+    /// The tenant the upload goes to.
+    pub fn tenant_id(&self) -> Uuid {
         match self {
             UploadTarget::Existing(m) => m.tenant_id,
             UploadTarget::New { tenant_id, .. } => *tenant_id,

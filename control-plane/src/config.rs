@@ -123,6 +123,20 @@ pub struct ControlPlaneArgs {
     /// How often the scheduler runs, in milliseconds (it also runs on every change).
     #[arg(long, env = "TESSERA_SCHEDULER_INTERVAL_MS", default_value_t = 500)]
     pub scheduler_interval_ms: u64,
+    /// Let every tenant's webhooks reach loopback, private and link-local addresses and use
+    /// plain http (trusted networks and tests only; a platform admin can allow it per tenant).
+    #[arg(long, env = "TESSERA_WEBHOOKS_ALLOW_PRIVATE")]
+    pub webhooks_allow_private: bool,
+    /// First wait before a failed webhook delivery is retried, in milliseconds (doubling up to
+    /// an hour, for about a day).
+    #[arg(long, env = "TESSERA_WEBHOOK_RETRY_BASE_MS", default_value_t = 10_000)]
+    pub webhook_retry_base_ms: u64,
+    /// How long one webhook delivery attempt may take, in milliseconds.
+    #[arg(long, env = "TESSERA_WEBHOOK_TIMEOUT_MS", default_value_t = 10_000)]
+    pub webhook_timeout_ms: u64,
+    /// How often the webhook dispatcher looks for due deliveries, in milliseconds.
+    #[arg(long, env = "TESSERA_WEBHOOK_POLL_MS", default_value_t = 1000)]
+    pub webhook_poll_ms: u64,
     /// Days usage is kept per minute; older minutes are folded into hourly rows (totals kept).
     #[arg(long, env = "TESSERA_USAGE_MINUTE_RETENTION_DAYS", default_value_t = 14)]
     pub usage_minute_retention_days: u64,
@@ -208,6 +222,14 @@ pub struct Config {
     pub drain: Duration,
     /// Scheduler period.
     pub scheduler_interval: Duration,
+    /// Webhooks may reach private targets in every tenant.
+    pub webhooks_allow_private: bool,
+    /// First retry wait of a failed webhook delivery.
+    pub webhook_retry_base: Duration,
+    /// Limit of one webhook delivery attempt.
+    pub webhook_timeout: Duration,
+    /// Webhook dispatcher period.
+    pub webhook_poll: Duration,
     /// How long usage is kept per minute before the retention job folds it into hours.
     pub usage_minute_retention: Duration,
     /// Web console directory; `None`: the console is off.
@@ -280,6 +302,10 @@ impl ControlPlaneArgs {
             worker_lost_after: Duration::from_millis(self.worker_lost_after_ms.max(100)),
             drain: Duration::from_millis(self.drain_ms),
             scheduler_interval: Duration::from_millis(self.scheduler_interval_ms.max(10)),
+            webhooks_allow_private: self.webhooks_allow_private,
+            webhook_retry_base: Duration::from_millis(self.webhook_retry_base_ms.max(10)),
+            webhook_timeout: Duration::from_millis(self.webhook_timeout_ms.clamp(100, 120_000)),
+            webhook_poll: Duration::from_millis(self.webhook_poll_ms.clamp(10, 60_000)),
             usage_minute_retention: Duration::from_secs(self.usage_minute_retention_days.max(1) * 86_400),
             console_dir: self.console_dir.filter(|d| !d.as_os_str().is_empty()).or_else(crate::console::default_dir),
             metrics_listen: self.metrics_listen,

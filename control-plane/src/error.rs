@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A quota a tenant can exceed; its name is part of the error code (`quota_exceeded.<name>`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum QuotaName {
     /// Number of models.
     Models,

@@ -93,6 +93,20 @@ wire_enum! {
         DeploymentCanaryPromote = "deployment.canary.promote",
         /// A canary was rolled back.
         DeploymentCanaryRollback = "deployment.canary.rollback",
+        /// A webhook was registered.
+        WebhookCreate = "webhook.create",
+        /// A webhook's URL, events or state changed.
+        WebhookUpdate = "webhook.update",
+        /// A webhook was deleted with its deliveries.
+        WebhookDelete = "webhook.delete",
+        /// A webhook's signing secret was replaced.
+        WebhookSecretRotate = "webhook.secret.rotate",
+        /// A delivery was queued again.
+        WebhookDeliveryReplay = "webhook.delivery.replay",
+        /// A test event was queued to a webhook.
+        WebhookPing = "webhook.ping",
+        /// A platform admin changed whether a tenant's webhooks may reach private addresses.
+        WebhookSettingsUpdate = "webhook_settings.update",
     }
 }
 
@@ -121,6 +135,10 @@ wire_enum! {
         Upload = "upload",
         /// A deployment.
         Deployment = "deployment",
+        /// A webhook.
+        Webhook = "webhook",
+        /// A tenant's webhook settings.
+        WebhookSettings = "webhook_settings",
     }
 }
 
@@ -180,6 +198,41 @@ wire_enum! {
     }
 }
 
+wire_enum! {
+    /// What a webhook delivery announces (its `Tessera-Event` header and `type` field).
+    pub enum WebhookEventType {
+        /// A deployment was created.
+        DeploymentCreated = "deployment.created",
+        /// A replica of a deployment became ready (one event per replica).
+        DeploymentReady = "deployment.ready",
+        /// A replica of a deployment failed.
+        DeploymentFailed = "deployment.failed",
+        /// A rollout switched a deployment's traffic to its new version.
+        DeploymentRolledOut = "deployment.rolled_out",
+        /// A model version was uploaded.
+        VersionUploaded = "version.uploaded",
+        /// An alias was created or moved.
+        AliasMoved = "alias.moved",
+        /// A request was refused by one of the tenant's quotas (at most one event per quota
+        /// every ten minutes).
+        QuotaExceeded = "quota.exceeded",
+        /// A test event sent on request (every hook receives it, whatever it subscribes to).
+        Ping = "ping",
+    }
+}
+
+wire_enum! {
+    /// Where a webhook delivery stands.
+    pub enum WebhookDeliveryStatus {
+        /// Waiting for its next attempt.
+        Pending = "pending",
+        /// The receiver answered 2xx.
+        Delivered = "delivered",
+        /// Every attempt failed (about a day of retries), or the hook refused it for good.
+        Failed = "failed",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +248,9 @@ mod tests {
         }
         for r in AuditResourceType::ALL {
             assert_eq!(AuditResourceType::parse(&r.to_string()), Some(*r));
+        }
+        for e in WebhookEventType::ALL {
+            assert_eq!(WebhookEventType::parse(e.as_str()), Some(*e));
         }
         assert_eq!(AuditAction::parse("model.explode"), None);
     }

@@ -30,6 +30,7 @@ pub mod states;
 pub mod store;
 pub mod types;
 pub mod usage;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 
@@ -86,6 +87,7 @@ pub async fn run_with(
     let stop = shutdown.child_token();
     let scheduler = tokio::spawn(scheduler::run::run_scheduler(app.clone(), stop.clone()));
     let retention = tokio::spawn(usage::run_retention(app.clone(), stop.clone()));
+    let webhooks = tokio::spawn(webhooks::dispatch::run_dispatcher(app.clone(), stop.clone()));
     let limits = serve::ConnLimits { header_read_timeout: app.config.client_timeout, ..serve::ConnLimits::default() };
     let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(app.clone(), stop.clone()));
     let metrics = metrics_listener.map(|l| {
@@ -97,6 +99,7 @@ pub async fn run_with(
     stop.cancel();
     let _ = scheduler.await;
     let _ = retention.await;
+    let _ = webhooks.await;
     let _ = checkpoints.await;
     if let Some(metrics) = metrics {
         let _ = metrics.await;

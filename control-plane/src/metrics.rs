@@ -125,6 +125,15 @@ static AUDIT_CHECKPOINTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     c
 });
 
+/// Webhook delivery attempts by what the delivery became (`delivered`; `pending`: failed, to be
+/// retried; `failed`: failed for good).
+static WEBHOOK_ATTEMPTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    let opts = Opts::new("tessera_webhook_attempts_total", "Webhook delivery attempts by resulting status.");
+    let c = IntCounterVec::new(opts, &["status"]).expect("valid counter definition");
+    REGISTRY.register(Box::new(c.clone())).expect("metric registered once");
+    c
+});
+
 /// Replica and worker states the gauges always show (so a state that empties reads 0); the
 /// replica states are [`crate::states::ReplicaState`]'s wire names (a test checks).
 const REPLICA_STATES: &[&str] = &["pending", "scheduled", "loading", "ready", "failed", "draining"];
@@ -167,6 +176,11 @@ pub fn observe_usage(stored: u64, duplicates: u64) {
 /// Records one audit checkpoint attempt: `signed`, `refused` or `error`.
 pub fn observe_checkpoint(outcome: &'static str) {
     AUDIT_CHECKPOINTS.with_label_values(&[outcome]).inc();
+}
+
+/// Records one webhook delivery attempt.
+pub fn observe_webhook_attempt(status: &'static str) {
+    WEBHOOK_ATTEMPTS.with_label_values(&[status]).inc();
 }
 
 /// Records one registry query.

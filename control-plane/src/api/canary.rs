@@ -85,7 +85,8 @@ pub async fn handle_canary_set(
 ) -> Result<Json<Deployment>> {
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "change deployments").await?;
     let spec = body.into_spec()?;
-    let row = app.registry.set_canary(&caller.actor, d.tenant_id, &d.name, spec).await?;
+    let set = app.registry.set_canary(&caller.actor, d.tenant_id, &d.name, spec).await;
+    let row = app.noting_quota(d.tenant_id, set).await?;
     app.signals.wake_scheduler();
     Ok(Json(view_one(&app, row).await?))
 }

@@ -552,7 +552,8 @@ pub async fn handle_deployment_create(
 ) -> Result<(StatusCode, Json<Deployment>)> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::Deployer, "create deployments").await?;
     let (name, model, spec) = body.into_spec()?;
-    let row = app.registry.create_deployment(&caller.actor, t.id, &name, model.as_str(), spec).await?;
+    let created = app.registry.create_deployment(&caller.actor, t.id, &name, model.as_str(), spec).await;
+    let row = app.noting_quota(t.id, created).await?;
     app.signals.wake_scheduler();
     Ok((StatusCode::CREATED, Json(view_one(&app, row).await?)))
 }
@@ -627,7 +628,8 @@ pub async fn handle_deployment_update(
 ) -> Result<Json<Deployment>> {
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "change deployments").await?;
     let patch = body.into_patch()?;
-    let row = app.registry.update_deployment(&caller.actor, d.tenant_id, &d.name, patch).await?;
+    let updated = app.registry.update_deployment(&caller.actor, d.tenant_id, &d.name, patch).await;
+    let row = app.noting_quota(d.tenant_id, updated).await?;
     app.signals.wake_scheduler();
     let notice = match (&d.alias, &row.alias) {
         (Some(alias), None) => Some(crate::registry::unfollowed_alias(alias, row.version)),

@@ -19,6 +19,7 @@ mod tenants;
 mod usage;
 mod users;
 mod versions;
+mod webhooks;
 mod whoami;
 mod workers;
 
@@ -73,6 +74,7 @@ pub type AppState = Arc<App>;
         (name = "usage", description = "A tenant's usage and metrics, from what workers meter"),
         (name = "billing", description = "Prices (platform admins set them) and a tenant's monthly invoices"),
         (name = "audit", description = "The tenant's audit trail"),
+        (name = "webhooks", description = "Signed HTTP callbacks for a tenant's events, their deliveries and replays"),
         (name = "service", description = "Health")
     )
 )]
@@ -171,6 +173,14 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(audit::handle_audit_list))
         .routes(routes!(audit::handle_audit_verify))
         .routes(routes!(audit::handle_checkpoint_key_get))
+        .routes(routes!(webhooks::handle_webhook_create, webhooks::handle_webhook_list))
+        .routes(routes!(webhooks::handle_webhook_get, webhooks::handle_webhook_update, webhooks::handle_webhook_delete))
+        .routes(routes!(webhooks::handle_webhook_rotate_secret))
+        .routes(routes!(webhooks::handle_webhook_ping))
+        .routes(routes!(webhooks::handle_delivery_list))
+        .routes(routes!(webhooks::handle_delivery_get))
+        .routes(routes!(webhooks::handle_delivery_replay))
+        .routes(routes!(webhooks::handle_webhook_settings_get, webhooks::handle_webhook_settings_set))
 }
 
 /// The OpenAPI document of the API (its `servers` entry relative: `/`).

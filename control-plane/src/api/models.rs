@@ -112,7 +112,8 @@ pub async fn handle_model_create(
     if body.description.chars().count() > 2000 {
         return Err(Error::invalid("description", "description must be at most 2000 characters"));
     }
-    let model = app.registry.create_model(&caller.actor, t.id, &body.name, &body.description).await?;
+    let created = app.registry.create_model(&caller.actor, t.id, &body.name, &body.description).await;
+    let model = app.noting_quota(t.id, created).await?;
     Ok((StatusCode::CREATED, Json(model.into())))
 }
 

@@ -134,7 +134,8 @@ pub async fn handle_version_create(
     let outcome = async {
         let target = app.upload_target(&caller.principal, &tenant, &model, params.create_model).await?;
         let request = UploadRequest::from_parts(params.format, params.sha256, &headers)?;
-        let version = app.upload_version(&caller.actor, &target, request, &mut stream).await?;
+        let uploaded = app.upload_version(&caller.actor, &target, request, &mut stream).await;
+        let version = app.noting_quota(target.tenant_id(), uploaded).await?;
         Ok((StatusCode::CREATED, Json(ModelVersion::new(target.name(), version, VersionState::Uploaded))))
     }
     .await;
@@ -333,7 +334,8 @@ pub async fn handle_upload_complete(
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "upload versions").await?;
     let upload_id: Uuid = upload_id.parse().map_err(|_| Error::NotFound("upload"))?;
     let sha256 = crate::app::parse_sha256("sha256", &body.sha256)?;
-    let version = app.complete_upload(&caller.actor, &m, upload_id, sha256, body.config).await?;
+    let completed = app.complete_upload(&caller.actor, &m, upload_id, sha256, body.config).await;
+    let version = app.noting_quota(m.tenant_id, completed).await?;
     Ok((StatusCode::CREATED, Json(ModelVersion::new(&m.name, version, VersionState::Uploaded))))
 }
 

@@ -250,6 +250,8 @@ impl Conn {
             event.action,
             event.resource_type
         );
+        // In the same transaction: the webhook outbox gets the event or neither does.
+        self.enqueue_audit_webhook(&event).await?;
         let tenant = event.tenant_id;
         exec!(self, "audit.head_init", |c| sqlx::query(
             "INSERT INTO audit_heads (tenant_id, seq, hash) VALUES ($1, 0, $2) ON CONFLICT (tenant_id) DO NOTHING"

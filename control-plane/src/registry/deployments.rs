@@ -331,7 +331,8 @@ impl Conn {
         .bind(worker_id)
         .bind(message)
         .execute(c))?;
-        Ok(())
+        // In the same transaction: the webhook outbox gets the event or neither does.
+        self.enqueue_deployment_webhook(tenant_id, deployment_id, kind, replica_id, message).await
     }
 
     /// Whether a deployment still has replicas of a version (old ones of a rollout).

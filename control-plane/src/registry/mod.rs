@@ -26,6 +26,7 @@ mod signing;
 mod tenants;
 mod usage;
 mod users;
+mod webhooks;
 mod workers;
 
 use std::str::FromStr;
@@ -58,6 +59,10 @@ pub use signing::SigningKeyRow;
 pub use tenants::TenantRow;
 pub use usage::{HOUR, MINUTE, UsageFilter, UsageRecordRow, UsageStored, UsageTotalsRow, add_counts, hour_key};
 pub use users::{NewUser, UserRow};
+pub use webhooks::{
+    AttemptOutcome, DeliveryRow, DueDeliveryRow, MAX_WEBHOOKS_PER_TENANT, NewWebhook, WebhookPatch, WebhookRow,
+    event_body,
+};
 pub use workers::{AssignmentRow, ChangedReplica, NewWorker, ReportedState, SliceRecord, WorkerRow};
 
 use crate::error::{Error, Result};

@@ -991,3 +991,122 @@ async fn a_canary_is_set_weighted_rolled_back_and_promoted_within_quota() {
     })
     .await;
 }
+
+fn hook(url: &str, events: &[crate::kinds::WebhookEventType]) -> NewWebhook {
+    NewWebhook { url: url.into(), description: String::new(), events: events.to_vec(), secret: "whsec_t".into() }
+}
+
+#[tokio::test]
+async fn webhook_events_are_queued_with_their_change_and_only_to_subscribers() {
+    use crate::kinds::{WebhookDeliveryStatus as S, WebhookEventType as E};
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let b = tenant(&r, "b", QuotaLimits::default()).await;
+        let aliases = r.create_webhook(&actor(), a, hook("https://a.example/h", &[E::AliasMoved])).await.unwrap();
+        let all = r
+            .create_webhook(
+                &actor(),
+                a,
+                hook("https://a.example/all", &[E::AliasMoved, E::VersionUploaded, E::DeploymentCreated]),
+            )
+            .await
+            .unwrap();
+        let other = r.create_webhook(&actor(), b, hook("https://b.example/h", &[E::AliasMoved])).await.unwrap();
+        let m = r.create_model(&actor(), a, &name("m"), "").await.unwrap();
+        r.create_version(&actor(), &m, version(1)).await.unwrap();
+        r.set_alias(&actor(), &m, &name("prod"), 1).await.unwrap();
+        // A change that fails queues nothing (its transaction rolls back with the outbox row).
+        assert!(r.set_alias(&actor(), &m, &name("prod"), 9).await.is_err());
+        r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Latest, 1)).await.unwrap();
+
+        let mut c = r.conn().await.unwrap();
+        let types = |rows: &[DeliveryRow]| rows.iter().rev().map(|d| d.event_type.clone()).collect::<Vec<_>>();
+        let to_aliases = c.webhook_deliveries(a, aliases.id, None, None, 50).await.unwrap();
+        assert_eq!(types(&to_aliases), ["alias.moved"]);
+        let to_all = c.webhook_deliveries(a, all.id, None, None, 50).await.unwrap();
+        assert_eq!(types(&to_all), ["version.uploaded", "alias.moved", "deployment.created"]);
+        assert!(c.webhook_deliveries(b, other.id, None, None, 50).await.unwrap().is_empty(), "other tenant");
+        assert!(c.webhook_deliveries(b, aliases.id, None, None, 50).await.unwrap().is_empty(), "scoped by tenant");
+        let body: serde_json::Value = serde_json::from_str(&to_aliases[0].payload).unwrap();
+        assert_eq!(body["type"], "alias.moved");
+        assert_eq!(
+            body["data"],
+            serde_json::json!({"model": "m", "alias": "prod", "version": 1, "previous_version": null})
+        );
+        let created: serde_json::Value = serde_json::from_str(&to_all[0].payload).unwrap();
+        assert_eq!((created["data"]["deployment"].as_str(), created["data"]["model"].as_str()), (Some("d"), Some("m")));
+
+        // The dispatcher's view: every due delivery, across tenants, with its hook's secret.
+        let due = c.due_webhook_deliveries(now(), 50).await.unwrap();
+        assert_eq!(due.len(), 4);
+        assert!(due.iter().all(|d| d.secret == "whsec_t" && !d.allow_private));
+        let first = &to_aliases[0];
+        let retry_at = now() + std::time::Duration::from_secs(60);
+        let failed = AttemptOutcome {
+            status: S::Pending,
+            http_status: Some(500),
+            error: Some("receiver answered 500".into()),
+            next_attempt_at: Some(retry_at),
+        };
+        c.record_webhook_attempt(first.id, &failed).await.unwrap();
+        assert_eq!(c.due_webhook_deliveries(now(), 50).await.unwrap().len(), 3, "not due before its retry time");
+        let ok = AttemptOutcome { status: S::Delivered, http_status: Some(204), error: None, next_attempt_at: None };
+        c.record_webhook_attempt(first.id, &ok).await.unwrap();
+        let d = c.webhook_delivery(a, aliases.id, first.id).await.unwrap().unwrap();
+        assert_eq!((d.status.as_str(), d.attempts, d.last_http_status), ("delivered", 2, Some(204)));
+        assert!(d.delivered_at.is_some());
+        // Recorded only while pending: a late duplicate does not undo "delivered".
+        c.record_webhook_attempt(first.id, &failed).await.unwrap();
+        assert_eq!(c.webhook_delivery(a, aliases.id, first.id).await.unwrap().unwrap().attempts, 2);
+        let delivered = c.webhook_deliveries(a, aliases.id, Some(S::Delivered), None, 50).await.unwrap();
+        assert_eq!(delivered.len(), 1);
+        assert!(c.webhook_deliveries(a, aliases.id, Some(S::Failed), None, 50).await.unwrap().is_empty());
+        drop(c);
+
+        // A replay is a new delivery of the same event; a ping reaches a hook that did not
+        // subscribe to anything like it; disabled hooks get nothing new.
+        let replay = r.replay_webhook_delivery(&actor(), a, aliases.id, first.id).await.unwrap();
+        assert_eq!(
+            (replay.event_id, replay.replay_of, replay.status.as_str()),
+            (first.event_id, Some(first.id), "pending")
+        );
+        assert!(r.replay_webhook_delivery(&actor(), b, aliases.id, first.id).await.is_err(), "other tenant");
+        let ping = r.ping_webhook(&actor(), a, aliases.id).await.unwrap();
+        assert_eq!(ping.event_type, "ping");
+        let patch = WebhookPatch { enabled: Some(false), ..WebhookPatch::default() };
+        r.update_webhook(&actor(), a, aliases.id, patch).await.unwrap();
+        r.set_alias(&actor(), &m, &name("staging"), 1).await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        assert_eq!(
+            c.webhook_deliveries(a, aliases.id, None, None, 50).await.unwrap().len(),
+            3,
+            "disabled: nothing new"
+        );
+        assert!(c.due_webhook_deliveries(now(), 50).await.unwrap().iter().all(|d| d.webhook_id != aliases.id));
+        drop(c);
+
+        let rotated = r.rotate_webhook_secret(&actor(), a, all.id, "whsec_new".into()).await.unwrap();
+        assert_eq!(rotated.secret, "whsec_new");
+        r.set_webhooks_allow_private(&actor(), a, true).await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        assert!(c.webhooks_allow_private(a).await.unwrap() && !c.webhooks_allow_private(b).await.unwrap());
+        drop(c);
+        r.delete_webhook(&actor(), a, aliases.id).await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        assert!(c.webhook_deliveries(a, aliases.id, None, None, 50).await.unwrap().is_empty());
+        let actions: Vec<String> =
+            c.audit_events(a, &AuditFilter::default(), 100).await.unwrap().into_iter().map(|e| e.action).collect();
+        for action in [
+            "webhook.create",
+            "webhook.update",
+            "webhook.delete",
+            "webhook.secret.rotate",
+            "webhook.delivery.replay",
+            "webhook.ping",
+            "webhook_settings.update",
+        ] {
+            assert!(actions.iter().any(|a| a == action), "{action} audited");
+        }
+    })
+    .await;
+}

@@ -18,45 +18,56 @@ use crate::registry::{Backend, now};
 /// Key of the leader lock (distinct from the per-transaction scheduling lock).
 const LEADER_LOCK: i64 = 0x7465_7373_0002;
 
-/// Who may run ticks.
-enum Leadership {
+/// Who may run ticks (the webhook dispatcher elects its own leader the same way, under
+/// another key).
+pub(crate) enum Leadership {
     /// SQLite: the only process.
     Always,
     /// Postgres: leader while `conn` holds the advisory lock.
-    Postgres { url: String, conn: Option<sqlx::PgConnection> },
+    Postgres { url: String, key: i64, conn: Option<sqlx::PgConnection> },
 }
 
 impl Leadership {
+    /// Leadership under the advisory lock `key` on Postgres; always on SQLite.
+    pub(crate) fn new(app: &App, key: i64) -> Self {
+        match app.registry.backend() {
+            Backend::Sqlite => Leadership::Always,
+            Backend::Postgres => {
+                Leadership::Postgres { url: app.config.database_url.expose().to_string(), key, conn: None }
+            }
+        }
+    }
+
     /// Whether this replica leads now, taking the lock if it is free.
-    async fn check(&mut self) -> bool {
-        let Leadership::Postgres { url, conn } = self else { return true };
+    pub(crate) async fn check(&mut self) -> bool {
+        let Leadership::Postgres { url, key, conn } = self else { return true };
         if let Some(c) = conn {
             // Still holding it, as long as the connection lives.
             if sqlx::query("SELECT 1").execute(&mut *c).await.is_ok() {
                 return true;
             }
-            tracing::warn!("lost the scheduler leader connection");
+            tracing::warn!(lock = *key, "lost the leader connection");
             *conn = None;
         }
-        match try_lock(url).await {
+        match try_lock(url, *key).await {
             Ok(Some(c)) => {
-                tracing::info!("this control plane now leads the scheduler");
+                tracing::info!(lock = *key, "this control plane now leads");
                 *conn = Some(c);
                 true
             }
             Ok(None) => false,
             Err(e) => {
-                tracing::warn!(error = format!("{e:#}"), "could not try the scheduler leader lock");
+                tracing::warn!(lock = *key, error = format!("{e:#}"), "could not try the leader lock");
                 false
             }
         }
     }
 }
 
-async fn try_lock(url: &str) -> anyhow::Result<Option<sqlx::PgConnection>> {
+async fn try_lock(url: &str, key: i64) -> anyhow::Result<Option<sqlx::PgConnection>> {
     let mut conn = sqlx::PgConnection::connect(url).await.context("connect for the leader lock")?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-        .bind(LEADER_LOCK)
+        .bind(key)
         .fetch_one(&mut conn)
         .await
         .context("try the leader lock")?;
@@ -70,10 +81,7 @@ async fn try_lock(url: &str) -> anyhow::Result<Option<sqlx::PgConnection>> {
 
 /// Runs the scheduler until `shutdown`.
 pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
-    let mut leadership = match app.registry.backend() {
-        Backend::Sqlite => Leadership::Always,
-        Backend::Postgres => Leadership::Postgres { url: app.config.database_url.expose().to_string(), conn: None },
-    };
+    let mut leadership = Leadership::new(&app, LEADER_LOCK);
     let mut settings =
         Settings { lost_after: app.config.worker_lost_after, drain: app.config.drain, leader_since: None };
     let mut interval = tokio::time::interval(app.config.scheduler_interval);

@@ -14,9 +14,10 @@ fn quota_body() -> Value {
 }
 
 /// Every tenant-scoped route, with a body where it takes one.
-fn scoped_routes(tenant: &str, key_id: &str, user_id: &str) -> Vec<(Method, String, Option<Value>)> {
+fn scoped_routes(tenant: &str, key_id: &str, user_id: &str, hook_id: &str) -> Vec<(Method, String, Option<Value>)> {
     let t = format!("/v1/tenants/{tenant}");
     let m = format!("{t}/models/resnet");
+    let w = format!("{t}/webhooks/{hook_id}");
     vec![
         (Method::GET, t.clone(), None),
         (Method::GET, format!("{t}/quotas"), None),
@@ -47,6 +48,17 @@ fn scoped_routes(tenant: &str, key_id: &str, user_id: &str) -> Vec<(Method, Stri
         (Method::GET, format!("{m}/aliases/production"), None),
         (Method::PUT, format!("{m}/aliases/production"), Some(json!({ "version": 1 }))),
         (Method::DELETE, format!("{m}/aliases/production"), None),
+        (Method::GET, format!("{t}/webhooks"), None),
+        (Method::POST, format!("{t}/webhooks"), Some(json!({ "url": "https://127.0.0.1/h", "events": ["ping"] }))),
+        (Method::GET, w.clone(), None),
+        (Method::PATCH, w.clone(), Some(json!({ "enabled": false }))),
+        (Method::DELETE, w.clone(), None),
+        (Method::POST, format!("{w}/rotate-secret"), Some(json!({}))),
+        (Method::POST, format!("{w}/ping"), Some(json!({}))),
+        (Method::GET, format!("{w}/deliveries"), None),
+        (Method::GET, format!("{w}/deliveries/{hook_id}"), None),
+        (Method::POST, format!("{w}/deliveries/{hook_id}/replay"), Some(json!({}))),
+        (Method::GET, format!("{t}/webhook-settings"), None),
         (Method::GET, format!("/v1/audit?tenant={tenant}"), None),
         (Method::GET, format!("/v1/audit/verify?tenant={tenant}"), None),
     ]
@@ -74,9 +86,14 @@ async fn other_tenants_get_404_on_every_scoped_route() {
     let user = json!({ "email": "ada@example.com", "name": "Ada", "role": "deployer" });
     let user = app.post(&a.admin, "/v1/tenants/acme/users", &user).await;
     let user_id = user.expect(201)["id"].as_str().unwrap().to_string();
+    let allow = json!({ "allow_private_targets": true });
+    app.put(&app.admin_key, "/v1/tenants/acme/webhook-settings", &allow).await.expect(200);
+    let hook = json!({ "url": "https://127.0.0.1:9/hook", "events": ["alias.moved"] });
+    let hook = app.post(&a.admin, "/v1/tenants/acme/webhooks", &hook).await;
+    let hook_id = hook.expect(201)["webhook"]["id"].as_str().unwrap().to_string();
 
     for probe in [&b.admin, &b.deployer, &b.viewer, &b.inference] {
-        for (method, path, body) in scoped_routes("acme", &key_id, &user_id) {
+        for (method, path, body) in scoped_routes("acme", &key_id, &user_id, &hook_id) {
             let r = call(&app, probe, method.clone(), &path, body.as_ref()).await;
             assert_eq!((r.status, r.code()), (404, "not_found"), "{method} {path} answered {:?}", r.body);
         }
@@ -85,6 +102,8 @@ async fn other_tenants_get_404_on_every_scoped_route() {
     app.get(&a.viewer, "/v1/tenants/acme/models/resnet/aliases/production").await.expect(200);
     let user = app.get(&a.admin, &format!("/v1/tenants/acme/users/{user_id}")).await;
     assert_eq!(user.expect(200)["disabled"], json!(false));
+    let hook = app.get(&a.viewer, &format!("/v1/tenants/acme/webhooks/{hook_id}")).await;
+    assert_eq!(hook.expect(200)["enabled"], json!(true));
     assert_eq!(app.get(&b.admin, "/v1/tenants/nope/models").await.status, 404);
     let audit = app.get(&a.admin, "/v1/audit").await;
     assert!(audit.expect(200)["events"].as_array().unwrap().iter().all(|e| e["action"] != "model.delete"));
