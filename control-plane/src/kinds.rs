@@ -93,6 +93,8 @@ wire_enum! {
         DeploymentCanaryPromote = "deployment.canary.promote",
         /// A canary was rolled back.
         DeploymentCanaryRollback = "deployment.canary.rollback",
+        /// A tenant's capture retention was set.
+        CaptureRetentionUpdate = "capture_retention.update",
     }
 }
 
@@ -103,6 +105,8 @@ wire_enum! {
         Tenant = "tenant",
         /// A tenant's quotas.
         Quota = "quota",
+        /// A tenant's capture retention.
+        CaptureRetention = "capture_retention",
         /// The price schedule.
         Prices = "prices",
         /// The token signing key.
