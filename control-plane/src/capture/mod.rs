@@ -7,8 +7,6 @@
 //! one JSON Lines file per batch, the date that of the batch's first request (UTC). The API
 //! names a file by `<YYYY-MM-DD>/<worker>-<batch>.jsonl` under its deployment.
 
-use std::time::Duration;
-
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use tessera_protocol::agent::{self, ReportCaptureRequest};
@@ -30,8 +28,6 @@ const MAX_RECORD_BYTES: i64 = 1024 * 1024;
 const MAX_BATCH_BYTES: usize = 3 * 1024 * 1024;
 /// Longest retention a tenant may set: 10 years.
 pub const MAX_RETENTION_DAYS: i64 = 3650;
-/// How often the leader sweeps expired capture files.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(600);
 
 /// A deployment's request/response capture: off unless `enabled`; `sample_rate` of the
 /// requests (0 to 1) are written, with the parts asked for, to the tenant's object storage.
@@ -232,13 +228,13 @@ pub struct Sweeper {
 }
 
 impl Sweeper {
-    /// Starts a sweep in the background when [`SWEEP_EVERY`] passed since the last one and none
-    /// is running (called by the scheduler while it leads).
+    /// Starts a sweep in the background when `--capture-sweep-interval-ms` passed since the
+    /// last one and none is running (called by the scheduler while it leads).
     pub fn tick(&mut self, app: &std::sync::Arc<App>) {
         if self.running.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        if self.last.is_some_and(|l| l.elapsed() < SWEEP_EVERY) {
+        if self.last.is_some_and(|l| l.elapsed() < app.config.capture_sweep_interval) {
             return;
         }
         self.last = Some(tokio::time::Instant::now());
