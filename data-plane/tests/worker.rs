@@ -768,7 +768,12 @@ fn captured(fake: &Fake) -> Vec<Value> {
     let batches = fake.captures.lock();
     batches
         .iter()
-        .flat_map(|b| b.jsonl.split(|c| *c == b'\n').filter(|l| !l.is_empty()).map(|l| serde_json::from_slice(l).expect("a JSON line")))
+        .flat_map(|b| {
+            b.jsonl
+                .split(|c| *c == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice(l).expect("a JSON line"))
+        })
         .collect()
 }
 
@@ -823,7 +828,8 @@ async fn captured_requests_ship_in_batches_and_only_for_capturing_deployments() 
         assert!(r["request"].get("parameters").is_none(), "metadata off");
         let inputs = r["request"]["inputs"].as_array().expect("inputs kept");
         assert_eq!(inputs.len(), 2);
-        let output0 = r["response"]["outputs"].as_array().expect("outputs kept").iter().find(|o| o["name"] == "OUTPUT0");
+        let output0 =
+            r["response"]["outputs"].as_array().expect("outputs kept").iter().find(|o| o["name"] == "OUTPUT0");
         assert_eq!(output0.expect("OUTPUT0")["shape"], json!([1, 16]));
     }
     assert!(fake.captures.lock().iter().all(|b| !b.worker_id.is_empty() && b.tenant_id == TENANT_A));

@@ -81,7 +81,7 @@ def test_capture_writes_sampled_requests_to_the_tenants_storage(make_cluster):
         assert r["deployment_id"] == scorer["id"]
         assert r["truncated"] is False
         assert r["duration_us"] >= 0 and r["received_at_ms"] > 1_700_000_000_000
-        assert "request_id" in r
+        assert r["request_id"], "every record is named (a UUID when the client sent no id)"
         inp = r["request"]["inputs"][0]
         assert (inp["name"], inp["datatype"], inp["shape"]) == ("INPUT0", "FP32", [2, 4])
         assert inp["data"] == x.flatten().tolist()

@@ -125,7 +125,9 @@ pub fn is_file_name(name: &str) -> bool {
 
 /// Whether a worker id may name a file (workers choose their ids).
 fn is_worker_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// The UTC date of Unix milliseconds, `YYYY-MM-DD`; `None` when out of range.
@@ -260,7 +262,12 @@ mod tests {
         let s = settings(serde_json::json!({ "enabled": true }));
         assert_eq!((s.sample_rate, s.inputs, s.outputs, s.metadata), (1.0, true, true, true));
         assert_eq!(s.max_record_bytes, DEFAULT_MAX_RECORD_BYTES);
-        for bad in [serde_json::json!({"enabled": true, "sample_rate": 1.5}), serde_json::json!({"enabled": true, "sample_rate": -0.1}), serde_json::json!({"enabled": true, "max_record_bytes": 10}), serde_json::json!({"enabled": true, "max_record_bytes": 1 << 30})] {
+        for bad in [
+            serde_json::json!({"enabled": true, "sample_rate": 1.5}),
+            serde_json::json!({"enabled": true, "sample_rate": -0.1}),
+            serde_json::json!({"enabled": true, "max_record_bytes": 10}),
+            serde_json::json!({"enabled": true, "max_record_bytes": 1 << 30}),
+        ] {
             let e = settings(bad.clone()).checked().expect_err("refused");
             assert_eq!(e.kind(), crate::error::ErrorKind::InvalidArgument, "{bad}");
         }
@@ -269,7 +276,8 @@ mod tests {
 
     #[test]
     fn workers_hear_of_capture_only_when_it_samples() {
-        let on = settings(serde_json::json!({ "enabled": true, "sample_rate": 0.5, "metadata": false })).checked().unwrap();
+        let on =
+            settings(serde_json::json!({ "enabled": true, "sample_rate": 0.5, "metadata": false })).checked().unwrap();
         let w = CaptureSettings::for_worker(Some(&on)).expect("on");
         assert_eq!((w.sample_rate, w.metadata, w.max_record_bytes), (0.5, false, 65536));
         let off = settings(serde_json::json!({ "enabled": false })).checked().unwrap();
@@ -309,7 +317,14 @@ mod tests {
     #[test]
     fn file_names_cannot_leave_their_folder() {
         assert!(is_file_name("2026-12-02/w-0190.jsonl"));
-        for bad in ["2026-12-02/../x.jsonl", "2026-12-02/.jsonl", "x/y.jsonl", "2026-12-02/a/b.jsonl", "2026-12-02/a.txt", "2026-1-02/a.jsonl"] {
+        for bad in [
+            "2026-12-02/../x.jsonl",
+            "2026-12-02/.jsonl",
+            "x/y.jsonl",
+            "2026-12-02/a/b.jsonl",
+            "2026-12-02/a.txt",
+            "2026-1-02/a.jsonl",
+        ] {
             assert!(!is_file_name(bad), "{bad}");
         }
     }

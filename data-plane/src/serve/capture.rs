@@ -150,7 +150,8 @@ impl Tap {
             received_at: done.received_at,
             duration: done.duration,
             error: done.error,
-            request_id: kept.request_id,
+            // A request without a client id gets one, so that every record can be named.
+            request_id: if kept.request_id.is_empty() { uuid::Uuid::now_v7().to_string() } else { kept.request_id },
             parameters: kept.parameters,
             inputs: kept.inputs,
             response: kept.response,
@@ -193,7 +194,7 @@ pub struct CaptureRecord {
     pub duration: Duration,
     /// Error message of a failed request.
     pub error: Option<String>,
-    /// The request's id (the client's, else empty).
+    /// The request's id: the client's, else one made up for the record (a UUID).
     pub request_id: String,
     /// Request parameters (when metadata is kept).
     pub parameters: Parameters,
@@ -354,7 +355,12 @@ mod tests {
 
     fn int32(name: &str, values: &[i32]) -> OutputTensor {
         let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        OutputTensor { name: name.into(), datatype: DataType::Int32, shape: vec![values.len() as i64], data: data.into() }
+        OutputTensor {
+            name: name.into(),
+            datatype: DataType::Int32,
+            shape: vec![values.len() as i64],
+            data: data.into(),
+        }
     }
 
     fn record(settings: CaptureSettings, error: Option<&str>) -> CaptureRecord {
@@ -410,6 +416,24 @@ mod tests {
     }
 
     #[test]
+    fn requests_without_an_id_get_one() {
+        let settings = settings(1 << 20);
+        let mut tap = Tap::on(settings);
+        tap.request(&InferRequest::default());
+        let ticket = Ticket { deployment_id: "d".into(), settings };
+        let done = Finished {
+            tenant_id: "t".into(),
+            model: "m".into(),
+            version: 1,
+            received_at: UNIX_EPOCH,
+            duration: Duration::ZERO,
+            error: None,
+        };
+        let record = tap.into_record(ticket, done).expect("a record");
+        assert!(uuid::Uuid::parse_str(&record.request_id).is_ok(), "{}", record.request_id);
+    }
+
+    #[test]
     fn an_inert_tap_makes_no_record() {
         let mut tap = Tap::off();
         tap.request(&InferRequest::default());
@@ -437,7 +461,10 @@ mod tests {
         assert_eq!(v["received_at_ms"], 1_700_000_000_123_i64);
         assert_eq!(v["duration_us"], 250);
         assert_eq!(v["request"]["parameters"]["priority"], 2);
-        assert_eq!(v["request"]["inputs"][0], json!({"name": "INPUT0", "datatype": "INT32", "shape": [4], "data": [1, 2, 3, 4]}));
+        assert_eq!(
+            v["request"]["inputs"][0],
+            json!({"name": "INPUT0", "datatype": "INT32", "shape": [4], "data": [1, 2, 3, 4]})
+        );
         assert_eq!(v["response"]["outputs"][0]["data"], json!([5, 6, 7, 8]));
     }
 
@@ -456,7 +483,12 @@ mod tests {
 
     #[test]
     fn binary_only_types_are_base64() {
-        let half = OutputTensor { name: "h".into(), datatype: DataType::Fp16, shape: vec![1], data: Bytes::from_static(&[0, 60]) };
+        let half = OutputTensor {
+            name: "h".into(),
+            datatype: DataType::Fp16,
+            shape: vec![1],
+            data: Bytes::from_static(&[0, 60]),
+        };
         let mut out = Vec::new();
         write_tensors(&mut out, &[half], true);
         let v: Value = serde_json::from_slice(&out).expect("json");

@@ -73,14 +73,20 @@ impl ServerState {
         let mut tap = capture.as_ref().map_or_else(Tap::off, |(_, ticket, ..)| Tap::on(ticket.settings));
         let result = run(&loaded, &mut tap).await;
         if let (Some((hook, ticket, received_at, started)), Some(caller)) = (capture, caller) {
-            submit_capture(hook, tap, ticket, &result, Finished {
-                tenant_id: caller.tenant_id.clone(),
-                model: loaded.spec.name.clone(),
-                version: loaded.version,
-                received_at,
-                duration: started.elapsed(),
-                error: None,
-            });
+            submit_capture(
+                hook,
+                tap,
+                ticket,
+                &result,
+                Finished {
+                    tenant_id: caller.tenant_id.clone(),
+                    model: loaded.spec.name.clone(),
+                    version: loaded.version,
+                    received_at,
+                    duration: started.elapsed(),
+                    error: None,
+                },
+            );
         }
         if let Some((hook, caller, started, bytes_in)) = metered {
             let (success, rows, bytes_out) = match &result {

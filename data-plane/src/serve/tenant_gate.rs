@@ -107,9 +107,7 @@ mod tests {
         let infer = async |who: &Principal| {
             let run = async |_: &crate::engine::model::LoadedModel,
                              _: &mut crate::serve::capture::Tap|
-                   -> Result<Answered<()>> {
-                Ok(Answered { answer: (), rows: 1, bytes_out: 0 })
-            };
+                   -> Result<Answered<()>> { Ok(Answered { answer: (), rows: 1, bytes_out: 0 }) };
             state.infer(Some(who), "absent", None, || 0, run).await
         };
         let gate = state.tenant_gate().expect("a gate");

@@ -10,6 +10,7 @@
 
 pub mod archive;
 pub mod cache;
+pub mod capture;
 pub mod client;
 pub mod config;
 pub mod credentials;
@@ -18,7 +19,6 @@ pub mod inventory;
 pub mod reconcile;
 pub mod saved;
 pub mod session;
-pub mod capture;
 pub mod usage;
 
 use std::net::SocketAddr;

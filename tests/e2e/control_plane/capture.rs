@@ -75,14 +75,21 @@ async fn capture_batches_are_stored_per_tenant_listed_downloaded_and_expire() {
     let acme_d = deploy(&app, &acme.deployer, "acme", capture.clone()).await;
     let umbrella_d = deploy(&app, &umbrella.deployer, "umbrella", capture).await;
     let shown = app.get(&acme.viewer, "/v1/tenants/acme/deployments/d").await.expect(200)["capture"].clone();
-    assert_eq!(shown, json!({ "enabled": true, "sample_rate": 0.5, "inputs": true, "outputs": true, "metadata": false, "max_record_bytes": 65536 }));
+    assert_eq!(
+        shown,
+        json!({ "enabled": true, "sample_rate": 0.5, "inputs": true, "outputs": true, "metadata": false, "max_record_bytes": 65536 })
+    );
 
     // A worker's batch is stored under the tenant's prefix; naming another tenant's deployment
     // or a malformed id is refused.
     let mut agent = client(&app, TOKEN).await;
     let lines = [json!({ "request_id": "r1", "model": "m" }), json!({ "request_id": "r2", "model": "m" })];
     let stored = agent.report_capture(batch(&acme_id, &acme_d, &lines)).await.expect("stored").into_inner();
-    assert!(stored.key.starts_with(&format!("tenants/{acme_id}/capture/{acme_d}/2025-12-02/worker-1-")), "{}", stored.key);
+    assert!(
+        stored.key.starts_with(&format!("tenants/{acme_id}/capture/{acme_d}/2025-12-02/worker-1-")),
+        "{}",
+        stored.key
+    );
     let cross = agent.report_capture(batch(&umbrella_id, &acme_d, &lines)).await.expect_err("not umbrella's");
     assert_eq!(cross.code(), tonic::Code::NotFound);
     let mut bad = batch(&acme_id, &acme_d, &lines);
@@ -106,7 +113,10 @@ async fn capture_batches_are_stored_per_tenant_listed_downloaded_and_expire() {
     assert_eq!(listed[0]["size_bytes"].as_u64(), Some(text.len() as u64));
     assert_eq!(app.get(&umbrella.admin, "/v1/tenants/acme/deployments/d/captures").await.status, 404);
     assert_eq!(app.get(&umbrella.admin, &path).await.status, 404);
-    assert_eq!(app.get(&acme.viewer, "/v1/tenants/acme/deployments/d/captures/2025-12-02/nope.jsonl").await.status, 404);
+    assert_eq!(
+        app.get(&acme.viewer, "/v1/tenants/acme/deployments/d/captures/2025-12-02/nope.jsonl").await.status,
+        404
+    );
     assert_eq!(files(&app, &umbrella.viewer, "umbrella").await.len(), 1, "umbrella sees its own file only");
 
     // Retention: acme keeps 1 day, umbrella the 30-day default. Files 3 days old go for acme only.

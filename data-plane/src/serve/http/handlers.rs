@@ -88,10 +88,14 @@ pub async fn handle_infer(
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     let v = parse_version(&model, version.as_deref())?;
     let caller = c.principal();
-    s.infer(caller, &model, v, || body.len() as u64, async |loaded, tap| {
-        run_infer(s, caller, loaded, headers, &body, tap).await
-    })
-        .await
+    s.infer(
+        caller,
+        &model,
+        v,
+        || body.len() as u64,
+        async |loaded, tap| run_infer(s, caller, loaded, headers, &body, tap).await,
+    )
+    .await
 }
 
 /// Decodes the body (reading the inputs that are in shared memory), runs it on `loaded` and

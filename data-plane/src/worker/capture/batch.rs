@@ -135,7 +135,12 @@ impl<S: CaptureSink> Shipper<S> {
 
     /// Drains `queue` until `shutdown`: full batches ship at once, the rest every `interval`;
     /// at shutdown what is queued ships once more within a short deadline.
-    pub async fn run(mut self, mut queue: mpsc::Receiver<CaptureRecord>, interval: Duration, shutdown: CancellationToken) {
+    pub async fn run(
+        mut self,
+        mut queue: mpsc::Receiver<CaptureRecord>,
+        interval: Duration,
+        shutdown: CancellationToken,
+    ) {
         let mut batcher = Batcher::default();
         let mut flush = tokio::time::interval(interval);
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -156,9 +156,24 @@ impl CaptureHook for Capture {
         let counter = |out: &mut String, name: &str, help: &str, value: u64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
         };
-        counter(out, "tessera_capture_sampled_total", "Requests sampled for capture.", c.sampled.load(Ordering::Relaxed));
-        counter(out, "tessera_capture_stored_total", "Captured records the control plane stored.", c.stored.load(Ordering::Relaxed));
-        counter(out, "tessera_capture_batches_total", "Capture files the control plane stored.", c.batches.load(Ordering::Relaxed));
+        counter(
+            out,
+            "tessera_capture_sampled_total",
+            "Requests sampled for capture.",
+            c.sampled.load(Ordering::Relaxed),
+        );
+        counter(
+            out,
+            "tessera_capture_stored_total",
+            "Captured records the control plane stored.",
+            c.stored.load(Ordering::Relaxed),
+        );
+        counter(
+            out,
+            "tessera_capture_batches_total",
+            "Capture files the control plane stored.",
+            c.batches.load(Ordering::Relaxed),
+        );
         let name = "tessera_capture_dropped_total";
         let _ = writeln!(out, "# HELP {name} Captured records dropped, by reason.\n# TYPE {name} counter");
         for reason in [DropReason::QueueFull, DropReason::TooLarge, DropReason::ShipFailed] {
@@ -206,7 +221,11 @@ mod tests {
     fn only_capturing_deployments_of_the_right_tenant_are_sampled() {
         let (capture, _rx) = Capture::new(4);
         assert!(capture.sample("a", "m").is_none(), "nothing assigned");
-        capture.assigned(&[assignment("a", "m", Some(1.0)), assignment("a", "off", None), assignment("a", "zero", Some(0.0))]);
+        capture.assigned(&[
+            assignment("a", "m", Some(1.0)),
+            assignment("a", "off", None),
+            assignment("a", "zero", Some(0.0)),
+        ]);
         assert_eq!(&*capture.sample("a", "m").expect("sampled").deployment_id, "dep-m");
         assert!(capture.sample("b", "m").is_none(), "another tenant's model of the same name");
         assert!(capture.sample("a", "off").is_none());
