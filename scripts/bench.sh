@@ -6,6 +6,7 @@
 #
 #   scripts/bench.sh [--suite quick|full|sequence] [--no-triton] [--no-build] [compare.py options]
 #   scripts/bench.sh --gateway [--no-build] [gateway.py options]
+#   scripts/bench.sh --capture [--no-build] [capture.py options]
 #
 #   --suite quick   raw mlp batch 1; tessera only: mlp concurrency 1 and 4
 #                   over HTTP and gRPC (about 30 s after set-up and build)
@@ -30,8 +31,16 @@
 #                   p50, the p50 added, the throughput change and the goal
 #                   (<= 30 us added at p50, <= 15 % throughput lost at
 #                   concurrency 16) (about 3 minutes)
+#   --capture       instead of the above, only what request/response capture
+#                   costs: bench/capture.py starts a control plane (SQLite) and
+#                   one worker, deploys add_sub, and runs add_sub c1 over HTTP
+#                   and gRPC with the deployment's capture off and on (sample
+#                   rate 1.0, inputs, outputs, metadata), alternating, three
+#                   rounds (--rounds N); prints off vs on infer/s and p50, the
+#                   overhead and the goal (<= 5 %) (about 2 minutes)
 #   anything else goes to bench/compare.py, or with --gateway to
-#   bench/gateway.py (see `scripts/bench.sh [--gateway] --help`).
+#   bench/gateway.py, with --capture to bench/capture.py (see
+#   `scripts/bench.sh [--gateway|--capture] --help`).
 #
 # Set-up it runs (each idempotent, quiet when cached): setup-ort.sh,
 # setup-python.sh, setup-perf-analyzer.sh, setup-triton.sh (full suite with
@@ -50,6 +59,7 @@ suite=full
 triton=1
 build=1
 gateway=0
+capture=0
 pass=()
 while (($#)); do
   case "$1" in
@@ -58,11 +68,16 @@ while (($#)); do
     --no-triton) triton=0; pass+=("$1") ;;
     --no-build) build=0 ;;
     --gateway) gateway=1 ;;
+    --capture) capture=1 ;;
     -h | --help)
       sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
       script=compare.py
-      for a in "$@"; do [[ "$a" != --gateway ]] || gateway=1; done
+      for a in "$@"; do
+        [[ "$a" != --gateway ]] || gateway=1
+        [[ "$a" != --capture ]] || capture=1
+      done
       if ((gateway)); then script=gateway.py; fi
+      if ((capture)); then script=capture.py; fi
       exec "$TESSERA_ROOT/.venv/bin/python" "$TESSERA_ROOT/bench/$script" --help
       ;;
     *) pass+=("$1") ;;
@@ -71,11 +86,12 @@ while (($#)); do
 done
 [[ "$suite" == quick || "$suite" == full || "$suite" == sequence ]] || die "--suite must be quick, full or sequence, not '$suite'"
 [[ "$suite" == full || "$suite" == sequence ]] || triton=0
-if ((gateway)); then
+((gateway + capture < 2)) || die "--gateway and --capture are separate benchmarks: give one"
+if ((gateway || capture)); then
   # The suite and Triton flags belong to compare.py; gateway.py has neither.
   for a in ${pass[@]+"${pass[@]}"}; do
     case "$a" in
-      --suite | --suite=* | --no-triton | --runner) die "$a does not go with --gateway (see scripts/bench.sh --gateway --help)" ;;
+      --suite | --suite=* | --no-triton | --runner) die "$a does not go with --gateway or --capture (see their --help)" ;;
     esac
   done
   triton=0
@@ -120,7 +136,10 @@ trap 'forward TERM' TERM
 trap 'forward INT' INT
 trap 'forward HUP' HUP
 
-if ((gateway)); then
+if ((capture)); then
+  "$venv/bin/python" "$TESSERA_ROOT/bench/capture.py" --tessera "$tessera" --perf-analyzer "$pa" \
+    ${pass[@]+"${pass[@]}"} &
+elif ((gateway)); then
   "$venv/bin/python" "$TESSERA_ROOT/bench/gateway.py" --tessera "$tessera" --perf-analyzer "$pa" \
     ${pass[@]+"${pass[@]}"} &
 else

@@ -140,6 +140,12 @@ pub struct ControlPlaneArgs {
     /// Days usage is kept per minute; older minutes are folded into hourly rows (totals kept).
     #[arg(long, env = "TESSERA_USAGE_MINUTE_RETENTION_DAYS", default_value_t = 14)]
     pub usage_minute_retention_days: u64,
+    /// Days captured requests are kept for a tenant that set no retention of its own.
+    #[arg(long, env = "TESSERA_CAPTURE_RETENTION_DAYS", default_value_t = 30)]
+    pub capture_retention_days: u64,
+    /// How often the scheduler leader deletes expired capture files, in milliseconds.
+    #[arg(long, env = "TESSERA_CAPTURE_SWEEP_INTERVAL_MS", default_value_t = 600_000)]
+    pub capture_sweep_interval_ms: u64,
     /// Directory of the built web console (`web/dist`), served at `/`. Default: `web/dist`
     /// under the working directory or in the source tree, if built; else the console is off.
     #[arg(long, env = "TESSERA_CONSOLE_DIR")]
@@ -232,6 +238,10 @@ pub struct Config {
     pub webhook_poll: Duration,
     /// How long usage is kept per minute before the retention job folds it into hours.
     pub usage_minute_retention: Duration,
+    /// Days capture files are kept for tenants without their own retention.
+    pub capture_retention_days: u64,
+    /// Time between the leader's capture retention sweeps.
+    pub capture_sweep_interval: Duration,
     /// Web console directory; `None`: the console is off.
     pub console_dir: Option<PathBuf>,
     /// Separate `/metrics` listen address; `None`: the API listener serves it.
@@ -307,6 +317,8 @@ impl ControlPlaneArgs {
             webhook_timeout: Duration::from_millis(self.webhook_timeout_ms.clamp(100, 120_000)),
             webhook_poll: Duration::from_millis(self.webhook_poll_ms.clamp(10, 60_000)),
             usage_minute_retention: Duration::from_secs(self.usage_minute_retention_days.max(1) * 86_400),
+            capture_retention_days: self.capture_retention_days.clamp(1, crate::capture::MAX_RETENTION_DAYS as u64),
+            capture_sweep_interval: Duration::from_millis(self.capture_sweep_interval_ms.max(100)),
             console_dir: self.console_dir.filter(|d| !d.as_os_str().is_empty()).or_else(crate::console::default_dir),
             metrics_listen: self.metrics_listen,
             public_url: self.public_url,

@@ -107,6 +107,8 @@ wire_enum! {
         WebhookPing = "webhook.ping",
         /// A platform admin changed whether a tenant's webhooks may reach private addresses.
         WebhookSettingsUpdate = "webhook_settings.update",
+        /// A tenant's capture retention was set.
+        CaptureRetentionUpdate = "capture_retention.update",
     }
 }
 
@@ -117,6 +119,8 @@ wire_enum! {
         Tenant = "tenant",
         /// A tenant's quotas.
         Quota = "quota",
+        /// A tenant's capture retention.
+        CaptureRetention = "capture_retention",
         /// The price schedule.
         Prices = "prices",
         /// The token signing key.

@@ -13,6 +13,7 @@ pub mod app;
 pub mod archive;
 pub mod audit_checkpoints;
 pub mod auth;
+pub mod capture;
 pub mod config;
 pub mod console;
 pub mod error;

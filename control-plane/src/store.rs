@@ -40,6 +40,17 @@ pub struct StoredArtifact {
     pub size: u64,
 }
 
+/// An object's key, size and last change, as a listing shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Key.
+    pub key: String,
+    /// Bytes.
+    pub size: u64,
+    /// Last written.
+    pub last_modified: time::OffsetDateTime,
+}
+
 /// Where artifacts live.
 #[derive(Clone)]
 pub struct ArtifactStore {
@@ -256,6 +267,27 @@ impl ArtifactStore {
             keys.push(meta?.location.to_string());
         }
         Ok(keys)
+    }
+
+    /// Every object under `prefix` (a folder, ending in `/`) with its size and time, in no order.
+    pub async fn list_objects(&self, prefix: &str) -> Result<Vec<ObjectInfo>> {
+        let prefix = Path::from(prefix.trim_end_matches('/'));
+        let mut listing = self.store.list(Some(&prefix));
+        let mut objects = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta?;
+            let nanos = meta.last_modified.timestamp_nanos_opt().unwrap_or(0);
+            let last_modified = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(nanos))
+                .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+            objects.push(ObjectInfo { key: meta.location.to_string(), size: meta.size, last_modified });
+        }
+        Ok(objects)
+    }
+
+    /// Writes a small object at `key`, replacing one that is there (a retried capture batch).
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<()> {
+        self.store.put(&Path::from(key), bytes.into()).await?;
+        Ok(())
     }
 
     /// A small object's bytes, or `None` when there is none; refuses more than `max` bytes.

@@ -48,6 +48,8 @@ struct Fake {
     usage_acks_lost: AtomicUsize,
     /// While set, `ReportUsage` fails without storing anything (control plane down).
     refuse_usage: AtomicBool,
+    /// Capture batches received (as the control plane would store them).
+    captures: parking_lot::Mutex<Vec<agent::ReportCaptureRequest>>,
     /// Ends open sessions (so the server can stop).
     stop: CancellationToken,
 }
@@ -220,6 +222,17 @@ impl WorkerAgent for Service {
         }
         Ok(Response::new(agent::ReportUsageResponse { acknowledged }))
     }
+
+    async fn report_capture(
+        &self,
+        request: Request<agent::ReportCaptureRequest>,
+    ) -> Result<Response<agent::ReportCaptureResponse>, Status> {
+        check_token(&request)?;
+        let batch = request.into_inner();
+        let key = format!("tenants/{}/capture/{}/{}.jsonl", batch.tenant_id, batch.deployment_id, batch.batch_id);
+        self.0.captures.lock().push(batch);
+        Ok(Response::new(agent::ReportCaptureResponse { key }))
+    }
 }
 
 struct FakeServer {
@@ -240,6 +253,7 @@ async fn start_fake(model: &[u8]) -> FakeServer {
         lose_usage_acks: AtomicBool::new(false),
         usage_acks_lost: AtomicUsize::new(0),
         refuse_usage: AtomicBool::new(false),
+        captures: Default::default(),
         stop: CancellationToken::new(),
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -273,6 +287,7 @@ fn replica(model: &[u8], id: &str, version: i64, serving: bool) -> agent::Assign
         }),
         config_json: r#"{"instance_group": [{"count": 1, "kind": "KIND_CPU"}]}"#.into(),
         serving,
+        capture: None,
     }
 }
 
@@ -746,4 +761,84 @@ async fn usage_matches_what_clients_saw_across_an_abrupt_restart() {
     assert_eq!(latencies, seen.requests + seen.failures, "one latency per metered request");
     drop(usage);
     fake.stop.cancel();
+}
+
+/// Every captured record the fake received, parsed, in arrival order.
+fn captured(fake: &Fake) -> Vec<Value> {
+    let batches = fake.captures.lock();
+    batches
+        .iter()
+        .flat_map(|b| {
+            b.jsonl
+                .split(|c| *c == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice(l).expect("a JSON line"))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn captured_requests_ship_in_batches_and_only_for_capturing_deployments() {
+    let model = onnx_builder::add_sub();
+    let server = start_fake(&model).await;
+    let fake = server.fake.clone();
+    fake.assignments.send_replace(set(1, vec![replica(&model, "replica-1", 1, true)]));
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut config = WorkerConfig::local(&server.url, WorkerToken::new(TOKEN), data.path());
+    config.usage_ship_interval = Duration::from_millis(100);
+    let shutdown = CancellationToken::new();
+    let (bound_tx, bound_rx) = tokio::sync::oneshot::channel::<BoundAddrs>();
+    let worker = tokio::spawn(worker::run(config, shutdown.clone(), move |b| {
+        let _ = bound_tx.send(b);
+    }));
+    let bound = bound_rx.await.expect("worker bound its listeners");
+    let http = format!("http://{}", bound.http.expect("http on"));
+    heartbeat_until(&fake, "replica READY", |h| replica_state(h) == Some(agent::ReplicaState::Ready)).await;
+
+    // Capture off: nothing is captured.
+    assert_eq!(infer(&http, Some("tsk_a")).await.0, 200);
+
+    // Capture on (inputs and outputs, no parameters): HTTP and gRPC requests are captured.
+    let mut on = replica(&model, "replica-1", 1, true);
+    on.capture = Some(agent::CaptureSettings {
+        sample_rate: 1.0,
+        inputs: true,
+        outputs: true,
+        metadata: false,
+        max_record_bytes: 1 << 20,
+    });
+    fake.assignments.send_replace(set(2, vec![on]));
+    heartbeat_until(&fake, "generation 2", |h| h.applied_generation == 2).await;
+    assert_eq!(infer(&http, Some("tsk_a")).await.0, 200);
+    assert_eq!(grpc_infer(bound.grpc.expect("grpc on"), "tsk_a").await, Ok(()));
+    let wait = async {
+        while captured(&fake).len() < 2 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), wait).await.expect("two records shipped");
+    let records = captured(&fake);
+    assert_eq!(records.len(), 2, "the request before capture was on is not there: {records:?}");
+    for r in &records {
+        assert_eq!(r["model"], "add_sub");
+        assert_eq!(r["version"], 1);
+        assert_eq!(r["tenant_id"], TENANT_A);
+        assert_eq!(r["deployment_id"], "deployment-1");
+        assert_eq!(r["status"], "ok");
+        assert!(r["request"].get("parameters").is_none(), "metadata off");
+        let inputs = r["request"]["inputs"].as_array().expect("inputs kept");
+        assert_eq!(inputs.len(), 2);
+        let output0 =
+            r["response"]["outputs"].as_array().expect("outputs kept").iter().find(|o| o["name"] == "OUTPUT0");
+        assert_eq!(output0.expect("OUTPUT0")["shape"], json!([1, 16]));
+    }
+    assert!(fake.captures.lock().iter().all(|b| !b.worker_id.is_empty() && b.tenant_id == TENANT_A));
+    let metrics = metrics_text(&bound).await;
+    assert!(metrics.contains("tessera_capture_stored_total 2"), "{metrics}");
+    assert!(metrics.contains("tessera_capture_dropped_total{reason=\"queue_full\"} 0"), "{metrics}");
+
+    shutdown.cancel();
+    worker.await.expect("worker task").expect("worker ran");
+    fake.stop.cancel();
+    let _ = server.task.await;
 }

@@ -36,6 +36,22 @@ pub enum DeploymentsCommand {
     Promote(NameArgs),
     /// Roll the canary back: the stable version takes all traffic, the canary's replicas drain.
     Rollback(NameArgs),
+    /// A deployment's capture files (captured requests), or with `--get FILE` one file's
+    /// JSON Lines on stdout.
+    Captures(CapturesArgs),
+}
+
+/// `tessera deployments captures` flags.
+#[derive(Debug, clap::Args)]
+pub struct CapturesArgs {
+    /// Deployment name.
+    pub name: String,
+    /// Print this file (`YYYY-MM-DD/<worker>-<batch>.jsonl`, as listed) instead of the list.
+    #[arg(long, value_name = "FILE")]
+    pub get: Option<String>,
+    /// Control plane connection.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
 }
 
 /// `tessera deployments list` flags.
@@ -171,6 +187,40 @@ fn print_deployment(raw: &Value, output: Output, verb: &str) -> anyhow::Result<(
     Ok(())
 }
 
+/// Lists a deployment's capture files, or prints one.
+async fn run_captures(args: CapturesArgs, output: Output) -> anyhow::Result<()> {
+    let (settings, api) = args.connection.connect()?;
+    let base = format!("{}/captures", deployment_path(&settings.tenant, &args.name));
+    if let Some(file) = &args.get {
+        let request = api.request(reqwest::Method::GET, &format!("{base}/{file}"));
+        let (_, text) = api
+            .send_raw(request)
+            .await
+            .map_err(|e| e.advise(DEPLOYMENTS_HINT))
+            .with_context(|| format!("download capture file {file} of {}", args.name))?;
+        print!("{text}");
+        return Ok(());
+    }
+    let files = api
+        .get_all(&base, &[], "files")
+        .await
+        .map_err(|e| e.advise(DEPLOYMENTS_HINT))
+        .with_context(|| format!("list the capture files of {}", args.name))?;
+    if output.is_json() {
+        return print_json(&Value::Array(files));
+    }
+    let mut table = Table::new(["FILE", "BYTES", "WRITTEN"]);
+    for f in &files {
+        table.row([cell(&f["name"]), cell(&f["size_bytes"]), time(&cell(&f["last_modified"]))]);
+    }
+    let empty = format!(
+        "no capture files for deployment {} (turn capture on with PATCH .../deployments/{} {{\"capture\": {{\"enabled\": true}}}})",
+        args.name, args.name
+    );
+    table.print_or(&empty);
+    Ok(())
+}
+
 fn canary_path(tenant: &str, name: &str) -> String {
     format!("{}/canary", deployment_path(tenant, name))
 }
@@ -218,6 +268,7 @@ pub async fn run(command: DeploymentsCommand, output: Output) -> anyhow::Result<
             table.print_or(&format!("no events for deployment {}", args.name));
         }
         DeploymentsCommand::Watch(args) => run_watch(args, output).await?,
+        DeploymentsCommand::Captures(args) => run_captures(args, output).await?,
         DeploymentsCommand::Canary(args) => {
             let (settings, api) = args.connection.connect()?;
             let (method, body) = args.request()?;

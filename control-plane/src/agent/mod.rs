@@ -1,7 +1,7 @@
 //! The agent gRPC service workers call (`tessera.agent.v1.WorkerAgent`), served on the REST
 //! listener: sessions (registration, heartbeats, assignments), API key lookups for workers'
-//! inference endpoints, the token keys, artifact downloads, usage reports, and gateways' route
-//! streams.
+//! inference endpoints, the token keys, artifact downloads, usage reports, capture batches, and
+//! gateways' route streams.
 //!
 //! Every call must carry `authorization: Bearer <worker token>` (`--worker-token`), checked in
 //! constant time by an interceptor before any method runs.
@@ -19,8 +19,8 @@ use sha2::Sha256;
 use tessera_protocol::agent::worker_agent_server::{WorkerAgent, WorkerAgentServer};
 use tessera_protocol::agent::{
     ArtifactChunk, AuthenticateKeyRequest, AuthenticateKeyResponse, ControlMessage, FetchArtifactRequest,
-    GetTokenKeysRequest, GetTokenKeysResponse, ReportUsageRequest, ReportUsageResponse, RouteTable, WatchRoutesRequest,
-    WorkerMessage,
+    GetTokenKeysRequest, GetTokenKeysResponse, ReportCaptureRequest, ReportCaptureResponse, ReportUsageRequest,
+    ReportUsageResponse, RouteTable, WatchRoutesRequest, WorkerMessage,
 };
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
@@ -165,6 +165,14 @@ impl WorkerAgent for AgentService {
         let records = request.into_inner().records;
         let acknowledged = crate::usage::ingest(&self.app.registry, &records).await?;
         Ok(Response::new(ReportUsageResponse { acknowledged }))
+    }
+
+    async fn report_capture(
+        &self,
+        request: Request<ReportCaptureRequest>,
+    ) -> Result<Response<ReportCaptureResponse>, Status> {
+        let key = crate::capture::ingest(&self.app, request.into_inner()).await?;
+        Ok(Response::new(ReportCaptureResponse { key }))
     }
 
     async fn watch_routes(

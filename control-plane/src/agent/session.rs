@@ -185,6 +185,7 @@ fn assignment(r: AssignmentRow) -> Assignment {
         }),
         config_json: serde_json::to_string(&r.config.0).unwrap_or_default(),
         serving: r.serving,
+        capture: crate::capture::CaptureSettings::for_worker(r.capture.as_ref().map(|j| &j.0)),
     }
 }
 

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use super::models::PageParams;
 use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
+use crate::capture::CaptureSettings;
 use crate::error::{Error, Result};
 use crate::kinds::DeploymentEventKind;
 use crate::registry::{
@@ -110,6 +111,9 @@ pub struct DeploymentCreate {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 1_099_511_627_776_i64)]
     pub memory_bytes: Option<i64>,
+    /// Request/response capture; absent: off.
+    #[serde(default)]
+    pub capture: Option<CaptureSettings>,
 }
 
 /// Changes to a deployment; absent fields stay as they are, `null` clears an optional
@@ -150,6 +154,10 @@ pub struct DeploymentUpdate {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<i64>, minimum = 1, maximum = 1_099_511_627_776_i64)]
     pub memory_bytes: Option<Option<i64>>,
+    /// Request/response capture (replaces the settings; `{"enabled": false}` turns it off). Takes
+    /// effect on the workers without a rollout.
+    #[serde(default)]
+    pub capture: Option<CaptureSettings>,
 }
 
 /// A field that is present (possibly `null`), as opposed to absent (`#[serde(default)]`).
@@ -263,6 +271,8 @@ pub struct Deployment {
     pub dynamic_batching: Option<DynamicBatching>,
     /// Memory per replica (given, or the default for the target version).
     pub memory_bytes: i64,
+    /// Request/response capture, if ever set.
+    pub capture: Option<CaptureSettings>,
     /// `pending` (a replica cannot be placed yet), `progressing`, `ready` or `failed`.
     pub state: DeploymentState,
     /// Every replica, old and new, by index.
@@ -375,6 +385,7 @@ impl DeploymentCreate {
             max_batch_size: self.max_batch_size,
             dynamic_batching: check_batching(self.dynamic_batching.as_ref(), self.max_batch_size)?,
             memory_bytes: self.memory_bytes,
+            capture: self.capture.as_ref().map(CaptureSettings::checked).transpose()?,
         };
         Ok((self.name, self.model, spec))
     }
@@ -401,6 +412,7 @@ impl DeploymentUpdate {
             max_batch_size: self.max_batch_size,
             dynamic_batching,
             memory_bytes: self.memory_bytes,
+            capture: self.capture.as_ref().map(CaptureSettings::checked).transpose()?,
         })
     }
 }
@@ -484,6 +496,7 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
         })
         .collect();
     let dynamic_batching = d.dynamic_batching.and_then(|j| serde_json::from_value(j.0).ok());
+    let capture = CaptureSettings::stored(d.capture.as_ref().map(|j| &j.0));
     let endpoint = app.config.gateway_url.as_ref().map(|url| InferenceEndpoint {
         http: format!("{url}/v2/models/{}", url_segment(&d.model_name)),
         grpc: app.config.gateway_grpc_address.clone(),
@@ -505,6 +518,7 @@ async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, Worker
         instance_count: d.instance_count,
         max_batch_size: d.max_batch_size,
         dynamic_batching,
+        capture,
         state,
         replica_status,
         notice: None,
@@ -787,6 +801,7 @@ mod tests {
             max_batch_size: None,
             dynamic_batching: None,
             memory_bytes: None,
+            capture: None,
             spec_generation: 1,
             canary_version: None,
             canary_weight: 0,

@@ -8,6 +8,7 @@ mod aliases;
 mod audit;
 mod billing;
 mod canary;
+mod captures;
 mod cursor;
 mod deployments;
 mod extract;
@@ -161,6 +162,9 @@ fn api_router() -> OpenApiRouter<AppState> {
             deployments::handle_deployment_delete
         ))
         .routes(routes!(deployments::handle_deployment_events))
+        .routes(routes!(captures::handle_capture_list))
+        .routes(routes!(captures::handle_capture_get))
+        .routes(routes!(captures::handle_capture_retention_get, captures::handle_capture_retention_set))
         .routes(routes!(canary::handle_canary_set, canary::handle_canary_update))
         .routes(routes!(canary::handle_canary_promote))
         .routes(routes!(canary::handle_canary_rollback))

@@ -362,6 +362,7 @@ mod tests {
             max_batch_size: None,
             dynamic_batching: None,
             memory_bytes: None,
+            capture: None,
             spec_generation: 1,
             canary_version: canary.map(|(v, _)| v),
             canary_weight: canary.map_or(0, |(_, w)| w),

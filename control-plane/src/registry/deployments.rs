@@ -47,6 +47,8 @@ pub struct DeploymentRow {
     pub dynamic_batching: Option<Json<Value>>,
     /// Memory per replica, if set.
     pub memory_bytes: Option<i64>,
+    /// Request/response capture settings, if ever set (`crate::capture::CaptureSettings`).
+    pub capture: Option<Json<Value>>,
     /// Grows with every change that needs new replicas besides the version.
     pub spec_generation: i64,
     /// The canary's version, if there is a canary (equal to `version` while a promotion rolls
@@ -70,7 +72,7 @@ impl DeploymentRow {
             "name": self.name, "model": self.model_name, "version": self.version, "alias": self.alias,
             "profile": self.profile, "replicas": self.replicas, "instance_count": self.instance_count,
             "max_batch_size": self.max_batch_size, "dynamic_batching": self.dynamic_batching.as_ref().map(|j| &j.0),
-            "memory_bytes": self.memory_bytes,
+            "memory_bytes": self.memory_bytes, "capture": self.capture.as_ref().map(|j| &j.0),
             "canary": self.canary_version.map(|v| json!({
                 "version": v, "weight": self.canary_weight, "replicas": self.canary_replicas,
             })),
@@ -168,6 +170,8 @@ pub struct DeploymentSpec {
     pub dynamic_batching: Option<Value>,
     /// Memory per replica.
     pub memory_bytes: Option<i64>,
+    /// Capture settings (checked by the API).
+    pub capture: Option<Value>,
 }
 
 /// Changes to a deployment; `None` leaves a field as it is, `Some(None)` clears it.
@@ -187,13 +191,15 @@ pub struct DeploymentPatch {
     pub dynamic_batching: Option<Option<Value>>,
     /// New memory per replica.
     pub memory_bytes: Option<Option<i64>>,
+    /// New capture settings (a change reaches the workers without a rollout).
+    pub capture: Option<Value>,
 }
 
 macro_rules! select_deployments {
     ($rest:literal) => {
         concat!(
             "SELECT d.id, d.tenant_id, d.name, d.model_id, m.name AS model_name, d.version, d.alias, d.profile, ",
-            "d.replicas, d.instance_count, d.max_batch_size, d.dynamic_batching, d.memory_bytes, d.spec_generation, ",
+            "d.replicas, d.instance_count, d.max_batch_size, d.dynamic_batching, d.memory_bytes, d.capture, d.spec_generation, ",
             "d.canary_version, d.canary_weight, d.canary_replicas, ",
             "d.created_by, d.created_at, d.updated_at FROM deployments d JOIN models m ON m.id = d.model_id ",
             $rest
@@ -473,6 +479,7 @@ impl Registry {
             max_batch_size: spec.max_batch_size,
             dynamic_batching: spec.dynamic_batching.map(Json),
             memory_bytes: spec.memory_bytes,
+            capture: spec.capture.map(Json),
             spec_generation: 1,
             canary_version: None,
             canary_weight: 0,
@@ -483,8 +490,8 @@ impl Registry {
         };
         exec!(tx, "deployment.insert", |c| sqlx::query(
             "INSERT INTO deployments (id, tenant_id, name, model_id, version, alias, profile, replicas, instance_count, \
-             max_batch_size, dynamic_batching, memory_bytes, spec_generation, created_by, created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)"
+             max_batch_size, dynamic_batching, memory_bytes, spec_generation, created_by, created_at, updated_at, capture) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)"
         )
         .bind(row.id)
         .bind(row.tenant_id)
@@ -502,6 +509,7 @@ impl Registry {
         .bind(row.created_by)
         .bind(row.created_at)
         .bind(row.updated_at)
+        .bind(&row.capture)
         .execute(c))
         .map_err(|e| on_unique(e, crate::error::ErrorCode::AlreadyExists, || format!("deployment '{name}' already exists")))?;
         let message = format!("deployment created: version {version}, {} replica(s)", row.replicas);
@@ -538,6 +546,10 @@ impl Registry {
         after.max_batch_size = patch.max_batch_size.unwrap_or(after.max_batch_size);
         after.dynamic_batching = patch.dynamic_batching.map_or(after.dynamic_batching, |b| b.map(Json));
         after.memory_bytes = patch.memory_bytes.unwrap_or(after.memory_bytes);
+        if let Some(capture) = patch.capture {
+            after.capture = Some(Json(capture));
+        }
+        let recapture = after.capture.as_ref().map(|j| &j.0) != before.capture.as_ref().map(|j| &j.0);
         let respec = after.profile != before.profile
             || after.instance_count != before.instance_count
             || after.max_batch_size != before.max_batch_size
@@ -553,8 +565,8 @@ impl Registry {
         after.updated_at = now();
         exec!(tx, "deployment.update", |c| sqlx::query(
             "UPDATE deployments SET version = $3, alias = $4, profile = $5, replicas = $6, instance_count = $7, \
-             max_batch_size = $8, dynamic_batching = $9, memory_bytes = $10, spec_generation = $11, updated_at = $12 \
-             WHERE tenant_id = $1 AND id = $2"
+             max_batch_size = $8, dynamic_batching = $9, memory_bytes = $10, spec_generation = $11, updated_at = $12, \
+             capture = $13 WHERE tenant_id = $1 AND id = $2"
         )
         .bind(tenant_id)
         .bind(after.id)
@@ -568,7 +580,12 @@ impl Registry {
         .bind(after.memory_bytes)
         .bind(after.spec_generation)
         .bind(after.updated_at)
+        .bind(&after.capture)
         .execute(c))?;
+        if recapture {
+            // Capture needs no new replicas: the workers holding them get new assignments.
+            tx.touch_workers_of(tenant_id, after.id).await?;
+        }
         if let (Some(alias), None) = (&before.alias, &after.alias) {
             let message = unfollowed_alias(alias, after.version);
             tx.insert_deployment_event(tenant_id, after.id, "alias_unfollowed", None, None, &message).await?;

@@ -14,6 +14,7 @@
 
 mod audit;
 mod canary;
+mod capture;
 mod deployments;
 mod idempotency;
 mod keys;

@@ -507,6 +507,7 @@ fn spec(version: VersionRef, replicas: i64) -> DeploymentSpec {
         max_batch_size: None,
         dynamic_batching: None,
         memory_bytes: None,
+        capture: None,
     }
 }
 

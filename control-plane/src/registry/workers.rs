@@ -107,6 +107,8 @@ pub struct AssignmentRow {
     pub size_bytes: i64,
     /// Artifact format.
     pub format: String,
+    /// The deployment's capture settings, if ever set.
+    pub capture: Option<Json<Value>>,
 }
 
 /// A replica state a worker reported.
@@ -177,7 +179,7 @@ impl Conn {
     pub async fn assignments(&mut self, worker_id: &str) -> Result<Vec<AssignmentRow>> {
         on_conn!(self, "worker.assignments", |c| sqlx::query_as::<_, AssignmentRow>(
             "SELECT r.id AS replica_id, r.deployment_id, r.tenant_id, t.name AS tenant_name, m.name AS model_name, \
-             r.version, r.slice_id, r.config, r.serving, v.artifact_key, v.sha256, v.size_bytes, v.format \
+             r.version, r.slice_id, r.config, r.serving, v.artifact_key, v.sha256, v.size_bytes, v.format, d.capture \
              FROM replicas r JOIN deployments d ON d.id = r.deployment_id JOIN models m ON m.id = d.model_id \
              JOIN tenants t ON t.id = r.tenant_id \
              JOIN model_versions v ON v.model_id = d.model_id AND v.version = r.version \

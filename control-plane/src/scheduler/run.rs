@@ -86,6 +86,8 @@ pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
         Settings { lost_after: app.config.worker_lost_after, drain: app.config.drain, leader_since: None };
     let mut interval = tokio::time::interval(app.config.scheduler_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The leader also deletes expired capture files, now and then, in the background.
+    let mut capture_sweeper = crate::capture::Sweeper::default();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -100,6 +102,7 @@ pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
             tracing::info!("this control plane schedules (leader)");
             settings.leader_since = Some(now());
         }
+        capture_sweeper.tick(&app);
         let started = std::time::Instant::now();
         let outcome = tick(&app, &settings).await;
         let label = match &outcome {

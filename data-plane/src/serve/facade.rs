@@ -1,15 +1,16 @@
 //! The request facade HTTP and gRPC both call for an inference: the model resolved in the
 //! caller's tenant, the protocol's decode, infer and encode, and what the usage hook hears of
 //! it, in one place. The serving layer knows no meter: a worker installs its usage meter as a
-//! [`UsageHook`]; `tessera serve` installs none.
+//! [`UsageHook`] and its capture queue as a [`CaptureHook`]; `tessera serve` installs neither.
 
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use crate::auth::Principal;
 use crate::engine::infer::InferRequest;
 use crate::engine::model::LoadedModel;
 use crate::engine::model_spec::ModelSpec;
 use crate::error::Result;
+use crate::serve::capture::{CaptureHook, Finished, Tap};
 use crate::serve::server::ServerState;
 
 /// What one inference that reached a tenant's model came to.
@@ -48,14 +49,15 @@ pub struct Answered<T> {
 impl ServerState {
     /// One inference: resolves `model` in the caller's tenant, runs the protocol's `run` on it
     /// (decode, infer, encode), and tells the usage hook how it went. `bytes_in` is asked only
-    /// when a hook listens.
+    /// when a hook listens. `run` shows the request and answer to the [`Tap`], which keeps them
+    /// only when the capture hook sampled this request.
     pub async fn infer<T>(
         &self,
         caller: Option<&Principal>,
         model: &str,
         version: Option<i64>,
         bytes_in: impl FnOnce() -> u64,
-        run: impl AsyncFnOnce(&LoadedModel) -> Result<Answered<T>>,
+        run: impl AsyncFnOnce(&LoadedModel, &mut Tap) -> Result<Answered<T>>,
     ) -> Result<T> {
         // Refused over its tenant's cap before it reaches a model: not billed.
         let _admitted = match (self.tenant_gate(), caller) {
@@ -64,7 +66,28 @@ impl ServerState {
         };
         let metered = self.usage().zip(caller).map(|(hook, caller)| (hook, caller, Instant::now(), bytes_in()));
         let loaded = self.model(caller, model, version)?;
-        let result = run(&loaded).await;
+        let capture = self.capture().zip(caller).and_then(|(hook, caller)| {
+            let ticket = hook.sample(&caller.tenant_id, &loaded.spec.name)?;
+            Some((hook, ticket, SystemTime::now(), Instant::now()))
+        });
+        let mut tap = capture.as_ref().map_or_else(Tap::off, |(_, ticket, ..)| Tap::on(ticket.settings));
+        let result = run(&loaded, &mut tap).await;
+        if let (Some((hook, ticket, received_at, started)), Some(caller)) = (capture, caller) {
+            submit_capture(
+                hook,
+                tap,
+                ticket,
+                &result,
+                Finished {
+                    tenant_id: caller.tenant_id.clone(),
+                    model: loaded.spec.name.clone(),
+                    version: loaded.version,
+                    received_at,
+                    duration: started.elapsed(),
+                    error: None,
+                },
+            );
+        }
         if let Some((hook, caller, started, bytes_in)) = metered {
             let (success, rows, bytes_out) = match &result {
                 Ok(done) => (true, done.rows, done.bytes_out),
@@ -74,6 +97,20 @@ impl ServerState {
             hook.record(&caller.tenant_id, &loaded.spec.name, loaded.version, outcome);
         }
         result.map(|done| done.answer)
+    }
+}
+
+/// Hands a sampled request's record to the capture hook (which never waits).
+fn submit_capture<T>(
+    hook: &dyn CaptureHook,
+    tap: Tap,
+    ticket: crate::serve::capture::Ticket,
+    result: &Result<Answered<T>>,
+    mut done: Finished,
+) {
+    done.error = result.as_ref().err().map(|e| e.message.clone());
+    if let Some(record) = tap.into_record(ticket, done) {
+        hook.submit(record);
     }
 }
 

@@ -125,6 +125,9 @@ async fn handle_metrics(State(state): State<Arc<MetricsState>>) -> impl IntoResp
     if let Some(usage) = state.server.usage() {
         usage.render_metrics(&mut text);
     }
+    if let Some(capture) = state.server.capture() {
+        capture.render_metrics(&mut text);
+    }
     for source in state.server.metrics_sources() {
         source.render_metrics(&mut text);
     }

@@ -3,6 +3,7 @@
 //! runs it alone; `tessera worker` runs it with authentication and its usage meter as the facade's
 //! usage hook.
 
+pub mod capture;
 pub mod facade;
 pub mod grpc;
 pub mod http;

@@ -21,6 +21,7 @@ use crate::engine::model::LoadedModel;
 use crate::engine::repository::Repository;
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
+use crate::serve::capture::CaptureHook;
 use crate::serve::facade::UsageHook;
 use crate::serve::metrics::{MetricsSource, MetricsToken};
 use crate::serve::net::tls::{CertFiles, TlsAcceptor};
@@ -108,6 +109,8 @@ pub struct ServerState {
     auth: Option<Arc<Authenticator>>,
     /// Hears billable requests (a worker's usage meter); `None` (`serve`) meters nothing.
     usage: Option<Arc<dyn UsageHook>>,
+    /// Hears sampled requests of deployments that capture (a worker's capture queue).
+    capture: Option<Arc<dyn CaptureHook>>,
     /// The runner processes models run in; `None` when they run in this process.
     runners: Option<Arc<Runners>>,
     /// Each tenant's cap on requests in flight (workers); `None` (`serve`): no cap.
@@ -133,6 +136,7 @@ impl ServerState {
             started: AtomicBool::new(false),
             auth: None,
             usage: None,
+            capture: None,
             runners: None,
             tenant_gate: None,
             metrics_token: None,
@@ -227,6 +231,17 @@ impl ServerState {
     /// The usage hook, on workers.
     pub fn usage(&self) -> Option<&dyn UsageHook> {
         self.usage.as_deref()
+    }
+
+    /// Offers every inference that reaches a tenant's model to `hook` for capture.
+    pub fn with_capture_hook(mut self, hook: Arc<dyn CaptureHook>) -> Self {
+        self.capture = Some(hook);
+        self
+    }
+
+    /// The capture hook, on workers.
+    pub fn capture(&self) -> Option<&dyn CaptureHook> {
+        self.capture.as_deref()
     }
 
     /// Whether model keys are tenant-scoped (`<tenant>/<model>`): authentication is on.

@@ -105,9 +105,9 @@ mod tests {
         let caller =
             |tenant: &str| Principal { tenant_id: tenant.into(), tenant_name: tenant.into(), role: Role::Inference };
         let infer = async |who: &Principal| {
-            let run = async |_: &crate::engine::model::LoadedModel| -> Result<Answered<()>> {
-                Ok(Answered { answer: (), rows: 1, bytes_out: 0 })
-            };
+            let run = async |_: &crate::engine::model::LoadedModel,
+                             _: &mut crate::serve::capture::Tap|
+                   -> Result<Answered<()>> { Ok(Answered { answer: (), rows: 1, bytes_out: 0 }) };
             state.infer(Some(who), "absent", None, || 0, run).await
         };
         let gate = state.tenant_gate().expect("a gate");

@@ -10,6 +10,7 @@
 
 pub mod archive;
 pub mod cache;
+pub mod capture;
 pub mod client;
 pub mod config;
 pub mod credentials;
@@ -112,9 +113,11 @@ pub async fn run(
     let usage_dir = config.data_dir.join(USAGE_DIR);
     let meter =
         Arc::new(Meter::open(&usage_dir).with_context(|| format!("open the usage spool in {}", usage_dir.display()))?);
+    let (capture, capture_queue) = capture::Capture::new(capture::QUEUE_CAPACITY);
     let mut state = ServerState::new(manager.clone(), false, config.max_input_size)
         .with_auth(authenticator)
         .with_usage_hook(meter.clone())
+        .with_capture_hook(capture.clone())
         .with_tenant_limit(config.tenant_max_in_flight)
         .with_metrics_token(config.metrics_token.clone())
         .with_shared_memory(config.client_shm.with_models_in_runners(runners.is_some()))
@@ -135,10 +138,11 @@ pub async fn run(
     let saved = saved::SavedAssignments::in_dir(&config.data_dir);
     let metering = Arc::new(usage::metering::Metering::new(meter, &inventory));
     let on_apply: reconcile::OnApply = {
-        let (metering, health) = (metering.clone(), health.clone());
+        let (metering, health, capture) = (metering.clone(), health.clone(), capture.clone());
         Arc::new(move |assignments| {
             metering.assigned(assignments);
             health.assigned(assignments);
+            capture.assigned(assignments);
         })
     };
     let reconciler = reconcile::Reconciler::start(
@@ -152,6 +156,13 @@ pub async fn run(
     let sampling = tokio::spawn(metering.clone().run(manager.clone(), shutdown.clone()));
     let shipper = usage::ship::Shipper::new(usage_dir, worker_id.clone(), client.clone());
     let shipping = tokio::spawn(shipper.run(config.usage_ship_interval, shutdown.clone()));
+    // Capture batches flush on the usage shipment interval; they stop only after the listeners
+    // drained (their own token), so the last requests' records ship too.
+    let capture_stop = CancellationToken::new();
+    let capture_shipper =
+        capture::batch::Shipper { worker_id: worker_id.clone(), sink: client.clone(), counters: capture.counters() };
+    let capture_task =
+        tokio::spawn(capture_shipper.run(capture_queue, config.usage_ship_interval, capture_stop.clone()));
     state.mark_started();
 
     let register = registration(&worker_id, scheme, &config.advertise_host, listeners.bound, &inventory);
@@ -189,6 +200,8 @@ pub async fn run(
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
     listeners.drain(&state).await;
+    capture_stop.cancel();
+    let _ = capture_task.await;
     // Runners stop only now: the requests drained above ran on them.
     runners_stop.cancel();
     // In-flight requests are spooled now; add the last execution deltas and slice time, then

@@ -567,6 +567,7 @@ mod tests {
             }),
             config_json: String::new(),
             serving,
+            capture: None,
         }
     }
 

@@ -8,6 +8,7 @@
 mod archives;
 mod audit;
 mod auth;
+mod capture;
 mod deployments;
 mod flows;
 mod gpus;

@@ -85,11 +85,13 @@ impl InferenceService {
                 &model,
                 v,
                 || bytes_in,
-                async |loaded| {
+                async |loaded, tap| {
                     let (mut request, shm_inputs) = convert::infer_request(req)?;
                     let shm = tensors::resolve(state.shared_memory(), caller, &mut request, shm_inputs).await?;
                     let rows = batch_rows(&loaded.spec, &request);
+                    tap.request(&request);
                     let mut response = loaded.infer(request).await?;
+                    tap.response(&response);
                     if let Some(shm) = &shm {
                         shm.write(&mut response).await?;
                     }

@@ -553,6 +553,12 @@ fn write_output(out: &mut Vec<u8>, t: &OutputTensor, place: Place<'_>) -> serde_
     Ok(())
 }
 
+/// Writes a tensor as KServe v2 JSON (`name`, `datatype`, `shape`, `data`): what capture
+/// records hold. FP16/BF16 have no JSON form and fail (the caller writes them base64).
+pub(crate) fn write_json_tensor(out: &mut Vec<u8>, t: &OutputTensor) -> serde_json::Result<()> {
+    write_output(out, t, Place::Json)
+}
+
 /// Writes `"key":value`.
 fn write_entry<T: Serialize + ?Sized>(out: &mut Vec<u8>, key: &str, value: &T) -> serde_json::Result<()> {
     serde_json::to_writer(&mut *out, key)?;

@@ -16,6 +16,7 @@ use crate::auth::Principal;
 use crate::engine::manager::parse_version;
 use crate::engine::model::LoadedModel;
 use crate::error::{Error, ErrorKind, Result};
+use crate::serve::capture::Tap;
 use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::server::ServerState;
 use crate::serve::shared_memory::tensors;
@@ -87,8 +88,14 @@ pub async fn handle_infer(
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     let v = parse_version(&model, version.as_deref())?;
     let caller = c.principal();
-    s.infer(caller, &model, v, || body.len() as u64, async |loaded| run_infer(s, caller, loaded, headers, &body).await)
-        .await
+    s.infer(
+        caller,
+        &model,
+        v,
+        || body.len() as u64,
+        async |loaded, tap| run_infer(s, caller, loaded, headers, &body, tap).await,
+    )
+    .await
 }
 
 /// Decodes the body (reading the inputs that are in shared memory), runs it on `loaded` and
@@ -99,6 +106,7 @@ async fn run_infer(
     loaded: &LoadedModel,
     headers: &HeaderMap,
     body: &Bytes,
+    tap: &mut Tap,
 ) -> Result<Answered<Response>> {
     let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
     let (mut request, shm_inputs, choice) = if raw::is_raw(header_length) {
@@ -111,7 +119,9 @@ async fn run_infer(
     let shm = tensors::resolve(s.shared_memory(), caller, &mut request, shm_inputs).await?;
     choice.check_json_outputs(&loaded.spec, &request, shm.as_ref())?;
     let rows = batch_rows(&loaded.spec, &request);
+    tap.request(&request);
     let mut response = loaded.infer(request).await?;
+    tap.response(&response);
     if let Some(shm) = &shm {
         shm.write(&mut response).await?;
     }

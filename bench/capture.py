@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""What request/response capture costs: perf_analyzer against a worker with the deployment's
+capture off and on (sample rate 1.0, inputs, outputs and metadata), alternating.
+
+Run through `scripts/bench.sh --capture` (it sets up perf_analyzer and ONNX Runtime and builds
+the release binary first); run directly only with every path given:
+
+    .venv/bin/python bench/capture.py --tessera BIN --perf-analyzer PA [--rounds 3] ...
+
+What it does: writes bench/compare.py's add_sub (one KIND_CPU instance) and its input data;
+starts a control plane on SQLite and one worker as real processes (bench/gateway.py's
+cluster, without the gateway); pushes and deploys add_sub with one replica; then for each
+protocol, --rounds times, measures add_sub at concurrency 1 against the worker with capture
+off and with capture on (PATCHed on the deployment; no rollout, the worker takes it with its
+next assignment set), the order alternating between rounds. Shared machines drift within
+minutes, so the overhead is the median over rounds of off/on - 1 (throughput) and on - off
+(p50). After the runs it checks that capture files were written and reads the worker's
+`tessera_capture_*` counters (records stored and dropped). The goal (issue 24 item 3): at
+most 5 % overhead at add_sub concurrency 1.
+
+Progress goes to stderr; the table (text, then markdown) to stdout. Stops every process it
+started on exit. Exits 0 when the table was printed, 1 if a step failed, 2 if a process did
+not start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+from pathlib import Path
+from typing import Dict, List, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare  # noqa: E402
+import gateway  # noqa: E402
+from compare import BenchError, Scenario, ServerStartError, progress  # noqa: E402
+
+SCENARIO = Scenario("add_sub c1", "add_sub", 1, 1, ())
+MODES = ("off", "on")
+GOAL_PCT = 5.0
+CAPTURE_ON = {"enabled": True, "sample_rate": 1.0, "inputs": True, "outputs": True, "metadata": True}
+
+
+class Cluster(gateway.Cluster):
+    """A control plane and one worker (no gateway: requests go to the worker directly)."""
+
+    def start(self) -> None:
+        bin_ = self.args.tessera
+        port = gateway.free_port()
+        cp = self._start(gateway.Proc("control-plane", [
+            bin_, "control-plane", "--listen", f"127.0.0.1:{port}",
+            "--database-url", f"sqlite://{self.tmp / 'registry.db'}?mode=rwc",
+            "--object-store", str(self.tmp / "artifacts"),
+            "--bootstrap-admin-key", self.admin_key, f"--worker-token={self.worker_token}",
+            *gateway.CONTROL_PLANE_TIMINGS,
+        ], self.tmp / "control-plane.log"))
+        cp.wait_listening(["http"])
+        self.url = f"http://{cp.addrs['http']}"
+        self.worker = self._start(gateway.Proc("worker", [
+            bin_, "worker", "--control-plane", self.url, f"--worker-token={self.worker_token}",
+            "--data-dir", str(self.tmp / "worker"),
+            "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
+            "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--advertise-host", "127.0.0.1",
+            "--cpu-slices", str(self.args.cpu_slices), "--isolation", self.args.isolation,
+        ], self.tmp / "worker.log"))
+        self.worker.wait_log(lambda t: "registered with the control plane" in t, "registration")
+        self.worker.wait_listening(["http", "grpc", "metrics"])
+
+    def worker_metric(self, name: str) -> Dict[str, float]:
+        with urllib.request.urlopen(f"http://{self.worker.addrs['metrics']}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line.startswith(name)}
+
+    def set_capture(self, key: str, on: bool) -> None:
+        """PATCHes capture; the worker gets the new assignment set at once (pushed on the agent
+        stream), well within the pause and perf_analyzer's warm-up requests."""
+        body = {"capture": CAPTURE_ON if on else {"enabled": False}}
+        got = self.api("PATCH", f"/v1/tenants/{gateway.TENANT}/deployments/add_sub", key, body)
+        if got["capture"]["enabled"] != on:
+            raise BenchError(f"capture not {'on' if on else 'off'} after PATCH: {got['capture']}")
+        time.sleep(2.0)
+
+
+def measure(args, url: str, key: str, proto: str, tmp: Path, label: str) -> gateway.Run:
+    csv_path = tmp / "pa.csv"
+    csv_path.unlink(missing_ok=True)
+    cmd = compare.pa_command(args, url, proto, SCENARIO, csv_path, args.stability, args.max_trials)
+    cmd += ["-H", f"authorization: Bearer {key}"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.pa_timeout)
+    note = ""
+    if p.returncode != 0 and compare.UNSTABLE in p.stdout + p.stderr:
+        csv_path.unlink(missing_ok=True)
+        cmd2 = compare.pa_command(args, url, proto, SCENARIO, csv_path, 1000, 4) + cmd[-2:]
+        p = subprocess.run(cmd2, capture_output=True, text=True, timeout=args.pa_timeout)
+        note = "(unstable)"
+    if p.returncode != 0 or not csv_path.exists():
+        raise BenchError(f"{label}: perf_analyzer failed (exit {p.returncode}): {(p.stdout + p.stderr)[-1500:]}")
+    row = next(csv.DictReader(io.StringIO(csv_path.read_text())))
+    num = lambda k: float(row[k]) if row.get(k) else None  # noqa: E731
+    return gateway.Run(SCENARIO.name, proto, label.split()[0], 0, num("Inferences/Second") or 0.0,
+                       num("p50 latency"), num("p99 latency"), None, note, gateway.redact(cmd, key))
+
+
+def summary_cells(proto: str, runs: List[gateway.Run]) -> List[str]:
+    pairs = []
+    off = [r for r in runs if r.protocol == proto and r.path == "off"]
+    on = [r for r in runs if r.protocol == proto and r.path == "on"]
+    for a, b in zip(off, on):
+        pairs.append((a, b))
+    med = gateway.median
+    overhead = med([(a.infer_per_sec / b.infer_per_sec - 1) * 100 for a, b in pairs if b.infer_per_sec])
+    added = med([b.p50_us - a.p50_us for a, b in pairs if a.p50_us is not None and b.p50_us is not None])
+    goal = "—" if overhead is None else ("met" if overhead <= GOAL_PCT else "MISSED")
+    return [SCENARIO.name, proto, gateway.fmt(med([r.infer_per_sec for r in off])),
+            gateway.fmt(med([r.p50_us for r in off])), gateway.fmt(med([r.infer_per_sec for r in on])),
+            gateway.fmt(med([r.p50_us for r in on])), gateway.fmt(added, sign=True),
+            gateway.fmt(overhead, 1, sign=True) + " %" if overhead is not None else "—", goal]
+
+
+COLUMNS = ["Scenario", "Proto", "off infer/s", "off p50 µs", "on infer/s", "on p50 µs", "added p50 µs",
+           "overhead", "goal ≤ 5 %"]
+
+
+def render(cells: List[List[str]]) -> str:
+    widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
+    text = "\n".join([line(COLUMNS), *(line(c) for c in cells)])
+    md = "\n".join(["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
+                    *("| " + " | ".join(c) + " |" for c in cells)])
+    return text + "\n\n" + md
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tessera", required=True, help="tessera release binary")
+    ap.add_argument("--perf-analyzer", required=True, help="perf_analyzer (wrapper) path")
+    ap.add_argument("--rounds", type=int, default=3, help="off/on pairs per protocol (default 3)")
+    ap.add_argument("--protocols", default="http,grpc", help="comma-separated subset of http,grpc")
+    ap.add_argument("--cpu-slices", type=int, default=1, help="the worker's --cpu-slices (default 1)")
+    ap.add_argument("--isolation", choices=("runner", "in-process"), default="runner",
+                    help="the worker's --isolation (default runner)")
+    ap.add_argument("--threads", type=int, default=1, help="intra_op_thread_count (default 1)")
+    ap.add_argument("--instances", type=int, default=1, help="model instances (default 1)")
+    ap.add_argument("--max-queue-delay-us", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--no-dynamic-batching", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--requests-per-second", type=int, default=1_000_000, help=argparse.SUPPRESS)
+    ap.add_argument("--pa-mode", choices=("time", "count"), default="time")
+    ap.add_argument("--window-ms", type=int, default=1000, help="--measurement-interval (default 1000)")
+    ap.add_argument("--window-requests", type=int, default=2000)
+    ap.add_argument("--stability", type=int, default=20, help="--stability-percentage (default 20)")
+    ap.add_argument("--max-trials", type=int, default=6)
+    ap.add_argument("--pa-timeout", type=int, default=120)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    protocols = [p for p in args.protocols.split(",") if p in ("http", "grpc")]
+    signal.signal(signal.SIGTERM, lambda s, _f: (_ for _ in ()).throw(SystemExit(128 + s)))
+    tmp = Path(tempfile.mkdtemp(prefix="tessera-capbench-"))
+    cluster = Cluster(args, tmp)
+    runs: List[gateway.Run] = []
+    stats: Dict[str, float] = {}
+    load_before = os.getloadavg()
+    rc = 0
+    try:
+        repo = tmp / "repo"
+        compare.write_repository(repo, args)
+        compare.write_input_data(tmp / "input-data")
+        cluster.start()
+        keys = cluster.create_tenant()
+        cluster.push_and_deploy(keys["tenant-admin"], repo, "add_sub")
+        ends = cluster.wait_deployed(keys["tenant-admin"], "add_sub")
+        progress(f"add_sub ready on the worker: {ends}")
+        for proto in protocols:
+            for rnd in range(args.rounds):
+                for mode in (MODES if rnd % 2 == 0 else tuple(reversed(MODES))):
+                    cluster.set_capture(keys["tenant-admin"], mode == "on")
+                    label = f"{mode} {proto} round {rnd + 1}/{args.rounds}"
+                    run = measure(args, ends[proto], keys["inference"], proto, tmp, label)
+                    cluster.check_alive(label)
+                    runs.append(run)
+                    progress(f"capture {label}: {run.infer_per_sec:,.0f} infer/s, p50 {gateway.fmt(run.p50_us)} µs")
+        time.sleep(3)  # the last batches ship (usage ship interval, 2 s by default)
+        stats = cluster.worker_metric("tessera_capture_")
+        files = cluster.api("GET", f"/v1/tenants/{gateway.TENANT}/deployments/add_sub/captures?limit=200",
+                            keys["tenant-admin"])["files"]
+        stats["capture files listed (first page)"] = len(files)
+        if not files:
+            raise BenchError("capture was on, yet no capture file was written")
+    except ServerStartError as e:
+        progress("ERROR: " + str(e))
+        rc = 2
+    except BenchError as e:
+        progress("FAILED: " + str(e))
+        rc = 1
+    except Exception:  # noqa: BLE001 - reported, then the processes are stopped
+        progress("FAILED:\n" + traceback.format_exc())
+        rc = 1
+    finally:
+        cluster.stop()
+    if rc:
+        progress(f"logs kept in {tmp}")
+        return rc
+    header = [
+        f"Tessera capture overhead, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, commit {compare.git_describe()}",
+        f"machine: {os.cpu_count()} CPUs; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}",
+        f"set-up: control plane on SQLite, one worker (--isolation {args.isolation}), add_sub as in bench/compare.py, "
+        f"one replica; capture on = {json.dumps(CAPTURE_ON)}; median of {args.rounds} off/on pair(s), order alternating",
+        "worker counters after the runs: " + ", ".join(f"{k} {v:g}" for k, v in sorted(stats.items())),
+    ]
+    print("\n".join(header) + "\n\n" + render([summary_cells(p, runs) for p in protocols]))
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
