@@ -2,8 +2,10 @@
 //! configuration protobufs (generated with prost + tonic), the gRPC health
 //! service, tensor datatypes, and conversions between Triton's config formats
 //! (`config.pbtxt` text format and JSON) and [`inference::ModelConfig`].
-//! It also holds what both planes need on the wire below gRPC and HTTP: [`tls`].
+//! It also holds what both planes need on the wire below gRPC and HTTP: [`tls`], and the
+//! contracts both planes read: credentials ([`auth`]).
 
+pub mod auth;
 pub mod datatype;
 pub mod model_config;
 pub mod tls;
