@@ -3,8 +3,10 @@
 //! service, tensor datatypes, and conversions between Triton's config formats
 //! (`config.pbtxt` text format and JSON) and [`inference::ModelConfig`].
 //! It also holds what both planes need on the wire below gRPC and HTTP: [`tls`], and the
-//! contracts both planes read: credentials ([`auth`]).
+//! contracts both planes read: credentials ([`auth`]) and the model-archive layout
+//! ([`archive`]).
 
+pub mod archive;
 pub mod auth;
 pub mod datatype;
 pub mod model_config;
