@@ -1,7 +1,6 @@
 //! The fuzz targets' seed inputs: a few real examples per target, made here so they stay
 //! readable, reviewable and in step with the formats (`seeds_are_generated` checks the files).
 
-
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{Bytes, BytesMut};
