@@ -33,57 +33,6 @@ use crate::states::{ReplicaState, WorkerState};
 
 mod canary;
 
-/// Times one whole scheduler tick ([`plan`]: placement, rendered configs, events) that places
-/// `replicas` new replicas (deployments of 20, 100 tenants, 1 GiB each) on `workers` workers of
-/// `slices` 16 GiB CPU slices; returns how many were placed and the time it took.
-pub fn benchmark_tick(workers: usize, slices: usize, replicas: u32) -> (usize, std::time::Duration) {
-    let at = OffsetDateTime::now_utc();
-    let snapshot = Snapshot {
-        workers: (0..workers)
-            .map(|i| WorkerInfo {
-                id: format!("w{i:05}"),
-                state: WorkerState::Ready.as_str().into(),
-                last_heartbeat_at: at,
-                slices: (0..slices)
-                    .map(|s| SliceSpec { id: format!("cpu-{s}"), profile: "cpu".into(), memory_bytes: 16 << 30 })
-                    .collect(),
-                unhealthy_slices: BTreeMap::new(),
-            })
-            .collect(),
-        deployments: (0..replicas.div_ceil(20))
-            .map(|i| DeploymentInfo {
-                id: Uuid::from_u128(u128::from(i) + 1),
-                tenant_id: Uuid::from_u128(u128::from(i % 100) + 1 + (1 << 64)),
-                model_name: format!("m{i}"),
-                model_id: Uuid::from_u128(u128::from(i) + 1 + (2 << 64)),
-                version: 1,
-                alias: None,
-                alias_version: None,
-                spec_generation: 1,
-                profile: "cpu".into(),
-                replicas: i64::from(20.min(replicas - i * 20)),
-                instance_count: 1,
-                max_batch_size: None,
-                dynamic_batching: None,
-                memory_bytes: Some(1 << 30),
-                canary_version: None,
-                canary_replicas: 0,
-            })
-            .collect(),
-        ..Snapshot::default()
-    };
-    let settings = Settings { lost_after: Duration::from_secs(10), drain: Duration::from_secs(3), leader_since: None };
-    let mut n = 0u128;
-    let mut new_id = || {
-        n += 1;
-        Uuid::from_u128((3 << 64) + n)
-    };
-    let started = std::time::Instant::now();
-    let decided = plan(&snapshot, at, &settings, &mut new_id);
-    let took = started.elapsed();
-    (decided.inserts.iter().filter(|r| r.placement.is_ok()).count(), took)
-}
-
 /// Memory a replica gets when its deployment does not say: four times the artifact, at least this.
 pub const MIN_REPLICA_MEMORY: i64 = 64 * 1024 * 1024;
 
