@@ -26,7 +26,7 @@ use std::rc::Rc;
 use crate::error::{Error, Result};
 use crate::onnx::{GraphIo, OnnxError, Streamed, check_model};
 use crate::types::ArtifactFormat;
-use tessera_protocol::archive as layout;
+use tessera_protocol::archive::{self as layout, EntryKind};
 
 /// Largest `config.pbtxt` read.
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
@@ -90,15 +90,6 @@ pub struct ArchiveManifest {
     /// The `.onnx` file a worker loads whatever the version number ([`layout::model_file`],
     /// relative to the model directory) and its graph's interface.
     pub model: Option<(String, GraphIo)>,
-}
-
-/// What kind of entry an archive holds at a path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EntryKind {
-    File,
-    Dir,
-    Link,
-    Other,
 }
 
 /// What to do with an entry's contents.
@@ -376,13 +367,7 @@ fn walk_tar<R: Read>(walk: &mut Walk, reader: Budgeted<R>) -> Result<Budgeted<R>
     for entry in archive.entries().map_err(unreadable)? {
         let entry = entry.map_err(|e| walk.read_error(e))?;
         let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        let kind = match entry.header().entry_type() {
-            tar::EntryType::Regular | tar::EntryType::Continuous => EntryKind::File,
-            tar::EntryType::Directory => EntryKind::Dir,
-            tar::EntryType::Symlink | tar::EntryType::Link => EntryKind::Link,
-            // pax and GNU long-name headers are folded into the entries they describe.
-            _ => EntryKind::Other,
-        };
+        let kind = EntryKind::of_tar(entry.header().entry_type().as_byte());
         let size = entry.size();
         data_end = entry.raw_file_position().saturating_add(size.div_ceil(BLOCK) * BLOCK);
         let contents = walk.entry(&raw, kind, size)?;
@@ -418,15 +403,7 @@ pub fn inspect_zip<R: Read + Seek>(reader: R, archive_bytes: u64, limits: Archiv
     for i in 0..archive.len() {
         let (raw, contents, size) = {
             let file = archive.by_index_raw(i).map_err(unreadable)?;
-            let kind = if file.is_symlink() {
-                EntryKind::Link
-            } else if file.is_dir() {
-                EntryKind::Dir
-            } else if file.unix_mode().is_some_and(|m| m & 0o170000 != 0 && m & 0o170000 != 0o100000) {
-                EntryKind::Other
-            } else {
-                EntryKind::File
-            };
+            let kind = EntryKind::of_zip(file.is_symlink(), file.is_dir(), file.unix_mode());
             let raw = file.name().to_string();
             let contents = walk.entry(&raw, kind, file.size())?;
             (raw, contents, file.size())

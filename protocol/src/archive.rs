@@ -32,6 +32,47 @@ pub fn checked_path(raw: &str) -> Result<Vec<String>, String> {
     Ok(parts)
 }
 
+/// What an archive entry is. Only files and directories are unpacked: links and special
+/// files are refused wherever they are met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic or hard link.
+    Link,
+    /// Anything else (devices, FIFOs, unknown types).
+    Other,
+}
+
+impl EntryKind {
+    /// The kind of a tar entry by its header's type flag (pax and GNU long-name headers never
+    /// reach here: the reader folds them into the entries they describe).
+    pub fn of_tar(typeflag: u8) -> Self {
+        match typeflag {
+            b'0' | b'\0' | b'7' => EntryKind::File,
+            b'5' => EntryKind::Dir,
+            b'1' | b'2' => EntryKind::Link,
+            _ => EntryKind::Other,
+        }
+    }
+
+    /// The kind of a zip entry: a symlink, a directory, a file with a Unix mode other than a
+    /// regular file's, or a file.
+    pub fn of_zip(is_symlink: bool, is_dir: bool, unix_mode: Option<u32>) -> Self {
+        if is_symlink {
+            EntryKind::Link
+        } else if is_dir {
+            EntryKind::Dir
+        } else if unix_mode.is_some_and(|m| m & 0o170000 != 0 && m & 0o170000 != 0o100000) {
+            EntryKind::Other
+        } else {
+            EntryKind::File
+        }
+    }
+}
+
 /// The version a directory name stands for: plain decimal digits without a sign or leading
 /// zeros, so each version has exactly one directory (`01` or `+5` would otherwise alias `1` and
 /// `5`, and the model file would be looked for under the other name). Anything else is not a
@@ -173,6 +214,18 @@ mod tests {
         for bad in ["/a", "\\a", "C:\\a", "a/../../b", "a\\..\\b", "..", "a\0b"] {
             assert!(checked_path(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn entry_kinds() {
+        let tar: Vec<EntryKind> = [b'0', 0, b'7', b'5', b'1', b'2', b'3', b'6', b'x'].map(EntryKind::of_tar).to_vec();
+        use EntryKind::*;
+        assert_eq!(tar, [File, File, File, Dir, Link, Link, Other, Other, Other]);
+        assert_eq!(EntryKind::of_zip(true, false, None), Link);
+        assert_eq!(EntryKind::of_zip(false, true, None), Dir);
+        assert_eq!(EntryKind::of_zip(false, false, Some(0o100644)), File);
+        assert_eq!(EntryKind::of_zip(false, false, Some(0o644)), File, "no file type bits");
+        assert_eq!(EntryKind::of_zip(false, false, Some(0o020644)), Other, "a character device");
     }
 
     #[test]

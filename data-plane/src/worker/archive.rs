@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use tessera_protocol::archive::{self as layout, CONFIG_FILENAME, DEFAULT_MODEL_FILENAME};
+use tessera_protocol::archive::{self as layout, CONFIG_FILENAME, DEFAULT_MODEL_FILENAME, EntryKind};
 use tessera_protocol::inference::ModelConfig;
 
 /// Most entries an archive may have (a model directory has a handful).
@@ -34,15 +34,6 @@ pub enum ArchiveKind {
 /// A path inside an archive, checked ([`layout::checked_path`]), as a relative path.
 pub fn checked_path(raw: &str) -> Result<PathBuf, String> {
     layout::checked_path(raw).map(|parts| parts.iter().collect())
-}
-
-/// What an archive entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EntryKind {
-    File,
-    Dir,
-    Link,
-    Other,
 }
 
 /// Writes checked entries under one directory, counting entries and bytes.
@@ -108,13 +99,7 @@ fn unpack_tar(file: File, unpacker: &mut Unpacker<'_>) -> Result<(), String> {
     for entry in archive.entries().map_err(unreadable)? {
         let entry = entry.map_err(unreadable)?;
         let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        let kind = match entry.header().entry_type() {
-            tar::EntryType::Regular | tar::EntryType::Continuous => EntryKind::File,
-            tar::EntryType::Directory => EntryKind::Dir,
-            tar::EntryType::Symlink | tar::EntryType::Link => EntryKind::Link,
-            // Long names and pax attributes are folded into the entries they describe.
-            _ => EntryKind::Other,
-        };
+        let kind = EntryKind::of_tar(entry.header().entry_type().as_byte());
         unpacker.entry(&raw, kind, entry)?;
     }
     Ok(())
@@ -124,15 +109,7 @@ fn unpack_zip(file: File, unpacker: &mut Unpacker<'_>) -> Result<(), String> {
     let mut archive = zip::ZipArchive::new(BufReader::new(file)).map_err(unreadable)?;
     for i in 0..archive.len() {
         let entry = archive.by_index(i).map_err(unreadable)?;
-        let kind = if entry.is_symlink() {
-            EntryKind::Link
-        } else if entry.is_dir() {
-            EntryKind::Dir
-        } else if entry.unix_mode().is_some_and(|m| m & 0o170000 != 0 && m & 0o170000 != 0o100000) {
-            EntryKind::Other
-        } else {
-            EntryKind::File
-        };
+        let kind = EntryKind::of_zip(entry.is_symlink(), entry.is_dir(), entry.unix_mode());
         let raw = entry.name().to_string();
         unpacker.entry(&raw, kind, entry)?;
     }
