@@ -238,7 +238,7 @@ fn side(
 fn batch_checked(role: &str, t: &GraphTensor, batching: bool) -> std::result::Result<TensorSignature, String> {
     let Some(shape) = t.shape.clone() else {
         let shape = if batching { vec![-1] } else { Vec::new() };
-        return Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype.into(), shape });
+        return Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype, shape });
     };
     if batching && shape.first() != Some(&-1) {
         return Err(format!(
@@ -248,7 +248,7 @@ fn batch_checked(role: &str, t: &GraphTensor, batching: bool) -> std::result::Re
             fmt_shape(&shape)
         ));
     }
-    Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype.into(), shape })
+    Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype, shape })
 }
 
 /// A listed tensor's signature, checked against the graph: same datatype (when the config
@@ -291,7 +291,7 @@ fn config_checked(
             ));
         }
     }
-    Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype.into(), shape: wanted })
+    Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype, shape: wanted })
 }
 
 fn fmt_shape(shape: &[i64]) -> String {
