@@ -2,7 +2,8 @@
 # Tessera's whole test suite: the one command README and .ci/run use.
 #
 #   1. set-up: ONNX Runtime library, Python venv, perf_analyzer (optional)
-#   2. Rust: cargo fmt --check, clippy -D warnings, build, cargo test, fuzz replay
+#   2. Rust: cargo fmt --check, clippy -D warnings, unused dependencies (cargo machete), build,
+#      cargo test, fuzz replay
 #   3. Infra: the Helm chart, Dockerfile, KServe runtime, dashboard and alerts, checked offline
 #   4. Python: generate test models, pytest tests/python against the binary
 #
@@ -44,6 +45,14 @@ run_stage() {
     FAILED+=("$name")
   fi
   return "$rc"
+}
+
+# run_machete: dependencies no code uses, in every manifest of the tree (cargo machete reads
+# the sources; it builds nothing). scripts/setup-rust-tools.sh installs it the first time.
+run_machete() {
+  local bin
+  bin="$("$TESSERA_ROOT/scripts/setup-rust-tools.sh" cargo-machete | tail -n1)" || return 1
+  "$bin/cargo-machete" "$TESSERA_ROOT"
 }
 
 # ---------------------------------------------------------------------------
@@ -147,6 +156,7 @@ main() {
   # --- Rust -------------------------------------------------------------------
   run_stage "cargo fmt" cargo fmt --all --check || true
   run_stage "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings || true
+  run_stage "cargo machete" run_machete || true
   if ! run_stage "cargo build" cargo build --workspace --bins; then
     say "build failed; skipping tests. FAILED stages: ${FAILED[*]}"
     exit 1

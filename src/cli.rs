@@ -289,7 +289,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Http(args)) => crate::loadgen::run(crate::loadgen::Protocol::Http, args).await,
         Command::Bench(BenchCommand::Grpc(args)) => crate::loadgen::run(crate::loadgen::Protocol::Grpc, args).await,
         Command::Bench(BenchCommand::Placement(args)) => {
-            let (placed, took) = tessera_control_plane::scheduler::benchmark(args.workers, args.slices, args.replicas);
+            let (placed, took) =
+                tessera_control_plane::scheduler::bench::placement(args.workers, args.slices, args.replicas);
             println!(
                 "placed {placed} of {} replicas on {} workers x {} slices in {:.1} ms",
                 args.replicas,
@@ -298,7 +299,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 took.as_secs_f64() * 1e3
             );
             let (placed, took) =
-                tessera_control_plane::scheduler::plan::benchmark_tick(args.workers, args.slices, args.replicas);
+                tessera_control_plane::scheduler::bench::tick(args.workers, args.slices, args.replicas);
             println!(
                 "one scheduler tick (placement, rendered configs, events) placed {placed} of {} replicas in {:.1} ms",
                 args.replicas,

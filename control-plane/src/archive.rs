@@ -1,8 +1,10 @@
 //! Triton model-directory archives (tar, gzipped tar, zip): what an uploaded archive holds.
 //!
 //! The layout accepted is Triton's model directory, either at the archive's root or under one
-//! top-level `<model>/` directory: an optional `config.pbtxt`, and at least one `.onnx` file,
-//! as `model.onnx` (or any `*.onnx`) next to it or in a numbered `<version>/` directory.
+//! top-level `<model>/` directory: an optional `config.pbtxt`, and the model as `model.onnx`
+//! (or the only `*.onnx`) next to it or in a numbered `<version>/` directory. Which directory
+//! and which file are [`tessera_protocol::archive`]'s rule, the one a worker finds the model
+//! by, so an archive accepted here loads on every worker.
 //!
 //! Every entry is checked before anything is believed: absolute paths, `..` components,
 //! symbolic and hard links and special files are refused (an archive that would write outside
@@ -24,6 +26,7 @@ use std::rc::Rc;
 use crate::error::{Error, Result};
 use crate::onnx::{GraphIo, OnnxError, Streamed, check_model};
 use crate::types::ArtifactFormat;
+use tessera_protocol::archive::{self as layout, EntryKind};
 
 /// Largest `config.pbtxt` read.
 pub const MAX_CONFIG_BYTES: u64 = 1024 * 1024;
@@ -84,20 +87,9 @@ pub struct ArchiveManifest {
     pub config: Option<serde_json::Value>,
     /// The `.onnx` files, relative to the model directory.
     pub onnx_files: Vec<String>,
-    /// The `.onnx` file a worker loads (relative to the model directory) and its graph's
-    /// interface: the highest `<n>/<filename>`, else `<filename>`, else the only `.onnx` file
-    /// (`filename` is the config's `default_model_filename`, `model.onnx` by default). `None`
-    /// when that leaves several candidates (a worker picks by the version number).
+    /// The `.onnx` file a worker loads whatever the version number ([`layout::model_file`],
+    /// relative to the model directory) and its graph's interface.
     pub model: Option<(String, GraphIo)>,
-}
-
-/// What kind of entry an archive holds at a path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EntryKind {
-    File,
-    Dir,
-    Link,
-    Other,
 }
 
 /// What to do with an entry's contents.
@@ -115,21 +107,9 @@ fn refuse(message: String) -> Error {
     Error::invalid("body", message)
 }
 
-/// A path inside an archive, checked: relative, no `..`, as `/`-separated components.
+/// A path inside an archive, checked ([`layout::checked_path`]), as its components.
 fn checked_path(raw: &str) -> Result<Vec<String>> {
-    if raw.contains('\0') {
-        return Err(refuse(format!("archive entry '{}' has a NUL in its name", raw.escape_default())));
-    }
-    let windows_absolute = raw.len() >= 2 && raw.as_bytes()[1] == b':';
-    if raw.starts_with('/') || raw.starts_with('\\') || windows_absolute {
-        return Err(refuse(format!("archive entry '{raw}' has an absolute path")));
-    }
-    let parts: Vec<String> =
-        raw.split(['/', '\\']).filter(|p| !p.is_empty() && *p != ".").map(str::to_string).collect();
-    if parts.iter().any(|p| p == "..") {
-        return Err(refuse(format!("archive entry '{raw}' escapes the model directory (path traversal with '..')")));
-    }
-    Ok(parts)
+    layout::checked_path(raw).map_err(refuse)
 }
 
 /// Marks the read error of a [`Budgeted`] reader that went over its budget.
@@ -298,24 +278,9 @@ impl Walk {
         if let Some(file) = self.files.iter().find(|f| self.dirs.contains(*f)) {
             return Err(refuse(format!("archive entry '{}' is both a file and a directory", file.join("/"))));
         }
-        let root: Vec<String> = match self.files.first().and_then(|f| f.first()) {
-            Some(top) if self.files.iter().all(|f| f.len() > 1 && f[0] == *top) && !is_version(top) => {
-                vec![top.clone()]
-            }
-            _ => Vec::new(),
-        };
-        let relative = |f: &Vec<String>| f[root.len()..].to_vec();
-        let onnx_files: Vec<String> = self
-            .files
-            .iter()
-            .map(relative)
-            .filter(|f| match f.as_slice() {
-                [name] => name.ends_with(".onnx"),
-                [version, name] => is_version(version) && name.ends_with(".onnx"),
-                _ => false,
-            })
-            .map(|f| f.join("/"))
-            .collect();
+        let root = layout::model_root(&self.files);
+        let relative: Vec<Vec<String>> = self.files.iter().map(|f| f[root.len()..].to_vec()).collect();
+        let onnx_files = layout::model_candidates(&relative);
         if onnx_files.is_empty() {
             return Err(refuse(
                 "the archive holds no .onnx model file (expected model.onnx or <version>/model.onnx, \
@@ -324,7 +289,7 @@ impl Walk {
             ));
         }
         let mut config_path = root.clone();
-        config_path.push("config.pbtxt".into());
+        config_path.push(layout::CONFIG_FILENAME.into());
         let parsed = match self.configs.remove(&config_path) {
             None => None,
             Some(text) => {
@@ -337,44 +302,18 @@ impl Walk {
         };
         let filename = match &parsed {
             // Checked above: a plain file name.
-            Some(c) => tessera_protocol::model_config::model_filename(c, "model.onnx").unwrap_or("model.onnx"),
-            None => "model.onnx",
+            Some(c) => tessera_protocol::model_config::model_filename(c, layout::DEFAULT_MODEL_FILENAME)
+                .unwrap_or(layout::DEFAULT_MODEL_FILENAME),
+            None => layout::DEFAULT_MODEL_FILENAME,
         };
-        let file = loaded_file(&onnx_files, filename);
-        let model = file.and_then(|f| {
-            let mut path = root.clone();
-            path.extend(f.split('/').map(str::to_string));
-            self.graphs.remove(&path).map(|io| (f, io))
-        });
+        // The file every version falls back to: refused here when a worker could not choose.
+        let file = layout::model_file(&onnx_files, filename, None).map_err(refuse)?;
+        let mut path = root.clone();
+        path.extend(file.split('/').map(str::to_string));
+        let model = self.graphs.remove(&path).map(|io| (file, io));
         let config = parsed.as_ref().map(tessera_protocol::model_config::to_json_value);
         Ok(ArchiveManifest { config, onnx_files, model })
     }
-}
-
-/// The file a worker loads among `onnx_files` (relative paths) whatever the version number:
-/// the highest `<n>/<filename>`, else `<filename>`, else the only one.
-fn loaded_file(onnx_files: &[String], filename: &str) -> Option<String> {
-    let versioned = onnx_files
-        .iter()
-        .filter_map(|f| {
-            let (dir, name) = f.split_once('/')?;
-            (name == filename).then(|| dir.parse::<u64>().ok().map(|n| (n, f)))?
-        })
-        .max();
-    if let Some((_, f)) = versioned {
-        return Some(f.clone());
-    }
-    if onnx_files.iter().any(|f| f == filename) {
-        return Some(filename.to_string());
-    }
-    match onnx_files {
-        [only] => Some(only.clone()),
-        _ => None,
-    }
-}
-
-fn is_version(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn unreadable(e: impl std::fmt::Display) -> Error {
@@ -428,13 +367,7 @@ fn walk_tar<R: Read>(walk: &mut Walk, reader: Budgeted<R>) -> Result<Budgeted<R>
     for entry in archive.entries().map_err(unreadable)? {
         let entry = entry.map_err(|e| walk.read_error(e))?;
         let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        let kind = match entry.header().entry_type() {
-            tar::EntryType::Regular | tar::EntryType::Continuous => EntryKind::File,
-            tar::EntryType::Directory => EntryKind::Dir,
-            tar::EntryType::Symlink | tar::EntryType::Link => EntryKind::Link,
-            // pax and GNU long-name headers are folded into the entries they describe.
-            _ => EntryKind::Other,
-        };
+        let kind = EntryKind::of_tar(entry.header().entry_type().as_byte());
         let size = entry.size();
         data_end = entry.raw_file_position().saturating_add(size.div_ceil(BLOCK) * BLOCK);
         let contents = walk.entry(&raw, kind, size)?;
@@ -470,15 +403,7 @@ pub fn inspect_zip<R: Read + Seek>(reader: R, archive_bytes: u64, limits: Archiv
     for i in 0..archive.len() {
         let (raw, contents, size) = {
             let file = archive.by_index_raw(i).map_err(unreadable)?;
-            let kind = if file.is_symlink() {
-                EntryKind::Link
-            } else if file.is_dir() {
-                EntryKind::Dir
-            } else if file.unix_mode().is_some_and(|m| m & 0o170000 != 0 && m & 0o170000 != 0o100000) {
-                EntryKind::Other
-            } else {
-                EntryKind::File
-            };
+            let kind = EntryKind::of_zip(file.is_symlink(), file.is_dir(), file.unix_mode());
             let raw = file.name().to_string();
             let contents = walk.entry(&raw, kind, file.size())?;
             (raw, contents, file.size())
@@ -491,55 +416,14 @@ pub fn inspect_zip<R: Read + Seek>(reader: R, archive_bytes: u64, limits: Archiv
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::io::{Cursor, Write};
+    use std::io::Cursor;
+
+    pub use tessera_protocol::archive::test_support::{gzip, tar_of, zip_of};
 
     use super::*;
     use crate::onnx::tests::model;
 
     pub const CONFIG: &str = "name: \"resnet\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n";
-
-    /// A tar of `(path, contents)` files, and `links` as symlinks.
-    pub fn tar_of(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        for (path, data) in files {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(data.len() as u64);
-            h.set_mode(0o644);
-            h.set_entry_type(tar::EntryType::Regular);
-            // set_path refuses '..' and absolute paths: write the name field raw.
-            let name = &mut h.as_old_mut().name;
-            name[..path.len()].copy_from_slice(path.as_bytes());
-            h.set_cksum();
-            b.append(&h, *data).unwrap();
-        }
-        for (path, target) in links {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_size(0);
-            b.append_link(&mut h, path, target).unwrap();
-        }
-        b.into_inner().unwrap()
-    }
-
-    pub fn gzip(data: &[u8]) -> Vec<u8> {
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        e.write_all(data).unwrap();
-        e.finish().unwrap()
-    }
-
-    /// A zip of `(path, contents)` files, and `links` as symlinks.
-    pub fn zip_of(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
-        let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
-        let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
-        for (path, data) in files {
-            w.start_file(*path, options).unwrap();
-            w.write_all(data).unwrap();
-        }
-        for (path, target) in links {
-            w.add_symlink(*path, *target, options).unwrap();
-        }
-        w.finish().unwrap().into_inner()
-    }
 
     fn limits() -> ArchiveLimits {
         ArchiveLimits::for_upload_cap(crate::config::DEFAULT_MAX_UPLOAD_BYTES)
@@ -713,28 +597,23 @@ pub(crate) mod tests {
 
     #[test]
     fn the_loaded_file_is_the_one_a_worker_picks() {
-        let files = |f: &[&str]| f.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        assert_eq!(
-            loaded_file(&files(&["1/model.onnx", "2/model.onnx"]), "model.onnx").as_deref(),
-            Some("2/model.onnx")
-        );
-        assert_eq!(
-            loaded_file(&files(&["10/model.onnx", "9/model.onnx"]), "model.onnx").as_deref(),
-            Some("10/model.onnx")
-        );
-        assert_eq!(loaded_file(&files(&["model.onnx", "x.onnx"]), "model.onnx").as_deref(), Some("model.onnx"));
-        assert_eq!(loaded_file(&files(&["1/net.onnx"]), "model.onnx").as_deref(), Some("1/net.onnx"));
-        assert_eq!(loaded_file(&files(&["a.onnx", "b.onnx"]), "model.onnx"), None);
         let m = tar(&[("m/config.pbtxt", CONFIG.as_bytes()), ("m/1/model.onnx", &model(0))]).unwrap();
         let (file, io) = m.model.expect("the model is known");
         assert_eq!((file.as_str(), io.inputs[0].name.as_str()), ("1/model.onnx", "x"));
+        let m = tar(&[("1/model.onnx", &model(0)), ("2/model.onnx", &model(1))]).unwrap();
+        assert_eq!(m.model.map(|(f, _)| f).as_deref(), Some("2/model.onnx"));
     }
 
     #[test]
-    fn paths_are_checked() {
-        assert_eq!(checked_path("./m/1/model.onnx").unwrap(), ["m", "1", "model.onnx"]);
-        for bad in ["/a", "\\a", "C:\\a", "a/../../b", "a\\..\\b", ".."] {
-            assert!(checked_path(bad).is_err(), "{bad}");
+    fn several_models_and_no_choice_are_refused() {
+        // Every worker refuses to choose among them, so the upload is refused too.
+        let onnx = &model(0)[..];
+        for files in [&[("a.onnx", onnx), ("b.onnx", onnx)][..], &[("m/1/a.onnx", onnx), ("m/2/b.onnx", onnx)]] {
+            let m = message(tar(files));
+            assert!(m.contains("several .onnx files"), "{m}");
         }
+        // A config that names one of them settles it.
+        let named = tar(&[("config.pbtxt", b"default_model_filename: \"b.onnx\""), ("a.onnx", onnx), ("b.onnx", onnx)]);
+        assert_eq!(named.unwrap().model.map(|(f, _)| f).as_deref(), Some("b.onnx"));
     }
 }

@@ -1,7 +1,7 @@
 //! The web console: the built single-page app (`web/dist`, made by `scripts/setup-web.sh`)
 //! served at `/`. A path naming a file in the directory gets that file; any other page path
 //! gets `index.html`, so the console's own routes (`/t/demo/models/simple`) survive a reload.
-//! The API's paths (`/v1`, `/docs`, `/metrics`, `/healthz`, `/.well-known`) never reach the
+//! The API's paths (`/v1`, `/docs`, `/metrics`, `/healthz`, `/readyz`, `/.well-known`) never reach the
 //! console: they stay the API's, with its JSON 404.
 
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use crate::error::Error;
 
 /// Paths the API owns; the console answers none of them.
-const API_PREFIXES: [&str; 5] = ["/v1", "/docs", "/metrics", "/healthz", "/.well-known"];
+const API_PREFIXES: [&str; 6] = ["/v1", "/docs", "/metrics", "/healthz", "/readyz", "/.well-known"];
 
 /// Where the console's own code may load from: this server only, no inline script.
 const CONSOLE_CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \

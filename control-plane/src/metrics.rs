@@ -7,6 +7,8 @@ use anyhow::Context;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry};
 use sha2::{Digest, Sha256};
 
+use crate::states::{ReplicaState, WorkerState};
+
 /// The bearer token `/metrics` requires. Only its sha256 is kept; a presented token is hashed
 /// and the digests compared in constant time, so timing says nothing about the token.
 #[derive(Clone, PartialEq, Eq)]
@@ -134,10 +136,11 @@ static WEBHOOK_ATTEMPTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     c
 });
 
-/// Replica and worker states the gauges always show (so a state that empties reads 0); the
-/// replica states are [`crate::states::ReplicaState`]'s wire names (a test checks).
-const REPLICA_STATES: &[&str] = &["pending", "scheduled", "loading", "ready", "failed", "draining"];
-const WORKER_STATES: &[&str] = &["ready", "lost"];
+/// Replica and worker states the gauges always show (so a state that empties reads 0).
+static REPLICA_STATES: LazyLock<Vec<&'static str>> =
+    LazyLock::new(|| ReplicaState::ALL.iter().map(|s| s.as_str()).collect());
+static WORKER_STATES: LazyLock<Vec<&'static str>> =
+    LazyLock::new(|| WorkerState::ALL.iter().map(|s| s.as_str()).collect());
 
 /// Records one scheduler tick: its outcome, duration, placement failures, and the replica and
 /// worker states it saw.
@@ -151,8 +154,8 @@ pub fn observe_tick<'a>(
     SCHEDULER_TICKS.with_label_values(&[outcome]).inc();
     SCHEDULER_TICK_SECONDS.observe(elapsed.as_secs_f64());
     PLACEMENT_FAILURES.inc_by(placement_failures);
-    set_counts(&REPLICAS, REPLICA_STATES, replica_states);
-    set_counts(&WORKERS, WORKER_STATES, worker_states);
+    set_counts(&REPLICAS, &REPLICA_STATES, replica_states);
+    set_counts(&WORKERS, &WORKER_STATES, worker_states);
 }
 
 /// Sets one gauge per known state to how often it occurs; unknown states count as `other`.
@@ -229,13 +232,11 @@ mod tests {
 
     #[test]
     fn state_gauges_count_every_known_state_and_lump_the_rest() {
-        let names: Vec<&str> = crate::states::ReplicaState::ALL.iter().map(|s| s.as_str()).collect();
-        assert_eq!(names, REPLICA_STATES, "every replica state has its gauge");
         let gauge = IntGaugeVec::new(Opts::new("t_states", "test"), &["state"]).unwrap();
-        set_counts(&gauge, REPLICA_STATES, ["ready", "ready", "pending", "weird"]);
+        set_counts(&gauge, &REPLICA_STATES, ["ready", "ready", "pending", "weird"]);
         let read = |s: &str| gauge.with_label_values(&[s]).get();
         assert_eq!((read("ready"), read("pending"), read("failed"), read("other")), (2, 1, 0, 1));
-        set_counts(&gauge, REPLICA_STATES, ["pending"]);
+        set_counts(&gauge, &REPLICA_STATES, ["pending"]);
         assert_eq!((read("ready"), read("pending")), (0, 1), "a state that empties reads 0");
     }
 

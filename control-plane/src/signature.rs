@@ -23,68 +23,13 @@ pub const DEFAULT_MAX_BATCH_SIZE: i64 = 4;
 /// The platform of every model Tessera runs.
 pub const ONNX_PLATFORM: &str = "onnxruntime_onnx";
 
-/// A tensor's element type, as named on the KServe v2 wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum TensorDatatype {
-    /// Booleans, one byte each.
-    Bool,
-    /// Unsigned 8-bit integers.
-    Uint8,
-    /// Unsigned 16-bit integers.
-    Uint16,
-    /// Unsigned 32-bit integers.
-    Uint32,
-    /// Unsigned 64-bit integers.
-    Uint64,
-    /// Signed 8-bit integers.
-    Int8,
-    /// Signed 16-bit integers.
-    Int16,
-    /// Signed 32-bit integers.
-    Int32,
-    /// Signed 64-bit integers.
-    Int64,
-    /// IEEE half precision.
-    Fp16,
-    /// IEEE single precision.
-    Fp32,
-    /// IEEE double precision.
-    Fp64,
-    /// Variable-length byte strings.
-    Bytes,
-    /// bfloat16.
-    Bf16,
-}
-
-impl From<DataType> for TensorDatatype {
-    fn from(d: DataType) -> Self {
-        match d {
-            DataType::Bool => TensorDatatype::Bool,
-            DataType::Uint8 => TensorDatatype::Uint8,
-            DataType::Uint16 => TensorDatatype::Uint16,
-            DataType::Uint32 => TensorDatatype::Uint32,
-            DataType::Uint64 => TensorDatatype::Uint64,
-            DataType::Int8 => TensorDatatype::Int8,
-            DataType::Int16 => TensorDatatype::Int16,
-            DataType::Int32 => TensorDatatype::Int32,
-            DataType::Int64 => TensorDatatype::Int64,
-            DataType::Fp16 => TensorDatatype::Fp16,
-            DataType::Fp32 => TensorDatatype::Fp32,
-            DataType::Fp64 => TensorDatatype::Fp64,
-            DataType::Bytes => TensorDatatype::Bytes,
-            DataType::Bf16 => TensorDatatype::Bf16,
-        }
-    }
-}
-
 /// One input or output of a version.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TensorSignature {
     /// Tensor name, as requests give it.
     pub name: String,
     /// Element type.
-    pub datatype: TensorDatatype,
+    pub datatype: DataType,
     /// Shape as a request carries it, batch dimension included when the model batches; `-1`
     /// for a dimension of any size (only the batch dimension when the model declares no shape).
     pub shape: Vec<i64>,
@@ -293,7 +238,7 @@ fn side(
 fn batch_checked(role: &str, t: &GraphTensor, batching: bool) -> std::result::Result<TensorSignature, String> {
     let Some(shape) = t.shape.clone() else {
         let shape = if batching { vec![-1] } else { Vec::new() };
-        return Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype.into(), shape });
+        return Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype, shape });
     };
     if batching && shape.first() != Some(&-1) {
         return Err(format!(
@@ -303,7 +248,7 @@ fn batch_checked(role: &str, t: &GraphTensor, batching: bool) -> std::result::Re
             fmt_shape(&shape)
         ));
     }
-    Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype.into(), shape })
+    Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype, shape })
 }
 
 /// A listed tensor's signature, checked against the graph: same datatype (when the config
@@ -346,7 +291,7 @@ fn config_checked(
             ));
         }
     }
-    Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype.into(), shape: wanted })
+    Ok(TensorSignature { name: t.name.clone(), datatype: t.datatype, shape: wanted })
 }
 
 fn fmt_shape(shape: &[i64]) -> String {
@@ -366,7 +311,7 @@ mod tests {
         GraphIo { inputs, outputs }
     }
 
-    fn sig(name: &str, datatype: TensorDatatype, shape: &[i64]) -> TensorSignature {
+    fn sig(name: &str, datatype: DataType, shape: &[i64]) -> TensorSignature {
         TensorSignature { name: name.into(), datatype, shape: shape.to_vec() }
     }
 
@@ -388,8 +333,8 @@ mod tests {
         assert_eq!(
             s,
             Signature {
-                inputs: vec![sig("x", TensorDatatype::Fp32, &[-1, 4])],
-                outputs: vec![sig("y", TensorDatatype::Fp32, &[-1, 3])],
+                inputs: vec![sig("x", DataType::Fp32, &[-1, 4])],
+                outputs: vec![sig("y", DataType::Fp32, &[-1, 3])],
                 max_batch_size: DEFAULT_MAX_BATCH_SIZE,
                 platform: ONNX_PLATFORM.into(),
             }
@@ -398,14 +343,14 @@ mod tests {
         let fixed = io(vec![tensor("x", 7, &[Some(2), Some(4)])], vec![tensor("y", 9, &[])]);
         let s = signature("model.onnx", &fixed, None, "config").unwrap();
         assert_eq!(s.max_batch_size, 0);
-        assert_eq!(s.inputs, [sig("x", TensorDatatype::Int64, &[2, 4])]);
-        assert_eq!(s.outputs, [sig("y", TensorDatatype::Bool, &[])]);
+        assert_eq!(s.inputs, [sig("x", DataType::Int64, &[2, 4])]);
+        assert_eq!(s.outputs, [sig("y", DataType::Bool, &[])]);
         // A tensor without a declared shape is left to the worker.
         let unknown =
             io(vec![ValueInfo { name: "x".into(), ty: ValueType::Tensor { elem_type: 1, shape: None } }], vec![]);
         let parsed = tessera_protocol::model_config::from_pbtxt("max_batch_size: 8").unwrap();
         let u = signature("model.onnx", &unknown, Some(&parsed), "config").unwrap();
-        assert_eq!(u.inputs, [sig("x", TensorDatatype::Fp32, &[-1])]);
+        assert_eq!(u.inputs, [sig("x", DataType::Fp32, &[-1])]);
         let wire = serde_json::to_value(&s).unwrap();
         assert_eq!(wire["inputs"][0]["datatype"], "INT64");
         assert_eq!(wire["outputs"][0], serde_json::json!({ "name": "y", "datatype": "BOOL", "shape": [] }));
@@ -431,7 +376,7 @@ mod tests {
         let config = "max_batch_size: 8 output [ { name: \"output_label\" data_type: TYPE_INT64 dims: [ ] } ]";
         let parsed = tessera_protocol::model_config::from_pbtxt(config).unwrap();
         let s = signature("model.onnx", &zipmap, Some(&parsed), "config.pbtxt").unwrap();
-        assert_eq!(s.outputs, [sig("output_label", TensorDatatype::Int64, &[-1])]);
+        assert_eq!(s.outputs, [sig("output_label", DataType::Int64, &[-1])]);
         for (ty, says) in [
             (ValueType::Map, "is a map"),
             (ValueType::SparseTensor, "sparse tensor"),
@@ -490,8 +435,8 @@ mod tests {
         let parsed = tessera_protocol::model_config::from_pbtxt(config).unwrap();
         let s = signature("model.onnx", &mlp(), Some(&parsed), "config.pbtxt").unwrap();
         assert_eq!(s.max_batch_size, 16);
-        assert_eq!(s.inputs, [sig("x", TensorDatatype::Fp32, &[-1, 4])]);
-        assert_eq!(s.outputs, [sig("y", TensorDatatype::Fp32, &[-1, 3])]);
+        assert_eq!(s.inputs, [sig("x", DataType::Fp32, &[-1, 4])]);
+        assert_eq!(s.outputs, [sig("y", DataType::Fp32, &[-1, 3])]);
         // A config that only sets max_batch_size keeps the graph's tensors.
         let parsed = tessera_protocol::model_config::from_pbtxt("max_batch_size: 2").unwrap();
         let s = signature("model.onnx", &mlp(), Some(&parsed), "config.pbtxt").unwrap();

@@ -89,11 +89,6 @@ impl ArtifactStore {
         Ok(ArtifactStore { store: Arc::new(local), signer: None, description: format!("local:{dir}") })
     }
 
-    /// A store over any `object_store` implementation (tests).
-    pub fn from_store(store: Arc<dyn ObjectStore>) -> Self {
-        ArtifactStore { store, signer: None, description: "custom".into() }
-    }
-
     /// A fresh, tenant-prefixed key for a new artifact of a model.
     pub fn new_key(tenant_id: Uuid, model_id: Uuid, format: ArtifactFormat) -> Path {
         let parts = ["tenants".to_string(), tenant_id.to_string(), "models".to_string(), model_id.to_string()];
@@ -229,11 +224,6 @@ impl ArtifactStore {
             Error::conflict(crate::error::ErrorCode::PresignUnsupported, message)
         })?;
         Ok(signer.signed_url(object_store::signer::Method::PUT, key, ttl).await?)
-    }
-
-    /// Whether this store can presign URLs.
-    pub fn can_presign(&self) -> bool {
-        self.signer.is_some()
     }
 
     /// Writes a small object unless one is at `key` already (audit checkpoints are never

@@ -1,64 +1,15 @@
-//! Validated domain values shared by the registry and the API: roles, resource names, formats.
+//! Validated domain values shared by the registry and the API: roles (the shared
+//! [`tessera_protocol::auth::Role`]), resource names, formats.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::error::Error;
 
-/// What a credential may do. Ordered: each role can do everything the roles below it can
-/// (`inference` sits at the bottom: it may only exchange its key for a token).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum Role {
-    /// Run inference only (through workers and gateways, with a token).
-    Inference,
-    /// Read the tenant's registry.
-    Viewer,
-    /// Register models, upload versions, move aliases.
-    Deployer,
-    /// Everything in the tenant, including keys and the audit trail.
-    TenantAdmin,
-    /// Everything everywhere: tenants and quotas.
-    PlatformAdmin,
-}
-
-impl Role {
-    /// The role's wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Inference => "inference",
-            Role::Viewer => "viewer",
-            Role::Deployer => "deployer",
-            Role::TenantAdmin => "tenant-admin",
-            Role::PlatformAdmin => "platform-admin",
-        }
-    }
-
-    /// Whether this role includes `needed`.
-    pub fn allows(self, needed: Role) -> bool {
-        self >= needed
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Role {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Self, Error> {
-        [Role::Inference, Role::Viewer, Role::Deployer, Role::TenantAdmin, Role::PlatformAdmin]
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| Error::invalid("role", format!("unknown role '{s}'")))
-    }
-}
+/// What a credential may do: the contract both planes read.
+pub use tessera_protocol::auth::Role;
 
 /// A resource name (tenant, model, alias): 1–63 characters of `a-z`, `0-9`, `-`, `_`, `.`,
 /// starting with a letter or digit. Safe in URLs, object-store keys and Triton repositories.
@@ -256,19 +207,6 @@ impl ArtifactFormat {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn roles_are_ordered_by_power() {
-        assert!(Role::PlatformAdmin.allows(Role::TenantAdmin));
-        assert!(Role::TenantAdmin.allows(Role::Deployer));
-        assert!(Role::Deployer.allows(Role::Viewer));
-        assert!(!Role::Viewer.allows(Role::Deployer));
-        assert!(!Role::Inference.allows(Role::Viewer));
-        for r in [Role::Inference, Role::Viewer, Role::Deployer, Role::TenantAdmin, Role::PlatformAdmin] {
-            assert_eq!(r.as_str().parse::<Role>().ok(), Some(r));
-            assert_eq!(serde_json::to_value(r).ok(), Some(serde_json::Value::String(r.as_str().into())));
-        }
-    }
 
     #[test]
     fn names_are_checked() {

@@ -5,8 +5,11 @@ use std::fmt;
 
 use crate::inference;
 
-/// Element type of a tensor, as named on the KServe v2 wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// A tensor's element type, as named on the KServe v2 wire.
+// The control plane's OpenAPI document has always named it `TensorDatatype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema), schema(as = TensorDatatype))]
+#[serde(rename_all = "UPPERCASE")]
 pub enum DataType {
     /// `BOOL`, one byte per element.
     Bool,

@@ -22,12 +22,12 @@ use tessera_protocol::agent::{
     GetTokenKeysRequest, GetTokenKeysResponse, ReportCaptureRequest, ReportCaptureResponse, ReportUsageRequest,
     ReportUsageResponse, RouteTable, WatchRoutesRequest, WorkerMessage,
 };
+use tessera_protocol::auth::api_key;
 use tokio_util::sync::CancellationToken;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::app::App;
-use crate::auth::keys::KEY_PREFIX;
 use crate::config::Secret;
 
 /// Size of the chunks `FetchArtifact` streams.
@@ -113,7 +113,7 @@ impl WorkerAgent for AgentService {
         let key = request.into_inner().api_key;
         // NOT_FOUND, not UNAUTHENTICATED: that code means the worker's own token was refused,
         // and a worker must not evict the keys it cached because of its own misconfiguration.
-        if !key.starts_with(KEY_PREFIX) {
+        if !api_key::looks_like_key(&key) {
             return Err(Status::not_found("not an API key"));
         }
         let (principal, expires_at) = self.app.auth.resolve_key(&key).await.map_err(|e| match e {

@@ -162,14 +162,15 @@ fn build_table(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::states::ReplicaState;
 
-    fn replica(deployment: Uuid, version: i64, serving: bool, state: &str, worker: &str) -> RouteReplicaRow {
+    fn replica(deployment: Uuid, version: i64, serving: bool, state: ReplicaState, worker: &str) -> RouteReplicaRow {
         RouteReplicaRow {
             replica_id: Uuid::new_v4(),
             deployment_id: deployment,
             version,
             serving,
-            state: state.parse().expect("a replica state"),
+            state,
             worker_id: worker.into(),
             http_endpoint: format!("http://{worker}:8000"),
             grpc_endpoint: format!("{worker}:8001"),
@@ -188,9 +189,9 @@ mod tests {
             RouteDeploymentRow { deployment_id: d2, tenant_id: t2, model_name: "n".into(), version: 1 },
         ];
         let replicas = vec![
-            replica(d1, 2, true, "ready", "w1"),
-            replica(d1, 1, false, "draining", "w2"),
-            replica(d1, 2, true, "draining", "w3"),
+            replica(d1, 2, true, ReplicaState::Ready, "w1"),
+            replica(d1, 1, false, ReplicaState::Draining, "w2"),
+            replica(d1, 2, true, ReplicaState::Draining, "w3"),
         ];
         let weights = BTreeMap::from([(d2, vec![(1, 90), (3, 10)])]);
         let table = build_table(tenants, deployments, replicas, weights, 3);

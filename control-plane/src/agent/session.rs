@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_protocol::agent::{
-    Artifact, Assignment, Assignments, ControlMessage, Heartbeat, Register, Registered, ReplicaState, SliceKind,
-    WorkerMessage, control_message, worker_message,
+    Artifact, Assignment, Assignments, ControlMessage, Heartbeat, Register, Registered, SliceKind, WorkerMessage,
+    control_message, worker_message,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -249,12 +249,7 @@ fn reported_states(hb: &Heartbeat) -> Vec<ReportedState> {
         .iter()
         .filter_map(|r| {
             let replica_id = Uuid::parse_str(&r.replica_id).ok()?;
-            let state = match ReplicaState::try_from(r.state).ok()? {
-                ReplicaState::Loading => Stored::Loading,
-                ReplicaState::Ready => Stored::Ready,
-                ReplicaState::Failed => Stored::Failed,
-                ReplicaState::Draining | ReplicaState::Unspecified => return None,
-            };
+            let state = Stored::reported(r.state)?;
             let reason = (state == Stored::Failed).then(|| r.reason.clone()).filter(|s| !s.is_empty());
             Some(ReportedState { replica_id, state, reason })
         })
@@ -263,7 +258,7 @@ fn reported_states(hb: &Heartbeat) -> Vec<ReportedState> {
 
 #[cfg(test)]
 mod tests {
-    use tessera_protocol::agent::{ReplicaStatus, Slice, UnhealthySlice};
+    use tessera_protocol::agent::{ReplicaState, ReplicaStatus, Slice, UnhealthySlice};
 
     use super::*;
 

@@ -762,7 +762,7 @@ mod tests {
         assert_eq!(patch.replicas, Some(2));
     }
 
-    fn replica(version: i64, state: &str, serving: bool) -> ReplicaRow {
+    fn replica(version: i64, state: ReplicaState, serving: bool) -> ReplicaRow {
         ReplicaRow {
             id: Uuid::now_v7(),
             tenant_id: Uuid::nil(),
@@ -775,7 +775,7 @@ mod tests {
             config: SqlJson(serde_json::json!({})),
             worker_id: None,
             slice_id: None,
-            state: state.parse().expect("a replica state"),
+            state,
             reason: None,
             serving,
             drain_until: None,
@@ -816,27 +816,27 @@ mod tests {
     fn states_follow_the_replicas() {
         assert_eq!(deployment_state(&deployment(1, 1), &[], |_| true), (DeploymentState::Pending, None));
         assert_eq!(
-            deployment_state(&deployment(1, 1), &[replica(1, "loading", true)], |_| true),
+            deployment_state(&deployment(1, 1), &[replica(1, ReplicaState::Loading, true)], |_| true),
             (DeploymentState::Progressing, None)
         );
         assert_eq!(
-            deployment_state(&deployment(1, 1), &[replica(1, "ready", true)], |_| true),
+            deployment_state(&deployment(1, 1), &[replica(1, ReplicaState::Ready, true)], |_| true),
             (DeploymentState::Ready, Some(1))
         );
         // A rollout: v1 serves while v2 loads, then v2 fails.
-        let rolling = [replica(1, "ready", true), replica(2, "loading", false)];
+        let rolling = [replica(1, ReplicaState::Ready, true), replica(2, ReplicaState::Loading, false)];
         assert_eq!(deployment_state(&deployment(2, 1), &rolling, |_| true), (DeploymentState::Progressing, Some(1)));
-        let failed = [replica(1, "ready", true), replica(2, "failed", false)];
+        let failed = [replica(1, ReplicaState::Ready, true), replica(2, ReplicaState::Failed, false)];
         assert_eq!(deployment_state(&deployment(2, 1), &failed, |_| true), (DeploymentState::Failed, Some(1)));
-        let switched = [replica(1, "draining", false), replica(2, "ready", true)];
+        let switched = [replica(1, ReplicaState::Draining, false), replica(2, ReplicaState::Ready, true)];
         assert_eq!(deployment_state(&deployment(2, 1), &switched, |_| true), (DeploymentState::Ready, Some(2)));
         assert_eq!(deployment_state(&deployment(1, 0), &[], |_| true), (DeploymentState::Ready, None));
         // Not ready until the worker applied the set that made the replica serve.
-        let ready = [replica(1, "ready", true)];
+        let ready = [replica(1, ReplicaState::Ready, true)];
         assert_eq!(deployment_state(&deployment(1, 1), &ready, |_| false), (DeploymentState::Progressing, Some(1)));
         // A serving replica that fails serves nothing: no serving version, and the deployment
         // is failed rather than ready.
-        let broken = [replica(1, "failed", true)];
+        let broken = [replica(1, ReplicaState::Failed, true)];
         assert_eq!(deployment_state(&deployment(1, 1), &broken, |_| true), (DeploymentState::Failed, None));
     }
 }

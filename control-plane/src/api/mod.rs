@@ -136,6 +136,7 @@ fn error_response(description: &str) -> RefOr<utoipa::openapi::Response> {
 fn api_router() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(session::handle_health))
+        .routes(routes!(session::handle_ready))
         .routes(routes!(session::handle_jwks))
         .routes(routes!(session::handle_token_create))
         .routes(routes!(session::handle_signing_key_rotate))

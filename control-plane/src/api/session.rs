@@ -1,7 +1,10 @@
 //! Service health, access tokens, and the JWKS that verifies them.
 
+use std::time::Duration;
+
 use axum::Json;
 use axum::extract::State;
+use http::StatusCode;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -17,6 +20,16 @@ wire_enum! {
     pub enum HealthStatus {
         /// The service answers.
         Ok = "ok",
+    }
+}
+
+wire_enum! {
+    /// Whether the service can take requests.
+    pub enum ReadinessStatus {
+        /// Its registry answers.
+        Ready = "ready",
+        /// Its registry does not answer (`reason` says why).
+        Unavailable = "unavailable",
     }
 }
 
@@ -40,6 +53,35 @@ pub struct Health {
     responses((status = 200, description = "The service is up.", body = Health)))]
 pub async fn handle_health() -> Json<Health> {
     Json(Health { status: HealthStatus::Ok })
+}
+
+/// How long the readiness check waits for the registry.
+const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Readiness.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Readiness {
+    /// `ready`, or `unavailable`.
+    pub status: ReadinessStatus,
+    /// Why it is not ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Readiness: whether the registry answers (`/healthz` only says the process is up).
+#[utoipa::path(get, path = "/readyz", operation_id = "ready", tag = "service", security(()),
+    responses((status = 200, description = "The service can take requests.", body = Readiness),
+              (status = 503, description = "The registry does not answer; `reason` says so.", body = Readiness)))]
+pub async fn handle_ready(State(app): State<AppState>) -> (StatusCode, Json<Readiness>) {
+    match app.registry.ping(READINESS_TIMEOUT).await {
+        Ok(()) => (StatusCode::OK, Json(Readiness { status: ReadinessStatus::Ready, reason: None })),
+        Err(error) => {
+            tracing::warn!(%error, "not ready: the registry does not answer");
+            // The cause stays in the log: it may name hosts and users.
+            let reason = Some("the registry database does not answer".to_string());
+            (StatusCode::SERVICE_UNAVAILABLE, Json(Readiness { status: ReadinessStatus::Unavailable, reason }))
+        }
+    }
 }
 
 /// A JSON Web Key Set (RFC 7517) of Ed25519 public keys.

@@ -17,15 +17,7 @@ use crate::kinds::wire_enum;
 use crate::registry::WorkerRow;
 use crate::types::Role;
 
-wire_enum! {
-    /// Whether a worker is heard from.
-    pub enum WorkerState {
-        /// It sends heartbeats.
-        Ready = "ready",
-        /// No heartbeat for `--worker-lost-after-ms`: its replicas are placed elsewhere.
-        Lost = "lost",
-    }
-}
+pub use crate::states::WorkerState;
 
 wire_enum! {
     /// What a slice is.

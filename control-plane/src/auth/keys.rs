@@ -1,7 +1,7 @@
 //! API key format, generation and hashing.
 //!
-//! A key reads `tsk_<id>_<secret>`: `tsk_<id>` is the public prefix (shown in listings, used
-//! to find the row), `<secret>` 43 random alphanumerics (~256 bits). The registry stores
+//! The key format ([`tessera_protocol::auth::api_key`]) is shared with the workers, which tell
+//! keys from tokens by it. The registry stores
 //! HMAC-SHA256(pepper, key). A slow password hash (argon2) exists to make guessing
 //! low-entropy passwords expensive; these secrets are random and too long to guess, so a
 //! fast keyed hash loses nothing, and it keeps authentication cheap on every request. The
@@ -11,12 +11,8 @@ use hmac::{Hmac, Mac};
 use rand::Rng;
 use sha2::Sha256;
 
-/// Every key starts with this.
-pub const KEY_PREFIX: &str = "tsk_";
-const ID_LEN: usize = 12;
-const SECRET_LEN: usize = 43;
-const ID_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-const SECRET_ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+pub use tessera_protocol::auth::api_key::prefix_of;
+use tessera_protocol::auth::api_key::{ID_ALPHABET, ID_LEN, PREFIX as KEY_PREFIX, SECRET_ALPHABET, SECRET_LEN};
 
 /// A freshly generated key: shown to its creator once, then only its hash is kept.
 #[derive(Clone)]
@@ -43,15 +39,6 @@ pub fn generate() -> GeneratedKey {
     let prefix = format!("{KEY_PREFIX}{}", random_string(ID_ALPHABET, ID_LEN));
     let key = format!("{prefix}_{}", random_string(SECRET_ALPHABET, SECRET_LEN));
     GeneratedKey { key, prefix }
-}
-
-/// The public prefix of a well-formed key, `None` for anything else.
-pub fn prefix_of(key: &str) -> Option<&str> {
-    let rest = key.strip_prefix(KEY_PREFIX)?;
-    let (id, secret) = rest.split_once('_')?;
-    let id_ok = id.len() == ID_LEN && id.bytes().all(|b| ID_ALPHABET.contains(&b));
-    let secret_ok = secret.len() == SECRET_LEN && secret.bytes().all(|b| b.is_ascii_alphanumeric());
-    (id_ok && secret_ok).then(|| &key[..KEY_PREFIX.len() + ID_LEN])
 }
 
 /// Hashes and checks keys with the deployment's pepper.

@@ -72,7 +72,7 @@ impl Authenticator {
 
     /// Resolves a bearer credential: an API key (`tsk_…`) or a JWT.
     pub async fn authenticate(&self, bearer: &str) -> Result<Principal> {
-        if bearer.starts_with(keys::KEY_PREFIX) {
+        if tessera_protocol::auth::api_key::looks_like_key(bearer) {
             self.authenticate_key(bearer).await
         } else {
             let claims = self.tokens.verify(bearer).await?;

@@ -15,46 +15,18 @@ use jsonwebtoken::jwk::{
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use parking_lot::RwLock;
 use rand::RngCore;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::Principal;
 use crate::error::{Error, Result};
 use crate::registry::{Actor, Registry, SigningKeyRow, now};
-use crate::types::Role;
 
 /// Tolerated clock skew when checking `exp`, `nbf` and `iat`, in seconds.
 const LEEWAY_SECS: u64 = 30;
 
-/// What a token says.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Claims {
-    /// Issuer.
-    pub iss: String,
-    /// Audience.
-    pub aud: String,
-    /// The API key the token was exchanged for.
-    pub sub: String,
-    /// The user that key belongs to, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub usr: Option<Uuid>,
-    /// Tenant id.
-    pub tenant: Uuid,
-    /// Tenant name.
-    pub tenant_name: String,
-    /// Role.
-    pub role: Role,
-    /// Issued at (Unix seconds).
-    pub iat: i64,
-    /// Not before (Unix seconds); tokens issued before this claim was added carry none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nbf: Option<i64>,
-    /// Expires at (Unix seconds).
-    pub exp: i64,
-    /// Token id.
-    pub jti: String,
-}
+/// What a token says: the claims both planes read.
+pub use tessera_protocol::auth::AccessClaims as Claims;
 
 /// Token settings.
 #[derive(Debug, Clone)]
@@ -251,6 +223,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::types::Role;
 
     fn service_ring(rows: &[SigningKeyRow]) -> Ring {
         build_ring(rows).unwrap()

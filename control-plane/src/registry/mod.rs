@@ -215,6 +215,20 @@ impl Registry {
         }
     }
 
+    /// Whether the database answers a trivial query within `within` (readiness); the error
+    /// says what failed.
+    pub async fn ping(&self, within: Duration) -> std::result::Result<(), String> {
+        let answer = async {
+            let mut conn = self.conn().await?;
+            on_conn!(conn, "registry.ping", |c| sqlx::query_scalar::<_, i32>("SELECT 1").fetch_one(c))
+        };
+        match tokio::time::timeout(within, answer).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {} ms", within.as_millis())),
+        }
+    }
+
     /// A connection for reads.
     pub async fn conn(&self) -> Result<Conn> {
         Ok(Conn(match &self.db {

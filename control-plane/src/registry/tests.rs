@@ -94,8 +94,9 @@ fn version(size: i64) -> NewVersion {
 }
 
 fn signature() -> crate::signature::Signature {
-    use crate::signature::{Signature, TensorDatatype, TensorSignature};
-    let tensor = |name: &str| TensorSignature { name: name.into(), datatype: TensorDatatype::Fp32, shape: vec![-1, 4] };
+    use crate::signature::{Signature, TensorSignature};
+    use tessera_protocol::DataType;
+    let tensor = |name: &str| TensorSignature { name: name.into(), datatype: DataType::Fp32, shape: vec![-1, 4] };
     Signature {
         inputs: vec![tensor("x")],
         outputs: vec![tensor("y")],

@@ -27,37 +27,12 @@
 //! - **Determinism**: ties break on worker id, then slice id; the same input gives the same
 //!   placement.
 
+pub mod bench;
 pub mod plan;
 pub mod run;
 
 #[cfg(test)]
 mod tests;
-
-/// Places `replicas` replicas (`replicas / 20` deployments of 20, 100 tenants) on `workers`
-/// workers of `slices` CPU slices each; returns how many were placed and the time it took.
-pub fn benchmark(workers: usize, slices: usize, replicas: u32) -> (usize, std::time::Duration) {
-    let specs = (0..workers)
-        .map(|i| WorkerSpec {
-            id: format!("w{i:05}"),
-            slices: (0..slices)
-                .map(|s| SliceSpec { id: format!("cpu-{s}"), profile: "cpu".into(), memory_bytes: 16 << 30 })
-                .collect(),
-        })
-        .collect();
-    let requests: Vec<ReplicaRequest> = (0..replicas)
-        .map(|i| ReplicaRequest {
-            deployment: format!("dep{}", i % (replicas / 20).max(1)),
-            index: i,
-            tenant: format!("tenant{}", i % 100),
-            profile: "cpu".into(),
-            memory_bytes: 1 << 30,
-        })
-        .collect();
-    let start = std::time::Instant::now();
-    let mut placer = Placer::new(specs);
-    let placed = requests.iter().filter(|r| placer.place(r).is_ok()).count();
-    (placed, start.elapsed())
-}
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -29,60 +29,9 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use super::{Placement, Placer, ReplicaRequest, SliceSpec, WorkerSpec};
-use crate::states::ReplicaState;
+use crate::states::{ReplicaState, WorkerState};
 
 mod canary;
-
-/// Times one whole scheduler tick ([`plan`]: placement, rendered configs, events) that places
-/// `replicas` new replicas (deployments of 20, 100 tenants, 1 GiB each) on `workers` workers of
-/// `slices` 16 GiB CPU slices; returns how many were placed and the time it took.
-pub fn benchmark_tick(workers: usize, slices: usize, replicas: u32) -> (usize, std::time::Duration) {
-    let at = OffsetDateTime::now_utc();
-    let snapshot = Snapshot {
-        workers: (0..workers)
-            .map(|i| WorkerInfo {
-                id: format!("w{i:05}"),
-                state: "ready".into(),
-                last_heartbeat_at: at,
-                slices: (0..slices)
-                    .map(|s| SliceSpec { id: format!("cpu-{s}"), profile: "cpu".into(), memory_bytes: 16 << 30 })
-                    .collect(),
-                unhealthy_slices: BTreeMap::new(),
-            })
-            .collect(),
-        deployments: (0..replicas.div_ceil(20))
-            .map(|i| DeploymentInfo {
-                id: Uuid::from_u128(u128::from(i) + 1),
-                tenant_id: Uuid::from_u128(u128::from(i % 100) + 1 + (1 << 64)),
-                model_name: format!("m{i}"),
-                model_id: Uuid::from_u128(u128::from(i) + 1 + (2 << 64)),
-                version: 1,
-                alias: None,
-                alias_version: None,
-                spec_generation: 1,
-                profile: "cpu".into(),
-                replicas: i64::from(20.min(replicas - i * 20)),
-                instance_count: 1,
-                max_batch_size: None,
-                dynamic_batching: None,
-                memory_bytes: Some(1 << 30),
-                canary_version: None,
-                canary_replicas: 0,
-            })
-            .collect(),
-        ..Snapshot::default()
-    };
-    let settings = Settings { lost_after: Duration::from_secs(10), drain: Duration::from_secs(3), leader_since: None };
-    let mut n = 0u128;
-    let mut new_id = || {
-        n += 1;
-        Uuid::from_u128((3 << 64) + n)
-    };
-    let started = std::time::Instant::now();
-    let decided = plan(&snapshot, at, &settings, &mut new_id);
-    let took = started.elapsed();
-    (decided.inserts.iter().filter(|r| r.placement.is_ok()).count(), took)
-}
 
 /// Memory a replica gets when its deployment does not say: four times the artifact, at least this.
 pub const MIN_REPLICA_MEMORY: i64 = 64 * 1024 * 1024;
@@ -490,7 +439,7 @@ fn live_workers<'a>(
     let mut workers: Vec<&WorkerInfo> = snapshot.workers.iter().collect();
     workers.sort_by(|a, b| a.id.cmp(&b.id));
     for w in workers {
-        if w.state != "ready" {
+        if w.state != WorkerState::Ready.as_str() {
             continue;
         }
         let heard = settings.leader_since.map_or(w.last_heartbeat_at, |t| t.max(w.last_heartbeat_at));
@@ -877,7 +826,7 @@ mod tests {
     pub(super) fn worker(id: &str, slices: usize, gib: u64) -> WorkerInfo {
         WorkerInfo {
             id: id.into(),
-            state: "ready".into(),
+            state: WorkerState::Ready.as_str().into(),
             last_heartbeat_at: now(),
             slices: (0..slices)
                 .map(|i| SliceSpec { id: format!("cpu-{i}"), profile: "cpu".into(), memory_bytes: gib * GIB })
@@ -913,7 +862,7 @@ mod tests {
         index: i64,
         version: i64,
         at: Option<(&str, &str)>,
-        state: &str,
+        state: ReplicaState,
     ) -> ReplicaInfo {
         ReplicaInfo {
             id: Uuid::from_u128(5_000 + n),
@@ -925,7 +874,7 @@ mod tests {
             memory_bytes: d.memory_bytes.unwrap_or(1),
             worker_id: at.map(|(w, _)| w.to_string()),
             slice_id: at.map(|(_, s)| s.to_string()),
-            state: state.parse().expect("a replica state"),
+            state,
             reason: None,
             crash_moves: 0,
             serving: true,
@@ -984,12 +933,12 @@ mod tests {
         assert!(reason.contains("no 'cpu' slice"), "{reason}");
         assert!(p.events.iter().any(|e| e.kind == "unplaceable" && e.deployment_id == b.id));
         // Next tick: the same reason is not repeated.
-        let mut pending = replica(&b, 2, 0, 1, None, "pending");
+        let mut pending = replica(&b, 2, 0, 1, None, ReplicaState::Pending);
         pending.reason = Some(reason);
         let s = snapshot(
             vec![worker("w1", 1, 4)],
             vec![a.clone(), b],
-            vec![replica(&a, 1, 0, 1, Some(("w1", "cpu-0")), "ready"), pending],
+            vec![replica(&a, 1, 0, 1, Some(("w1", "cpu-0")), ReplicaState::Ready), pending],
         );
         assert!(run(&s).is_empty(), "{:?}", run(&s));
     }
@@ -1011,8 +960,8 @@ mod tests {
         let mut w1 = worker("w1", 2, 4);
         w1.last_heartbeat_at = now() - Duration::from_secs(11);
         let replicas = vec![
-            replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "ready"),
-            replica(&d, 2, 1, 1, Some(("w2", "cpu-0")), "ready"),
+            replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), ReplicaState::Ready),
+            replica(&d, 2, 1, 1, Some(("w2", "cpu-0")), ReplicaState::Ready),
         ];
         let p = run(&snapshot(vec![w1, worker("w2", 2, 4)], vec![d], replicas));
         assert_eq!(p.lost_workers, ["w1"]);
@@ -1030,7 +979,7 @@ mod tests {
     #[test]
     fn a_replica_whose_runner_keeps_dying_moves_to_another_worker_or_stays_when_there_is_none() {
         let d = deployment(1, tenant(1), 1, 1);
-        let mut looping = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "failed");
+        let mut looping = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), ReplicaState::Failed);
         looping.reason = Some(format!("{}it keeps dying: killed by signal 6", tessera_protocol::CRASH_LOOP_REASON));
         let p = run(&snapshot(vec![worker("w1", 2, 4), worker("w2", 2, 4)], vec![d.clone()], vec![looping.clone()]));
         let moved = ReplicaChange::MoveOffCrashLoop {
@@ -1056,7 +1005,7 @@ mod tests {
     fn a_replica_that_crash_loops_everywhere_stops_moving_and_says_so_once() {
         let d = deployment(1, tenant(1), 1, 1);
         let workers = || vec![worker("w1", 2, 4), worker("w2", 2, 4), worker("w3", 2, 4)];
-        let mut looping = replica(&d, 1, 0, 1, Some(("w2", "cpu-0")), "failed");
+        let mut looping = replica(&d, 1, 0, 1, Some(("w2", "cpu-0")), ReplicaState::Failed);
         looping.reason = Some(format!("{}it keeps dying: out of memory", tessera_protocol::CRASH_LOOP_REASON));
         // Moves left: it moves.
         looping.crash_moves = MAX_CRASH_MOVES - 1;
@@ -1090,8 +1039,8 @@ mod tests {
         let xid = "Xid 79 (GPU has fallen off the bus) on GPU-1";
         w1.unhealthy_slices = w1.slices.iter().map(|s| (s.id.clone(), xid.to_string())).collect();
         let replicas = vec![
-            replica(&d, 1, 0, 1, Some(("w1", "MIG-w1-0")), "ready"),
-            replica(&d, 2, 1, 1, Some(("w2", "MIG-w2-0")), "ready"),
+            replica(&d, 1, 0, 1, Some(("w1", "MIG-w1-0")), ReplicaState::Ready),
+            replica(&d, 2, 1, 1, Some(("w2", "MIG-w2-0")), ReplicaState::Ready),
         ];
         let p = run(&snapshot(vec![w1, h200("w2")], vec![d], replicas));
         let moved = ReplicaChange::Place {
@@ -1111,8 +1060,8 @@ mod tests {
         let mut w1 = h200("w1");
         w1.unhealthy_slices.insert("MIG-w1-0".into(), "Xid 94 (contained ECC error) on GPU-1".into());
         let replicas = vec![
-            replica(&a, 1, 0, 1, Some(("w1", "MIG-w1-0")), "ready"),
-            replica(&b, 2, 0, 1, Some(("w1", "MIG-w1-1")), "ready"),
+            replica(&a, 1, 0, 1, Some(("w1", "MIG-w1-0")), ReplicaState::Ready),
+            replica(&b, 2, 0, 1, Some(("w1", "MIG-w1-1")), ReplicaState::Ready),
         ];
         let p = run(&snapshot(vec![w1.clone()], vec![a.clone(), b.clone()], replicas.clone()));
         let moved = ReplicaChange::Place {
@@ -1136,7 +1085,7 @@ mod tests {
         let mut w1 = worker("w1", 2, 4);
         // Silent for 11 s because the control plane was down; it became leader 1 s ago.
         w1.last_heartbeat_at = now() - Duration::from_secs(11);
-        let replicas = vec![replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "ready")];
+        let replicas = vec![replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), ReplicaState::Ready)];
         let snap = snapshot(vec![w1, worker("w2", 2, 4)], vec![d], replicas);
         let settings = Settings { leader_since: Some(now() - Duration::from_secs(1)), ..settings() };
         let p = plan(&snap, now(), &settings, &mut ids());
@@ -1150,9 +1099,9 @@ mod tests {
         let d = deployment(1, tenant(1), 1, 2);
         let mut w1 = worker("w1", 2, 4);
         w1.state = "lost".into();
-        let mut draining = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "draining");
+        let mut draining = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), ReplicaState::Draining);
         (draining.serving, draining.drain_until) = (false, Some(now() + Duration::from_secs(60)));
-        let current = replica(&d, 2, 0, 2, Some(("w2", "cpu-0")), "ready");
+        let current = replica(&d, 2, 0, 2, Some(("w2", "cpu-0")), ReplicaState::Ready);
         let p = run(&snapshot(vec![w1, worker("w2", 2, 4)], vec![d], vec![draining.clone(), current]));
         assert_eq!(p.changes, [ReplicaChange::Delete { id: draining.id }]);
     }
@@ -1172,8 +1121,8 @@ mod tests {
     fn a_rollout_loads_beside_switches_when_ready_then_drains() {
         let d = deployment(1, tenant(1), 2, 2);
         let old = vec![
-            replica(&d, 1, 0, 1, Some(("w2", "cpu-1")), "ready"),
-            replica(&d, 2, 1, 1, Some(("w1", "cpu-0")), "ready"),
+            replica(&d, 1, 0, 1, Some(("w2", "cpu-1")), ReplicaState::Ready),
+            replica(&d, 2, 1, 1, Some(("w1", "cpu-0")), ReplicaState::Ready),
         ];
         let workers = vec![worker("w1", 2, 4), worker("w2", 2, 4)];
         // Step 1: new replicas, not serving, next to the old one of the same index.
@@ -1245,9 +1194,9 @@ mod tests {
         let mut d = deployment(1, tenant(1), 1, 2);
         d.alias = Some("production".into());
         d.alias_version = Some(3);
-        let mut superseded = replica(&d, 2, 0, 2, Some(("w1", "cpu-0")), "loading");
+        let mut superseded = replica(&d, 2, 0, 2, Some(("w1", "cpu-0")), ReplicaState::Loading);
         superseded.serving = false;
-        let serving = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "ready");
+        let serving = replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), ReplicaState::Ready);
         let p = run(&snapshot(vec![worker("w1", 2, 4)], vec![d.clone()], vec![serving, superseded.clone()]));
         assert_eq!(p.retarget, [(d.id, 3)]);
         assert_eq!(p.inserts.len(), 1);
@@ -1259,8 +1208,8 @@ mod tests {
     fn scaling_down_removes_the_highest_indices() {
         let d = deployment(1, tenant(1), 1, 1);
         let replicas = vec![
-            replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), "ready"),
-            replica(&d, 2, 1, 1, Some(("w1", "cpu-0")), "ready"),
+            replica(&d, 1, 0, 1, Some(("w1", "cpu-0")), ReplicaState::Ready),
+            replica(&d, 2, 1, 1, Some(("w1", "cpu-0")), ReplicaState::Ready),
         ];
         let p = run(&snapshot(vec![worker("w1", 2, 4)], vec![d], replicas));
         assert_eq!(p.changes, [ReplicaChange::Delete { id: Uuid::from_u128(5_002) }]);

@@ -15,15 +15,14 @@ use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, JwkSet};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use parking_lot::{Mutex, RwLock};
 use sha2::{Digest, Sha256};
+use tessera_protocol::auth::{AccessClaims, api_key};
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use super::forwarded::IdentityKey;
-use super::{CredentialSource, KeyInfo, Principal, Role, SourceError, TokenKeys};
+use super::{CredentialSource, KeyInfo, Principal, SourceError, TokenKeys};
 use crate::error::Error;
 
-/// API keys start with this; anything else is taken for an access token.
-const KEY_PREFIX: &str = "tsk_";
 /// How long a rejected API key is answered from the cache, so a flood of bad keys costs the
 /// control plane one lookup per key every few seconds.
 const REJECTED_TTL: Duration = Duration::from_secs(5);
@@ -123,7 +122,7 @@ impl Authenticator {
     /// Resolves an `Authorization` header value (`Bearer <API key or access token>`).
     pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Principal, Error> {
         let credential = bearer_credential(authorization)?;
-        if credential.starts_with(KEY_PREFIX) {
+        if api_key::looks_like_key(credential) {
             self.authenticate_key(credential).await
         } else {
             self.authenticate_token(credential).await
@@ -233,7 +232,7 @@ impl Authenticator {
             ring = self.jwks.refresh().await?;
         }
         let key = ring.keys.get(&kid).ok_or_else(|| Error::unauthenticated(INVALID))?;
-        let data = jsonwebtoken::decode::<TokenClaims>(token, key, &ring.validation).map_err(|e| {
+        let data = jsonwebtoken::decode::<AccessClaims>(token, key, &ring.validation).map_err(|e| {
             tracing::debug!(error = %e, "access token refused");
             match e.kind() {
                 jsonwebtoken::errors::ErrorKind::ExpiredSignature => Error::unauthenticated("access token has expired"),
@@ -243,12 +242,11 @@ impl Authenticator {
         let claims = data.claims;
         // jsonwebtoken never looks at `iat`; a token issued in the future is refused like one
         // whose `nbf` has not come yet.
-        if claims.iat.is_some_and(|iat| iat > (self.unix_now)().saturating_add(LEEWAY_SECS as i64)) {
+        if claims.iat > (self.unix_now)().saturating_add(LEEWAY_SECS as i64) {
             tracing::debug!(iat = claims.iat, "access token refused: issued in the future");
             return Err(Error::unauthenticated(INVALID));
         }
-        let role = claims.role.parse::<Role>().map_err(|_| Error::unauthenticated(INVALID))?;
-        Ok(Principal { tenant_id: claims.tenant.to_string(), tenant_name: claims.tenant_name, role })
+        Ok(Principal { tenant_id: claims.tenant.to_string(), tenant_name: claims.tenant_name, role: claims.role })
     }
 }
 
@@ -275,18 +273,6 @@ fn bearer_credential(authorization: Option<&str>) -> Result<&str, Error> {
         return Err(Error::unauthenticated(INVALID));
     }
     Ok(credential)
-}
-
-/// The claims read from an access token (the control plane's `Claims`); `iss`, `aud`, `exp`
-/// and `nbf` are checked by [`Validation`], `iat` by [`Authenticator`].
-#[derive(serde::Deserialize)]
-struct TokenClaims {
-    tenant: uuid::Uuid,
-    tenant_name: String,
-    role: String,
-    /// Issued at (Unix seconds); the control plane always sets it, but it was never required here.
-    #[serde(default)]
-    iat: Option<i64>,
 }
 
 /// Verification keys by `kid`, with the validation rules the control plane's settings imply.

@@ -5,55 +5,10 @@
 //! The worker agent supplies a [`CredentialSource`] backed by the control plane; `serve` runs
 //! without authentication.
 
-use std::fmt;
-use std::str::FromStr;
-
 use futures::future::BoxFuture;
 
-/// What a credential may do (the control plane's roles; ordered, each includes those below).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Role {
-    /// Infer and read metadata only.
-    Inference,
-    /// Read the tenant's registry (and statistics).
-    Viewer,
-    /// Register and deploy models.
-    Deployer,
-    /// Everything in the tenant.
-    TenantAdmin,
-    /// Everything everywhere.
-    PlatformAdmin,
-}
-
-impl Role {
-    /// The role's wire name, as the control plane writes it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Inference => "inference",
-            Role::Viewer => "viewer",
-            Role::Deployer => "deployer",
-            Role::TenantAdmin => "tenant-admin",
-            Role::PlatformAdmin => "platform-admin",
-        }
-    }
-}
-
-impl fmt::Display for Role {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for Role {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        [Role::Inference, Role::Viewer, Role::Deployer, Role::TenantAdmin, Role::PlatformAdmin]
-            .into_iter()
-            .find(|r| r.as_str() == s)
-            .ok_or_else(|| format!("unknown role '{s}'"))
-    }
-}
+/// What a credential may do: the control plane's roles, shared through the protocol crate.
+pub use tessera_protocol::auth::Role;
 
 /// An authenticated caller.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -7,7 +7,7 @@ use tessera_protocol::inference::{ModelConfig, model_version_policy::PolicyChoic
 use tessera_protocol::model_config;
 
 /// File name used when a config names no `default_model_filename`.
-pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
+pub use tessera_protocol::archive::DEFAULT_MODEL_FILENAME;
 
 /// A repository directory.
 #[derive(Debug, Clone)]
@@ -107,15 +107,7 @@ impl Repository {
     }
 }
 
-/// The version a directory name stands for: plain decimal digits without a sign or leading
-/// zeros, so each version has exactly one directory (`01` or `+5` would otherwise alias `1` and
-/// `5`, and the model file would be looked for under the other name). Anything else is not a
-/// version directory.
-pub(crate) fn version_of_dir(name: &str) -> Option<i64> {
-    let canonical =
-        !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) && (name == "0" || !name.starts_with('0'));
-    if canonical { name.parse().ok() } else { None }
-}
+pub(crate) use tessera_protocol::archive::version_of_dir;
 
 /// Model names are single path components without hidden-file or traversal tricks.
 pub fn valid_model_name(name: &str) -> bool {
@@ -142,17 +134,6 @@ fn latest(available: &[i64], n: usize) -> Vec<i64> {
 mod tests {
     use super::*;
     use tessera_protocol::inference::{ModelVersionPolicy, model_version_policy};
-
-    #[test]
-    fn only_plain_decimal_directory_names_are_versions() {
-        for (name, want) in [("1", Some(1)), ("0", Some(0)), ("42", Some(42)), ("9223372036854775807", Some(i64::MAX))]
-        {
-            assert_eq!(version_of_dir(name), want, "{name}");
-        }
-        for name in ["01", "+5", "-1", "", "1a", " 1", "1.0", "99999999999999999999", "٣"] {
-            assert_eq!(version_of_dir(name), None, "{name}");
-        }
-    }
 
     fn with_policy(choice: PolicyChoice) -> ModelConfig {
         ModelConfig { version_policy: Some(ModelVersionPolicy { policy_choice: Some(choice) }), ..Default::default() }

@@ -7,17 +7,15 @@
 //! [`MAX_UNPACKED_BYTES`] of contents. The control plane refused such archives at upload; the
 //! worker checks again rather than trust what it downloads.
 //!
-//! The model directory is the archive's root, or the one non-numeric top-level directory
-//! everything sits in; it may hold `config.pbtxt` and the model as `<version>/model.onnx`,
-//! `model.onnx`, or a single `*.onnx` file.
+//! Which directory is the model's and which file is the model is [`tessera_protocol::archive`]'s
+//! rule, the one the control plane checked the upload against.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
+use tessera_protocol::archive::{self as layout, CONFIG_FILENAME, DEFAULT_MODEL_FILENAME, EntryKind};
 use tessera_protocol::inference::ModelConfig;
-
-use crate::engine::repository::{DEFAULT_MODEL_FILENAME, version_of_dir};
 
 /// Most entries an archive may have (a model directory has a handful).
 pub const MAX_ENTRIES: usize = 10_000;
@@ -33,29 +31,9 @@ pub enum ArchiveKind {
     Zip,
 }
 
-/// A path inside an archive, checked: relative, no `..`, no drive letters or NULs.
+/// A path inside an archive, checked ([`layout::checked_path`]), as a relative path.
 pub fn checked_path(raw: &str) -> Result<PathBuf, String> {
-    if raw.contains('\0') {
-        return Err(format!("archive entry '{}' has a NUL in its name", raw.escape_default()));
-    }
-    let windows_absolute = raw.len() >= 2 && raw.as_bytes()[1] == b':';
-    if raw.starts_with('/') || raw.starts_with('\\') || windows_absolute {
-        return Err(format!("archive entry '{raw}' has an absolute path"));
-    }
-    let parts: Vec<&str> = raw.split(['/', '\\']).filter(|p| !p.is_empty() && *p != ".").collect();
-    if parts.contains(&"..") {
-        return Err(format!("archive entry '{raw}' escapes the model directory ('..')"));
-    }
-    Ok(parts.iter().collect())
-}
-
-/// What an archive entry is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum EntryKind {
-    File,
-    Dir,
-    Link,
-    Other,
+    layout::checked_path(raw).map(|parts| parts.iter().collect())
 }
 
 /// Writes checked entries under one directory, counting entries and bytes.
@@ -121,13 +99,7 @@ fn unpack_tar(file: File, unpacker: &mut Unpacker<'_>) -> Result<(), String> {
     for entry in archive.entries().map_err(unreadable)? {
         let entry = entry.map_err(unreadable)?;
         let raw = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
-        let kind = match entry.header().entry_type() {
-            tar::EntryType::Regular | tar::EntryType::Continuous => EntryKind::File,
-            tar::EntryType::Directory => EntryKind::Dir,
-            tar::EntryType::Symlink | tar::EntryType::Link => EntryKind::Link,
-            // Long names and pax attributes are folded into the entries they describe.
-            _ => EntryKind::Other,
-        };
+        let kind = EntryKind::of_tar(entry.header().entry_type().as_byte());
         unpacker.entry(&raw, kind, entry)?;
     }
     Ok(())
@@ -137,15 +109,7 @@ fn unpack_zip(file: File, unpacker: &mut Unpacker<'_>) -> Result<(), String> {
     let mut archive = zip::ZipArchive::new(BufReader::new(file)).map_err(unreadable)?;
     for i in 0..archive.len() {
         let entry = archive.by_index(i).map_err(unreadable)?;
-        let kind = if entry.is_symlink() {
-            EntryKind::Link
-        } else if entry.is_dir() {
-            EntryKind::Dir
-        } else if entry.unix_mode().is_some_and(|m| m & 0o170000 != 0 && m & 0o170000 != 0o100000) {
-            EntryKind::Other
-        } else {
-            EntryKind::File
-        };
+        let kind = EntryKind::of_zip(entry.is_symlink(), entry.is_dir(), entry.unix_mode());
         let raw = entry.name().to_string();
         unpacker.entry(&raw, kind, entry)?;
     }
@@ -163,8 +127,10 @@ pub struct ModelDir {
 
 /// Finds the model directory under `root` and, in it, the file for `version`. Blocking.
 pub fn find_model(root: &Path, version: i64) -> Result<ModelDir, String> {
-    let dir = model_dir(root)?;
-    let pbtxt = dir.join("config.pbtxt");
+    let files = list_files(root)?;
+    let model_root = layout::model_root(&files);
+    let dir = model_root.iter().fold(root.to_path_buf(), |dir, part| dir.join(part));
+    let pbtxt = dir.join(CONFIG_FILENAME);
     let config = if pbtxt.is_file() {
         let text = std::fs::read_to_string(&pbtxt).map_err(|e| format!("cannot read config.pbtxt: {e}"))?;
         Some(tessera_protocol::model_config::from_pbtxt(&text).map_err(|e| format!("invalid config.pbtxt: {e}"))?)
@@ -175,105 +141,39 @@ pub fn find_model(root: &Path, version: i64) -> Result<ModelDir, String> {
         Some(c) => tessera_protocol::model_config::model_filename(c, DEFAULT_MODEL_FILENAME)?,
         None => DEFAULT_MODEL_FILENAME,
     };
-    let model_file = model_file(&dir, version, filename)?;
-    Ok(ModelDir { model_file, config })
+    let relative: Vec<Vec<String>> = files.iter().map(|f| f[model_root.len()..].to_vec()).collect();
+    let file = layout::model_file(&layout::model_candidates(&relative), filename, Some(version))?;
+    Ok(ModelDir { model_file: file.split('/').fold(dir, |path, part| path.join(part)), config })
 }
 
-/// The root, or the one non-numeric directory everything sits in (`<model>/...`).
-fn model_dir(root: &Path) -> Result<PathBuf, String> {
-    let entries = list(root)?;
-    match entries.as_slice() {
-        [(name, true)] if version_of_dir(name).is_none() => Ok(root.join(name)),
-        _ => Ok(root.to_path_buf()),
+/// Every regular file under `root`, as path components relative to it, sorted (what an
+/// unpacked archive holds: unpacking refused links and special files).
+fn list_files(root: &Path) -> Result<Vec<Vec<String>>, String> {
+    let mut files = Vec::new();
+    let mut dirs = vec![Vec::<String>::new()];
+    while let Some(relative) = dirs.pop() {
+        let dir = relative.iter().fold(root.to_path_buf(), |dir, part| dir.join(part));
+        let read = std::fs::read_dir(&dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
+        for entry in read.flatten() {
+            let (Ok(name), Ok(kind)) = (entry.file_name().into_string(), entry.file_type()) else { continue };
+            let mut path = relative.clone();
+            path.push(name);
+            if kind.is_dir() {
+                dirs.push(path);
+            } else if kind.is_file() {
+                files.push(path);
+            }
+        }
     }
-}
-
-/// Names in a directory with whether each is a directory, sorted.
-fn list(dir: &Path) -> Result<Vec<(String, bool)>, String> {
-    let read = std::fs::read_dir(dir).map_err(|e| format!("cannot list {}: {e}", dir.display()))?;
-    let mut names: Vec<(String, bool)> = read
-        .flatten()
-        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.file_type().ok()?.is_dir())))
-        .collect();
-    names.sort();
-    Ok(names)
-}
-
-/// In order: `<version>/<filename>`, the highest `<n>/<filename>`, `<filename>`, the only
-/// `*.onnx` at the root or in a version directory.
-fn model_file(dir: &Path, version: i64, filename: &str) -> Result<PathBuf, String> {
-    let exact = dir.join(version.to_string()).join(filename);
-    if exact.is_file() {
-        return Ok(exact);
-    }
-    let entries = list(dir)?;
-    let mut versions: Vec<i64> = entries.iter().filter(|(_, d)| *d).filter_map(|(n, _)| version_of_dir(n)).collect();
-    versions.sort_unstable();
-    if let Some(v) = versions.iter().rev().find(|v| dir.join(v.to_string()).join(filename).is_file()) {
-        return Ok(dir.join(v.to_string()).join(filename));
-    }
-    if dir.join(filename).is_file() {
-        return Ok(dir.join(filename));
-    }
-    let mut onnx: Vec<PathBuf> =
-        entries.iter().filter(|(n, d)| !*d && n.ends_with(".onnx")).map(|(n, _)| dir.join(n)).collect();
-    for v in &versions {
-        let sub = dir.join(v.to_string());
-        onnx.extend(list(&sub)?.into_iter().filter(|(n, d)| !*d && n.ends_with(".onnx")).map(|(n, _)| sub.join(n)));
-    }
-    match onnx.as_slice() {
-        [only] => Ok(only.clone()),
-        [] => Err(format!("the archive holds no {filename} (nor any .onnx file)")),
-        _ => Err(format!("the archive holds several .onnx files and no {version}/{filename}")),
-    }
+    files.sort();
+    Ok(files)
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use std::io::{Cursor, Write};
+    use tessera_protocol::archive::test_support::{gzip, tar_of, zip_of};
 
     use super::*;
-
-    /// A tar of `(path, contents)` files (names written raw, so `..` and `/x` can be tested)
-    /// and `links` as symlinks.
-    pub fn tar_of(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
-        let mut b = tar::Builder::new(Vec::new());
-        for (path, data) in files {
-            let mut h = tar::Header::new_gnu();
-            h.set_size(data.len() as u64);
-            h.set_mode(0o644);
-            h.set_entry_type(tar::EntryType::Regular);
-            h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
-            h.set_cksum();
-            b.append(&h, *data).expect("append");
-        }
-        for (path, target) in links {
-            let mut h = tar::Header::new_gnu();
-            h.set_entry_type(tar::EntryType::Symlink);
-            h.set_size(0);
-            b.append_link(&mut h, path, target).expect("link");
-        }
-        b.into_inner().expect("tar")
-    }
-
-    pub fn gzip(data: &[u8]) -> Vec<u8> {
-        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-        e.write_all(data).expect("gzip");
-        e.finish().expect("gzip")
-    }
-
-    pub fn zip_of(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
-        let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
-        let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
-        for (path, data) in files {
-            w.start_file(*path, options).expect("zip entry");
-            w.write_all(data).expect("zip write");
-        }
-        for (path, target) in links {
-            w.add_symlink(*path, *target, options).expect("zip link");
-        }
-        w.finish().expect("zip").into_inner()
-    }
 
     fn unpack_bytes(kind: ArchiveKind, bytes: &[u8]) -> (tempfile::TempDir, Result<(), String>) {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -320,9 +220,6 @@ pub(crate) mod tests {
             assert!(err.contains(needle), "{err}");
             assert!(!dir.path().join("evil").exists() && !dir.path().join("x.onnx").exists());
         }
-        for bad in ["/a", "\\a", "C:\\a", "a/../../b", "a\\..\\b", "..", "a\0b"] {
-            assert!(checked_path(bad).is_err(), "{bad}");
-        }
         assert_eq!(checked_path("./m//1/model.onnx").expect("ok"), PathBuf::from("m/1/model.onnx"));
     }
 
@@ -344,7 +241,7 @@ pub(crate) mod tests {
         std::fs::write(other.path().join("resnet.onnx"), b"x").expect("write");
         assert!(find_model(other.path(), 1).expect("only onnx").model_file.ends_with("resnet.onnx"));
         std::fs::write(other.path().join("second.onnx"), b"x").expect("write");
-        assert!(find_model(other.path(), 1).expect_err("ambiguous").contains("several"));
+        assert!(find_model(other.path(), 1).expect_err("ambiguous").contains("several .onnx files"));
         let empty = tempfile::tempdir().expect("tempdir");
         assert!(find_model(empty.path(), 1).expect_err("none").contains("no model.onnx"));
         // A config naming a path outside the model (another tenant's cached model) is refused.

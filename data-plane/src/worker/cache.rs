@@ -365,8 +365,8 @@ fn is_default(value: &Value) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::archive::tests::tar_of;
     use super::*;
+    use tessera_protocol::archive::test_support::tar_of;
 
     /// Serves fixed bytes per key and counts fetches.
     #[derive(Default)]

@@ -123,7 +123,8 @@ fn key_info(response: agent::AuthenticateKeyResponse) -> Result<KeyInfo, SourceE
     if response.tenant_id.is_empty() {
         return Err(SourceError::Rejected("the control plane resolved the key to no tenant".into()));
     }
-    let role: Role = response.role.parse().map_err(SourceError::Rejected)?;
+    let role: Role =
+        response.role.parse().map_err(|e: tessera_protocol::auth::UnknownRole| SourceError::Rejected(e.to_string()))?;
     Ok(KeyInfo {
         principal: Principal { tenant_id: response.tenant_id, tenant_name: response.tenant_name, role },
         expires_at: (response.expires_at != 0).then_some(response.expires_at),

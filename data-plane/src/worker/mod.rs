@@ -163,7 +163,9 @@ pub async fn run(
         capture::batch::Shipper { worker_id: worker_id.clone(), sink: client.clone(), counters: capture.counters() };
     let capture_task =
         tokio::spawn(capture_shipper.run(capture_queue, config.usage_ship_interval, capture_stop.clone()));
-    state.mark_started();
+    // Ready only once registered and what the control plane assigned at start is installed.
+    let (assigned_tx, assigned_rx) = tokio::sync::watch::channel(None);
+    tokio::spawn(ready_when_installed(state.clone(), assigned_rx, reconciler.status(), shutdown.clone()));
 
     let register = registration(&worker_id, scheme, &config.advertise_host, listeners.bound, &inventory);
     tracing::info!(
@@ -192,7 +194,7 @@ pub async fn run(
         }
         None => None,
     };
-    let reports = session::Reports { register: register_rx, unhealthy: health.subscribe() };
+    let reports = session::Reports { register: register_rx, unhealthy: health.subscribe(), assigned: assigned_tx };
     session::run(client, reports, reconciler, shutdown.clone()).await;
     monitor_stop.cancel();
     if let Some(thread) = monitor {
@@ -221,6 +223,32 @@ pub async fn run(
 
 /// The devices of the slices when models load inside the worker: CPU slices have no GPU, and a
 /// GPU or MIG slice cannot be kept to its device (only a runner's `CUDA_VISIBLE_DEVICES` can).
+/// Marks the server started (ready) once the control plane's first assignment set after
+/// registering is applied and settled ([`reconcile::WorkerStatus::settled`]).
+async fn ready_when_installed(
+    state: Arc<ServerState>,
+    mut assigned: tokio::sync::watch::Receiver<Option<u64>>,
+    mut status: tokio::sync::watch::Receiver<reconcile::WorkerStatus>,
+    shutdown: CancellationToken,
+) {
+    let generation = tokio::select! {
+        () = shutdown.cancelled() => return,
+        first = assigned.wait_for(Option::is_some) => match first.ok().and_then(|g| *g) {
+            Some(generation) => generation,
+            None => return,
+        },
+    };
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        settled = status.wait_for(|s| s.settled(generation)) => {
+            if settled.is_ok() {
+                state.mark_started();
+                tracing::info!(generation, "worker ready: registered and its assignments installed");
+            }
+        }
+    }
+}
+
 fn in_process_devices(inventory: &inventory::Inventory) -> std::collections::HashMap<String, Device> {
     inventory
         .slices
@@ -330,6 +358,44 @@ mod tests {
         assert_eq!(worker_id(dir.path(), Some("w-7")).expect("given"), "w-7");
         std::fs::write(dir.path().join(WORKER_ID_FILE), "../../x").expect("write");
         assert!(worker_id(dir.path(), None).is_err());
+    }
+
+    /// Whether `task` is still waiting after a while (paused time: as long as it takes).
+    async fn waits(task: &mut tokio::task::JoinHandle<()>) -> bool {
+        tokio::time::timeout(std::time::Duration::from_secs(5), task).await.is_err()
+    }
+
+    /// Not ready before registering, nor while the first assigned set is loading; ready once
+    /// it is installed (a failed replica counts as settled: it is reported, not waited for).
+    #[tokio::test(start_paused = true)]
+    async fn ready_only_after_registering_and_installing_the_first_assignments() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manager = ModelManager::new(Repository::open(dir.path()).expect("a repository"), ControlMode::None);
+        let state = Arc::new(ServerState::new(Arc::new(manager), false, 1 << 20));
+        let (assigned_tx, assigned_rx) = tokio::sync::watch::channel(None);
+        let (status_tx, status_rx) = tokio::sync::watch::channel(reconcile::WorkerStatus::default());
+        let mut task =
+            tokio::spawn(ready_when_installed(state.clone(), assigned_rx, status_rx, CancellationToken::new()));
+        let replica = |state: agent::ReplicaState| agent::ReplicaStatus {
+            replica_id: "r1".into(),
+            state: state.into(),
+            reason: String::new(),
+        };
+
+        assert!(waits(&mut task).await && !state.is_ready(), "not registered yet");
+        assigned_tx.send_replace(Some(3));
+        assert!(waits(&mut task).await && !state.is_ready(), "the set is not applied yet");
+        status_tx.send_replace(reconcile::WorkerStatus {
+            applied_generation: 3,
+            replicas: vec![replica(agent::ReplicaState::Loading)],
+        });
+        assert!(waits(&mut task).await && !state.is_ready(), "its replica is loading");
+        status_tx.send_replace(reconcile::WorkerStatus {
+            applied_generation: 3,
+            replicas: vec![replica(agent::ReplicaState::Ready)],
+        });
+        task.await.expect("the task ends");
+        assert!(state.is_ready());
     }
 
     #[test]

@@ -291,6 +291,15 @@ pub struct WorkerStatus {
     pub replicas: Vec<agent::ReplicaStatus>,
 }
 
+impl WorkerStatus {
+    /// Whether the set of `generation` (or a later one) is applied and none of its replicas is
+    /// still loading: each is installed, or failed and reported so.
+    pub fn settled(&self, generation: u64) -> bool {
+        self.applied_generation >= generation
+            && self.replicas.iter().all(|r| r.state != i32::from(ReplicaState::Loading))
+    }
+}
+
 /// Hears every assignment set the actor applies, before any of its installs start (the worker's
 /// usage meter labels versions and times slices from it).
 pub type OnApply = Arc<dyn Fn(&[agent::Assignment]) + Send + Sync>;
@@ -549,6 +558,23 @@ async fn install(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_settles_when_its_set_is_applied_and_nothing_loads() {
+        let replica = |state: ReplicaState| agent::ReplicaStatus {
+            replica_id: "r".into(),
+            state: state.into(),
+            reason: String::new(),
+        };
+        let status = |generation, states: &[ReplicaState]| WorkerStatus {
+            applied_generation: generation,
+            replicas: states.iter().map(|s| replica(*s)).collect(),
+        };
+        assert!(!status(2, &[]).settled(3), "an older set");
+        assert!(status(3, &[]).settled(3) && status(4, &[ReplicaState::Ready]).settled(3));
+        assert!(!status(3, &[ReplicaState::Ready, ReplicaState::Loading]).settled(3));
+        assert!(status(3, &[ReplicaState::Ready, ReplicaState::Failed]).settled(3), "failed is reported, not awaited");
+    }
 
     fn assignment(replica: &str, tenant: &str, model: &str, version: i64, serving: bool) -> agent::Assignment {
         agent::Assignment {

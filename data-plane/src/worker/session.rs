@@ -37,6 +37,9 @@ pub struct Reports {
     pub register: watch::Receiver<agent::Register>,
     /// The unhealthy slices every heartbeat carries; a change goes up at once.
     pub unhealthy: watch::Receiver<Vec<agent::UnhealthySlice>>,
+    /// Set to the generation of the first assignment set the control plane sends (after
+    /// registering): the worker is ready once that set is installed.
+    pub assigned: watch::Sender<Option<u64>>,
 }
 
 /// Why a session ended.
@@ -117,7 +120,7 @@ async fn session(
             () = shutdown.cancelled() => return Ended::Shutdown,
             message = inbound.message() => match message {
                 Ok(Some(message)) => {
-                    if let Some(interval) = handle(message, register, reconciler).await {
+                    if let Some(interval) = handle(message, register, reconciler, &reports.assigned).await {
                         registered = true;
                         heartbeat = Some(ticker(interval));
                     }
@@ -163,6 +166,7 @@ async fn handle(
     message: agent::ControlMessage,
     register: &agent::Register,
     reconciler: &Reconciler,
+    assigned: &watch::Sender<Option<u64>>,
 ) -> Option<Duration> {
     match message.kind {
         Some(control_message::Kind::Registered(r)) => {
@@ -182,7 +186,9 @@ async fn handle(
             Some(interval)
         }
         Some(control_message::Kind::Assignments(set)) => {
+            let generation = set.generation;
             reconciler.apply(set).await;
+            assigned.send_if_modified(|first| first.is_none().then(|| *first = Some(generation)).is_some());
             None
         }
         None => None,

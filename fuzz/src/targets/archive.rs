@@ -3,12 +3,12 @@
 //! Input: a selector byte (even: tar or tar.gz, odd: zip), then the archive. What the control
 //! plane accepts must name only `.onnx` files inside the model directory, carry a config that
 //! passes its own check again from its stored JSON, and unpack on a worker, which checks every
-//! entry again rather than trust the upload.
+//! entry again rather than trust the upload, and finds the model in it.
 
 use std::io::Cursor;
 
 use tessera_control_plane::archive::{ArchiveLimits, ArchiveManifest, inspect_tar, inspect_zip};
-use tessera_data_plane::worker::archive::{ArchiveKind, unpack};
+use tessera_data_plane::worker::archive::{ArchiveKind, find_model, unpack};
 
 /// Limits far below the defaults, so a bomb costs the fuzzer a megabyte, not gigabytes.
 const LIMITS: ArchiveLimits = ArchiveLimits { max_entries: 64, max_expanded_bytes: 1 << 20, max_expansion_ratio: 16 };
@@ -30,6 +30,9 @@ pub fn run(data: &[u8]) {
     let dest = dir.path().join("model");
     if let Err(e) = unpack(kind, &file, &dest) {
         panic!("the control plane accepted an archive that a worker refuses to unpack: {e}");
+    }
+    if let Err(e) = find_model(&dest, 1) {
+        panic!("the control plane accepted an archive in which a worker finds no model: {e}");
     }
 }
 

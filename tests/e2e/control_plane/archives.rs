@@ -4,54 +4,13 @@
 //! the expansion limits allow (a gzip bomb) are refused with a 422 naming the problem, and
 //! leave nothing behind.
 
-use std::io::{Cursor, Write};
-
 use serde_json::json;
+use tessera_protocol::archive::test_support::{gzip, tar_of, zip_of};
 
 use super::{TestApp, onnx_bytes};
 
 const CONFIG: &str = "name: \"resnet\"\nplatform: \"onnxruntime_onnx\"\nmax_batch_size: 8\n\
                       input [ { name: \"x\" data_type: TYPE_FP32 dims: [ 3 ] } ]\n";
-
-/// A tar of files; names are written raw, so `..` and absolute paths can be tested.
-fn tar_of(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (path, data) in files {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_entry_type(tar::EntryType::Regular);
-        h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
-        h.set_cksum();
-        b.append(&h, *data).unwrap();
-    }
-    for (path, target) in links {
-        let mut h = tar::Header::new_gnu();
-        h.set_entry_type(tar::EntryType::Symlink);
-        h.set_size(0);
-        b.append_link(&mut h, path, target).unwrap();
-    }
-    b.into_inner().unwrap()
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    e.write_all(data).unwrap();
-    e.finish().unwrap()
-}
-
-fn zip_of(files: &[(&str, &[u8])], links: &[(&str, &str)]) -> Vec<u8> {
-    let mut w = zip::ZipWriter::new(Cursor::new(Vec::new()));
-    let options = zip::write::SimpleFileOptions::default();
-    for (path, data) in files {
-        w.start_file(*path, options).unwrap();
-        w.write_all(data).unwrap();
-    }
-    for (path, target) in links {
-        w.add_symlink(*path, *target, options).unwrap();
-    }
-    w.finish().unwrap().into_inner()
-}
 
 #[tokio::test]
 async fn archives_become_versions_with_their_config() {
@@ -94,6 +53,49 @@ async fn archives_become_versions_with_their_config() {
     assert_eq!(app.stored_files(), 5);
 }
 
+/// Accepted at upload means loads on a worker: the control plane's inspection and a worker's
+/// unpacking and model finder agree on every layout, several `.onnx` files at the root included.
+#[test]
+fn an_archive_accepted_at_upload_is_one_a_worker_finds_its_model_in() {
+    use tessera_control_plane::archive::{ArchiveLimits, inspect_tar};
+    use tessera_data_plane::worker::archive::{ArchiveKind, find_model, unpack};
+
+    let onnx = onnx_bytes(16);
+    let m: &[u8] = &onnx;
+    let named: &[u8] = b"default_model_filename: \"b.onnx\"";
+    let layouts: [&[(&str, &[u8])]; 9] = [
+        &[("m/config.pbtxt", CONFIG.as_bytes()), ("m/1/model.onnx", m)],
+        &[("model.onnx", m)],
+        &[("net.onnx", m)],
+        &[("a.onnx", m), ("b.onnx", m)],
+        &[("m/a.onnx", m), ("m/b.onnx", m)],
+        &[("1/a.onnx", m), ("2/b.onnx", m)],
+        &[("1/model.onnx", m), ("2/model.onnx", m), ("x.onnx", m)],
+        &[("config.pbtxt", named), ("a.onnx", m), ("b.onnx", m)],
+        &[("01/model.onnx", m)],
+    ];
+    let limits = ArchiveLimits::for_upload_cap(1 << 30);
+    for files in layouts {
+        let tar = tar_of(files, &[]);
+        let accepted = inspect_tar(&tar[..], tar.len() as u64, limits);
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let (archive, dest) = (dir.path().join("a.tar"), dir.path().join("model"));
+        std::fs::write(&archive, &tar).expect("write the archive");
+        std::fs::create_dir(&dest).expect("make the model directory");
+        unpack(ArchiveKind::Tar, &archive, &dest).expect("a worker unpacks it");
+        for version in [1, 2, 7] {
+            let found = find_model(&dest, version);
+            assert_eq!(accepted.is_ok(), found.is_ok(), "{files:?} v{version}: {accepted:?} / {found:?}");
+            if let (Ok(manifest), Ok(found)) = (&accepted, &found)
+                && version == 7
+            {
+                let (file, _) = manifest.model.as_ref().expect("an accepted archive names its model");
+                assert!(found.model_file.ends_with(file), "{files:?}: {file} / {found:?}");
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn unsafe_or_incomplete_archives_are_refused_and_leave_nothing() {
     let app = TestApp::spawn().await;
@@ -110,6 +112,8 @@ async fn unsafe_or_incomplete_archives_are_refused_and_leave_nothing() {
         ("tar", tar_of(&[("m/config.pbtxt", CONFIG.as_bytes())], &[]), "no .onnx model file"),
         ("zip", zip_of(&[("m/README", b"hello")], &[]), "no .onnx model file"),
         ("tar", gzip(b"this is not a tar"), "could not be read"),
+        // No worker could choose among them: refused here, not at every load.
+        ("tar", tar_of(&[("m/a.onnx", &onnx), ("m/b.onnx", &onnx)], &[]), "several .onnx files"),
     ];
     for (format, body, problem) in refused {
         let r = app.upload(&t.deployer, "acme", "m", &format!("?format={format}"), body).await;

@@ -190,6 +190,36 @@ async fn errors_have_one_shape() {
     assert_eq!(app.get(&t.viewer, "/v1/tenants/acme/models/%00").await.status, 404);
 }
 
+/// `/healthz` is liveness; `/readyz` answers 200 while the registry answers and 503, saying
+/// why, while it does not (its database refuses connections), and recovers with it.
+#[tokio::test]
+async fn readiness_follows_the_registry() {
+    use sqlx::Connection;
+
+    let app =
+        TestApp::spawn_with(super::Opts { db: Some(super::TestDb::postgres().await), ..Default::default() }).await;
+    let readyz = || app.raw(app.client.get(format!("{}/readyz", app.url)));
+    assert_eq!(readyz().await.expect(200), &json!({ "status": "ready" }));
+    let (admin, name) = app.db.postgres.clone().expect("a Postgres test database");
+    let mut c = sqlx::PgConnection::connect(&admin).await.expect("connect as the admin");
+    let run = |sql: String| sqlx::raw_sql(sqlx::AssertSqlSafe(sql));
+    run(format!("ALTER DATABASE {name} ALLOW_CONNECTIONS false")).execute(&mut c).await.expect("refuse connections");
+    run(format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}'"))
+        .execute(&mut c)
+        .await
+        .expect("end the server's connections");
+    let r = readyz().await;
+    assert_eq!(r.status, 503, "{:?}", r.body);
+    assert_eq!(
+        (r.body["status"].as_str(), r.body["reason"].as_str()),
+        (Some("unavailable"), Some("the registry database does not answer"))
+    );
+    let health = app.raw(app.client.get(format!("{}/healthz", app.url))).await;
+    assert_eq!(health.expect(200), &json!({ "status": "ok" }), "still alive");
+    run(format!("ALTER DATABASE {name} ALLOW_CONNECTIONS true")).execute(&mut c).await.expect("allow connections");
+    assert_eq!(readyz().await.expect(200), &json!({ "status": "ready" }));
+}
+
 #[test]
 fn an_unreachable_database_is_a_clear_error() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))

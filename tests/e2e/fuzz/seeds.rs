@@ -1,8 +1,6 @@
 //! The fuzz targets' seed inputs: a few real examples per target, made here so they stay
 //! readable, reviewable and in step with the formats (`seeds_are_generated` checks the files).
 
-use std::io::Write;
-
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use bytes::{Bytes, BytesMut};
@@ -16,6 +14,7 @@ use tessera_data_plane::engine::tensor::{InputTensor, OutputTensor};
 use tessera_data_plane::error::{Error, ErrorKind};
 use tessera_data_plane::runner::wire::{FromRunner, InferCall, LoadCall, ToRunner};
 use tessera_protocol::DataType;
+use tessera_protocol::archive::test_support::{gzip, tar_of, zip_of};
 use tessera_protocol::inference::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
 use tessera_protocol::inference::{InferParameter, InferTensorContents, ModelInferRequest, infer_parameter};
 
@@ -40,14 +39,14 @@ pub fn all() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         (
             "archive",
             "model_dir.tar",
-            [&[0][..], &tar_of(&[("m/config.pbtxt", SIMPLE_PBTXT.as_bytes()), ("m/1/model.onnx", &onnx_model())])]
+            [&[0][..], &tar_of(&[("m/config.pbtxt", SIMPLE_PBTXT.as_bytes()), ("m/1/model.onnx", &onnx_model())], &[])]
                 .concat(),
         ),
-        ("archive", "root.tar.gz", [&[0][..], &gzip(&tar_of(&[("model.onnx", &onnx_model())]))].concat()),
+        ("archive", "root.tar.gz", [&[0][..], &gzip(&tar_of(&[("model.onnx", &onnx_model())], &[]))].concat()),
         (
             "archive",
             "model_dir.zip",
-            [&[1][..], &zip_of(&[("m/config.pbtxt", SIMPLE_PBTXT.as_bytes()), ("m/1/model.onnx", &onnx_model())])]
+            [&[1][..], &zip_of(&[("m/config.pbtxt", SIMPLE_PBTXT.as_bytes()), ("m/1/model.onnx", &onnx_model())], &[])]
                 .concat(),
         ),
         ("onnx", "identity.onnx", onnx_model()),
@@ -260,35 +259,6 @@ fn onnx_model() -> Vec<u8> {
     len_field(8, &[0x10, 0x0d], &mut model); // opset_import { version: 13 }
     len_field(7, &graph, &mut model);
     model
-}
-
-fn tar_of(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut builder = tar::Builder::new(Vec::new());
-    for (path, data) in files {
-        let mut header = tar::Header::new_gnu();
-        header.set_size(data.len() as u64);
-        header.set_mode(0o644);
-        header.set_entry_type(tar::EntryType::Regular);
-        builder.append_data(&mut header, path, *data).expect("append to a tar");
-    }
-    builder.into_inner().expect("finish a tar")
-}
-
-fn gzip(data: &[u8]) -> Vec<u8> {
-    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    encoder.write_all(data).expect("gzip");
-    encoder.finish().expect("finish gzip")
-}
-
-fn zip_of(files: &[(&str, &[u8])]) -> Vec<u8> {
-    let mut writer = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
-    // A fixed time, so the seed does not change with the clock.
-    let options = zip::write::SimpleFileOptions::default().last_modified_time(zip::DateTime::default());
-    for (path, data) in files {
-        writer.start_file(*path, options).expect("start a zip entry");
-        writer.write_all(data).expect("write a zip entry");
-    }
-    writer.finish().expect("finish a zip").into_inner()
 }
 
 fn tensor(name: &str, datatype: DataType, shape: Vec<i64>, data: Vec<u8>) -> OutputTensor {

@@ -151,15 +151,15 @@ mod tests {
         index: i64,
         version: i64,
         at: Option<(&str, &str)>,
-        state: &str,
+        state: ReplicaState,
     ) -> ReplicaInfo {
-        ReplicaInfo { canary: true, serving: state == "ready", ..replica(d, n, index, version, at, state) }
+        ReplicaInfo { canary: true, serving: state == ReplicaState::Ready, ..replica(d, n, index, version, at, state) }
     }
 
     fn stable(d: &DeploymentInfo, version: i64) -> Vec<ReplicaInfo> {
         vec![
-            replica(d, 1, 0, version, Some(("w1", "cpu-0")), "ready"),
-            replica(d, 2, 1, version, Some(("w2", "cpu-0")), "ready"),
+            replica(d, 1, 0, version, Some(("w1", "cpu-0")), ReplicaState::Ready),
+            replica(d, 2, 1, version, Some(("w2", "cpu-0")), ReplicaState::Ready),
         ]
     }
 
@@ -190,7 +190,7 @@ mod tests {
 
         // Loading: nothing changes. Ready: it serves, on its own.
         let mut replicas = stable(&d, 1);
-        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), "loading"));
+        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), ReplicaState::Loading));
         assert!(run(&snapshot(workers(), vec![d.clone()], replicas.clone())).is_empty());
         replicas[2].state = ReplicaState::Ready;
         replicas[2].serving = false;
@@ -217,7 +217,7 @@ mod tests {
     fn rolling_back_drains_the_canary_replicas_then_removes_them() {
         let d = with_canary(2, 1, None, 0);
         let mut replicas = stable(&d, 1);
-        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), "ready"));
+        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), ReplicaState::Ready));
         let p = run(&snapshot(workers(), vec![d.clone()], replicas.clone()));
         let until = now() + Duration::from_secs(3);
         assert_eq!(p.changes, [ReplicaChange::Drain { id: replicas[2].id, until }]);
@@ -240,7 +240,7 @@ mod tests {
         // Rolled back while loading: nothing to drain.
         let d = with_canary(2, 1, None, 0);
         let mut replicas = stable(&d, 1);
-        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), "loading"));
+        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), ReplicaState::Loading));
         let p = run(&snapshot(workers(), vec![d], replicas.clone()));
         assert_eq!(p.changes, [ReplicaChange::Delete { id: replicas[2].id }]);
 
@@ -258,7 +258,10 @@ mod tests {
             "beside the old canary"
         );
         let mut next = replicas.clone();
-        next.push(ReplicaInfo { serving: false, ..canary_replica(&d, 4, 0, 3, Some(("w1", "cpu-0")), "ready") });
+        next.push(ReplicaInfo {
+            serving: false,
+            ..canary_replica(&d, 4, 0, 3, Some(("w1", "cpu-0")), ReplicaState::Ready)
+        });
         let p = run(&snapshot(workers(), vec![d], next.clone()));
         let until = now() + Duration::from_secs(3);
         assert_eq!(
@@ -271,7 +274,7 @@ mod tests {
     fn a_stable_rollout_with_a_canary_leaves_the_canary_alone() {
         let d = with_canary(2, 3, Some(2), 1);
         let mut replicas = stable(&d, 1);
-        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), "ready"));
+        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), ReplicaState::Ready));
         let p = run(&snapshot(workers(), vec![d], replicas));
         assert_eq!(
             p.inserts.iter().map(|r| (r.version, r.canary, r.serving)).collect::<Vec<_>>(),
@@ -286,7 +289,7 @@ mod tests {
         // Promoted: the target is the canary's version and the canary is still set.
         let d = with_canary(2, 2, Some(2), 1);
         let mut replicas = stable(&d, 1);
-        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), "ready"));
+        replicas.push(canary_replica(&d, 3, 0, 2, Some(("w1", "cpu-0")), ReplicaState::Ready));
         // Step 1: new stable replicas of version 2 load beside the old ones; the canary serves on.
         let p = run(&snapshot(workers(), vec![d.clone()], replicas.clone()));
         assert_eq!(
@@ -301,7 +304,7 @@ mod tests {
             .map(|r| {
                 let at = r.placement.clone().expect("placed");
                 let at = (at.worker.as_str(), at.slice.as_str());
-                ReplicaInfo { id: r.id, serving: false, ..replica(&d, 0, r.index, 2, Some(at), "ready") }
+                ReplicaInfo { id: r.id, serving: false, ..replica(&d, 0, r.index, 2, Some(at), ReplicaState::Ready) }
             })
             .collect();
         let all: Vec<ReplicaInfo> = replicas.iter().chain(&new).cloned().collect();

@@ -9,6 +9,7 @@ use jsonwebtoken::{EncodingKey, Header};
 use serde_json::json;
 
 use super::*;
+use crate::auth::Role;
 use crate::error::ErrorKind;
 
 const ISSUER: &str = "https://cp.test";
