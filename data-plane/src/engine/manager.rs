@@ -344,6 +344,16 @@ impl ModelManager {
         }
         models.insert(name.to_string(), ModelEntry::unavailable(UNLOADED.into()));
         tracing::info!(model = name, "model unloaded");
+        // As Triton: the ensembles that use it go too (they would fail every request).
+        let dependents: Vec<String> = models
+            .iter()
+            .filter(|(_, e)| e.latest_ready().is_some_and(|m| ensemble_steps(&m.spec.config).iter().any(|s| s == name)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for ensemble in dependents {
+            tracing::info!(model = %ensemble, step = name, "ensemble unloaded with its step");
+            models.insert(ensemble, ModelEntry::unavailable(UNLOADED.into()));
+        }
         Ok(())
     }
 

@@ -37,10 +37,24 @@ impl Ensemble {
     /// Checks `plan` against the composing models `resolve` finds now; they must be loaded.
     pub fn new(spec: &ModelSpec, plan: Plan, resolve: Resolve) -> std::result::Result<Self, String> {
         let mut models = Vec::with_capacity(plan.steps.len());
+        let (mut missing, mut why) = (Vec::new(), Vec::new());
         for (i, step) in plan.steps.iter().enumerate() {
-            let model = resolve(&step.model, step.version)
-                .map_err(|e| format!("{} is not available: {}", step.describe(i), e.message))?;
-            models.push(model);
+            match resolve(&step.model, step.version) {
+                Ok(model) => models.push(model),
+                Err(e) => {
+                    missing.push(step.model.as_str());
+                    why.push(format!("{}: {}", step.describe(i), e.message));
+                }
+            }
+        }
+        if !missing.is_empty() {
+            // Triton's words first, then why each step is missing.
+            return Err(format!(
+                "ensemble {} contains models that are not available or ambiguous: {} ({})",
+                spec.name,
+                missing.join(", "),
+                why.join("; ")
+            ));
         }
         let specs: Vec<&ModelSpec> = models.iter().map(|m| m.spec.as_ref()).collect();
         plan.check_steps(spec, &specs)?;
