@@ -134,3 +134,6 @@ impl Ensemble {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;
