@@ -10,9 +10,13 @@
 #   --suite quick   raw mlp batch 1; tessera only: mlp concurrency 1 and 4
 #                   over HTTP and gRPC (about 30 s after set-up and build)
 #   --suite full    (default) raw mlp b1/b8 and add_sub b1; tessera and
-#                   Triton: add_sub c1, mlp c1/c4/c16, mlp -b 8 c8, over HTTP
-#                   and gRPC, each three times with the servers alternating
-#                   (about 8 minutes)
+#                   Triton: add_sub c1, mlp c1/c4/c16, mlp -b 8 c8, 1 MiB c1,
+#                   ensemble c1 (Triton's preprocess -> add_sub example) and
+#                   cache hit c1 (add_sub with response_cache; Triton gets
+#                   --cache-config local), over HTTP and gRPC, each three
+#                   times with the servers alternating (about 10 minutes)
+#   --suite features  raw add_sub b1; tessera and Triton: ensemble c1/c4 and
+#                   cache hit c1/c4 only (about 3 minutes with --rounds 1)
 #   --no-triton     full suite without Triton
 #   --no-build      use the existing release binary (no cargo build)
 #   --threads N     intra-op threads for raw ORT and every model instance (1)
@@ -66,8 +70,9 @@ while (($#)); do
   esac
   shift
 done
-[[ "$suite" == quick || "$suite" == full ]] || die "--suite must be quick or full, not '$suite'"
-[[ "$suite" == full ]] || triton=0
+[[ "$suite" == quick || "$suite" == full || "$suite" == large || "$suite" == features ]] ||
+  die "--suite must be quick, full, large or features, not '$suite'"
+[[ "$suite" != quick ]] || triton=0
 if ((gateway)); then
   # The suite and Triton flags belong to compare.py; gateway.py has neither.
   for a in ${pass[@]+"${pass[@]}"}; do
