@@ -186,6 +186,13 @@ impl ResponseCache {
         if bytes > self.limits.tenant_bytes {
             return;
         }
+        // Copies, before the lock: an output may be a slice of a whole batch's buffer or of a
+        // runner's shared memory arena, which a cached reference would keep alive (uncounted, or
+        // starving the arena).
+        let owned: Vec<OutputTensor> = outputs
+            .iter()
+            .map(|o| OutputTensor { data: bytes::Bytes::copy_from_slice(&o.data), ..o.clone() })
+            .collect();
         let mut guard = self.inner.lock();
         let inner = &mut *guard;
         let tenant: Arc<str> = match inner.tenants.get_key_value(tenant) {
@@ -203,7 +210,7 @@ impl ResponseCache {
         let tick = inner.tick;
         let entries = inner.tenants.entry(tenant.clone()).or_default();
         entries.order.insert(tick, key.clone());
-        entries.entries.insert(key, Entry { outputs: outputs.into(), bytes, tick });
+        entries.entries.insert(key, Entry { outputs: owned.into(), bytes, tick });
         entries.bytes += bytes;
         inner.order.insert(tick, tenant);
         inner.bytes += bytes;
