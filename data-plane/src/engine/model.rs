@@ -21,6 +21,7 @@ use crate::engine::warmup;
 use crate::error::Result;
 use crate::runner::RemoteVersion;
 use tessera_protocol::inference::ModelConfig;
+use tessera_protocol::inference::model_config::SchedulingChoice;
 
 /// A model version ready to serve.
 pub struct LoadedModel {
@@ -167,7 +168,14 @@ impl LoadedModel {
     /// Answers repeated requests from `cache` when the config enables the response cache;
     /// `key` is the manager's key of the model (which names its tenant on workers).
     pub fn with_response_cache(mut self, cache: Option<&Arc<ResponseCache>>, key: &str) -> Self {
-        let enabled = self.spec.config.response_cache.as_ref().is_some_and(|c| c.enable);
+        let config = &self.spec.config;
+        let mut enabled = config.response_cache.as_ref().is_some_and(|c| c.enable);
+        // As in Triton: a stateful or decoupled model's answer depends on more than the request.
+        let stateful = matches!(config.scheduling_choice, Some(SchedulingChoice::SequenceBatching(_)));
+        if enabled && (stateful || config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled)) {
+            tracing::warn!(model = %self.spec.name, "response_cache is ignored for sequence and decoupled models");
+            enabled = false;
+        }
         self.cache = cache.filter(|_| enabled).map(|cache| CacheSlot::new(cache.clone(), key));
         self
     }
