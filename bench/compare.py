@@ -6,7 +6,7 @@ perf_analyzer, ONNX Runtime and Triton first); run directly only with every
 path given:
 
     .venv/bin/python bench/compare.py --tessera BIN --perf-analyzer PA \
-        [--triton LAUNCHER] [--suite quick|full] [--no-triton] ...
+        [--triton LAUNCHER] [--suite quick|full|large|features] [--no-triton] ...
 
 What it does, in order:
   1. writes a model repository (tests/python/gen_models.py: add_sub, mlp) and
@@ -69,17 +69,20 @@ from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 GEN_MODELS = ROOT / "tests" / "python" / "gen_models.py"
-MAX_BATCH = {"add_sub": 8, "mlp": 32, "large": 8}
+MAX_BATCH = {"add_sub": 8, "mlp": 32, "large": 8, "ensemble_add_sub": 8, "add_sub_cached": 8}
 # Elements of the `large` model's one FP32 tensor: 1 MiB in and 1 MiB out (an Identity), where
 # moving bytes is the whole cost; it shows what a runner's shared memory saves.
 LARGE = 1 << 18
 # FP32 inputs per batch-1 sample, as tests/python/gen_models.py writes the models.
-INPUTS = {"add_sub": {"INPUT0": 16, "INPUT1": 16}, "mlp": {"INPUT0": 256}, "large": {"INPUT0": LARGE}}
+INPUTS = {"add_sub": {"INPUT0": 16, "INPUT1": 16}, "mlp": {"INPUT0": 256}, "large": {"INPUT0": LARGE},
+          "ensemble_add_sub": {"INPUT0": 16, "INPUT1": 16}, "add_sub_cached": {"INPUT0": 16, "INPUT1": 16}}
 # INT32 inputs per sample: simple_sequence, Triton's accumulator example (a stateful model that
 # perf_analyzer drives as sequences: one live sequence per concurrent request slot, START on the
 # first request and END on the last of each, --sequence-length requests long).
 INT_INPUTS = {"simple_sequence": {"INPUT": 1}}
 SEQUENCE_LENGTH = 20
+# The response cache needs Triton's local cache library: --cache-config local,size=CACHE_BYTES.
+CACHE_BYTES = 64 << 20
 
 T0 = time.monotonic()
 
@@ -123,9 +126,16 @@ SCENARIOS = [
     # after another, those of different sequences batch together.
     Scenario("sequence c1", "simple_sequence", 1, 1, ("full", "sequence")),
     Scenario("sequence c8", "simple_sequence", 1, 8, ("full", "sequence")),
+    # Triton's ensemble example (preprocess then add_sub: two model runs per request).
+    Scenario("ensemble c1", "ensemble_add_sub", 1, 1, ("full", "features")),
+    Scenario("ensemble c4", "ensemble_add_sub", 1, 4, ("features",)),
+    # add_sub with response_cache on; perf_analyzer repeats one input, so all but the first hit.
+    Scenario("cache hit c1", "add_sub_cached", 1, 1, ("full", "features")),
+    Scenario("cache hit c4", "add_sub_cached", 1, 4, ("features",)),
 ]
 # Raw ONNX Runtime in-process: (model, batch) per suite.
-RAW = {"quick": [("mlp", 1)], "full": [("mlp", 1), ("mlp", 8), ("add_sub", 1)], "large": [], "sequence": []}
+RAW = {"quick": [("mlp", 1)], "full": [("mlp", 1), ("mlp", 8), ("add_sub", 1)], "large": [], "sequence": [],
+       "features": [("add_sub", 1)]}
 PROTOCOLS = ("http", "grpc")
 
 
@@ -171,7 +181,8 @@ class Row:
 
 def write_repository(repo: Path, args) -> None:
     subprocess.run(
-        [sys.executable, str(GEN_MODELS), str(repo), "--only", "mlp", "add_sub", "identity_FP32", "simple_sequence"],
+        [sys.executable, str(GEN_MODELS), str(repo), "--only", "mlp", "add_sub", "identity_FP32", "simple_sequence",
+         "preprocess", "ensemble_add_sub", "add_sub_cached"],
         check=True,
         stdout=subprocess.DEVNULL,
     )
@@ -181,7 +192,7 @@ def write_repository(repo: Path, args) -> None:
         'name: "large"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
         f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {LARGE} ] }} ]\n'
         f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {LARGE} ] }} ]\n')
-    for model in ("add_sub", "mlp", "large"):
+    for model in ("add_sub", "mlp", "large", "preprocess", "add_sub_cached"):
         cfg = repo / model / "config.pbtxt"
         extra = [
             f"instance_group [ {{ count: {args.instances}, kind: KIND_CPU }} ]",
@@ -307,7 +318,10 @@ class Server:
         try:
             with urllib.request.urlopen(f"http://{self.http}/v2/models/{model}/stats", timeout=5) as r:
                 stats = json.load(r)
-            return sum(int(v.get("inference_count", 0)) for v in stats.get("model_stats", []))
+            # A cache hit is a success but no inference: count requests too (batch 1 scenarios).
+            return sum(max(int(v.get("inference_count", 0)),
+                           int(v.get("inference_stats", {}).get("success", {}).get("count", 0)))
+                       for v in stats.get("model_stats", []))
         except Exception:
             return None
 
@@ -360,6 +374,11 @@ class TritonServer(Server):
                "--grpc-address", "127.0.0.1", "--grpc-port", str(gp),
                "--metrics-address", "127.0.0.1", "--metrics-port", str(mp),
                "--exit-timeout-secs", "5", "--log-verbose", "0"]
+        # The wheel's local response cache library sits beside its server binary.
+        caches = sorted(Path(launcher).resolve().parent.parent.glob(
+            "venv/lib/python3*/site-packages/pytriton/tritonserver/caches"))
+        if caches:
+            cmd += ["--cache-config", f"local,size={CACHE_BYTES}", "--cache-directory", str(caches[0])]
         super().__init__("triton", cmd, log)
         self.http, self.grpc = f"127.0.0.1:{hp}", f"127.0.0.1:{gp}"
 
@@ -399,6 +418,13 @@ def check_responses(server: Server, repo: Path) -> None:
             got0, got1 = infer("add_sub", [("INPUT0", a), ("INPUT1", b)], ["OUTPUT0", "OUTPUT1"])
             if not (np.allclose(got0, a + b, atol=1e-6) and np.allclose(got1, a - b, atol=1e-6)):
                 raise BenchError(f"{server.name} {proto}: add_sub answered wrong values")
+            got0, got1 = infer("ensemble_add_sub", [("INPUT0", a), ("INPUT1", b)], ["OUTPUT0", "OUTPUT1"])
+            if not (np.allclose(got0, 2 * a + b, atol=1e-5) and np.allclose(got1, 2 * a - b, atol=1e-5)):
+                raise BenchError(f"{server.name} {proto}: ensemble_add_sub answered wrong values")
+            for _ in range(2):
+                got0, _ = infer("add_sub_cached", [("INPUT0", a), ("INPUT1", b)], ["OUTPUT0", "OUTPUT1"])
+                if not np.allclose(got0, a + b, atol=1e-6):
+                    raise BenchError(f"{server.name} {proto}: add_sub_cached answered wrong values")
             (got,) = infer("mlp", [("INPUT0", x)], ["OUTPUT0"])
             if got is None or got.shape != want_mlp.shape or not np.allclose(got, want_mlp, rtol=1e-4, atol=1e-4):
                 raise BenchError(f"{server.name} {proto}: mlp answered {None if got is None else got.shape}, "
@@ -554,6 +580,9 @@ def fmt_num(v, digits=0) -> str:
 
 
 def raw_key(model: str, batch: float) -> tuple:
+    # The ensemble and the cached model have no ONNX file of their own to run raw: add_sub's is
+    # the nearest (the ensemble runs it after preprocess; a cache hit runs nothing).
+    model = {"ensemble_add_sub": "add_sub", "add_sub_cached": "add_sub"}.get(model, model)
     return (model, max(1, min(MAX_BATCH.get(model, 1), int(round(batch)))))
 
 
@@ -649,7 +678,7 @@ def git_describe() -> str:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--suite", choices=("quick", "full", "large", "sequence"), default="full",
+    ap.add_argument("--suite", choices=("quick", "full", "large", "sequence", "features"), default="full",
                     help="quick: raw mlp b1 + tessera mlp c1/c4 over HTTP and gRPC; large: 1 MiB tensors "
                          "through an identity; full: everything (default)")
     ap.add_argument("--no-triton", action="store_true", help="leave Triton out of the full suite")
@@ -683,7 +712,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    use_triton = args.suite in ("full", "large", "sequence") and not args.no_triton
+    use_triton = args.suite in ("full", "large", "sequence", "features") and not args.no_triton
     if use_triton and not args.triton:
         print("compare.py: --triton LAUNCHER is needed for the full suite (or pass --no-triton)", file=sys.stderr)
         return 1

@@ -4,19 +4,22 @@
 # same generated model repository, one server at a time. Prints one table on
 # stdout (aligned text, then the same as markdown); progress on stderr.
 #
-#   scripts/bench.sh [--suite quick|full|sequence] [--no-triton] [--no-build] [compare.py options]
+#   scripts/bench.sh [--suite quick|full|large|sequence|features] [--no-triton] [--no-build] [compare.py options]
 #   scripts/bench.sh --gateway [--no-build] [gateway.py options]
 #   scripts/bench.sh --capture [--no-build] [capture.py options]
 #
 #   --suite quick   raw mlp batch 1; tessera only: mlp concurrency 1 and 4
 #                   over HTTP and gRPC (about 30 s after set-up and build)
 #   --suite full    (default) raw mlp b1/b8 and add_sub b1; tessera and
-#                   Triton: add_sub c1, mlp c1/c4/c16, mlp -b 8 c8, over HTTP
+#                   Triton: add_sub c1, mlp c1/c4/c16, mlp -b 8 c8, 1 MiB c1,
+#                   sequence c1/c8, ensemble c1 and cache hit c1, over HTTP
 #                   and gRPC, each three times with the servers alternating
-#                   (about 8 minutes)
+#                   (about 12 minutes)
 #   --suite sequence  only the sequence batcher: simple_sequence (Triton's
 #                   accumulator example, implicit state) at concurrency 1 and
 #                   8 (8 live sequences of 20 requests), tessera and Triton
+#   --suite features  raw add_sub b1; tessera and Triton: ensemble c1/c4 and
+#                   cache hit c1/c4 only (about 3 minutes with --rounds 1)
 #   --no-triton     full suite without Triton
 #   --no-build      use the existing release binary (no cargo build)
 #   --threads N     intra-op threads for raw ORT and every model instance (1)
@@ -84,8 +87,9 @@ while (($#)); do
   esac
   shift
 done
-[[ "$suite" == quick || "$suite" == full || "$suite" == sequence ]] || die "--suite must be quick, full or sequence, not '$suite'"
-[[ "$suite" == full || "$suite" == sequence ]] || triton=0
+[[ "$suite" == quick || "$suite" == full || "$suite" == large || "$suite" == sequence || "$suite" == features ]] ||
+  die "--suite must be quick, full, large, sequence or features, not '$suite'"
+[[ "$suite" != quick ]] || triton=0
 ((gateway + capture < 2)) || die "--gateway and --capture are separate benchmarks: give one"
 if ((gateway || capture)); then
   # The suite and Triton flags belong to compare.py; gateway.py has neither.

@@ -178,6 +178,10 @@ pub struct ServeArgs {
     /// (on, as in Triton 2.51; Triton turned it off by default later).
     #[arg(long, env = "TESSERA_ALLOW_CLIENT_SHM", default_value_t = true, action = ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub allow_client_shm: bool,
+    /// MiB the response cache holds for models with `response_cache { enable: true }` (Triton's
+    /// `--cache-config local,size=N`, on by default here); 0 turns it off.
+    #[arg(long, env = "TESSERA_RESPONSE_CACHE_MIB", default_value_t = tessera_data_plane::engine::response_cache::DEFAULT_TOTAL_BYTES >> 20)]
+    pub response_cache_mib: u64,
 }
 
 /// Flags of `tessera tls-cert`.
@@ -261,6 +265,7 @@ impl ServeArgs {
             metrics_token: self.listen.metrics_token()?,
             allow_client_shm: self.allow_client_shm,
             tls: self.listen.tls.files(),
+            response_cache_bytes: self.response_cache_mib.saturating_mul(1 << 20),
         })
     }
 }

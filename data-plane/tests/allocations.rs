@@ -104,6 +104,7 @@ async fn start(dir: &std::path::Path) -> (SocketAddr, SocketAddr, tokio_util::sy
         metrics_token: None,
         allow_client_shm: true,
         tls: None,
+        response_cache_bytes: 0,
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();

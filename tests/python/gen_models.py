@@ -332,6 +332,75 @@ def write_custom_filename(root: Path) -> None:
     _write(d / "1" / CUSTOM_FILENAME, onnx_scale(CUSTOM_SCALE))
 
 
+PREPROCESS_SCALE = 2.0  # preprocess computes OUTPUT0 = INPUT0 * 2 (width 16)
+
+
+def write_preprocess(root: Path) -> None:
+    """The ensemble example's first step: scales INPUT0 before add_sub sees it."""
+    d = root / "preprocess"
+    _write(
+        d / "config.pbtxt",
+        config_text("preprocess", 8, [("INPUT0", "TYPE_FP32", [16])], [("OUTPUT0", "TYPE_FP32", [16])]),
+    )
+    _write(d / "1" / "model.onnx", onnx_scale(PREPROCESS_SCALE, 16))
+
+
+ENSEMBLE_CONFIG = """name: "ensemble_add_sub"
+platform: "ensemble"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "preprocess"
+      model_version: -1
+      input_map { key: "INPUT0" value: "INPUT0" }
+      output_map { key: "OUTPUT0" value: "preprocessed" }
+    },
+    {
+      model_name: "add_sub"
+      model_version: -1
+      input_map { key: "INPUT0" value: "preprocessed" }
+      input_map { key: "INPUT1" value: "INPUT1" }
+      output_map { key: "OUTPUT0" value: "OUTPUT0" }
+      output_map { key: "OUTPUT1" value: "OUTPUT1" }
+    }
+  ]
+}
+"""
+
+
+def write_ensemble_add_sub(root: Path) -> None:
+    """Triton's ensemble example: preprocess then add_sub; OUTPUT0 = 2*INPUT0 + INPUT1,
+    OUTPUT1 = 2*INPUT0 - INPUT1. An ensemble has no model file: its version dir is empty."""
+    d = root / "ensemble_add_sub"
+    _write(d / "config.pbtxt", ENSEMBLE_CONFIG)
+    (d / "1").mkdir(parents=True, exist_ok=True)
+
+
+def write_add_sub_cached(root: Path) -> None:
+    """add_sub with Triton's response cache turned on."""
+    d = root / "add_sub_cached"
+    _write(
+        d / "config.pbtxt",
+        config_text(
+            "add_sub_cached",
+            8,
+            [("INPUT0", "TYPE_FP32", [16]), ("INPUT1", "TYPE_FP32", [16])],
+            [("OUTPUT0", "TYPE_FP32", [16]), ("OUTPUT1", "TYPE_FP32", [16])],
+            extra="response_cache { enable: true }",
+        ),
+    )
+    _write(d / "1" / "model.onnx", onnx_add_sub())
+
+
 LOAD_UNLOAD_ADD = 10.0  # load_unload computes OUTPUT0 = INPUT0 + 10
 
 
@@ -505,6 +574,9 @@ WRITERS: Dict[str, Callable[[Path], None]] = {
     "multi_latest": _multi_writer("multi_latest", ""),
     "custom_filename": write_custom_filename,
     "load_unload": write_load_unload,
+    "preprocess": write_preprocess,
+    "ensemble_add_sub": write_ensemble_add_sub,
+    "add_sub_cached": write_add_sub_cached,
     "bad_config": write_bad_config,
     "bad_onnx": write_bad_onnx,
     "wrong_io": write_wrong_io,
@@ -638,12 +710,29 @@ def verify_model(root: Path, name: str) -> str:
         _check(not declared <= actual, "wrong_io config inputs must not match the model")
         return f"config declares {sorted(declared)}, model has {sorted(actual)}"
 
+    if name == "ensemble_add_sub":
+        cfg = parse_config(d / "config.pbtxt")
+        steps = [s.model_name for s in cfg.ensemble_scheduling.step]
+        _check(cfg.platform == "ensemble" and steps == ["preprocess", "add_sub"], f"{name}: steps {steps}")
+        _check((d / "1").is_dir() and not any((d / "1").iterdir()), f"{name}: empty version dir")
+        return "preprocess -> add_sub"
+
     if name != "add_sub_auto":
         cfg = parse_config(d / "config.pbtxt")
         _check(cfg.name == name, f"{name}: config name {cfg.name!r}")
         _check(cfg.backend == "onnxruntime", f"{name}: backend")
     else:
         _check(not (d / "config.pbtxt").exists(), "add_sub_auto must have no config.pbtxt")
+
+    if name == "preprocess":
+        x = np.arange(32, dtype=np.float32).reshape(2, 16)
+        (y,) = _session(d / "1" / "model.onnx").run(None, {"INPUT0": x})
+        _check(np.array_equal(y, x * PREPROCESS_SCALE), f"{name}: expected x*2")
+        return f"computes x*{PREPROCESS_SCALE:g}"
+
+    if name == "add_sub_cached":
+        _check(cfg.response_cache.enable, f"{name}: response_cache")
+        name = "add_sub"
 
     if name in ("add_sub", "add_sub_auto"):
         sess = _session(d / "1" / "model.onnx")

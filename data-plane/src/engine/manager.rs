@@ -8,8 +8,10 @@ use parking_lot::RwLock;
 use tessera_protocol::inference::ModelConfig;
 
 use crate::engine::device::{Device, ExecutionTarget, available_cores};
+use crate::engine::ensemble::{self, is_ensemble};
 use crate::engine::model::LoadedModel;
 use crate::engine::repository::{Repository, select_versions};
+use crate::engine::response_cache::ResponseCache;
 use crate::error::{Error, Result};
 use crate::runner::wire::LoadCall;
 use crate::runner::{Placement, Runners};
@@ -104,8 +106,9 @@ pub struct ModelManager {
     repository: Repository,
     mode: ControlMode,
     cores: usize,
-    /// Readers are request handlers; writers swap whole entries after a load finished.
-    models: RwLock<BTreeMap<String, ModelEntry>>,
+    /// Readers are request handlers (and ensembles finding their steps, through a weak
+    /// reference); writers swap whole entries after a load finished.
+    models: Arc<RwLock<BTreeMap<String, ModelEntry>>>,
     /// Serialises loads and unloads so two changes to one model never interleave.
     control: tokio::sync::Mutex<()>,
     /// Runner processes to load versions into, and the placement of versions that name none;
@@ -114,7 +117,13 @@ pub struct ModelManager {
     /// The device of each worker slice for versions loaded in this process (a worker without
     /// runners); a slice not listed, and every repository model, loads on [`Device::Host`].
     slice_devices: HashMap<String, Device>,
+    /// The process's response cache, handed to versions whose config enables it.
+    response_cache: Option<Arc<ResponseCache>>,
 }
+
+/// How deep ensembles may nest (an ensemble step naming an ensemble), so a cycle of ensembles
+/// naming each other stops loading instead of recursing.
+const MAX_ENSEMBLE_DEPTH: usize = 8;
 
 impl ModelManager {
     /// Creates a manager over `repository`; nothing is loaded yet.
@@ -123,11 +132,29 @@ impl ModelManager {
             repository,
             mode,
             cores: available_cores(),
-            models: RwLock::new(BTreeMap::new()),
+            models: Arc::new(RwLock::new(BTreeMap::new())),
             control: tokio::sync::Mutex::new(()),
             runners: None,
             slice_devices: HashMap::new(),
+            response_cache: None,
         }
+    }
+
+    /// Answers repeated requests of versions that enable `response_cache` from `cache`.
+    pub fn with_response_cache(mut self, cache: Option<Arc<ResponseCache>>) -> Self {
+        self.response_cache = cache;
+        self
+    }
+
+    /// The process's response cache, if there is one.
+    pub fn response_cache(&self) -> Option<&Arc<ResponseCache>> {
+        self.response_cache.as_ref()
+    }
+
+    /// How an ensemble stored under `key` finds its steps: by name in `key`'s namespace only
+    /// (a tenant's ensemble never reaches another tenant's model).
+    fn resolver(&self, key: &str) -> ensemble::Resolve {
+        resolver_in(Arc::downgrade(&self.models), key)
     }
 
     /// Sets the devices of a worker's slices, for versions this process loads itself.
@@ -145,6 +172,20 @@ impl ModelManager {
     /// How this manager loads a version (blocking: call it off the async runtime): in this
     /// process, or in its runner. Must be made inside the async runtime.
     fn loader(&self) -> LoadFn {
+        let backend = self.backend_loader();
+        let (models, cache) = (Arc::downgrade(&self.models), self.response_cache.clone());
+        Arc::new(move |key, name, version, file, config| {
+            let model = if is_ensemble(&config) {
+                LoadedModel::ensemble(name, version, config, resolver_in(models.clone(), key))?
+            } else {
+                backend(key, name, version, file, config)?
+            };
+            Ok(model.with_response_cache(cache.as_ref(), key))
+        })
+    }
+
+    /// How a model with a file loads: in this process, or in its runner.
+    fn backend_loader(&self) -> LoadFn {
         let cores = self.cores;
         match self.runners.clone() {
             None => {
@@ -173,7 +214,11 @@ impl ModelManager {
         let wanted: Vec<String> = if all { self.repository.model_names() } else { names.to_vec() };
         let mut failed = Vec::new();
         for name in wanted {
-            if let Err(e) = self.load_inner(&name, None).await {
+            // Loaded already as some ensemble's step.
+            if self.models.read().contains_key(&name) {
+                continue;
+            }
+            if let Err(e) = self.load_with_steps(&name, None, 0).await {
                 tracing::warn!(model = %name, error = %e.message, "model failed to load");
                 failed.push(name);
             }
@@ -183,26 +228,7 @@ impl ModelManager {
 
     /// Looks up a servable version: the given one, or the latest ready one.
     pub fn get(&self, name: &str, version: Option<i64>) -> Result<Arc<LoadedModel>> {
-        let models = self.models.read();
-        let entry = models
-            .get(name)
-            .ok_or_else(|| Error::not_found(format!("Request for unknown model: '{name}' is not found")))?;
-        match version {
-            None => entry.latest_ready().cloned().ok_or_else(|| {
-                let reason = entry.reason.clone().unwrap_or_else(|| match entry_failure(entry) {
-                    Some(why) => format!("no version is ready ({why})"),
-                    None => "no version is ready".into(),
-                });
-                Error::unavailable(format!("model '{name}' is not ready: {reason}"))
-            }),
-            Some(v) => match entry.versions.get(&v) {
-                Some(VersionSlot::Ready(m)) => Ok(m.clone()),
-                Some(VersionSlot::Failed(reason)) => {
-                    Err(Error::unavailable(format!("model '{name}' version {v} is not ready: {reason}")))
-                }
-                None => Err(Error::not_found(format!("Request for unknown model: '{name}' version {v} is not found"))),
-            },
-        }
+        lookup(&self.models.read(), name, name, version)
     }
 
     /// Ready versions of a model, ascending; errors as [`Self::get`] does when there are none.
@@ -278,7 +304,34 @@ impl ModelManager {
     /// The load API: (re)loads a model, optionally with a config given by the client.
     pub async fn load(&self, name: &str, config: Option<ModelConfig>) -> Result<()> {
         self.require_explicit()?;
-        self.load_inner(name, config).await
+        self.load_with_steps(name, config, 0).await
+    }
+
+    /// Loads `name`; an ensemble's composing models that are not serving yet load first, as
+    /// Triton loads what an ensemble needs.
+    fn load_with_steps<'a>(
+        &'a self,
+        name: &'a str,
+        config: Option<ModelConfig>,
+        depth: usize,
+    ) -> futures::future::BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let config = config.or_else(|| self.repository.read_config(name).ok());
+            if let Some(ensemble) = config.as_ref().filter(|c| is_ensemble(c)) {
+                if depth >= MAX_ENSEMBLE_DEPTH {
+                    return Err(Error::invalid(format!(
+                        "failed to load '{name}': ensembles nest deeper than {MAX_ENSEMBLE_DEPTH} (a cycle?)"
+                    )));
+                }
+                for step in ensemble_steps(ensemble) {
+                    if step != name && self.get(&step, None).is_err() && self.repository.contains(&step) {
+                        // A step that fails says so in its own row; the ensemble then says why it cannot load.
+                        let _ = self.load_with_steps(&step, None, depth + 1).await;
+                    }
+                }
+            }
+            self.load_inner(name, config).await
+        })
     }
 
     /// The unload API: stops serving every version of a model.
@@ -291,6 +344,16 @@ impl ModelManager {
         }
         models.insert(name.to_string(), ModelEntry::unavailable(UNLOADED.into()));
         tracing::info!(model = name, "model unloaded");
+        // As Triton: the ensembles that use it go too (they would fail every request).
+        let dependents: Vec<String> = models
+            .iter()
+            .filter(|(_, e)| e.latest_ready().is_some_and(|m| ensemble_steps(&m.spec.config).iter().any(|s| s == name)))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for ensemble in dependents {
+            tracing::info!(model = %ensemble, step = name, "ensemble unloaded with its step");
+            models.insert(ensemble, ModelEntry::unavailable(UNLOADED.into()));
+        }
         Ok(())
     }
 
@@ -378,19 +441,12 @@ impl ModelManager {
         placement: Option<Placement>,
     ) -> Result<()> {
         let _guard = self.control.lock().await;
-        let loaded = match (&self.runners, placement) {
-            (Some((runners, default)), placement) => {
-                let call = LoadCall { key: key.into(), name: name.into(), version, file, config };
-                runners.load(placement.as_ref().unwrap_or(default), call, self.cores).await
-            }
-            (None, placement) => {
-                let device = placement.and_then(|p| self.slice_devices.get(&p.slice).cloned()).unwrap_or_default();
-                let (owned, target) = (name.to_string(), ExecutionTarget { cores: self.cores, device });
-                tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, &target))
-                    .await
-                    .map_err(|e| Error::internal(format!("model load task failed: {e}")))?
-            }
+        let loaded = if is_ensemble(&config) {
+            LoadedModel::ensemble(name, version, config, self.resolver(key))
+        } else {
+            self.load_backend_version(key, name, version, file, config, placement).await?
         };
+        let loaded = loaded.map(|m| m.with_response_cache(self.response_cache.as_ref(), key));
         let mut models = self.models.write();
         let entry = models.entry(key.to_string()).or_default();
         entry.reason = None;
@@ -407,6 +463,32 @@ impl ModelManager {
                 Err(Error::invalid(format!("failed to load '{name}' version {version}: {reason}")))
             }
         }
+    }
+
+    /// Loads a version with a model file in its runner (with runners) or in this process on
+    /// its slice's device; the outer error is a load task that failed to finish.
+    async fn load_backend_version(
+        &self,
+        key: &str,
+        name: &str,
+        version: i64,
+        file: std::path::PathBuf,
+        config: ModelConfig,
+        placement: Option<Placement>,
+    ) -> Result<Result<LoadedModel, String>> {
+        Ok(match (&self.runners, placement) {
+            (Some((runners, default)), placement) => {
+                let call = LoadCall { key: key.into(), name: name.into(), version, file, config };
+                runners.load(placement.as_ref().unwrap_or(default), call, self.cores).await
+            }
+            (None, placement) => {
+                let device = placement.and_then(|p| self.slice_devices.get(&p.slice).cloned()).unwrap_or_default();
+                let (owned, target) = (name.to_string(), ExecutionTarget { cores: self.cores, device });
+                tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, &target))
+                    .await
+                    .map_err(|e| Error::internal(format!("model load task failed: {e}")))?
+            }
+        })
     }
 
     /// Stops serving one version under `key`; requests already running finish (they hold the
@@ -453,6 +535,57 @@ pub fn parse_version(model: &str, version: Option<&str>) -> Result<Option<i64>> 
             Error::not_found(format!("Request for unknown model: '{model}' version '{v}' is not a valid version"))
         }),
     }
+}
+
+/// A servable version of the model stored under `key` (`name` in messages): the given one, or
+/// the latest ready one.
+fn lookup(
+    models: &BTreeMap<String, ModelEntry>,
+    key: &str,
+    name: &str,
+    version: Option<i64>,
+) -> Result<Arc<LoadedModel>> {
+    let entry =
+        models.get(key).ok_or_else(|| Error::not_found(format!("Request for unknown model: '{name}' is not found")))?;
+    match version {
+        None => entry.latest_ready().cloned().ok_or_else(|| {
+            let reason = entry.reason.clone().unwrap_or_else(|| match entry_failure(entry) {
+                Some(why) => format!("no version is ready ({why})"),
+                None => "no version is ready".into(),
+            });
+            Error::unavailable(format!("model '{name}' is not ready: {reason}"))
+        }),
+        Some(v) => match entry.versions.get(&v) {
+            Some(VersionSlot::Ready(m)) => Ok(m.clone()),
+            Some(VersionSlot::Failed(reason)) => {
+                Err(Error::unavailable(format!("model '{name}' version {v} is not ready: {reason}")))
+            }
+            None => Err(Error::not_found(format!("Request for unknown model: '{name}' version {v} is not found"))),
+        },
+    }
+}
+
+/// The model names an ensemble config's steps name.
+fn ensemble_steps(config: &ModelConfig) -> Vec<String> {
+    use tessera_protocol::inference::model_config::SchedulingChoice;
+    match &config.scheduling_choice {
+        Some(SchedulingChoice::EnsembleScheduling(e)) => e.step.iter().map(|s| s.model_name.clone()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The models a manager holds, seen by its ensembles without keeping it alive.
+type WeakModels = std::sync::Weak<RwLock<BTreeMap<String, ModelEntry>>>;
+
+/// Finds an ensemble's steps by name in the namespace of its key `key` (`tenant/name` on
+/// workers, a plain name in `serve`).
+fn resolver_in(models: WeakModels, key: &str) -> ensemble::Resolve {
+    let namespace = key.split_once('/').map(|(ns, _)| ns.to_string());
+    Arc::new(move |name, version| {
+        let models = models.upgrade().ok_or_else(|| Error::unavailable("the server is shutting down"))?;
+        let models = models.read();
+        lookup(&models, &scoped_key(namespace.as_deref(), name), name, version)
+    })
 }
 
 /// Reason recorded for models unloaded through the API.

@@ -11,16 +11,19 @@ use crate::engine::batcher::Batcher;
 use crate::engine::batcher::policy::BatchingConfig;
 use crate::engine::classification::{self, Labels};
 use crate::engine::device::ExecutionTarget;
+use crate::engine::ensemble::{self, Ensemble};
 use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
-use crate::engine::model_spec::{ModelIo, ModelSpec, complete_and_check};
+use crate::engine::model_spec::{IoInfo, ModelIo, ModelSpec, complete_and_check};
+use crate::engine::response_cache::{CacheSlot, ResponseCache};
 use crate::engine::sequence::SequenceBatcher;
 use crate::engine::sequence::config::SequenceConfig;
-use crate::engine::stats::{FailReason, ModelStats, nanos};
+use crate::engine::stats::{Execution as Executed, FailReason, ModelStats, nanos};
 use crate::engine::tensor::OutputTensor;
 use crate::engine::warmup;
 use crate::error::Result;
 use crate::runner::RemoteVersion;
 use tessera_protocol::inference::ModelConfig;
+use tessera_protocol::inference::model_config::SchedulingChoice;
 
 /// A model version ready to serve.
 pub struct LoadedModel {
@@ -36,6 +39,8 @@ pub struct LoadedModel {
     labels: Labels,
     /// Where requests run; dropped with the model (after the last request finished).
     execution: Execution,
+    /// The response cache, when the config enables it and the server has one.
+    cache: Option<CacheSlot>,
 }
 
 /// Where a version's requests run.
@@ -46,6 +51,8 @@ enum Execution {
     Sequence(SequenceBatcher),
     /// A runner process hosting them.
     Runner(RemoteVersion),
+    /// Steps on other models of the same namespace.
+    Ensemble(Ensemble),
 }
 
 impl std::fmt::Debug for LoadedModel {
@@ -129,7 +136,7 @@ impl LoadedModel {
             dynamic_batching = dynamic,
             "model version loaded"
         );
-        Ok(Self { spec, version, stats, io, labels, execution })
+        Ok(Self { spec, version, stats, io, labels, execution, cache: None })
     }
 
     /// A version a runner process loaded from `file`: its spec is completed here from the graph
@@ -147,7 +154,48 @@ impl LoadedModel {
         let model_dir = file.parent().and_then(Path::parent).unwrap_or(Path::new("."));
         let labels = Labels::load(&spec, model_dir)?;
         let stats = Arc::new(ModelStats::default());
-        Ok(Self { spec, version, stats, io, labels, execution: Execution::Runner(remote) })
+        Ok(Self { spec, version, stats, io, labels, execution: Execution::Runner(remote), cache: None })
+    }
+
+    /// An ensemble version from its config alone (it has no model file); its composing models
+    /// must be loaded already, `resolve` finds them in the ensemble's namespace.
+    pub fn ensemble(name: &str, version: i64, config: ModelConfig, resolve: ensemble::Resolve) -> Result<Self, String> {
+        let spec = Arc::new(ensemble::spec_of(config, name)?);
+        let plan = ensemble::Plan::new(&spec)?;
+        let ensemble = Ensemble::new(&spec, plan, resolve)?;
+        let info = |t: &crate::engine::model_spec::TensorSpec| IoInfo {
+            name: t.name.clone(),
+            datatype: Some(t.datatype),
+            shape: spec.full_shape(&t.dims),
+        };
+        let io = ModelIo {
+            inputs: spec.inputs.iter().map(info).collect(),
+            outputs: spec.outputs.iter().map(info).collect(),
+        };
+        tracing::info!(model = name, version, steps = ?ensemble.model_names(), "ensemble loaded");
+        let stats = Arc::new(ModelStats::default());
+        let execution = Execution::Ensemble(ensemble);
+        Ok(Self { spec, version, stats, io, labels: Labels::default(), execution, cache: None })
+    }
+
+    /// Answers repeated requests from `cache` when the config enables the response cache;
+    /// `key` is the manager's key of the model (which names its tenant on workers).
+    pub fn with_response_cache(mut self, cache: Option<&Arc<ResponseCache>>, key: &str) -> Self {
+        let config = &self.spec.config;
+        let mut enabled = config.response_cache.as_ref().is_some_and(|c| c.enable);
+        // As in Triton: a stateful or decoupled model's answer depends on more than the request.
+        let stateful = matches!(config.scheduling_choice, Some(SchedulingChoice::SequenceBatching(_)));
+        if enabled && (stateful || config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled)) {
+            tracing::warn!(model = %self.spec.name, "response_cache is ignored for sequence and decoupled models");
+            enabled = false;
+        }
+        self.cache = cache.filter(|_| enabled).map(|cache| CacheSlot::new(cache.clone(), key));
+        self
+    }
+
+    /// Whether repeated requests may be answered from the response cache.
+    pub fn caches_responses(&self) -> bool {
+        self.cache.is_some()
     }
 
     /// Runs one request: check it, queue it for a free instance, await the outputs.
@@ -168,14 +216,43 @@ impl LoadedModel {
             }
         };
         let id = valid.id.clone();
-        let mut outputs = match &self.execution {
-            Execution::Local(_) | Execution::Sequence(_) => self.run_valid(valid).await?,
-            Execution::Runner(remote) => remote.infer(valid, &self.spec.name, &self.stats).await?,
+        let mut outputs = match &self.cache {
+            // Inputs in CUDA regions have no bytes here to key on.
+            Some(slot) if valid.cuda.is_empty() => self.run_cached(slot, valid, received).await?,
+            _ => self.run_valid(valid).await?,
         };
         if !classes.is_empty() {
             classification::apply(&self.spec, &self.labels, &classes, &mut outputs)?;
         }
         Ok(InferResponse { model_name: self.spec.name.clone(), model_version: self.version.to_string(), id, outputs })
+    }
+
+    /// Answers from the response cache, or runs the request and keeps its answer. A hit counts
+    /// as a success (from `received`) and a cache hit, as Triton counts it, and nothing else;
+    /// a miss's lookup and insert time is its cache-miss time.
+    async fn run_cached(
+        &self,
+        slot: &CacheSlot,
+        valid: ValidInferRequest,
+        received: Instant,
+    ) -> Result<Vec<OutputTensor>> {
+        let lookup = Instant::now();
+        let key = slot.key(&valid);
+        if let Some(outputs) = slot.lookup(&key) {
+            self.stats.cache_hit.record(nanos(lookup.elapsed()));
+            let total = nanos(received.elapsed());
+            // Triton counts a hit as a success that queued for no time, and nothing else.
+            self.stats.queue.record(0);
+            self.stats.success.record(total);
+            self.stats.latency_us.observe(total / 1_000);
+            return Ok(outputs.to_vec());
+        }
+        let lookup_ns = nanos(lookup.elapsed());
+        let outputs = self.run_valid(valid).await?;
+        let insert = Instant::now();
+        slot.insert(key, &outputs);
+        self.stats.cache_miss.record(lookup_ns + nanos(insert.elapsed()));
+        Ok(outputs)
     }
 
     /// Runs a request already checked against this version's spec (by the front, for a
@@ -186,11 +263,33 @@ impl LoadedModel {
             Execution::Local(batcher) => batcher.submit(valid, started).await,
             Execution::Sequence(batcher) => batcher.submit(valid, started).await,
             Execution::Runner(remote) => return remote.infer(valid, &self.spec.name, &self.stats).await,
+            Execution::Ensemble(ensemble) => {
+                let batch_size = valid.batch_size as u64;
+                let result = ensemble.run(&self.spec, valid).await;
+                if result.is_ok() {
+                    self.record_ensemble_run(batch_size, nanos(started.elapsed()));
+                } else {
+                    self.stats.record_failure_reason(FailReason::Other);
+                }
+                result
+            }
         };
         if result.is_err() {
             self.stats.fail.record(nanos(started.elapsed()));
         }
         result
+    }
+
+    /// Counts a successful ensemble request as Triton does: one execution of its batch, its
+    /// whole time as compute (the steps' own queues and compute count in their models).
+    fn record_ensemble_run(&self, batch_size: u64, ns: u64) {
+        self.stats.success.record(ns);
+        self.stats.latency_us.observe(ns / 1_000);
+        self.stats.queue.record(0);
+        self.stats.compute_input.record(0);
+        self.stats.compute_infer.record(ns);
+        self.stats.compute_output.record(0);
+        self.stats.record_execution(Executed { batch_size, input_ns: 0, infer_ns: ns, output_ns: 0 });
     }
 
     /// Requests waiting for an instance (for a runner: sent to it and not answered yet).
@@ -199,6 +298,8 @@ impl LoadedModel {
             Execution::Local(batcher) => batcher.pending(),
             Execution::Sequence(batcher) => batcher.pending(),
             Execution::Runner(remote) => remote.pending(),
+            // Its requests wait in the composing models' queues, and count there.
+            Execution::Ensemble(_) => 0,
         }
     }
 }

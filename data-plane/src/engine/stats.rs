@@ -128,6 +128,11 @@ pub struct ModelStats {
     pub compute_infer: Duration,
     /// Extracting outputs, per request.
     pub compute_output: Duration,
+    /// Requests answered from the response cache: lookup time. Counted where the cache is
+    /// (the front), never in a runner's tally.
+    pub cache_hit: Duration,
+    /// Requests the response cache did not hold: lookup and insert time.
+    pub cache_miss: Duration,
     inference_count: AtomicU64,
     execution_count: AtomicU64,
     /// Summed compute time of all executions (decides inline runs).
@@ -150,6 +155,8 @@ impl Default for ModelStats {
             compute_input: Duration::default(),
             compute_infer: Duration::default(),
             compute_output: Duration::default(),
+            cache_hit: Duration::default(),
+            cache_miss: Duration::default(),
             inference_count: AtomicU64::new(0),
             execution_count: AtomicU64::new(0),
             execution_ns: AtomicU64::new(0),
@@ -237,8 +244,8 @@ impl ModelStats {
                 compute_input: Some(self.compute_input.snapshot()),
                 compute_infer: Some(self.compute_infer.snapshot()),
                 compute_output: Some(self.compute_output.snapshot()),
-                cache_hit: Some(StatisticDuration::default()),
-                cache_miss: Some(StatisticDuration::default()),
+                cache_hit: Some(self.cache_hit.snapshot()),
+                cache_miss: Some(self.cache_miss.snapshot()),
             }),
             batch_stats,
             memory_usage: Vec::new(),

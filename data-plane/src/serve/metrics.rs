@@ -216,6 +216,26 @@ const FAMILIES: &[Family] = &[
         help: "Cumulative inference compute output duration in microseconds (does not include cached requests)",
         value: |s| dur(s.inference_stats.and_then(|i| i.compute_output)).ns / 1000,
     },
+    Family {
+        name: "nv_cache_num_hits_per_model",
+        help: "Number of cache hits per model",
+        value: |s| dur(s.inference_stats.and_then(|i| i.cache_hit)).count,
+    },
+    Family {
+        name: "nv_cache_hit_duration_per_model",
+        help: "Total cache hit duration per model, in microseconds",
+        value: |s| dur(s.inference_stats.and_then(|i| i.cache_hit)).ns / 1000,
+    },
+    Family {
+        name: "nv_cache_num_misses_per_model",
+        help: "Number of cache misses per model",
+        value: |s| dur(s.inference_stats.and_then(|i| i.cache_miss)).count,
+    },
+    Family {
+        name: "nv_cache_miss_duration_per_model",
+        help: "Total cache miss (insert+lookup) duration per model, in microseconds",
+        value: |s| dur(s.inference_stats.and_then(|i| i.cache_miss)).ns / 1000,
+    },
 ];
 
 /// More families for the metrics endpoint (a worker's GPU metrics and slice health). Rendering

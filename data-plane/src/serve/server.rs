@@ -19,6 +19,7 @@ use crate::auth::{Authenticator, Principal, Role};
 use crate::engine::manager::{ControlMode, ModelManager, scoped_key};
 use crate::engine::model::LoadedModel;
 use crate::engine::repository::Repository;
+use crate::engine::response_cache::{CacheLimits, ResponseCache};
 use crate::error::{Error, Result};
 use crate::runner::{Placement, Runners, RunnersConfig};
 use crate::serve::capture::CaptureHook;
@@ -88,6 +89,8 @@ pub struct ServeConfig {
     pub allow_client_shm: bool,
     /// Certificate and key every listener presents; `None`: plain HTTP.
     pub tls: Option<CertFiles>,
+    /// Bytes the response cache holds (one tenant here, so one limit); 0 turns it off.
+    pub response_cache_bytes: u64,
 }
 
 /// Shared state of one server: the model manager plus server-level flags.
@@ -439,7 +442,9 @@ pub async fn run(
     }
     crate::engine::backend::runtime::environment().map_err(anyhow::Error::msg)?;
     let repository = Repository::open(&config.model_repository).map_err(anyhow::Error::msg)?;
-    let mut manager = ModelManager::new(repository, config.control_mode);
+    let limits = CacheLimits { total_bytes: config.response_cache_bytes, tenant_bytes: config.response_cache_bytes };
+    let mut manager =
+        ModelManager::new(repository, config.control_mode).with_response_cache(ResponseCache::enabled(limits));
     let runners_stop = CancellationToken::new();
     let runners = config.runner_exe.map(|exe| {
         let config = RunnersConfig {

@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::engine::response_cache::{self, CacheLimits};
 use crate::serve::metrics::MetricsToken;
 use crate::serve::net::listen::ListenArgs;
 use crate::serve::net::tls::{CaArgs, CertFiles};
@@ -113,6 +114,13 @@ pub struct WorkerArgs {
     /// MiB of shared memory regions (system and CUDA) one tenant may have registered at once.
     #[arg(long, env = "TESSERA_CLIENT_SHM_MAX_MIB", default_value_t = shared_memory::DEFAULT_MAX_MIB_PER_TENANT)]
     pub client_shm_max_mib: u64,
+    /// MiB the response cache (models with `response_cache { enable: true }`) holds in all on
+    /// this worker; 0 turns it off.
+    #[arg(long, env = "TESSERA_RESPONSE_CACHE_MIB", default_value_t = response_cache::DEFAULT_TOTAL_BYTES >> 20)]
+    pub response_cache_mib: u64,
+    /// MiB of the response cache one tenant's answers may hold; the least recently used go first.
+    #[arg(long, env = "TESSERA_RESPONSE_CACHE_TENANT_MIB", default_value_t = response_cache::DEFAULT_TENANT_BYTES >> 20)]
+    pub response_cache_tenant_mib: u64,
     /// A directory of CUDA libraries (cuBLAS, cuDNN, cudart; TensorRT's libnvinfer) that GPU and
     /// MIG runners load ONNX Runtime's CUDA and TensorRT providers with; repeat the flag, or give
     /// several separated by ':' in the environment variable.
@@ -183,6 +191,8 @@ pub struct WorkerConfig {
     pub metrics_token: Option<MetricsToken>,
     /// Whether tenants may use system shared memory, and how much.
     pub client_shm: ShmPolicy,
+    /// The response cache's limits, in all and per tenant.
+    pub response_cache: CacheLimits,
     /// CUDA library directories put on GPU runners' `LD_LIBRARY_PATH`.
     pub cuda_library_dirs: Vec<PathBuf>,
     /// Certificate and key the HTTP, gRPC and metrics endpoints present; `None`: plain HTTP.
@@ -216,6 +226,10 @@ impl WorkerConfig {
             tenant_max_in_flight: crate::serve::tenant_gate::DEFAULT_TENANT_MAX_IN_FLIGHT,
             metrics_token: None,
             client_shm: ShmPolicy::worker(false, default_shm_limits()),
+            response_cache: CacheLimits {
+                total_bytes: response_cache::DEFAULT_TOTAL_BYTES,
+                tenant_bytes: response_cache::DEFAULT_TENANT_BYTES,
+            },
             cuda_library_dirs: Vec::new(),
             tls: None,
         }
@@ -265,6 +279,10 @@ impl WorkerArgs {
                     max_bytes: self.client_shm_max_mib.saturating_mul(1 << 20),
                 },
             ),
+            response_cache: CacheLimits {
+                total_bytes: self.response_cache_mib.saturating_mul(1 << 20),
+                tenant_bytes: self.response_cache_tenant_mib.saturating_mul(1 << 20),
+            },
             cuda_library_dirs: self.cuda_library_dirs,
             tls,
         })

@@ -76,7 +76,8 @@ pub async fn run(
     let repository_dir = config.data_dir.join("repository");
     std::fs::create_dir_all(&repository_dir).context("create the repository directory")?;
     let repository = Repository::open(&repository_dir).map_err(anyhow::Error::msg)?;
-    let mut manager = ModelManager::new(repository, ControlMode::Explicit);
+    let mut manager = ModelManager::new(repository, ControlMode::Explicit)
+        .with_response_cache(crate::engine::response_cache::ResponseCache::enabled(config.response_cache));
     let runners_stop = CancellationToken::new();
     let runners = config.runner_exe.clone().map(|exe| {
         let limits = inventory.slice_limits();
