@@ -20,6 +20,7 @@ pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod kinds;
+pub mod locks;
 pub mod metrics;
 pub mod model_config;
 pub mod onnx;

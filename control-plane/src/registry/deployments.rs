@@ -16,7 +16,7 @@ use crate::types::Name;
 
 /// Key of the Postgres advisory lock that serialises scheduling decisions (ticks and
 /// deployment writes); any constant unique to Tessera.
-const SCHEDULING_LOCK: i64 = 0x7465_7373_0001;
+const SCHEDULING_LOCK: i64 = crate::locks::SCHEDULING;
 
 /// A deployment, with its model's name.
 #[derive(Debug, Clone, FromRow)]

@@ -153,7 +153,7 @@ macro_rules! select_usage {
 }
 
 /// Key of the Postgres advisory lock between deliveries and folds (any constant unique to Tessera).
-const RETENTION_LOCK: i64 = 0x7465_7373_0003;
+const RETENTION_LOCK: i64 = crate::locks::USAGE_RETENTION;
 
 impl Conn {
     /// Takes the retention lock for the rest of the transaction: shared by deliveries, exclusive

@@ -16,7 +16,7 @@ use crate::app::App;
 use crate::registry::{Backend, now};
 
 /// Key of the leader lock (distinct from the per-transaction scheduling lock).
-const LEADER_LOCK: i64 = 0x7465_7373_0002;
+const LEADER_LOCK: i64 = crate::locks::SCHEDULER_LEADER;
 
 /// Who may run ticks (the webhook dispatcher elects its own leader the same way, under
 /// another key).

@@ -23,7 +23,7 @@ use crate::registry::{AttemptOutcome, DueDeliveryRow, now};
 use crate::scheduler::run::Leadership;
 
 /// Key of the dispatcher's leader lock (distinct from the scheduler's).
-const LEADER_LOCK: i64 = 0x7465_7373_0003;
+const LEADER_LOCK: i64 = crate::locks::WEBHOOK_SENDER;
 
 /// Most deliveries read per pass.
 const BATCH: i64 = 64;
