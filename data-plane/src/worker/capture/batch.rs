@@ -25,6 +25,8 @@ const BACKOFF_START: Duration = Duration::from_millis(200);
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the last flush at shutdown may take.
 const FINAL_FLUSH: Duration = Duration::from_secs(5);
+/// How often the queue is drained into batches.
+const DRAIN_EVERY: Duration = Duration::from_millis(20);
 
 /// One deployment's records waiting to ship.
 #[derive(Debug, Default)]
@@ -144,12 +146,25 @@ impl<S: CaptureSink> Shipper<S> {
         let mut batcher = Batcher::default();
         let mut flush = tokio::time::interval(interval);
         flush.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The queue is drained on a tick rather than awaited: a task waiting in `recv` would be
+        // woken by every request's record, a thread wake-up per request on the request path
+        // (measured: +90 µs p50 for gRPC add_sub at concurrency 1). A tick drains up to the
+        // queue's capacity, so it keeps up with that many records per tick.
+        let mut drain = tokio::time::interval(DRAIN_EVERY);
+        drain.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                record = queue.recv() => {
-                    let Some(record) = record else { break };
-                    if let Some(full) = batcher.add(record, &self.counters) {
-                        self.ship(full).await;
+                _ = drain.tick() => {
+                    loop {
+                        match queue.try_recv() {
+                            Ok(record) => {
+                                if let Some(full) = batcher.add(record, &self.counters) {
+                                    self.ship(full).await;
+                                }
+                            }
+                            Err(mpsc::error::TryRecvError::Empty) => break,
+                            Err(mpsc::error::TryRecvError::Disconnected) => return self.finish(batcher).await,
+                        }
                     }
                 }
                 _ = flush.tick() => {
@@ -163,6 +178,11 @@ impl<S: CaptureSink> Shipper<S> {
         while let Ok(record) = queue.try_recv() {
             batcher.add(record, &self.counters);
         }
+        self.finish(batcher).await;
+    }
+
+    /// Ships what is left, within a short deadline.
+    async fn finish(mut self, mut batcher: Batcher) {
         let last = async {
             for batch in batcher.take_all() {
                 self.ship(batch).await;
