@@ -137,6 +137,14 @@ pub struct ControlPlaneArgs {
     /// How often the webhook dispatcher looks for due deliveries, in milliseconds.
     #[arg(long, env = "TESSERA_WEBHOOK_POLL_MS", default_value_t = 1000)]
     pub webhook_poll_ms: u64,
+    /// Seconds after a month ends before its invoices are issued (`invoice.issued` webhook
+    /// events): the grace for usage that workers deliver late.
+    #[arg(long, env = "TESSERA_INVOICE_ISSUE_DELAY_SECS", default_value_t = 3600)]
+    pub invoice_issue_delay_secs: u64,
+    /// How often the closed month is checked again for tenants whose invoice is not issued
+    /// (usage that arrived after the rest was issued), in milliseconds.
+    #[arg(long, env = "TESSERA_INVOICE_CHECK_INTERVAL_MS", default_value_t = 60_000)]
+    pub invoice_check_interval_ms: u64,
     /// Days usage is kept per minute; older minutes are folded into hourly rows (totals kept).
     #[arg(long, env = "TESSERA_USAGE_MINUTE_RETENTION_DAYS", default_value_t = 14)]
     pub usage_minute_retention_days: u64,
@@ -236,6 +244,10 @@ pub struct Config {
     pub webhook_timeout: Duration,
     /// Webhook dispatcher period.
     pub webhook_poll: Duration,
+    /// Grace after a month ends before its invoices are issued.
+    pub invoice_issue_delay: Duration,
+    /// How often the closed month is checked again once issued.
+    pub invoice_check_interval: Duration,
     /// How long usage is kept per minute before the retention job folds it into hours.
     pub usage_minute_retention: Duration,
     /// Days capture files are kept for tenants without their own retention.
@@ -316,6 +328,8 @@ impl ControlPlaneArgs {
             webhook_retry_base: Duration::from_millis(self.webhook_retry_base_ms.max(10)),
             webhook_timeout: Duration::from_millis(self.webhook_timeout_ms.clamp(100, 120_000)),
             webhook_poll: Duration::from_millis(self.webhook_poll_ms.clamp(10, 60_000)),
+            invoice_issue_delay: Duration::from_secs(self.invoice_issue_delay_secs),
+            invoice_check_interval: Duration::from_millis(self.invoice_check_interval_ms.max(10)),
             usage_minute_retention: Duration::from_secs(self.usage_minute_retention_days.max(1) * 86_400),
             capture_retention_days: self.capture_retention_days.clamp(1, crate::capture::MAX_RETENTION_DAYS as u64),
             capture_sweep_interval: Duration::from_millis(self.capture_sweep_interval_ms.max(100)),

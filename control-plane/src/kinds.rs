@@ -220,6 +220,9 @@ wire_enum! {
         /// A request was refused by one of the tenant's quotas (at most one event per quota
         /// every ten minutes).
         QuotaExceeded = "quota.exceeded",
+        /// A closed month's invoice was issued (once per tenant and month, after the grace
+        /// period for late usage).
+        InvoiceIssued = "invoice.issued",
         /// A test event sent on request (every hook receives it, whatever it subscribes to).
         Ping = "ping",
     }

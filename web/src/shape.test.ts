@@ -116,6 +116,7 @@ describe('invoices and periods', () => {
     currency: 'USD',
     total_cents: 175,
     gpu_seconds: 0,
+    status: 'open',
     lines: [
       { model: 'a', slice_profile: 'cpu', kind: 'slice_hours', quantity: 2, unit: 'slice_hour', unit_price_cents: 50, amount_cents: 100 },
       { model: 'a', slice_profile: 'cpu', kind: 'inferences', quantity: 5, unit: '1000_inferences', unit_price_cents: 10, amount_cents: 50 },

@@ -116,6 +116,25 @@ pub struct Invoice {
     /// GPU-seconds in the month: time the tenant's replicas held whole GPUs or MIG instances
     /// (their `slice_hours` lines price it per profile).
     pub gpu_seconds: f64,
+    /// `open` while the month runs and during its grace for late usage, then `issued`.
+    pub status: InvoiceStatus,
+    /// When it was issued (an `invoice.issued` webhook event announced it).
+    #[serde(default, with = "time::serde::rfc3339::option", skip_serializing_if = "Option::is_none")]
+    pub issued_at: Option<OffsetDateTime>,
+    /// The total when it was issued, cents; `total_cents` differs from it only when usage
+    /// arrived after the grace (a worker cut off from the control plane for longer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued_total_cents: Option<i64>,
+}
+
+wire_enum! {
+    /// Where an invoice stands.
+    pub enum InvoiceStatus {
+        /// The month runs, or its grace for late usage has not passed.
+        Open = "open",
+        /// Issued: its total was recorded and announced.
+        Issued = "issued",
+    }
 }
 
 /// Which invoice.
@@ -202,6 +221,7 @@ async fn invoice_for(app: &AppState, caller: &Caller, tenant: &str, period: Opti
     let mut conn = app.registry.conn().await?;
     let usage = conn.usage_totals(t.id, &UsageFilter { from, to, model: None, version: None }).await?;
     let prices = conn.prices().await?;
+    let issued = conn.issued_invoice(t.id, &period.to_string()).await?;
     drop(conn);
     let computed = invoice(&usage, &prices);
     let lines = computed
@@ -225,6 +245,9 @@ async fn invoice_for(app: &AppState, caller: &Caller, tenant: &str, period: Opti
         lines,
         total_cents: computed.total_cents,
         gpu_seconds: computed.gpu_us as f64 / 1e6,
+        status: if issued.is_some() { InvoiceStatus::Issued } else { InvoiceStatus::Open },
+        issued_at: issued.map(|i| i.issued_at),
+        issued_total_cents: issued.map(|i| i.total_cents),
     })
 }
 

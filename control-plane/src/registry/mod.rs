@@ -17,6 +17,7 @@ mod canary;
 mod capture;
 mod deployments;
 mod idempotency;
+mod invoices;
 mod keys;
 mod models;
 mod prices;
@@ -51,6 +52,7 @@ pub use deployments::{
     DeploymentEventRow, DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef, unfollowed_alias,
 };
 pub use idempotency::{IdempotencyClaim, IdempotencyScope};
+pub use invoices::IssuedInvoice;
 pub use keys::{ApiKeyRow, NewApiKey};
 pub use models::{AliasRow, ModelRow, NewVersion, UploadRow, VersionRow};
 pub use prices::PriceRow;

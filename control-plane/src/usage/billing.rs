@@ -128,6 +128,14 @@ impl Period {
         Period { year: t.year(), month: t.month() }
     }
 
+    /// The month before this one.
+    pub fn previous(self) -> Self {
+        match self.month {
+            Month::January => Period { year: self.year - 1, month: Month::December },
+            m => Period { year: self.year, month: m.previous() },
+        }
+    }
+
     /// `[start, end)` in Unix seconds.
     pub fn bounds(self) -> (i64, i64) {
         let start = first_day(self.year, self.month);

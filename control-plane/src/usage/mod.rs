@@ -2,6 +2,7 @@
 //! job that folds old minutes into hours, roll-ups ([`rollup`]) and invoices ([`billing`]).
 
 pub mod billing;
+pub mod issue;
 pub mod rollup;
 
 use std::collections::BTreeSet;

@@ -47,6 +47,8 @@ pub async fn run_dispatcher(app: Arc<App>, shutdown: CancellationToken) {
         }
     };
     let mut leadership = Leadership::new(&app, LEADER_LOCK);
+    // The leader also issues closed months' invoices, whose events it then sends.
+    let mut invoices = crate::usage::issue::Issuer::default();
     let mut interval = tokio::time::interval(app.config.webhook_poll);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -57,6 +59,9 @@ pub async fn run_dispatcher(app: Arc<App>, shutdown: CancellationToken) {
         }
         if !leadership.check().await {
             continue;
+        }
+        if let Err(e) = invoices.run(&app).await {
+            tracing::warn!(error = %e, "issuing invoices failed; trying again on the next tick");
         }
         // A full batch means more may be due: go again at once, a bounded number of times (a
         // batch whose outcomes could not be recorded is read again).

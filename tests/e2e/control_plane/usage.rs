@@ -260,3 +260,86 @@ async fn reported_usage_is_stored_once_and_shows_in_usage_metrics_and_invoices()
     assert!(value("tessera_scheduler_ticks_total{outcome=\"idle\"}") > 0.0, "{text}");
     assert!(text.contains("tessera_scheduler_tick_duration_seconds_bucket"));
 }
+
+/// A closed month's invoice is issued once its grace has passed: the invoice shows `issued`
+/// with its total, and a subscribed webhook gets one `invoice.issued` event naming the period
+/// and total; the current month stays open, and a later check issues nothing twice.
+#[tokio::test]
+async fn closed_months_are_issued_once_with_an_invoice_issued_event() {
+    let mut args = args().to_vec();
+    args.extend([
+        "--invoice-issue-delay-secs",
+        "0",
+        "--invoice-check-interval-ms",
+        "100",
+        "--webhook-poll-ms",
+        "50",
+        "--webhooks-allow-private",
+    ]);
+    let app = TestApp::spawn_with(Opts { args: &args, ..Opts::default() }).await;
+    let acme = app.tenant("acme").await;
+    let acme_id = app.get(&acme.viewer, "/v1/tenants/acme").await.expect(200)["id"].as_str().unwrap().to_string();
+    // Nothing listens on the discard port: deliveries stay pending, which is all this needs.
+    let hook = app
+        .post(
+            &acme.admin,
+            "/v1/tenants/acme/webhooks",
+            &json!({ "url": "http://127.0.0.1:9/hook", "events": ["invoice.issued"] }),
+        )
+        .await
+        .expect(201)
+        .clone();
+    let hook_id = hook["webhook"]["id"].as_str().unwrap().to_string();
+    let prices = json!({ "prices": [{ "slice_profile": "cpu", "per_slice_hour_cents": 360.0,
+        "per_1000_inferences_cents": 1000.0, "effective_from": "2020-01-01T00:00:00Z" }]});
+    app.put(&app.admin_key, "/v1/prices", &prices).await.expect(200);
+
+    // A minute two days before this month began, and one in this month.
+    let now = OffsetDateTime::now_utc();
+    let month_start = now.replace_day(1).unwrap().replace_time(time::Time::MIDNIGHT).unix_timestamp();
+    let last_month = month_start - 2 * 86_400;
+    let this_month = now.unix_timestamp() / 60 * 60 - 60;
+    let mut agent = client(&app, TOKEN).await;
+    let batch = vec![
+        record("w1/old/a", &acme_id, 1, last_month, 10, 0, 10, 60.0),
+        record("w1/new/a", &acme_id, 1, this_month.max(month_start), 3, 0, 3, 60.0),
+    ];
+    agent.report_usage(ReportUsageRequest { records: batch }).await.expect("report usage");
+
+    let period = month_of(last_month);
+    let path = format!("/v1/tenants/acme/invoices/{period}");
+    let mut invoice = json!(null);
+    for _ in 0..100 {
+        invoice = app.get(&acme.viewer, &path).await.expect(200).clone();
+        if invoice["status"] == "issued" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(invoice["status"], "issued", "{invoice}");
+    // 60 slice-seconds at 360 c/h = 6 c, 10 inferences at 1000 c per 1000 = 10 c.
+    assert_eq!((invoice["total_cents"].as_i64(), invoice["issued_total_cents"].as_i64()), (Some(16), Some(16)));
+    assert!(invoice["issued_at"].is_string(), "{invoice}");
+    let current = app.get(&acme.viewer, "/v1/tenants/acme/invoices").await.expect(200).clone();
+    assert_eq!(current["status"], "open", "{current}");
+    assert!(current.get("issued_at").is_none(), "{current}");
+
+    // One event, for the closed month only, however many checks ran since.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let deliveries =
+        app.get(&acme.viewer, &format!("/v1/tenants/acme/webhooks/{hook_id}/deliveries")).await.expect(200).clone();
+    let items = deliveries["deliveries"].as_array().expect("a page of deliveries");
+    let issued: Vec<&serde_json::Value> = items.iter().filter(|d| d["event_type"] == "invoice.issued").collect();
+    assert_eq!(issued.len(), 1, "{deliveries}");
+    let payload: serde_json::Value = serde_json::from_str(issued[0]["payload"].as_str().unwrap()).unwrap();
+    assert_eq!(payload["type"], "invoice.issued", "{payload}");
+    assert_eq!(
+        (
+            payload["data"]["period"].as_str(),
+            payload["data"]["total_cents"].as_i64(),
+            payload["data"]["tenant"].as_str()
+        ),
+        (Some(period.as_str()), Some(16), Some("acme")),
+        "{payload}"
+    );
+}

@@ -2,7 +2,7 @@
 
 import { useState } from 'preact/hooks';
 import { api, ok } from '../api/client';
-import { formatBytes, formatCents, formatCount, formatQuantity } from '../format';
+import { formatBytes, formatCents, formatCount, formatQuantity, formatTime } from '../format';
 import { query, setQuery } from '../router';
 import { invoiceByModel, recentPeriods } from '../shape';
 import { Empty, Loaded, PageHeader, useLoad } from '../ui';
@@ -101,6 +101,17 @@ export function UsagePage(props: { tenant: string }) {
                       {formatCents(inv.total_cents, inv.currency)}
                     </td>
                   </tr>
+                  {inv.status === 'issued' && (
+                    <tr>
+                      <td colSpan={5} data-testid="invoice-issued">
+                        Issued {formatTime(inv.issued_at)}
+                        {inv.issued_total_cents !== undefined && inv.issued_total_cents !== inv.total_cents
+                          ? ' (usage arrived after issue: the issued total differs)'
+                          : ''}
+                      </td>
+                      <td class="num">{formatCents(inv.issued_total_cents ?? inv.total_cents, inv.currency)}</td>
+                    </tr>
+                  )}
                   {inv.gpu_seconds > 0 && (
                     <tr>
                       <td colSpan={5}>GPU time (whole GPUs and MIG instances)</td>
