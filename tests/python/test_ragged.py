@@ -285,3 +285,27 @@ def test_a_ragged_input_the_model_does_not_take_flat_is_refused(config_server):
         assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
     finally:
         client.close()
+
+
+def test_ragged_batches_run_the_same_in_a_runner_process(launch_server):
+    """Workers run models in a runner process per tenant and slice: the batch is formed there."""
+    srv = launch_server("ragged-runner", extra_args=("--runner",), models=["ragged_sum"])
+    try:
+        def one(i):
+            client = grpcclient.InferenceServerClient(srv.grpc_url)
+            try:
+                x = _values(i, LENGTHS[i])
+                r = client.infer("ragged_sum", [_ragged_input(grpcclient, x)])
+                return x, r.as_numpy("SUM"), r.as_numpy("DOUBLED")
+            finally:
+                client.close()
+
+        for i, (x, total, doubled) in _at_once(len(LENGTHS), one).items():
+            assert total.tolist() == [[float(x.sum())]], f"request {i}"
+            assert np.array_equal(doubled, x * gen_models.RAGGED_SCALE), f"request {i}"
+        client = grpcclient.InferenceServerClient(srv.grpc_url)
+        inferences, executions = _stats(client, "ragged_sum", "grpc")
+        client.close()
+        assert (inferences, executions < inferences) == (len(LENGTHS), True), (inferences, executions)
+    finally:
+        srv.stop()

@@ -560,12 +560,15 @@ mod tests {
             1,
         );
         refused(&int_target, &batch_input_io(), "batch input target 'BATCH_AND_SIZE_INPUT' is TYPE_INT32");
-        let unknown = BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: \"NOPE\"");
+        let unknown = BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: [ \"BATCH_INPUT\", \"NOPE\" ]");
         refused(&unknown, &batch_input_io(), "batch input target 'NOPE' is not an input of the model");
         let core = BATCH_INPUT_CONFIG.replacen("source_input: \"RAGGED_INPUT\"", "source_input: \"OTHER\"", 1);
         refused(&core, &batch_input_io(), "unknown source input name 'OTHER' for m");
         let sequence = BATCH_INPUT_CONFIG.replace("dynamic_batching { max_queue_delay_microseconds: 1000000 }", "sequence_batching { }");
         refused(&sequence, &batch_input_io(), "not supported with sequence_batching");
+        // A graph input no one feeds: neither configured nor a batch input target.
+        let dropped = BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: \"NOPE\"");
+        refused(&dropped, &batch_input_io(), "missing 'BATCH_INPUT'");
     }
 
     #[test]

@@ -175,6 +175,10 @@ pub fn spec(
             check_target(target, datatype, inputs, model_inputs)?;
         }
         let source = index_of(&b.source_input[0]).ok_or_else(|| format!("unknown source input name '{}'", b.source_input[0]))?;
+        // Every request must carry the source, or the counts would not line up with the batch.
+        if inputs[source].optional {
+            return Err(format!("batch input source '{}' is optional; it must be in every request", inputs[source].name));
+        }
         batch_inputs.push(BatchInputSpec { kind, targets: b.target_name.clone(), datatype, source });
     }
     let batching = config.max_batch_size > 0;
