@@ -301,7 +301,8 @@ fn check_input(model: &str, input: &ModelInput, io: &ModelIo, batching: bool) ->
         )
     })?;
     // A ragged input reaches the model flat, whatever its config dims say per request.
-    let spec = check_tensor("input", &input.name, input.data_type, &input.dims, info, batching, !input.allow_ragged_batch)?;
+    let spec =
+        check_tensor("input", &input.name, input.data_type, &input.dims, info, batching, !input.allow_ragged_batch)?;
     if input.allow_ragged_batch {
         ragged::check_ragged_input(model, input, info)?;
     }
@@ -552,7 +553,8 @@ mod tests {
             "unable to load model 'm', configuration expects model provides input with shape [-1]  for ragged input \
              'RAGGED_INPUT', model provides [-1,-1]",
         );
-        let optional = BATCH_INPUT_CONFIG.replace("allow_ragged_batch: true", "allow_ragged_batch: true optional: true");
+        let optional =
+            BATCH_INPUT_CONFIG.replace("allow_ragged_batch: true", "allow_ragged_batch: true optional: true");
         refused(&optional, &batch_input_io(), "which is not supported for optional input");
         let int_target = BATCH_INPUT_CONFIG.replacen(
             "target_name: \"BATCH_AND_SIZE_INPUT\" data_type: TYPE_FP32",
@@ -560,11 +562,13 @@ mod tests {
             1,
         );
         refused(&int_target, &batch_input_io(), "batch input target 'BATCH_AND_SIZE_INPUT' is TYPE_INT32");
-        let unknown = BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: [ \"BATCH_INPUT\", \"NOPE\" ]");
+        let unknown =
+            BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: [ \"BATCH_INPUT\", \"NOPE\" ]");
         refused(&unknown, &batch_input_io(), "batch input target 'NOPE' is not an input of the model");
         let core = BATCH_INPUT_CONFIG.replacen("source_input: \"RAGGED_INPUT\"", "source_input: \"OTHER\"", 1);
         refused(&core, &batch_input_io(), "unknown source input name 'OTHER' for m");
-        let sequence = BATCH_INPUT_CONFIG.replace("dynamic_batching { max_queue_delay_microseconds: 1000000 }", "sequence_batching { }");
+        let sequence = BATCH_INPUT_CONFIG
+            .replace("dynamic_batching { max_queue_delay_microseconds: 1000000 }", "sequence_batching { }");
         refused(&sequence, &batch_input_io(), "not supported with sequence_batching");
         // A graph input no one feeds: neither configured nor a batch input target.
         let dropped = BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: \"NOPE\"");
@@ -583,7 +587,10 @@ mod tests {
         let spec = load(text, &io).expect("Y is [-1] in the model, [-1, -1] per request");
         let scatter = &spec.ragged.expect("ragged").scatters[0];
         assert_eq!((scatter.output, scatter.source, scatter.shape.clone()), (0, 0, vec![-1, -1]));
-        let unscattered = text.replace("batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: \"Y\" source_input: \"X\" } ]", "");
+        let unscattered = text.replace(
+            "batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: \"Y\" source_input: \"X\" } ]",
+            "",
+        );
         assert!(load(&unscattered, &io).is_err(), "without batch_output Y's dims must match");
     }
 

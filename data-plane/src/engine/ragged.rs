@@ -56,7 +56,9 @@ pub struct Scatter {
 
 /// Whether the config asks for ragged batching at all.
 pub fn configured(config: &ModelConfig) -> bool {
-    !config.batch_input.is_empty() || !config.batch_output.is_empty() || config.input.iter().any(|i| i.allow_ragged_batch)
+    !config.batch_input.is_empty()
+        || !config.batch_output.is_empty()
+        || config.input.iter().any(|i| i.allow_ragged_batch)
 }
 
 /// Names of the model inputs the server fills from `batch_input` (not the client's to send).
@@ -160,33 +162,39 @@ pub fn spec(
             .into());
     }
     let index_of = |name: &str| inputs.iter().position(|i| i.name == name);
-    let ragged = inputs
-        .iter()
-        .map(|s| config.input.iter().any(|i| i.name == s.name && i.allow_ragged_batch))
-        .collect();
+    let ragged = inputs.iter().map(|s| config.input.iter().any(|i| i.name == s.name && i.allow_ragged_batch)).collect();
     let mut batch_inputs = Vec::with_capacity(config.batch_input.len());
     for b in &config.batch_input {
         let kind = InputKind::try_from(b.kind).map_err(|_| format!("unknown batch input kind '{}'", b.kind))?;
-        let datatype = if b.data_type == inference::DataType::TypeInt32 as i32 { DataType::Int32 } else { DataType::Fp32 };
+        let datatype =
+            if b.data_type == inference::DataType::TypeInt32 as i32 { DataType::Int32 } else { DataType::Fp32 };
         if b.target_name.is_empty() {
             return Err(format!("batch input of kind '{}' names no target_name", kind.as_str_name()));
         }
         for target in &b.target_name {
             check_target(target, datatype, inputs, model_inputs)?;
         }
-        let source = index_of(&b.source_input[0]).ok_or_else(|| format!("unknown source input name '{}'", b.source_input[0]))?;
+        let source =
+            index_of(&b.source_input[0]).ok_or_else(|| format!("unknown source input name '{}'", b.source_input[0]))?;
         // Every request must carry the source, or the counts would not line up with the batch.
         if inputs[source].optional {
-            return Err(format!("batch input source '{}' is optional; it must be in every request", inputs[source].name));
+            return Err(format!(
+                "batch input source '{}' is optional; it must be in every request",
+                inputs[source].name
+            ));
         }
         batch_inputs.push(BatchInputSpec { kind, targets: b.target_name.clone(), datatype, source });
     }
     let batching = config.max_batch_size > 0;
     let mut scatters = Vec::new();
     for b in &config.batch_output {
-        let source = index_of(&b.source_input[0]).ok_or_else(|| format!("unknown source input name '{}'", b.source_input[0]))?;
+        let source =
+            index_of(&b.source_input[0]).ok_or_else(|| format!("unknown source input name '{}'", b.source_input[0]))?;
         for target in &b.target_name {
-            let output = outputs.iter().position(|o| &o.name == target).ok_or_else(|| format!("unknown target output name '{target}'"))?;
+            let output = outputs
+                .iter()
+                .position(|o| &o.name == target)
+                .ok_or_else(|| format!("unknown target output name '{target}'"))?;
             let spec = &outputs[output];
             if spec.datatype.element_size().is_none() {
                 return Err(format!("batch output '{target}' is TYPE_STRING, which this server cannot scatter"));
@@ -202,7 +210,12 @@ pub fn spec(
     Ok(Some(RaggedSpec { ragged, batch_inputs, scatters }))
 }
 
-fn check_target(target: &str, datatype: DataType, inputs: &[TensorSpec], model_inputs: &[IoInfo]) -> Result<(), String> {
+fn check_target(
+    target: &str,
+    datatype: DataType,
+    inputs: &[TensorSpec],
+    model_inputs: &[IoInfo],
+) -> Result<(), String> {
     if inputs.iter().any(|i| i.name == target) {
         return Err(format!("batch input target '{target}' is also a configured input; the server provides it"));
     }
@@ -279,11 +292,8 @@ fn values_of(kind: InputKind, shapes: &[&[i64]]) -> (Vec<i64>, Vec<i64>) {
                 }
                 items += batch;
             }
-            let shape = if kind == InputKind::BatchItemShape {
-                vec![items, rank as i64]
-            } else {
-                vec![items * rank as i64]
-            };
+            let shape =
+                if kind == InputKind::BatchItemShape { vec![items, rank as i64] } else { vec![items * rank as i64] };
             (shape, values)
         }
     }
@@ -333,7 +343,11 @@ pub fn split(
 }
 
 /// One output cut into consecutive pieces, each shaped like its request's source input.
-fn scatter_output(scatter: &Scatter, requests: &[&ValidInferRequest], output: &OutputTensor) -> Result<Vec<OutputTensor>> {
+fn scatter_output(
+    scatter: &Scatter,
+    requests: &[&ValidInferRequest],
+    output: &OutputTensor,
+) -> Result<Vec<OutputTensor>> {
     let size = output.datatype.element_size().unwrap_or(1);
     let mut offset = 0usize;
     let mut pieces = Vec::with_capacity(requests.len());
@@ -471,7 +485,8 @@ mod tests {
             batch_inputs: Vec::new(),
             scatters: vec![Scatter { output: 0, source: 0, shape: vec![-1, -1] }],
         };
-        let short = OutputTensor { name: "Y".into(), datatype: DataType::Fp32, shape: vec![1], data: vec![0u8; 4].into() };
+        let short =
+            OutputTensor { name: "Y".into(), datatype: DataType::Fp32, shape: vec![1], data: vec![0u8; 4].into() };
         let a = request(&[1, 2], 1, vec![0]);
         let err = split(&ragged, &[&a], &[short], &[0]).expect_err("too short");
         assert!(err.message.contains("holds 4 bytes"), "{}", err.message);
@@ -492,15 +507,21 @@ mod tests {
             "batch input kind 'BATCH_ELEMENT_COUNT' expects 1 source input, got 0",
         );
         refused(
-            &format!("{io} batch_input [ {{ kind: BATCH_ELEMENT_COUNT target_name: \"N\" data_type: TYPE_INT64 source_input: \"X\" }} ]"),
+            &format!(
+                "{io} batch_input [ {{ kind: BATCH_ELEMENT_COUNT target_name: \"N\" data_type: TYPE_INT64 source_input: \"X\" }} ]"
+            ),
             "batch input data type must be TYPE_INT32 or TYPE_FP32",
         );
         refused(
-            &format!("{io} batch_input [ {{ kind: BATCH_ITEM_SHAPE target_name: \"N\" data_type: TYPE_INT32 source_input: \"Z\" }} ]"),
+            &format!(
+                "{io} batch_input [ {{ kind: BATCH_ITEM_SHAPE target_name: \"N\" data_type: TYPE_INT32 source_input: \"Z\" }} ]"
+            ),
             "unknown source input name 'Z'",
         );
         refused(
-            &format!("{io} batch_output [ {{ kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: \"Q\" source_input: \"X\" }} ]"),
+            &format!(
+                "{io} batch_output [ {{ kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: \"Q\" source_input: \"X\" }} ]"
+            ),
             "unknown target output name 'Q'",
         );
         refused(
