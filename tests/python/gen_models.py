@@ -563,7 +563,7 @@ instance_group [ {{ kind: KIND_CPU count: 2 }} ]
 # Ragged batching (tests/python/test_ragged.py). Requests of different lengths batch
 # together: the model sees their elements end to end as one 1-D tensor, plus batch inputs
 # the server computes from the batch, and the server splits the outputs back per request.
-RAGGED_DELAY_US = 100_000
+RAGGED_DELAY_US = 200_000
 RAGGED_SCALE = 2.0
 
 

@@ -45,17 +45,21 @@ def _stats(client, model: str, protocol: str):
     return s["inference_count"], s["execution_count"]
 
 
-def _at_once(n: int, work):
-    """Runs ``work(i)`` for i in 0..n on n threads released together; returns results by i."""
+def _at_once(n: int, work, connect):
+    """Runs ``work(i, client)`` on n threads, each with a client from ``connect()`` made
+    beforehand, released together; returns results by i."""
     barrier = threading.Barrier(n)
     results, errors = {}, []
 
     def run(i):
+        client = connect()
         try:
-            barrier.wait(timeout=10)
-            results[i] = work(i)
+            barrier.wait(timeout=30)
+            results[i] = work(i, client)
         except Exception as e:  # reported below
             errors.append((i, e))
+        finally:
+            client.close()
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
     for t in threads:
@@ -103,16 +107,13 @@ def test_requests_of_different_lengths_batch_together_and_each_gets_its_answer(p
     module, probe = _client(protocol, server)
     before = _stats(probe, "ragged_sum", protocol)
 
-    def one(i):
-        _, client = _client(protocol, server)
-        try:
-            x = _values(i, LENGTHS[i])
-            r = client.infer("ragged_sum", [_ragged_input(module, x)])
-            return x, r.as_numpy("SUM"), r.as_numpy("MEAN"), r.as_numpy("DOUBLED")
-        finally:
-            client.close()
+    def one(i, client):
+        x = _values(i, LENGTHS[i])
+        r = client.infer("ragged_sum", [_ragged_input(module, x)])
+        return x, r.as_numpy("SUM"), r.as_numpy("MEAN"), r.as_numpy("DOUBLED")
 
-    for i, (x, total, mean, doubled) in _at_once(len(LENGTHS), one).items():
+    connect = lambda: _client(protocol, server)[1]  # noqa: E731
+    for i, (x, total, mean, doubled) in _at_once(len(LENGTHS), one, connect).items():
         assert total.tolist() == [[float(x.sum())]], f"request {i}"
         assert np.allclose(mean, [[x.mean()]]), f"request {i}"
         assert doubled.shape == x.shape and np.array_equal(doubled, x * gen_models.RAGGED_SCALE), f"request {i}"
@@ -140,20 +141,17 @@ def test_batch_inputs_are_computed_from_the_batch(protocol, model, server):
     sees what the model was fed: the requests end to end, their element counts, and
     BATCH_INPUT as the config's kind computes it."""
     kind = gen_models.RAGGED_ECHO_KINDS[model]
-    module, _ = _client(protocol, server)
+    module = CLIENTS[protocol]
     lengths = LENGTHS[:3]
 
-    def one(i):
-        _, client = _client(protocol, server)
-        try:
-            x = _values(i, lengths[i])
-            r = client.infer(model, [_ragged_input(module, x)])
-            return x, r.as_numpy("RAGGED_OUTPUT"), r.as_numpy("BATCH_AND_SIZE_OUTPUT"), r.as_numpy("BATCH_OUTPUT")
-        finally:
-            client.close()
+    def one(i, client):
+        x = _values(i, lengths[i])
+        r = client.infer(model, [_ragged_input(module, x)])
+        return x, r.as_numpy("RAGGED_OUTPUT"), r.as_numpy("BATCH_AND_SIZE_OUTPUT"), r.as_numpy("BATCH_OUTPUT")
 
     batched = False
-    for i, (x, ragged, sizes, batch) in _at_once(len(lengths), one).items():
+    connect = lambda: _client(protocol, server)[1]  # noqa: E731
+    for i, (x, ragged, sizes, batch) in _at_once(len(lengths), one, connect).items():
         assert ragged.shape[0] == sizes.shape[0] == batch.shape[0] == 1, "one row per request"
         counts = [int(c) for c in sizes[0]]
         batched |= len(counts) > 1
@@ -171,18 +169,15 @@ def test_batch_inputs_are_computed_from_the_batch(protocol, model, server):
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_batch_item_shape_gives_one_row_per_batch_item(protocol, server):
-    module, _ = _client(protocol, server)
+    module = CLIENTS[protocol]
     shapes = [(1, 2, 3), (2, 4, 1), (1, 1, 5)]
 
-    def one(i):
-        _, client = _client(protocol, server)
-        try:
-            x = np.zeros(shapes[i], dtype=np.float32)
-            return client.infer("ragged_item_shape", [_ragged_input(module, x)]).as_numpy("BATCH_OUTPUT")
-        finally:
-            client.close()
+    def one(i, client):
+        x = np.zeros(shapes[i], dtype=np.float32)
+        return client.infer("ragged_item_shape", [_ragged_input(module, x)]).as_numpy("BATCH_OUTPUT")
 
-    for i, got in _at_once(len(shapes), one).items():
+    connect = lambda: _client(protocol, server)[1]  # noqa: E731
+    for i, got in _at_once(len(shapes), one, connect).items():
         batch, *item = shapes[i]
         assert got.tolist() == [item] * batch, f"request {i} of shape {shapes[i]}"
 
@@ -291,16 +286,13 @@ def test_ragged_batches_run_the_same_in_a_runner_process(launch_server):
     """Workers run models in a runner process per tenant and slice: the batch is formed there."""
     srv = launch_server("ragged-runner", extra_args=("--runner",), models=["ragged_sum"])
     try:
-        def one(i):
-            client = grpcclient.InferenceServerClient(srv.grpc_url)
-            try:
-                x = _values(i, LENGTHS[i])
-                r = client.infer("ragged_sum", [_ragged_input(grpcclient, x)])
-                return x, r.as_numpy("SUM"), r.as_numpy("DOUBLED")
-            finally:
-                client.close()
+        def one(i, client):
+            x = _values(i, LENGTHS[i])
+            r = client.infer("ragged_sum", [_ragged_input(grpcclient, x)])
+            return x, r.as_numpy("SUM"), r.as_numpy("DOUBLED")
 
-        for i, (x, total, doubled) in _at_once(len(LENGTHS), one).items():
+        connect = lambda: grpcclient.InferenceServerClient(srv.grpc_url)  # noqa: E731
+        for i, (x, total, doubled) in _at_once(len(LENGTHS), one, connect).items():
             assert total.tolist() == [[float(x.sum())]], f"request {i}"
             assert np.array_equal(doubled, x * gen_models.RAGGED_SCALE), f"request {i}"
         client = grpcclient.InferenceServerClient(srv.grpc_url)
