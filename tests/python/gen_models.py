@@ -560,6 +560,172 @@ instance_group [ {{ kind: KIND_CPU count: 2 }} ]
     _write(d / "1" / "model.onnx", onnx_sequence_oldest())
 
 
+# Ragged batching (tests/python/test_ragged.py). Requests of different lengths batch
+# together: the model sees their elements end to end as one 1-D tensor, plus batch inputs
+# the server computes from the batch, and the server splits the outputs back per request.
+RAGGED_DELAY_US = 200_000
+RAGGED_SCALE = 2.0
+
+
+def onnx_ragged_sum() -> onnx.ModelProto:
+    """Per-request sums and means of a ragged input, and the input doubled.
+
+    With x the requests' elements end to end, INDEX = [0, c1, c1+c2, ...] (accumulated element
+    counts with zero) and COUNT = [c1, c2, ...]: cs = cumsum([0, x]); SUM[i] = cs[INDEX[i+1]] -
+    cs[INDEX[i]]; MEAN = SUM / COUNT; DOUBLED = 2x (scattered back by each request's shape).
+    """
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.int64), name)  # noqa: E731
+    return _model(
+        [
+            helper.make_node("Concat", ["ZERO", "RAGGED_INPUT"], ["PADDED"], axis=0),
+            helper.make_node("CumSum", ["PADDED", "AXIS"], ["CS"]),
+            helper.make_node("Cast", ["INDEX"], ["IDX"], to=TensorProto.INT64),
+            helper.make_node("Slice", ["IDX", "ONE", "BIG"], ["ENDS"]),
+            helper.make_node("Slice", ["IDX", "NIL", "MINUS_ONE"], ["STARTS"]),
+            helper.make_node("Gather", ["CS", "ENDS"], ["AT_END"], axis=0),
+            helper.make_node("Gather", ["CS", "STARTS"], ["AT_START"], axis=0),
+            helper.make_node("Sub", ["AT_END", "AT_START"], ["SUMS"]),
+            helper.make_node("Div", ["SUMS", "COUNT"], ["MEANS"]),
+            helper.make_node("Reshape", ["SUMS", "COLUMN"], ["SUM"]),
+            helper.make_node("Reshape", ["MEANS", "COLUMN"], ["MEAN"]),
+            helper.make_node("Mul", ["RAGGED_INPUT", "SCALE"], ["DOUBLED"]),
+        ],
+        [
+            helper.make_tensor_value_info("RAGGED_INPUT", TensorProto.FLOAT, ["total"]),
+            helper.make_tensor_value_info("INDEX", TensorProto.INT32, ["requests_plus_one"]),
+            helper.make_tensor_value_info("COUNT", TensorProto.FLOAT, ["requests"]),
+        ],
+        [
+            helper.make_tensor_value_info("SUM", TensorProto.FLOAT, ["requests", 1]),
+            helper.make_tensor_value_info("MEAN", TensorProto.FLOAT, ["requests", 1]),
+            helper.make_tensor_value_info("DOUBLED", TensorProto.FLOAT, ["total"]),
+        ],
+        [
+            numpy_helper.from_array(np.zeros((1,), dtype=np.float32), "ZERO"),
+            numpy_helper.from_array(np.array([RAGGED_SCALE], dtype=np.float32), "SCALE"),
+            i64("AXIS", 0),
+            i64("ONE", [1]),
+            i64("NIL", [0]),
+            i64("MINUS_ONE", [-1]),
+            i64("BIG", [np.iinfo(np.int64).max]),
+            i64("COLUMN", [-1, 1]),
+        ],
+        name="ragged_sum",
+    )
+
+
+def write_ragged_sum(root: Path) -> None:
+    d = root / "ragged_sum"
+    cfg = f"""name: "ragged_sum"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ {{ name: "RAGGED_INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }} ]
+output [
+  {{ name: "SUM" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "MEAN" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1 ] }}
+]
+batch_input [
+  {{ kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "INDEX" data_type: TYPE_INT32 source_input: "RAGGED_INPUT" }},
+  {{ kind: BATCH_ELEMENT_COUNT target_name: "COUNT" data_type: TYPE_FP32 source_input: "RAGGED_INPUT" }}
+]
+batch_output [ {{ kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "DOUBLED" source_input: "RAGGED_INPUT" }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {RAGGED_DELAY_US} }}
+"""
+    _write(d / "config.pbtxt", cfg)
+    _write(d / "1" / "model.onnx", onnx_ragged_sum())
+
+
+def onnx_ragged_echo() -> onnx.ModelProto:
+    """Triton's ``onnx_batch_input`` QA model (gen_qa_ragged_models.py), rebuilt: every input
+    is 1-D; each output is its input repeated once per request (``BATCH_AND_SIZE_INPUT`` has
+    one element per request), so every response holds the whole batch's tensor."""
+    return _model(
+        [
+            helper.make_node("Reshape", ["RAGGED_INPUT", "ROW"], ["in_mat"]),
+            helper.make_node("Reshape", ["BATCH_AND_SIZE_INPUT", "ROW"], ["bs_mat"]),
+            helper.make_node("Reshape", ["BATCH_INPUT", "ROW"], ["batch_mat"]),
+            helper.make_node("Div", ["BATCH_AND_SIZE_INPUT", "BATCH_AND_SIZE_INPUT"], ["ones"]),
+            helper.make_node("Reshape", ["ones", "COLUMN"], ["expander"]),
+            helper.make_node("MatMul", ["expander", "in_mat"], ["RAGGED_OUTPUT"]),
+            helper.make_node("MatMul", ["expander", "bs_mat"], ["BATCH_AND_SIZE_OUTPUT"]),
+            helper.make_node("MatMul", ["expander", "batch_mat"], ["BATCH_OUTPUT"]),
+        ],
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, [f"{n.lower()}_len"])
+            for n in ("RAGGED_INPUT", "BATCH_AND_SIZE_INPUT", "BATCH_INPUT")
+        ],
+        [
+            helper.make_tensor_value_info(n, TensorProto.FLOAT, ["requests", f"{n.lower()}_len"])
+            for n in ("RAGGED_OUTPUT", "BATCH_AND_SIZE_OUTPUT", "BATCH_OUTPUT")
+        ],
+        [
+            numpy_helper.from_array(np.array([1, -1], dtype=np.int64), "ROW"),
+            numpy_helper.from_array(np.array([-1, 1], dtype=np.int64), "COLUMN"),
+        ],
+        name="ragged_echo",
+    )
+
+
+# Triton's L0_batch_input test runs the same model with BATCH_INPUT computed each way.
+RAGGED_ECHO_KINDS = {
+    "ragged_batch_input": "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+    "ragged_accumulated": "BATCH_ACCUMULATED_ELEMENT_COUNT",
+    "ragged_max_count": "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
+    "ragged_item_flatten": "BATCH_ITEM_SHAPE_FLATTEN",
+}
+
+
+def ragged_echo_config(name: str, kind: str) -> str:
+    """Triton's ``onnx_batch_input`` config with BATCH_INPUT of ``kind``."""
+    return f"""name: "{name}"
+backend: "onnxruntime"
+max_batch_size: 4
+input [ {{ name: "RAGGED_INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }} ]
+output [ {{ name: "RAGGED_OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "BATCH_AND_SIZE_OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "BATCH_OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+batch_input [
+  {{ kind: BATCH_ELEMENT_COUNT target_name: "BATCH_AND_SIZE_INPUT" data_type: TYPE_FP32 source_input: "RAGGED_INPUT" }},
+  {{ kind: {kind} target_name: "BATCH_INPUT" data_type: TYPE_FP32 source_input: "RAGGED_INPUT" }}
+]
+dynamic_batching {{ max_queue_delay_microseconds: {RAGGED_DELAY_US} }}
+"""
+
+
+def _ragged_echo_writer(name: str) -> Callable[[Path], None]:
+    def write(root: Path) -> None:
+        d = root / name
+        _write(d / "config.pbtxt", ragged_echo_config(name, RAGGED_ECHO_KINDS[name]))
+        _write(d / "1" / "model.onnx", onnx_ragged_echo())
+
+    return write
+
+
+def write_ragged_item_shape(root: Path) -> None:
+    """Triton's ``onnx_batch_item`` QA model: BATCH_ITEM_SHAPE echoed back, one row per item."""
+    d = root / "ragged_item_shape"
+    cfg = f"""name: "ragged_item_shape"
+backend: "onnxruntime"
+max_batch_size: 4
+input [ {{ name: "RAGGED_INPUT" data_type: TYPE_FP32 dims: [ -1, -1 ] allow_ragged_batch: true }} ]
+output [ {{ name: "BATCH_OUTPUT" data_type: TYPE_FP32 dims: [ 2 ] }} ]
+batch_input [ {{ kind: BATCH_ITEM_SHAPE target_name: "BATCH_INPUT" data_type: TYPE_FP32 source_input: "RAGGED_INPUT" }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {RAGGED_DELAY_US} }}
+"""
+    _write(d / "config.pbtxt", cfg)
+    model = _model(
+        [helper.make_node("Identity", ["BATCH_INPUT"], ["BATCH_OUTPUT"])],
+        [
+            helper.make_tensor_value_info("RAGGED_INPUT", TensorProto.FLOAT, ["total"]),
+            helper.make_tensor_value_info("BATCH_INPUT", TensorProto.FLOAT, ["items", 2]),
+        ],
+        [helper.make_tensor_value_info("BATCH_OUTPUT", TensorProto.FLOAT, ["items", 2])],
+        name="ragged_item_shape",
+    )
+    _write(d / "1" / "model.onnx", model)
+
+
 IDENTITY_MODELS = [f"identity_{t}" for t in DTYPES]
 
 WRITERS: Dict[str, Callable[[Path], None]] = {
@@ -582,6 +748,9 @@ WRITERS: Dict[str, Callable[[Path], None]] = {
     "wrong_io": write_wrong_io,
     "simple_sequence": write_simple_sequence,
     "sequence_oldest": write_sequence_oldest,
+    "ragged_sum": write_ragged_sum,
+    **{name: _ragged_echo_writer(name) for name in RAGGED_ECHO_KINDS},
+    "ragged_item_shape": write_ragged_item_shape,
 }
 
 BROKEN_MODELS = ("bad_config", "bad_onnx", "wrong_io")
@@ -843,6 +1012,35 @@ def verify_model(root: Path, name: str) -> str:
         out, end, corrid, total = sess.run(["OUTPUT", "END_OUT", "CORRID_OUT", "TOTAL_OUT"], feeds)
         _check(out[0, 0] == 5.0 and total[0, 0] == 5.0 and end[0, 0] == 1.0 and corrid[0, 0] == 77, "sequence_oldest")
         return "running total in state; END and CORRID echoed"
+
+    if name == "ragged_sum":
+        cfg = parse_config(d / "config.pbtxt")
+        _check(cfg.input[0].allow_ragged_batch and len(cfg.batch_input) == 2, f"{name}: ragged config")
+        x = np.array([1, 2, 3, 10, 20], dtype=np.float32)  # requests of 3 and 2 elements
+        feeds = {"RAGGED_INPUT": x, "INDEX": np.array([0, 3, 5], dtype=np.int32), "COUNT": np.array([3, 2], dtype=np.float32)}
+        s_, m_, d_ = _session(d / "1" / "model.onnx").run(["SUM", "MEAN", "DOUBLED"], feeds)
+        _check(np.array_equal(s_, [[6], [30]]) and np.array_equal(m_, [[2], [15]]), f"{name}: sums {s_} means {m_}")
+        _check(np.array_equal(d_, x * RAGGED_SCALE), f"{name}: doubled")
+        return "per-request SUM/MEAN from INDEX and COUNT; DOUBLED = 2x"
+
+    if name in RAGGED_ECHO_KINDS:
+        cfg = parse_config(d / "config.pbtxt")
+        _check(cfg.batch_input[1].kind == cfg.batch_input[1].Kind.Value(RAGGED_ECHO_KINDS[name]), f"{name}: kind")
+        feeds = {
+            "RAGGED_INPUT": np.array([2, 4, 1], dtype=np.float32),
+            "BATCH_AND_SIZE_INPUT": np.array([2, 1], dtype=np.float32),
+            "BATCH_INPUT": np.array([0, 2, 3], dtype=np.float32),
+        }
+        r, b, a = _session(d / "1" / "model.onnx").run(None, feeds)
+        _check(np.array_equal(r, [[2, 4, 1]] * 2) and np.array_equal(b, [[2, 1]] * 2), f"{name}: echo")
+        _check(np.array_equal(a, [[0, 2, 3]] * 2), f"{name}: batch input echo")
+        return f"each input echoed once per request; BATCH_INPUT is {RAGGED_ECHO_KINDS[name]}"
+
+    if name == "ragged_item_shape":
+        shapes = np.array([[1, 3], [2, 2]], dtype=np.float32)
+        (y,) = _session(d / "1" / "model.onnx").run(None, {"RAGGED_INPUT": np.zeros(7, np.float32), "BATCH_INPUT": shapes})
+        _check(np.array_equal(y, shapes), f"{name}: identity")
+        return "BATCH_ITEM_SHAPE echoed"
 
     raise AssertionError(f"no verifier for {name}")
 

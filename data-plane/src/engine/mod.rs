@@ -15,6 +15,7 @@ pub mod manager;
 pub mod model;
 pub mod model_spec;
 pub mod priority;
+pub mod ragged;
 pub mod repository;
 pub mod response_cache;
 pub mod sequence;

@@ -7,6 +7,7 @@ use tessera_protocol::inference::{self, ModelConfig, ModelDynamicBatching, Model
 
 use crate::engine::backend::providers::Accelerators;
 use crate::engine::device::{ExecutionTarget, InstanceDevice, instance_devices};
+use crate::engine::ragged::{self, RaggedSpec};
 
 /// Triton's default `max_batch_size` for auto-completed models that can batch.
 pub const DEFAULT_MAX_BATCH_SIZE: i32 = 4;
@@ -65,6 +66,8 @@ pub struct ModelSpec {
     pub spinning: bool,
     /// The completed config, as served by the config endpoint.
     pub config: ModelConfig,
+    /// Ragged inputs, batch inputs and scattered outputs; `None` for the usual model.
+    pub ragged: Option<RaggedSpec>,
 }
 
 impl ModelSpec {
@@ -102,8 +105,11 @@ pub fn complete_and_check(
     if config.max_batch_size < 0 {
         return Err(format!("max_batch_size must be >= 0, got {}", config.max_batch_size));
     }
-    // Control and state tensors are the sequence batcher's, not the client's.
-    let provided = crate::engine::sequence::config::provided_tensors(&config);
+    // Control and state tensors are the sequence batcher's, and batch inputs the ragged
+    // batcher's, not the client's.
+    let mut provided = crate::engine::sequence::config::provided_tensors(&config);
+    provided.extend(ragged::batch_input_targets(&config).map(str::to_string));
+    let model_inputs = io.inputs.clone();
     let client_io;
     let io = if provided.is_empty() {
         io
@@ -116,13 +122,20 @@ pub fn complete_and_check(
         &client_io
     };
     autocomplete(&mut config, io);
+    ragged::validate_batch_io(&config)?;
     let batching = config.max_batch_size > 0;
-    let inputs = config.input.iter().map(|i| check_input(i, io, batching)).collect::<Result<Vec<_>, _>>()?;
-    let outputs = config.output.iter().map(|o| check_output(o, io, batching)).collect::<Result<Vec<_>, _>>()?;
+    let inputs =
+        config.input.iter().map(|i| check_input(&config.name, i, io, batching)).collect::<Result<Vec<_>, _>>()?;
+    let outputs = config
+        .output
+        .iter()
+        .map(|o| check_output(o, io, batching, ragged::is_batch_output(&config, &o.name)))
+        .collect::<Result<Vec<_>, _>>()?;
     if inputs.is_empty() {
         return Err("model has no inputs".into());
     }
     check_covers_the_model(&config, io)?;
+    let ragged = ragged::spec(&config, &inputs, &outputs, &model_inputs)?;
     let instances = instance_devices(&config, &target.device)?;
     let accelerators = Accelerators::from_config(&config, &target.device)?;
     let intra_op_threads = intra_op_threads(&config, instances.len(), target.cores)?;
@@ -141,6 +154,7 @@ pub fn complete_and_check(
         intra_op_threads,
         spinning,
         config,
+        ragged,
     })
 }
 
@@ -278,7 +292,7 @@ fn model_output(info: &IoInfo, strip: usize) -> ModelOutput {
     }
 }
 
-fn check_input(input: &ModelInput, io: &ModelIo, batching: bool) -> Result<TensorSpec, String> {
+fn check_input(model: &str, input: &ModelInput, io: &ModelIo, batching: bool) -> Result<TensorSpec, String> {
     let info = io.inputs.iter().find(|i| i.name == input.name).ok_or_else(|| {
         format!(
             "configuration expects input '{}' but the model has no such input; model inputs: {}",
@@ -286,11 +300,17 @@ fn check_input(input: &ModelInput, io: &ModelIo, batching: bool) -> Result<Tenso
             names(&io.inputs)
         )
     })?;
-    let spec = check_tensor("input", &input.name, input.data_type, &input.dims, info, batching)?;
+    // A ragged input reaches the model flat, whatever its config dims say per request.
+    let spec =
+        check_tensor("input", &input.name, input.data_type, &input.dims, info, batching, !input.allow_ragged_batch)?;
+    if input.allow_ragged_batch {
+        ragged::check_ragged_input(model, input, info)?;
+    }
     Ok(TensorSpec { optional: input.optional, ..spec })
 }
 
-fn check_output(output: &ModelOutput, io: &ModelIo, batching: bool) -> Result<TensorSpec, String> {
+/// `scattered`: a batch output, whose dims describe each request's piece, not the model's tensor.
+fn check_output(output: &ModelOutput, io: &ModelIo, batching: bool, scattered: bool) -> Result<TensorSpec, String> {
     let info = io.outputs.iter().find(|o| o.name == output.name).ok_or_else(|| {
         format!(
             "configuration expects output '{}' but the model has no such output; model outputs: {}",
@@ -298,7 +318,7 @@ fn check_output(output: &ModelOutput, io: &ModelIo, batching: bool) -> Result<Te
             names(&io.outputs)
         )
     })?;
-    check_tensor("output", &output.name, output.data_type, &output.dims, info, batching)
+    check_tensor("output", &output.name, output.data_type, &output.dims, info, batching, !scattered)
 }
 
 fn check_tensor(
@@ -308,6 +328,7 @@ fn check_tensor(
     dims: &[i64],
     info: &IoInfo,
     batching: bool,
+    match_dims: bool,
 ) -> Result<TensorSpec, String> {
     let datatype = inference::DataType::try_from(data_type)
         .ok()
@@ -328,7 +349,7 @@ fn check_tensor(
         expected.push(-1);
     }
     expected.extend_from_slice(dims);
-    if !shapes_compatible(&expected, &info.shape) {
+    if match_dims && !shapes_compatible(&expected, &info.shape) {
         let config_shape = crate::engine::tensor::fmt_shape(&expected);
         let hint = if batching { " (the model must have a dynamic first dimension to batch)" } else { "" };
         return Err(format!(
@@ -471,6 +492,106 @@ mod tests {
             .insert("intra_op_thread_count".into(), inference::ModelParameter { string_value: "100000".into() });
         let err = complete_and_check(config, "m", &add_sub_io(), &host(2)).expect_err("too many threads");
         assert!(err.contains("above the limit"), "{err}");
+    }
+
+    /// Triton's `onnx_batch_input` QA model: every input 1-D, outputs `[-1, -1]`.
+    fn batch_input_io() -> ModelIo {
+        ModelIo {
+            inputs: vec![io("RAGGED_INPUT", &[-1]), io("BATCH_AND_SIZE_INPUT", &[-1]), io("BATCH_INPUT", &[-1])],
+            outputs: vec![
+                io("RAGGED_OUTPUT", &[-1, -1]),
+                io("BATCH_AND_SIZE_OUTPUT", &[-1, -1]),
+                io("BATCH_OUTPUT", &[-1, -1]),
+            ],
+        }
+    }
+
+    /// Triton's `onnx_batch_input` QA config (gen_qa_ragged_models.py).
+    const BATCH_INPUT_CONFIG: &str = r#"
+        max_batch_size: 4
+        input [ { name: "RAGGED_INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+        output [ { name: "RAGGED_OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "BATCH_AND_SIZE_OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "BATCH_OUTPUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        batch_input [
+          { kind: BATCH_ELEMENT_COUNT target_name: "BATCH_AND_SIZE_INPUT" data_type: TYPE_FP32 source_input: "RAGGED_INPUT" },
+          { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "BATCH_INPUT" data_type: TYPE_FP32 source_input: "RAGGED_INPUT" }
+        ]
+        dynamic_batching { max_queue_delay_microseconds: 1000000 }
+    "#;
+
+    fn load(text: &str, io: &ModelIo) -> Result<ModelSpec, String> {
+        let config = tessera_protocol::model_config::from_pbtxt(text).expect("parses");
+        complete_and_check(config, "m", io, &host(2))
+    }
+
+    #[test]
+    fn tritons_ragged_config_loads_against_the_flat_model() {
+        let spec = load(BATCH_INPUT_CONFIG, &batch_input_io()).expect("loads as in Triton");
+        assert_eq!(spec.inputs.len(), 1, "batch inputs are the server's, not the client's");
+        assert_eq!(spec.full_shape(&spec.inputs[0].dims), vec![-1, -1]);
+        let ragged = spec.ragged.expect("ragged");
+        assert_eq!(ragged.ragged, vec![true]);
+        assert_eq!(ragged.batch_inputs.len(), 2);
+        assert_eq!(ragged.batch_inputs[1].targets, vec!["BATCH_INPUT".to_string()]);
+        let plain = complete_and_check(ModelConfig::default(), "add_sub", &add_sub_io(), &host(2)).expect("ok");
+        assert!(plain.ragged.is_none(), "a usual model carries nothing ragged");
+    }
+
+    #[test]
+    fn ragged_configs_the_model_cannot_take_are_refused() {
+        let refused = |text: &str, io: &ModelIo, expect: &str| {
+            let err = load(text, io).expect_err(text);
+            assert!(err.contains(expect), "{text}: {err}");
+        };
+        // The onnxruntime backend wants the ragged input flat in the model.
+        let mut io2d = batch_input_io();
+        io2d.inputs[0].shape = vec![-1, -1];
+        refused(
+            BATCH_INPUT_CONFIG,
+            &io2d,
+            "unable to load model 'm', configuration expects model provides input with shape [-1]  for ragged input \
+             'RAGGED_INPUT', model provides [-1,-1]",
+        );
+        let optional =
+            BATCH_INPUT_CONFIG.replace("allow_ragged_batch: true", "allow_ragged_batch: true optional: true");
+        refused(&optional, &batch_input_io(), "which is not supported for optional input");
+        let int_target = BATCH_INPUT_CONFIG.replacen(
+            "target_name: \"BATCH_AND_SIZE_INPUT\" data_type: TYPE_FP32",
+            "target_name: \"BATCH_AND_SIZE_INPUT\" data_type: TYPE_INT32",
+            1,
+        );
+        refused(&int_target, &batch_input_io(), "batch input target 'BATCH_AND_SIZE_INPUT' is TYPE_INT32");
+        let unknown =
+            BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: [ \"BATCH_INPUT\", \"NOPE\" ]");
+        refused(&unknown, &batch_input_io(), "batch input target 'NOPE' is not an input of the model");
+        let core = BATCH_INPUT_CONFIG.replacen("source_input: \"RAGGED_INPUT\"", "source_input: \"OTHER\"", 1);
+        refused(&core, &batch_input_io(), "unknown source input name 'OTHER' for m");
+        let sequence = BATCH_INPUT_CONFIG
+            .replace("dynamic_batching { max_queue_delay_microseconds: 1000000 }", "sequence_batching { }");
+        refused(&sequence, &batch_input_io(), "not supported with sequence_batching");
+        // A graph input no one feeds: neither configured nor a batch input target.
+        let dropped = BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: \"NOPE\"");
+        refused(&dropped, &batch_input_io(), "missing 'BATCH_INPUT'");
+    }
+
+    #[test]
+    fn a_scattered_outputs_dims_need_not_match_the_model() {
+        let io = ModelIo { inputs: vec![io("X", &[-1])], outputs: vec![io("Y", &[-1])] };
+        let text = r#"
+            max_batch_size: 8
+            input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+            output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+            batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "Y" source_input: "X" } ]
+        "#;
+        let spec = load(text, &io).expect("Y is [-1] in the model, [-1, -1] per request");
+        let scatter = &spec.ragged.expect("ragged").scatters[0];
+        assert_eq!((scatter.output, scatter.source, scatter.shape.clone()), (0, 0, vec![-1, -1]));
+        let unscattered = text.replace(
+            "batch_output [ { kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: \"Y\" source_input: \"X\" } ]",
+            "",
+        );
+        assert!(load(&unscattered, &io).is_err(), "without batch_output Y's dims must match");
     }
 
     #[test]

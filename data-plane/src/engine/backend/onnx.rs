@@ -12,6 +12,7 @@ use tessera_protocol::DataType;
 
 use super::providers::ProviderPlan;
 use crate::engine::model_spec::{IoInfo, ModelIo, ModelSpec};
+use crate::engine::ragged::RaggedSpec;
 use crate::engine::tensor::{InputTensor, OutputTensor};
 use crate::error::Error;
 
@@ -152,13 +153,21 @@ impl OnnxSession {
         let mut timings = RunTimings::default();
         let start = std::time::Instant::now();
         let mut values: Vec<(String, DynValue)> = Vec::with_capacity(inputs.len());
-        for (parts, tensor_spec) in inputs.iter().zip(&spec.inputs) {
+        let ragged = spec.ragged.as_ref();
+        for (i, (parts, tensor_spec)) in inputs.iter().zip(&spec.inputs).enumerate() {
             if parts.is_empty() {
                 continue;
             }
-            let value = build_input(parts, tensor_spec.datatype, spec.max_batch_size > 0, batch_size)
+            let shape = match ragged {
+                Some(r) if r.is_ragged(i) => Some(flat_shape(parts)),
+                _ => None,
+            };
+            let value = build_input(parts, tensor_spec.datatype, spec.max_batch_size > 0, batch_size, shape)
                 .map_err(Error::internal)?;
             values.push((tensor_spec.name.clone(), value));
+        }
+        if let Some(r) = ragged {
+            add_batch_inputs(r, inputs, &mut values)?;
         }
         let after_input = std::time::Instant::now();
         timings.input_ns = crate::engine::stats::nanos(after_input - start);
@@ -215,13 +224,55 @@ pub(super) fn strip_source_locations(message: &str) -> String {
     out
 }
 
-/// Builds one ORT tensor from request parts with a single copy (gathering along dim 0).
-fn build_input(parts: &[&InputTensor], datatype: DataType, batching: bool, batch: usize) -> Result<DynValue, String> {
-    let first = parts[0];
-    let mut shape = first.shape.clone();
-    if batching && parts.len() > 1 {
-        shape[0] = batch as i64;
+/// The shape of a ragged input: every element of the batch, end to end.
+fn flat_shape(parts: &[&InputTensor]) -> Vec<i64> {
+    vec![parts.iter().map(|p| p.shape.iter().product::<i64>()).sum()]
+}
+
+/// Appends the batch's `batch_input` tensors, computed from their source inputs' shapes.
+fn add_batch_inputs(
+    ragged: &RaggedSpec,
+    inputs: &[Vec<&InputTensor>],
+    values: &mut Vec<(String, DynValue)>,
+) -> Result<(), Error> {
+    for batch_input in &ragged.batch_inputs {
+        let parts = inputs.get(batch_input.source).map(Vec::as_slice).unwrap_or_default();
+        let shapes: Vec<&[i64]> = parts.iter().map(|p| p.shape.as_slice()).collect();
+        let (shape, data) = batch_input.generate(&shapes);
+        for target in &batch_input.targets {
+            let tensor = InputTensor {
+                name: target.clone(),
+                datatype: batch_input.datatype,
+                shape: shape.clone(),
+                data: Bytes::from(data.clone()),
+            };
+            let value = build_input(&[&tensor], batch_input.datatype, false, 0, None).map_err(Error::internal)?;
+            values.push((target.clone(), value));
+        }
     }
+    Ok(())
+}
+
+/// Builds one ORT tensor from request parts with a single copy (gathering along dim 0), of
+/// `flat` shape when given (a ragged input).
+fn build_input(
+    parts: &[&InputTensor],
+    datatype: DataType,
+    batching: bool,
+    batch: usize,
+    flat: Option<Vec<i64>>,
+) -> Result<DynValue, String> {
+    let first = parts[0];
+    let shape = match flat {
+        Some(shape) => shape,
+        None => {
+            let mut shape = first.shape.clone();
+            if batching && parts.len() > 1 {
+                shape[0] = batch as i64;
+            }
+            shape
+        }
+    };
     if datatype == DataType::Bytes {
         return super::strings::build(parts, shape);
     }

@@ -117,6 +117,9 @@ impl Batcher {
         let (reply, mut outputs) = oneshot::channel();
         let mut pending = Pending::new(request, Instant::now(), reply);
         pending.arrived = arrived;
+        if let Some(ragged) = &self.shared.spec.ragged {
+            pending.batch_regardless_of_shape(&ragged.ragged);
+        }
         let Some(pending) = self.try_run_now(pending) else {
             return wait(&mut outputs, &self.shared.spec.name).await;
         };
@@ -387,6 +390,11 @@ fn execute(
     let run_start = Instant::now();
     let (outputs, mut timings) = session.run(spec, &parts, rows, &wanted)?;
     timings.input_ns += nanos(run_start - start);
+    if let Some(ragged) = &spec.ragged {
+        let requests: Vec<&ValidInferRequest> = batch.iter().map(|p| &p.request).collect();
+        let split = crate::engine::ragged::split(ragged, &requests, &outputs, &wanted)?;
+        return Ok((split.into_iter().map(Ok).collect(), timings));
+    }
     if batch.len() == 1 {
         let only = &batch[0].request.outputs;
         let pick = only.iter().filter_map(|o| wanted.iter().position(|w| w == o).map(|i| outputs[i].clone())).collect();

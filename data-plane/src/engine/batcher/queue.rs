@@ -43,6 +43,16 @@ impl Pending {
         Self { request, enqueued: now, arrived: now, deadline: None, reply, key }
     }
 
+    /// Lets the inputs marked in `ragged` (by model input index) differ in shape from the rest
+    /// of a batch, as Triton does for `allow_ragged_batch` inputs.
+    pub fn batch_regardless_of_shape(&mut self, ragged: &[bool]) {
+        for (key, ragged) in self.key.iter_mut().zip(ragged) {
+            if *ragged && let Some(shape) = key {
+                shape.clear();
+            }
+        }
+    }
+
     fn items(&self) -> usize {
         self.request.batch_size
     }
@@ -438,6 +448,19 @@ mod tests {
         h.push(request(1, 5, &[])).expect("queued");
         assert_eq!(h.batch_sizes(), vec![1, 1]);
         assert_eq!(h.batch_sizes(), vec![1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ragged_inputs_batch_whatever_their_shapes() {
+        let mut h = Harness::new(config(&[], 0));
+        for width in [4, 5, 9] {
+            let (tx, rx) = oneshot::channel();
+            h.receivers.push(rx);
+            let mut pending = Pending::new(request(1, width, &[]), Instant::now(), tx);
+            pending.batch_regardless_of_shape(&[true]);
+            h.queue.push(pending, "m", &mut h.dropped).expect("queued");
+        }
+        assert_eq!(h.batch_sizes(), vec![1, 1, 1]);
     }
 
     #[tokio::test(start_paused = true)]

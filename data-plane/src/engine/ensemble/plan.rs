@@ -89,6 +89,7 @@ pub fn spec_of(mut config: ModelConfig, name: &str) -> Result<ModelSpec, String>
         intra_op_threads: 1,
         spinning: false,
         config,
+        ragged: None,
     })
 }
 
@@ -295,6 +296,7 @@ mod tests {
             intra_op_threads: 1,
             spinning: false,
             config: ModelConfig::default(),
+            ragged: None,
         }
     }
 
