@@ -252,7 +252,7 @@ fn reported_states(hb: &Heartbeat) -> Vec<ReportedState> {
             let replica_id = Uuid::parse_str(&r.replica_id).ok()?;
             let state = Stored::reported(r.state)?;
             let reason = (state == Stored::Failed)
-                .then(|| r.reason.as_str())
+                .then_some(r.reason.as_str())
                 .filter(|s| !s.is_empty())
                 .map(|why| failure_reason(r.failure_kind, why));
             Some(ReportedState { replica_id, state, reason })

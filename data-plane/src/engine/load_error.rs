@@ -103,11 +103,6 @@ impl LoadError {
         Self::new(if exhausted { LoadErrorKind::Resources } else { LoadErrorKind::Runtime }, message)
     }
 
-    /// The same error with `prefix` before its message.
-    pub fn context(self, prefix: impl fmt::Display) -> Self {
-        Self { message: format!("{prefix}: {}", self.message), ..self }
-    }
-
     /// `<kind>: <message>`, as replica reasons say it.
     pub fn reason(&self) -> String {
         format!("{}: {}", self.kind, self.message)
@@ -134,8 +129,6 @@ mod tests {
         let e = LoadError::configuration("output 'x' has no valid data_type");
         assert_eq!(e.to_string(), "output 'x' has no valid data_type");
         assert_eq!(e.reason(), "configuration: output 'x' has no valid data_type");
-        let e = LoadError::artifact("sha256 mismatch").context("artifact m/1");
-        assert_eq!((e.kind, e.message.as_str()), (LoadErrorKind::Artifact, "artifact m/1: sha256 mismatch"));
         let words: Vec<&str> = LoadErrorKind::ALL.iter().map(|k| k.as_str()).collect();
         assert_eq!(words, ["fetch", "artifact", "configuration", "runtime", "resources"]);
     }

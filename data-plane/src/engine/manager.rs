@@ -462,7 +462,8 @@ impl ModelManager {
                 if !matches!(entry.versions.get(&version), Some(VersionSlot::Ready(_))) {
                     entry.versions.insert(version, VersionSlot::Failed(e.message.clone()));
                 }
-                Err(e.context(format_args!("failed to load '{name}' version {version}")))
+                // The caller knows the version; the message says only what went wrong.
+                Err(e)
             }
         }
     }
