@@ -806,6 +806,11 @@ mod tests {
         );
         assert_eq!(states[2].failure_kind(), agent::LoadFailureKind::Artifact);
         assert_eq!(states[0].failure_kind(), agent::LoadFailureKind::Unspecified);
+        // A replica refused before any install is a configuration failure.
+        let refused = HashMap::from([("wait".to_string(), "invalid slice id '..'".to_string())]);
+        let states = replica_states(&set, &refused, &installed, &BTreeMap::new(), &served);
+        assert_eq!((states[3].state(), states[3].reason.as_str()), (ReplicaState::Failed, "invalid slice id '..'"));
+        assert_eq!(states[3].failure_kind(), agent::LoadFailureKind::Configuration);
         let retrying = BTreeMap::from([(vk("t/n", 1), InFlight::Installing(want[&vk("t/n", 1)].fingerprint()))]);
         let states = replica_states(&set, &invalid, &installed, &retrying, &served);
         assert_eq!(states[2].state(), ReplicaState::Loading);
