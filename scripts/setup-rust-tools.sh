@@ -4,13 +4,13 @@
 #   $TESSERA_CACHE/cargo-tools/<tool>-<version>/bin
 # (built once, in a target directory of its own that is removed afterwards). Idempotent;
 # prints the bin directory as the last line on stdout. Usage: setup-rust-tools.sh [TOOL...]
-# (default: cargo-machete).
+# (default: cargo-machete). Tools: cargo-machete, cargo-deny.
 set -euo pipefail
 # shellcheck source=scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 # Pinned: a new release may find new things and fail the build by surprise.
-declare -A VERSIONS=([cargo-machete]=0.9.1)
+declare -A VERSIONS=([cargo-machete]=0.9.1 [cargo-deny]=0.20.2)
 
 bin_dir="$TESSERA_CACHE/cargo-tools/bin"
 mkdir -p "$bin_dir"

@@ -2,8 +2,8 @@
 # Tessera's whole test suite: the one command README and .ci/run use.
 #
 #   1. set-up: ONNX Runtime library, Python venv, perf_analyzer (optional)
-#   2. Rust: cargo fmt --check, clippy -D warnings, unused dependencies (cargo machete), build,
-#      cargo test, fuzz replay
+#   2. Rust: cargo fmt --check, clippy -D warnings, unused dependencies (cargo machete),
+#      licences, bans and sources of dependencies (cargo deny), build, cargo test, fuzz replay
 #   3. Infra: the Helm chart, Dockerfile, KServe runtime, dashboard and alerts, checked offline
 #   4. Python: generate test models, pytest tests/python against the binary
 #
@@ -53,6 +53,15 @@ run_machete() {
   local bin
   bin="$("$TESSERA_ROOT/scripts/setup-rust-tools.sh" cargo-machete | tail -n1)" || return 1
   "$bin/cargo-machete" "$TESSERA_ROOT"
+}
+
+# run_deny: the dependency graph's licences, duplicate versions (warnings) and sources
+# (crates.io only), as deny.toml says. Advisories are left out: their database is a git
+# repository on GitHub, which this script cannot count on reaching (see deny.toml).
+run_deny() {
+  local bin
+  bin="$("$TESSERA_ROOT/scripts/setup-rust-tools.sh" cargo-deny | tail -n1)" || return 1
+  "$bin/cargo-deny" --manifest-path "$TESSERA_ROOT/Cargo.toml" check licenses bans sources
 }
 
 # ---------------------------------------------------------------------------
@@ -157,6 +166,7 @@ main() {
   run_stage "cargo fmt" cargo fmt --all --check || true
   run_stage "cargo clippy" cargo clippy --workspace --all-targets -- -D warnings || true
   run_stage "cargo machete" run_machete || true
+  run_stage "cargo deny" run_deny || true
   if ! run_stage "cargo build" cargo build --workspace --bins; then
     say "build failed; skipping tests. FAILED stages: ${FAILED[*]}"
     exit 1

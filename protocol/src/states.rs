@@ -106,6 +106,30 @@ impl ReplicaState {
     }
 }
 
+impl agent::LoadFailureKind {
+    /// The word a failed replica's reason starts with; `None` when the worker named no kind.
+    pub fn word(self) -> Option<&'static str> {
+        match self {
+            agent::LoadFailureKind::Unspecified => None,
+            agent::LoadFailureKind::Fetch => Some("fetch"),
+            agent::LoadFailureKind::Artifact => Some("artifact"),
+            agent::LoadFailureKind::Configuration => Some("configuration"),
+            agent::LoadFailureKind::Runtime => Some("runtime"),
+            agent::LoadFailureKind::Resources => Some("resources"),
+        }
+    }
+}
+
+/// A failed replica's reason as stored and shown: the worker's words after the kind of failure
+/// it reported (`configuration: output 'x' has no valid data_type`), or alone when it named
+/// none (an older worker, a runner in a crash loop) or an unknown one.
+pub fn failure_reason(kind: i32, reason: &str) -> String {
+    match agent::LoadFailureKind::try_from(kind).ok().and_then(agent::LoadFailureKind::word) {
+        Some(word) => format!("{word}: {reason}"),
+        None => reason.to_string(),
+    }
+}
+
 /// A deployment's state, from its stable replicas of the target version.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "utoipa", derive(utoipa::ToSchema))]
@@ -160,6 +184,15 @@ impl VersionState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_reasons_name_the_kind_the_worker_reported() {
+        let configuration = agent::LoadFailureKind::Configuration as i32;
+        assert_eq!(failure_reason(configuration, "bad"), "configuration: bad");
+        assert_eq!(failure_reason(agent::LoadFailureKind::Fetch as i32, "down"), "fetch: down");
+        assert_eq!(failure_reason(0, "crash loop"), "crash loop", "unspecified adds nothing");
+        assert_eq!(failure_reason(99, "newer worker"), "newer worker", "an unknown kind adds nothing");
+    }
 
     #[test]
     fn wire_names_round_trip_and_match_serde() {

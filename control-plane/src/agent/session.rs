@@ -12,6 +12,7 @@ use tessera_protocol::agent::{
     Artifact, Assignment, Assignments, ControlMessage, Heartbeat, Register, Registered, SliceKind, WorkerMessage,
     control_message, worker_message,
 };
+use tessera_protocol::states::failure_reason;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -250,7 +251,10 @@ fn reported_states(hb: &Heartbeat) -> Vec<ReportedState> {
         .filter_map(|r| {
             let replica_id = Uuid::parse_str(&r.replica_id).ok()?;
             let state = Stored::reported(r.state)?;
-            let reason = (state == Stored::Failed).then(|| r.reason.clone()).filter(|s| !s.is_empty());
+            let reason = (state == Stored::Failed)
+                .then_some(r.reason.as_str())
+                .filter(|s| !s.is_empty())
+                .map(|why| failure_reason(r.failure_kind, why));
             Some(ReportedState { replica_id, state, reason })
         })
         .collect()
@@ -258,7 +262,7 @@ fn reported_states(hb: &Heartbeat) -> Vec<ReportedState> {
 
 #[cfg(test)]
 mod tests {
-    use tessera_protocol::agent::{ReplicaState, ReplicaStatus, Slice, UnhealthySlice};
+    use tessera_protocol::agent::{LoadFailureKind, ReplicaState, ReplicaStatus, Slice, UnhealthySlice};
 
     use super::*;
 
@@ -315,6 +319,7 @@ mod tests {
             replica_id: id.to_string(),
             state: state as i32,
             reason: reason.into(),
+            ..ReplicaStatus::default()
         };
         let hb = Heartbeat {
             applied_generation: 3,
@@ -322,14 +327,20 @@ mod tests {
                 status(ReplicaState::Ready, ""),
                 status(ReplicaState::Failed, "bad model"),
                 status(ReplicaState::Draining, ""),
-                ReplicaStatus { replica_id: "nope".into(), state: 2, reason: String::new() },
+                ReplicaStatus { replica_id: "nope".into(), state: 2, ..ReplicaStatus::default() },
+                ReplicaStatus {
+                    failure_kind: LoadFailureKind::Configuration as i32,
+                    ..status(ReplicaState::Failed, "output 'x' has no valid data_type")
+                },
             ],
             unhealthy_slices: Vec::new(),
         };
         let got = reported_states(&hb);
-        assert_eq!(got.len(), 2);
+        assert_eq!(got.len(), 3);
         assert!(unhealthy_slices(&hb).is_empty());
         assert_eq!((got[0].state, got[0].reason.as_deref()), (Stored::Ready, None));
         assert_eq!((got[1].state, got[1].reason.as_deref()), (Stored::Failed, Some("bad model")));
+        let typed = (got[2].state, got[2].reason.as_deref());
+        assert_eq!(typed, (Stored::Failed, Some("configuration: output 'x' has no valid data_type")));
     }
 }

@@ -18,6 +18,7 @@ use super::deployments::{DeploymentRow, ReplicaRow, VersionRef, audit_event, sel
 use super::{Conn, Registry, exec, now, on_conn};
 use crate::error::{Error, Result};
 use crate::registry::audit::Actor;
+use crate::states::ReplicaState;
 
 /// A canary to set: its version, its share of traffic and its replicas.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,8 +165,9 @@ impl Conn {
         )
         .fetch_all(c))?;
         let replicas = on_conn!(self, "route.replicas", |c| sqlx::query_as::<_, RouteReplica>(
-            "SELECT deployment_id, version, canary FROM replicas WHERE serving AND state = 'ready'"
+            "SELECT deployment_id, version, canary FROM replicas WHERE serving AND state = $1"
         )
+        .bind(ReplicaState::Ready.as_str())
         .fetch_all(c))?;
         let mut by_deployment: HashMap<Uuid, Vec<ServingReplica>> = HashMap::new();
         for r in replicas {

@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::{Conn, exec, on_conn};
 use crate::error::Result;
-use crate::states::ReplicaState;
+use crate::states::{ReplicaState, WorkerState};
 
 /// A tenant that has at least one deployment, with its limits.
 #[derive(Debug, Clone, FromRow)]
@@ -90,8 +90,11 @@ impl Conn {
             "SELECT r.id AS replica_id, r.deployment_id, r.version, r.serving, r.state, w.id AS worker_id, \
              w.http_endpoint, w.grpc_endpoint \
              FROM replicas r JOIN workers w ON w.id = r.worker_id \
-             WHERE r.state IN ('ready', 'draining') AND w.state = 'ready' ORDER BY r.deployment_id, r.id"
+             WHERE r.state IN ($1, $2) AND w.state = $3 ORDER BY r.deployment_id, r.id"
         )
+        .bind(ReplicaState::Ready.as_str())
+        .bind(ReplicaState::Draining.as_str())
+        .bind(WorkerState::Ready.as_str())
         .fetch_all(c))
     }
 

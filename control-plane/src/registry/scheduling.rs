@@ -16,7 +16,7 @@ use super::{Conn, exec, now, on_conn};
 use crate::error::Result;
 use crate::scheduler::SliceSpec;
 use crate::scheduler::plan::{DeploymentInfo, Plan, ReplicaChange, ReplicaInfo, Snapshot, VersionInfo, WorkerInfo};
-use crate::states::ReplicaState;
+use crate::states::{ReplicaState, WorkerState};
 
 #[derive(sqlx::FromRow)]
 struct VersionSize {
@@ -86,8 +86,9 @@ impl Conn {
         let worker_of: HashMap<Uuid, Option<&String>> =
             snapshot.replicas.iter().map(|r| (r.id, r.worker_id.as_ref())).collect();
         for id in &plan.lost_workers {
-            exec!(self, "worker.mark_lost", |c| sqlx::query("UPDATE workers SET state = 'lost' WHERE id = $1")
+            exec!(self, "worker.mark_lost", |c| sqlx::query("UPDATE workers SET state = $2 WHERE id = $1")
                 .bind(id)
+                .bind(WorkerState::Lost.as_str())
                 .execute(c))?;
         }
         for (deployment, version) in &plan.retarget {
@@ -199,13 +200,14 @@ impl Conn {
             .execute(c)),
             ReplicaChange::Unplaced { id, reason } => exec!(self, "replica.unplace", |c| {
                 sqlx::query(
-                "UPDATE replicas SET worker_id = NULL, slice_id = NULL, state = 'pending', reason = $2, updated_at = $3 \
-                 WHERE id = $1"
-            )
-            .bind(id)
-            .bind(reason)
-            .bind(at)
-            .execute(c)
+                    "UPDATE replicas SET worker_id = NULL, slice_id = NULL, state = $4, reason = $2, updated_at = $3 \
+                 WHERE id = $1",
+                )
+                .bind(id)
+                .bind(reason)
+                .bind(at)
+                .bind(ReplicaState::Pending.as_str())
+                .execute(c)
             }),
             ReplicaChange::Serve { id } => exec!(self, "replica.serve", |c| sqlx::query(
                 "UPDATE replicas SET serving = TRUE, updated_at = $2 WHERE id = $1"
@@ -215,12 +217,13 @@ impl Conn {
             .execute(c)),
             ReplicaChange::Drain { id, until } => exec!(self, "replica.drain", |c| {
                 sqlx::query(
-                "UPDATE replicas SET serving = FALSE, state = 'draining', drain_until = $2, updated_at = $3 WHERE id = $1"
-            )
-            .bind(id)
-            .bind(until)
-            .bind(at)
-            .execute(c)
+                    "UPDATE replicas SET serving = FALSE, state = $4, drain_until = $2, updated_at = $3 WHERE id = $1",
+                )
+                .bind(id)
+                .bind(until)
+                .bind(at)
+                .bind(ReplicaState::Draining.as_str())
+                .execute(c)
             }),
             ReplicaChange::Delete { id } => {
                 exec!(self, "replica.delete", |c| sqlx::query("DELETE FROM replicas WHERE id = $1").bind(id).execute(c))

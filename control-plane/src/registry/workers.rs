@@ -13,7 +13,7 @@ use uuid::Uuid;
 
 use super::{Conn, Registry, exec, now, on_conn};
 use crate::error::Result;
-use crate::states::ReplicaState;
+use crate::states::{ReplicaState, WorkerState};
 
 /// One slice a worker offers, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -203,11 +203,12 @@ impl Conn {
     /// marked lost that still beats is ready again. False when the worker is not registered.
     pub async fn heartbeat(&mut self, id: &str, at: OffsetDateTime, applied_generation: i64) -> Result<bool> {
         let n = exec!(self, "worker.heartbeat", |c| sqlx::query(
-            "UPDATE workers SET last_heartbeat_at = $2, state = 'ready', applied_generation = $3 WHERE id = $1"
+            "UPDATE workers SET last_heartbeat_at = $2, state = $4, applied_generation = $3 WHERE id = $1"
         )
         .bind(id)
         .bind(at)
         .bind(applied_generation)
+        .bind(WorkerState::Ready.as_str())
         .execute(c))?;
         Ok(n > 0)
     }
@@ -233,9 +234,9 @@ impl Registry {
         let mut tx = self.begin().await?;
         exec!(tx, "worker.upsert", |c| sqlx::query(
             "INSERT INTO workers (id, http_endpoint, grpc_endpoint, metrics_endpoint, slices, labels, version, state, \
-             generation, registered_at, last_heartbeat_at) VALUES ($1, $2, $3, $4, $5, $6, $7, 'ready', 1, $8, $8) \
+             generation, registered_at, last_heartbeat_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $9, 1, $8, $8) \
              ON CONFLICT (id) DO UPDATE SET http_endpoint = $2, grpc_endpoint = $3, metrics_endpoint = $4, \
-             slices = $5, labels = $6, version = $7, state = 'ready', generation = workers.generation + 1, \
+             slices = $5, labels = $6, version = $7, state = $9, generation = workers.generation + 1, \
              registered_at = $8, last_heartbeat_at = $8"
         )
         .bind(&w.id)
@@ -246,6 +247,7 @@ impl Registry {
         .bind(Json(&w.labels))
         .bind(&w.version)
         .bind(at)
+        .bind(WorkerState::Ready.as_str())
         .execute(c))?;
         let row = on_conn!(tx, "worker.get", |c| sqlx::query_as::<_, WorkerRow>(select_workers!("WHERE id = $1"))
             .bind(&w.id)
@@ -267,8 +269,8 @@ impl Registry {
         for report in reports {
             let row = on_conn!(tx, "replica.report_state", |c| sqlx::query_as::<_, ChangedReplica>(
                 "UPDATE replicas SET state = $3, reason = $4, updated_at = $5, \
-                 crash_moves = CASE WHEN $3 = 'ready' THEN 0 ELSE crash_moves END \
-                 WHERE id = $1 AND worker_id = $2 AND state <> 'draining' \
+                 crash_moves = CASE WHEN $3 = $6 THEN 0 ELSE crash_moves END \
+                 WHERE id = $1 AND worker_id = $2 AND state <> $7 \
                  AND (state <> $3 OR COALESCE(reason, '') <> COALESCE($4, '')) \
                  RETURNING tenant_id, deployment_id, replica_index"
             )
@@ -277,6 +279,8 @@ impl Registry {
             .bind(report.state.as_str())
             .bind(&report.reason)
             .bind(at)
+            .bind(ReplicaState::Ready.as_str())
+            .bind(ReplicaState::Draining.as_str())
             .fetch_optional(c))?;
             let Some(row) = row else { continue };
             if report.state != ReplicaState::Loading {

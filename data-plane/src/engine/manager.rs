@@ -9,6 +9,7 @@ use tessera_protocol::inference::ModelConfig;
 
 use crate::engine::device::{Device, ExecutionTarget, available_cores};
 use crate::engine::ensemble::{self, is_ensemble};
+use crate::engine::load_error::LoadError;
 use crate::engine::model::LoadedModel;
 use crate::engine::repository::{Repository, select_versions};
 use crate::engine::response_cache::ResponseCache;
@@ -97,7 +98,8 @@ impl ModelEntry {
 }
 
 /// Loads version `.2` of model `.1` under key `.0` from a file with a config. Blocking.
-type LoadFnRef = dyn Fn(&str, &str, i64, &std::path::Path, ModelConfig) -> Result<LoadedModel, String> + Send + Sync;
+type LoadFnRef =
+    dyn Fn(&str, &str, i64, &std::path::Path, ModelConfig) -> std::result::Result<LoadedModel, LoadError> + Send + Sync;
 /// A shared [`LoadFnRef`].
 type LoadFn = Arc<LoadFnRef>;
 
@@ -439,12 +441,12 @@ impl ModelManager {
         file: std::path::PathBuf,
         config: ModelConfig,
         placement: Option<Placement>,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), LoadError> {
         let _guard = self.control.lock().await;
         let loaded = if is_ensemble(&config) {
             LoadedModel::ensemble(name, version, config, self.resolver(key))
         } else {
-            self.load_backend_version(key, name, version, file, config, placement).await?
+            self.load_backend_version(key, name, version, file, config, placement).await
         };
         let loaded = loaded.map(|m| m.with_response_cache(self.response_cache.as_ref(), key));
         let mut models = self.models.write();
@@ -455,18 +457,19 @@ impl ModelManager {
                 entry.versions.insert(version, VersionSlot::Ready(Arc::new(m)));
                 Ok(())
             }
-            Err(reason) => {
+            Err(e) => {
                 // A reload that fails leaves the version that was serving in place.
                 if !matches!(entry.versions.get(&version), Some(VersionSlot::Ready(_))) {
-                    entry.versions.insert(version, VersionSlot::Failed(reason.clone()));
+                    entry.versions.insert(version, VersionSlot::Failed(e.message.clone()));
                 }
-                Err(Error::invalid(format!("failed to load '{name}' version {version}: {reason}")))
+                // The caller knows the version; the message says only what went wrong.
+                Err(e)
             }
         }
     }
 
     /// Loads a version with a model file in its runner (with runners) or in this process on
-    /// its slice's device; the outer error is a load task that failed to finish.
+    /// its slice's device.
     async fn load_backend_version(
         &self,
         key: &str,
@@ -475,8 +478,8 @@ impl ModelManager {
         file: std::path::PathBuf,
         config: ModelConfig,
         placement: Option<Placement>,
-    ) -> Result<Result<LoadedModel, String>> {
-        Ok(match (&self.runners, placement) {
+    ) -> std::result::Result<LoadedModel, LoadError> {
+        match (&self.runners, placement) {
             (Some((runners, default)), placement) => {
                 let call = LoadCall { key: key.into(), name: name.into(), version, file, config };
                 runners.load(placement.as_ref().unwrap_or(default), call, self.cores).await
@@ -486,9 +489,9 @@ impl ModelManager {
                 let (owned, target) = (name.to_string(), ExecutionTarget { cores: self.cores, device });
                 tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, &target))
                     .await
-                    .map_err(|e| Error::internal(format!("model load task failed: {e}")))?
+                    .map_err(|e| LoadError::runtime(format!("model load task failed: {e}")))?
             }
-        })
+        }
     }
 
     /// Stops serving one version under `key`; requests already running finish (they hold the
@@ -646,9 +649,9 @@ fn load_entry(repo: &Repository, name: &str, config: Option<ModelConfig>, load: 
         };
         let slot = match load(name, name, v, &file, config.clone()) {
             Ok(m) => VersionSlot::Ready(Arc::new(m)),
-            Err(reason) => {
-                tracing::warn!(model = name, version = v, %reason, "model version failed to load");
-                VersionSlot::Failed(reason)
+            Err(e) => {
+                tracing::warn!(model = name, version = v, kind = %e.kind, reason = %e.message, "model version failed to load");
+                VersionSlot::Failed(e.message)
             }
         };
         entry.versions.insert(v, slot);

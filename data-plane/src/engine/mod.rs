@@ -11,6 +11,7 @@ pub mod device;
 pub mod ensemble;
 pub mod in_flight;
 pub mod infer;
+pub mod load_error;
 pub mod manager;
 pub mod model;
 pub mod model_spec;

@@ -13,6 +13,7 @@ use crate::engine::classification::{self, Labels};
 use crate::engine::device::ExecutionTarget;
 use crate::engine::ensemble::{self, Ensemble};
 use crate::engine::infer::{InferRequest, InferResponse, ValidInferRequest};
+use crate::engine::load_error::LoadError;
 use crate::engine::model_spec::{IoInfo, ModelIo, ModelSpec, complete_and_check};
 use crate::engine::response_cache::{CacheSlot, ResponseCache};
 use crate::engine::sequence::SequenceBatcher;
@@ -70,16 +71,16 @@ impl LoadedModel {
         file: &Path,
         config: ModelConfig,
         target: &ExecutionTarget,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, LoadError> {
         if !file.is_file() {
-            return Err(format!("model file {} does not exist", file.display()));
+            return Err(LoadError::artifact(format!("model file {} does not exist", file.display())));
         }
         // The graph's IO completes the config; reading it on CPU needs no provider.
         let probe = OnnxSession::load(file, 1, false, &ProviderPlan::Cpu)?;
         let io = probe.io();
-        let spec = Arc::new(complete_and_check(config, name, &io, target)?);
+        let spec = Arc::new(complete_and_check(config, name, &io, target).map_err(LoadError::configuration)?);
         let model_dir = file.parent().unwrap_or(Path::new("."));
-        let labels = Labels::load(&spec, model_dir.parent().unwrap_or(model_dir))?;
+        let labels = Labels::load(&spec, model_dir.parent().unwrap_or(model_dir)).map_err(LoadError::configuration)?;
         let mut probe = (spec.intra_op_threads == 1 && !spec.spinning).then_some(probe);
         let mut sessions = Vec::with_capacity(spec.instance_count());
         let mut providers = Vec::with_capacity(spec.instance_count());
@@ -96,11 +97,12 @@ impl LoadedModel {
         // Not needed: every instance wanted more threads or a GPU.
         drop(probe);
         // The version directory's parent is the model's: Triton's `warmup/` files live there.
-        let samples = warmup::samples(&spec, model_dir.parent().unwrap_or(model_dir))?;
+        let samples =
+            warmup::samples(&spec, model_dir.parent().unwrap_or(model_dir)).map_err(LoadError::configuration)?;
         if !samples.is_empty() {
             let started = std::time::Instant::now();
             for session in &mut sessions {
-                warmup::run(session, &spec, &samples)?;
+                warmup::run(session, &spec, &samples).map_err(LoadError::from_runtime)?;
             }
             tracing::info!(
                 model = name,
@@ -114,15 +116,21 @@ impl LoadedModel {
         let stats = Arc::new(ModelStats::default());
         let label = format!("{name}-v{version}");
         let model_root = model_dir.parent().unwrap_or(model_dir);
-        let (execution, dynamic) = match SequenceConfig::from_config(&spec.config, sessions.len(), model_root)? {
+        let sequences =
+            SequenceConfig::from_config(&spec.config, sessions.len(), model_root).map_err(LoadError::configuration)?;
+        // Starting a batcher fails only without an async runtime or threads to spare.
+        let (execution, dynamic) = match sequences {
             Some(sequences) => {
-                let batcher = SequenceBatcher::start(spec.clone(), sessions, stats.clone(), sequences, &label)?;
+                let batcher = SequenceBatcher::start(spec.clone(), sessions, stats.clone(), sequences, &label)
+                    .map_err(LoadError::resources)?;
                 (Execution::Sequence(batcher), false)
             }
             None => {
-                let batching = BatchingConfig::from_config(&spec.config)?;
+                let batching = BatchingConfig::from_config(&spec.config).map_err(LoadError::configuration)?;
                 let dynamic = batching.dynamic;
-                (Execution::Local(Batcher::start(spec.clone(), sessions, stats.clone(), batching, &label)?), dynamic)
+                let batcher = Batcher::start(spec.clone(), sessions, stats.clone(), batching, &label)
+                    .map_err(LoadError::resources)?;
+                (Execution::Local(batcher), dynamic)
             }
         };
         providers.dedup();
@@ -149,19 +157,24 @@ impl LoadedModel {
         io: ModelIo,
         target: &ExecutionTarget,
         remote: RemoteVersion,
-    ) -> Result<Self, String> {
-        let spec = Arc::new(complete_and_check(config, name, &io, target)?);
+    ) -> Result<Self, LoadError> {
+        let spec = Arc::new(complete_and_check(config, name, &io, target).map_err(LoadError::configuration)?);
         let model_dir = file.parent().and_then(Path::parent).unwrap_or(Path::new("."));
-        let labels = Labels::load(&spec, model_dir)?;
+        let labels = Labels::load(&spec, model_dir).map_err(LoadError::configuration)?;
         let stats = Arc::new(ModelStats::default());
         Ok(Self { spec, version, stats, io, labels, execution: Execution::Runner(remote), cache: None })
     }
 
     /// An ensemble version from its config alone (it has no model file); its composing models
     /// must be loaded already, `resolve` finds them in the ensemble's namespace.
-    pub fn ensemble(name: &str, version: i64, config: ModelConfig, resolve: ensemble::Resolve) -> Result<Self, String> {
-        let spec = Arc::new(ensemble::spec_of(config, name)?);
-        let plan = ensemble::Plan::new(&spec)?;
+    pub fn ensemble(
+        name: &str,
+        version: i64,
+        config: ModelConfig,
+        resolve: ensemble::Resolve,
+    ) -> Result<Self, LoadError> {
+        let spec = Arc::new(ensemble::spec_of(config, name).map_err(LoadError::configuration)?);
+        let plan = ensemble::Plan::new(&spec).map_err(LoadError::configuration)?;
         let ensemble = Ensemble::new(&spec, plan, resolve)?;
         let info = |t: &crate::engine::model_spec::TensorSpec| IoInfo {
             name: t.name.clone(),
@@ -301,5 +314,39 @@ impl LoadedModel {
             // Its requests wait in the composing models' queues, and count there.
             Execution::Ensemble(_) => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::device::Device;
+    use crate::engine::load_error::LoadErrorKind;
+
+    /// The kind a load of `file` with the JSON `config` on `device` fails with.
+    fn load_kind(file: &Path, config: &str, device: Device) -> std::result::Result<(), LoadErrorKind> {
+        let config = tessera_protocol::model_config::from_json(config).expect("a config");
+        let target = ExecutionTarget { cores: 1, device };
+        LoadedModel::load("add_sub", 1, file, config, &target).map(drop).map_err(|e| e.kind)
+    }
+
+    #[tokio::test]
+    async fn load_failures_are_classified_where_they_happen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let good = dir.path().join("model.onnx");
+        std::fs::write(&good, crate::tools::onnx_builder::add_sub()).expect("write the model");
+        let garbage = dir.path().join("garbage.onnx");
+        std::fs::write(&garbage, b"not an onnx model").expect("write the garbage");
+
+        assert_eq!(load_kind(&good, "{}", Device::Host), Ok(()));
+        assert_eq!(load_kind(&dir.path().join("gone.onnx"), "{}", Device::Host), Err(LoadErrorKind::Artifact));
+        assert_eq!(load_kind(&garbage, "{}", Device::Host), Err(LoadErrorKind::Runtime));
+        let no_such_output = r#"{"output": [{"name": "NOPE", "data_type": "TYPE_FP32", "dims": [16]}]}"#;
+        assert_eq!(load_kind(&good, no_such_output, Device::Host), Err(LoadErrorKind::Configuration));
+        let gpu = r#"{"instance_group": [{"kind": "KIND_GPU"}]}"#;
+        let cpu_slice = Device::CpuSlice { slice: "cpu-0".into() };
+        assert_eq!(load_kind(&good, gpu, cpu_slice), Err(LoadErrorKind::Configuration));
+        let warmup = r#"{"model_warmup": [{"name": "w", "batch_size": 1, "inputs": {"NOPE": {"data_type": "TYPE_FP32", "dims": [16], "zero_data": true}}}]}"#;
+        assert_eq!(load_kind(&good, warmup, Device::Host), Err(LoadErrorKind::Configuration));
     }
 }

@@ -20,6 +20,7 @@ use super::outbox::Outbox;
 use super::shm::RunnerShm;
 use super::wire::{FromRunner, InferCall, LoadCall, ToRunner, WireError, split_frame};
 use crate::engine::device::{Device, ExecutionTarget, available_cores};
+use crate::engine::load_error::LoadError;
 use crate::engine::model::LoadedModel;
 use crate::engine::stats::Tally;
 use crate::error::Error;
@@ -211,8 +212,8 @@ async fn load(state: &State, call: LoadCall) -> FromRunner {
             state.models.lock().insert((key, version), Arc::new(hosted));
             FromRunner::Loaded(io)
         }
-        Ok(Err(reason)) => FromRunner::Failed(Error::invalid(reason)),
-        Err(e) => FromRunner::Failed(Error::internal(format!("the model load failed: {e}"))),
+        Ok(Err(e)) => FromRunner::LoadFailed(e),
+        Err(e) => FromRunner::LoadFailed(LoadError::runtime(format!("the model load failed: {e}"))),
     }
 }
 

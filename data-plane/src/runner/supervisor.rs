@@ -28,6 +28,7 @@ use super::shm::{FrontShm, Traffic};
 use super::wire::{FromRunner, LoadCall, ToRunner};
 use super::{Pending, Placement, RemoteVersion};
 use crate::engine::device::ExecutionTarget;
+use crate::engine::load_error::LoadError;
 use crate::engine::model::LoadedModel;
 use crate::error::{Error, Result};
 
@@ -144,18 +145,28 @@ impl Runners {
 
     /// Loads a version in the runner of `placement` (starting it if needed) and returns the
     /// front's handle on it, its spec checked for the slice's device as the runner checked it.
-    pub async fn load(&self, placement: &Placement, mut call: LoadCall, cores: usize) -> Result<LoadedModel, String> {
+    /// A runner that does not come up, or dies during the load, is a resource failure (it may
+    /// have hit its memory limit); the runner's own load failures keep their kind.
+    pub async fn load(
+        &self,
+        placement: &Placement,
+        mut call: LoadCall,
+        cores: usize,
+    ) -> Result<LoadedModel, LoadError> {
         // Each load is its own instance in the runner: a reload of the same version loads
         // beside the old one, and dropping the old handle unloads only the old instance.
         call.key = format!("{}#{}", call.key, self.loads.fetch_add(1, Ordering::Relaxed));
         let slot = self.slot(placement);
         let _loading = Pending::counting(&slot.loading);
-        let conn = slot.ready(RESTART_WAIT * 3, &call.name).await.map_err(|e| e.message)?;
+        let conn = slot.ready(RESTART_WAIT * 3, &call.name).await.map_err(|e| LoadError::resources(e.message))?;
         let io = match conn.call(&ToRunner::Load(Box::new(call.clone())), None).await {
             Ok(FromRunner::Loaded(io)) => io,
-            Ok(FromRunner::Failed(e)) => return Err(e.message),
-            Ok(other) => return Err(format!("the runner answered a load with {other:?}")),
-            Err(_) => return Err(format!("the runner of {placement} stopped while loading the model")),
+            Ok(FromRunner::LoadFailed(e)) => return Err(e),
+            Ok(FromRunner::Failed(e)) => return Err(LoadError::runtime(e.message)),
+            Ok(other) => return Err(LoadError::runtime(format!("the runner answered a load with {other:?}"))),
+            Err(_) => {
+                return Err(LoadError::resources(format!("the runner of {placement} stopped while loading the model")));
+            }
         };
         let (key, version) = (call.key.clone(), call.version);
         slot.loads.lock().insert((key.clone(), version), call.clone());
@@ -467,8 +478,8 @@ async fn serve(slot: &Slot, mut running: Running, shutdown: &CancellationToken, 
     for call in loads {
         match running.conn.call(&ToRunner::Load(Box::new(call.clone())), None).await {
             Ok(FromRunner::Loaded(_)) => {}
-            Ok(FromRunner::Failed(e)) => {
-                tracing::warn!(runner = %slot.placement, model = %call.name, version = call.version, error = %e.message, "reload after restart failed");
+            Ok(FromRunner::LoadFailed(LoadError { message, .. }) | FromRunner::Failed(Error { message, .. })) => {
+                tracing::warn!(runner = %slot.placement, model = %call.name, version = call.version, error = %message, "reload after restart failed");
             }
             _ => break,
         }

@@ -24,6 +24,7 @@ use tessera_protocol::inference::ModelConfig;
 
 use crate::engine::cuda_ipc::{CudaIo, CudaRef, CudaRegionRef, HANDLE_BYTES, IpcHandle};
 use crate::engine::infer::{ParamValue, Parameters, ValidInferRequest};
+use crate::engine::load_error::{LoadError, LoadErrorKind};
 use crate::engine::model_spec::{IoInfo, ModelIo};
 use crate::engine::stats::Tally;
 use crate::engine::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count};
@@ -39,7 +40,7 @@ pub const HEADER: usize = 4 + 1 + 8;
 /// What the front asks a runner.
 #[derive(Debug)]
 pub enum ToRunner {
-    /// Load a model version; answered with [`FromRunner::Loaded`] or [`FromRunner::Failed`].
+    /// Load a model version; answered with [`FromRunner::Loaded`] or [`FromRunner::LoadFailed`].
     Load(Box<LoadCall>),
     /// Drop a version (requests already running finish); answered with [`FromRunner::Done`].
     Unload {
@@ -93,8 +94,10 @@ pub struct InferCall {
 pub enum FromRunner {
     /// The version loaded; what the ONNX graph declares.
     Loaded(ModelIo),
-    /// A load or unload failed.
+    /// An unload (or a call the runner could not take) failed.
     Failed(Error),
+    /// A load failed, with the kind of failure (which decides whether the worker tries again).
+    LoadFailed(LoadError),
     /// An unload finished.
     Done,
     /// A request ran (or failed), with the statistics its version counted since the last answer.
@@ -138,6 +141,7 @@ mod kind {
     pub const PONG: u8 = 106;
     pub const STATS: u8 = 107;
     pub const RELEASED: u8 = 108;
+    pub const LOAD_FAILED: u8 = 109;
 }
 
 /// A malformed frame; the connection is dropped, since nothing after it can be trusted.
@@ -349,6 +353,7 @@ impl FromRunner {
         let kind = match self {
             FromRunner::Loaded(_) => kind::LOADED,
             FromRunner::Failed(_) => kind::FAILED,
+            FromRunner::LoadFailed(_) => kind::LOAD_FAILED,
             FromRunner::Done => kind::DONE,
             FromRunner::Answer { result: Ok(_), .. } => kind::ANSWER_OK,
             FromRunner::Answer { result: Err(_), .. } => kind::ANSWER_ERR,
@@ -372,6 +377,10 @@ impl FromRunner {
                 put_io(b, &io.outputs);
             }
             FromRunner::Failed(e) => put_error(b, e),
+            FromRunner::LoadFailed(e) => {
+                b.put_u8(load_kind_code(e.kind));
+                put_str(b, &e.message);
+            }
             FromRunner::Done | FromRunner::Released => {}
             FromRunner::Answer { result: Ok(outputs), stats } => {
                 b.reserve(outputs.iter().map(|t| frame_size(&t.data, shm.is_some())).sum());
@@ -657,6 +666,10 @@ impl FromRunner {
         let answer = match kind {
             kind::LOADED => FromRunner::Loaded(ModelIo { inputs: r.io()?, outputs: r.io()? }),
             kind::FAILED => FromRunner::Failed(r.error()?),
+            kind::LOAD_FAILED => {
+                let kind = load_kind(r.u8("load error kind")?)?;
+                FromRunner::LoadFailed(LoadError::new(kind, r.string("load error message")?))
+            }
             kind::DONE => FromRunner::Done,
             kind::ANSWER_OK => {
                 let stats = r.tally()?;
@@ -709,6 +722,14 @@ fn error_kind_code(kind: ErrorKind) -> u8 {
 
 fn error_kind(code: u8) -> WireResult<ErrorKind> {
     KINDS.get(usize::from(code)).copied().ok_or_else(|| bad(format!("error kind {code}")))
+}
+
+fn load_kind_code(kind: LoadErrorKind) -> u8 {
+    LoadErrorKind::ALL.iter().position(|k| *k == kind).map_or(u8::MAX, |i| i as u8)
+}
+
+fn load_kind(code: u8) -> WireResult<LoadErrorKind> {
+    LoadErrorKind::ALL.get(usize::from(code)).copied().ok_or_else(|| bad(format!("load error kind {code}")))
 }
 
 #[cfg(test)]
@@ -779,6 +800,19 @@ mod tests {
             panic!()
         };
         assert_eq!((id, e.kind, e.message.as_str()), (6, ErrorKind::Unavailable, "queue full"));
+    }
+
+    #[test]
+    fn load_failures_keep_their_kind() {
+        for kind in LoadErrorKind::ALL {
+            let mut buf = BytesMut::new();
+            FromRunner::LoadFailed(LoadError::new(kind, "why")).encode(3, &mut buf, None);
+            let (k, id, body) = one_frame(&mut buf);
+            let FromRunner::LoadFailed(e) = FromRunner::decode(k, body, None).expect("decodes") else {
+                panic!("not a load failure")
+            };
+            assert_eq!((id, e), (3, LoadError::new(kind, "why")));
+        }
     }
 
     #[test]

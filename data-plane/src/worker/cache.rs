@@ -27,6 +27,7 @@ use tessera_protocol::model_config;
 
 use super::archive::{self, ArchiveKind};
 use super::client::AgentClient;
+use crate::engine::load_error::{LoadError, LoadErrorKind};
 
 /// How long the control plane may take to start streaming an artifact.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -137,33 +138,44 @@ impl ArtifactCache {
         model_name: &str,
         version: i64,
         config_json: &str,
-    ) -> Result<PreparedModel, String> {
-        let format = ArtifactFormat::parse(&artifact.format)?;
-        let sha = checked_sha256(&artifact.sha256)?;
+    ) -> Result<PreparedModel, LoadError> {
+        let format = ArtifactFormat::parse(&artifact.format).map_err(LoadError::artifact)?;
+        let sha = checked_sha256(&artifact.sha256).map_err(LoadError::artifact)?;
         let lock = self.locks.lock().entry(sha.clone()).or_default().clone();
         let _guard = lock.lock().await;
         let file = self.fetch(artifact, &sha, format).await?;
         let (file, base) = match format {
             ArtifactFormat::Onnx => (file, None),
             ArtifactFormat::Archive(kind) => {
-                let dir = self.unpacked(&file, &sha, kind).await?;
-                let found = blocking(move || archive::find_model(&dir, version)).await?;
-                (found.model_file, found.config)
+                let found = match self.unpacked(&file, &sha, kind).await {
+                    Ok(dir) => blocking(move || archive::find_model(&dir, version).map_err(LoadError::artifact)).await,
+                    Err(e) => Err(e),
+                };
+                match found {
+                    Ok(found) => (found.model_file, found.config),
+                    Err(e) => {
+                        // The next try fetches the artifact afresh instead of trusting this copy.
+                        if e.kind == LoadErrorKind::Artifact {
+                            self.forget(&file, &sha);
+                        }
+                        return Err(e);
+                    }
+                }
             }
         };
-        let config = merged_config(base.as_ref(), config_json, model_name)?;
+        let config = merged_config(base.as_ref(), config_json, model_name).map_err(LoadError::configuration)?;
         Ok(PreparedModel { file, config })
     }
 
     /// The verified cached file of an artifact, downloading it when missing or damaged.
-    async fn fetch(&self, artifact: &agent::Artifact, sha: &str, format: ArtifactFormat) -> Result<PathBuf, String> {
+    async fn fetch(&self, artifact: &agent::Artifact, sha: &str, format: ArtifactFormat) -> Result<PathBuf, LoadError> {
         let path = self.dir.join(format!("{sha}.{}", format.extension()));
         if path.is_file() {
             if self.verified.lock().contains(sha) {
                 return Ok(path);
             }
             let (check, size) = (path.clone(), artifact.size_bytes);
-            match blocking(move || hash_file(&check)).await {
+            match blocking(move || hash_file(&check).map_err(LoadError::resources)).await {
                 Ok((digest, len)) if digest == sha && (size == 0 || len == size) => {
                     tracing::info!(sha256 = sha, key = %artifact.key, "artifact reused from the cache");
                     self.verified.lock().insert(sha.to_string());
@@ -188,7 +200,7 @@ impl ArtifactCache {
     }
 
     /// Streams the artifact to a temporary file, checks it, renames it to `path`.
-    async fn download(&self, artifact: &agent::Artifact, sha: &str, path: &Path) -> Result<(), String> {
+    async fn download(&self, artifact: &agent::Artifact, sha: &str, path: &Path) -> Result<(), LoadError> {
         let started = std::time::Instant::now();
         let temp = self.dir.join(format!(".{sha}.{}.part", uuid::Uuid::new_v4().simple()));
         let result = self.download_to(artifact, sha, &temp, path).await;
@@ -201,9 +213,17 @@ impl ArtifactCache {
         result
     }
 
-    async fn download_to(&self, artifact: &agent::Artifact, sha: &str, temp: &Path, path: &Path) -> Result<(), String> {
+    /// Failing to reach the source or a broken stream is a fetch error (worth trying again),
+    /// bytes that do not match the assignment an artifact error, a full disk a resource error.
+    async fn download_to(
+        &self,
+        artifact: &agent::Artifact,
+        sha: &str,
+        temp: &Path,
+        path: &Path,
+    ) -> Result<(), LoadError> {
         let limit = (artifact.size_bytes > 0).then_some(artifact.size_bytes);
-        let mut stream = self.source.open(&artifact.key).await?;
+        let mut stream = self.source.open(&artifact.key).await.map_err(LoadError::fetch)?;
         let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(WRITE_QUEUE);
         let writer = {
             let temp = temp.to_path_buf();
@@ -211,9 +231,11 @@ impl ArtifactCache {
         };
         let failure = loop {
             match tokio::time::timeout(CHUNK_TIMEOUT, stream.next()).await {
-                Err(_) => break Some(format!("artifact {} stalled for {CHUNK_TIMEOUT:?}", artifact.key)),
+                Err(_) => {
+                    break Some(LoadError::fetch(format!("artifact {} stalled for {CHUNK_TIMEOUT:?}", artifact.key)));
+                }
                 Ok(None) => break None,
-                Ok(Some(Err(e))) => break Some(e),
+                Ok(Some(Err(e))) => break Some(LoadError::fetch(e)),
                 Ok(Some(Ok(chunk))) => {
                     // A closed channel means the writer stopped; its own error says why.
                     if tx.send(chunk).await.is_err() {
@@ -223,22 +245,24 @@ impl ArtifactCache {
             }
         };
         drop(tx);
-        let written = writer.await.map_err(|e| format!("artifact writer failed: {e}"))?;
+        let written = writer.await.map_err(|e| LoadError::resources(format!("artifact writer failed: {e}")))?;
         if let Some(failure) = failure {
             return Err(failure);
         }
         let (digest, size) = written?;
         if let Some(expected) = limit.filter(|l| *l != size) {
-            return Err(format!("artifact {} is {size} bytes, expected {expected}", artifact.key));
+            return Err(LoadError::artifact(format!("artifact {} is {size} bytes, expected {expected}", artifact.key)));
         }
         if digest != sha {
-            return Err(format!("artifact {} failed verification: sha256 is {digest}, expected {sha}", artifact.key));
+            let why = format!("artifact {} failed verification: sha256 is {digest}, expected {sha}", artifact.key);
+            return Err(LoadError::artifact(why));
         }
-        std::fs::rename(temp, path).map_err(|e| format!("cannot move the artifact into the cache: {e}"))
+        std::fs::rename(temp, path)
+            .map_err(|e| LoadError::resources(format!("cannot move the artifact into the cache: {e}")))
     }
 
     /// The directory an archive is unpacked into, unpacking it the first time.
-    async fn unpacked(&self, file: &Path, sha: &str, kind: ArchiveKind) -> Result<PathBuf, String> {
+    async fn unpacked(&self, file: &Path, sha: &str, kind: ArchiveKind) -> Result<PathBuf, LoadError> {
         let dir = self.dir.join(format!("{sha}.d"));
         if dir.is_dir() {
             return Ok(dir);
@@ -246,9 +270,11 @@ impl ArtifactCache {
         let temp = self.dir.join(format!(".{sha}.d.{}.tmp", uuid::Uuid::new_v4().simple()));
         let (archive, into, target) = (file.to_path_buf(), temp.clone(), dir.clone());
         let result = blocking(move || {
-            std::fs::create_dir(&into).map_err(|e| format!("cannot create {}: {e}", into.display()))?;
-            archive::unpack(kind, &archive, &into)?;
-            std::fs::rename(&into, &target).map_err(|e| format!("cannot move the unpacked model into place: {e}"))
+            std::fs::create_dir(&into)
+                .map_err(|e| LoadError::resources(format!("cannot create {}: {e}", into.display())))?;
+            archive::unpack(kind, &archive, &into).map_err(LoadError::artifact)?;
+            std::fs::rename(&into, &target)
+                .map_err(|e| LoadError::resources(format!("cannot move the unpacked model into place: {e}")))
         })
         .await;
         if result.is_err() {
@@ -259,8 +285,10 @@ impl ArtifactCache {
 }
 
 /// Runs blocking file work off the async runtime.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, String> + Send + 'static) -> Result<T, String> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| format!("file task failed: {e}"))?
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, LoadError> + Send + 'static,
+) -> Result<T, LoadError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| LoadError::resources(format!("file task failed: {e}")))?
 }
 
 /// Writes chunks to `path` while hashing them; stops past `limit` bytes. Blocking.
@@ -268,18 +296,19 @@ fn write_hashing(
     path: &Path,
     mut chunks: tokio::sync::mpsc::Receiver<Bytes>,
     limit: Option<u64>,
-) -> Result<(String, u64), String> {
-    let mut file = std::fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+) -> Result<(String, u64), LoadError> {
+    let mut file = std::fs::File::create(path)
+        .map_err(|e| LoadError::resources(format!("cannot create {}: {e}", path.display())))?;
     let (mut hasher, mut size) = (Sha256::new(), 0u64);
     while let Some(chunk) = chunks.blocking_recv() {
         size += chunk.len() as u64;
         if let Some(limit) = limit.filter(|l| size > *l) {
-            return Err(format!("artifact is larger than the {limit} bytes announced"));
+            return Err(LoadError::artifact(format!("artifact is larger than the {limit} bytes announced")));
         }
         hasher.update(&chunk);
-        file.write_all(&chunk).map_err(|e| format!("cannot write the artifact: {e}"))?;
+        file.write_all(&chunk).map_err(|e| LoadError::resources(format!("cannot write the artifact: {e}")))?;
     }
-    file.sync_all().map_err(|e| format!("cannot write the artifact: {e}"))?;
+    file.sync_all().map_err(|e| LoadError::resources(format!("cannot write the artifact: {e}")))?;
     Ok((hex::encode(hasher.finalize()), size))
 }
 
@@ -435,17 +464,48 @@ mod tests {
         let mut a = artifact("k", b"original", "onnx");
         a.size_bytes = 8;
         let err = cache(dir.path(), &fake).prepare(&a, "m", 1, "").await.expect_err("mismatch");
-        assert!(err.contains("failed verification"), "{err}");
+        assert_eq!(err.kind, LoadErrorKind::Artifact);
+        assert!(err.message.contains("failed verification"), "{err}");
         let left: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").flatten().collect();
         assert!(left.is_empty(), "{left:?}");
 
         let long = artifact("k", b"tamp", "onnx");
         let err = cache(dir.path(), &fake).prepare(&long, "m", 1, "").await.expect_err("too long");
-        assert!(err.contains("larger than"), "{err}");
+        assert_eq!(err.kind, LoadErrorKind::Artifact);
+        assert!(err.message.contains("larger than"), "{err}");
         let bad = agent::Artifact { sha256: "../../etc".into(), ..long.clone() };
-        assert!(cache(dir.path(), &fake).prepare(&bad, "m", 1, "").await.expect_err("bad sha").contains("hex"));
-        let fmt = agent::Artifact { format: "rar".into(), ..long };
-        assert!(cache(dir.path(), &fake).prepare(&fmt, "m", 1, "").await.expect_err("format").contains("rar"));
+        let err = cache(dir.path(), &fake).prepare(&bad, "m", 1, "").await.expect_err("bad sha");
+        assert!(err.kind == LoadErrorKind::Artifact && err.message.contains("hex"), "{err:?}");
+        let fmt = agent::Artifact { format: "rar".into(), ..long.clone() };
+        let err = cache(dir.path(), &fake).prepare(&fmt, "m", 1, "").await.expect_err("format");
+        assert!(err.kind == LoadErrorKind::Artifact && err.message.contains("rar"), "{err:?}");
+        let config = cache(dir.path(), &fake).prepare(&long, "m", 1, "{nope").await.expect_err("bad config");
+        assert_eq!(config.kind, LoadErrorKind::Artifact, "the bytes are checked before the config");
+    }
+
+    #[tokio::test]
+    async fn failures_are_classified_by_what_went_wrong() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fake = Arc::new(Fake::default());
+        let missing = artifact("nowhere", b"bytes", "onnx");
+        let err = cache(dir.path(), &fake).prepare(&missing, "m", 1, "").await.expect_err("no such object");
+        assert_eq!((err.kind, err.message.as_str()), (LoadErrorKind::Fetch, "not found"));
+
+        fake.objects.lock().insert("k".into(), b"bytes".to_vec());
+        let a = artifact("k", b"bytes", "onnx");
+        let err = cache(dir.path(), &fake).prepare(&a, "m", 1, "{nope").await.expect_err("bad config");
+        assert_eq!(err.kind, LoadErrorKind::Configuration, "{err}");
+
+        // An archive with no model for the version: the cached copy is dropped, so the one
+        // retry an artifact error gets fetches it again.
+        let bytes = tar_of(&[("m/config.pbtxt", b"max_batch_size: 0\n")], &[]);
+        fake.objects.lock().insert("k.tar".into(), bytes.clone());
+        let archive = artifact("k.tar", &bytes, "tar");
+        let err = cache(dir.path(), &fake).prepare(&archive, "m", 1, "").await.expect_err("no model");
+        assert_eq!(err.kind, LoadErrorKind::Artifact, "{err}");
+        assert!(!dir.path().join(format!("{}.tar", archive.sha256)).exists(), "the copy is forgotten");
+        cache(dir.path(), &fake).prepare(&archive, "m", 1, "").await.expect_err("still no model");
+        assert_eq!(fake.fetches.load(std::sync::atomic::Ordering::SeqCst), 4, "fetched again");
     }
 
     #[tokio::test]
@@ -469,7 +529,7 @@ mod tests {
         let evil = tar_of(&[("m/1/model.onnx", b"onnx"), ("../evil", b"x")], &[]);
         fake.objects.lock().insert("evil.tar".into(), evil.clone());
         let err = cache(dir.path(), &fake).prepare(&artifact("evil.tar", &evil, "tar"), "m", 1, "").await;
-        assert!(err.expect_err("refused").contains("'..'"));
+        assert!(err.expect_err("refused").message.contains("'..'"));
         assert!(!dir.path().join("evil").exists());
     }
 

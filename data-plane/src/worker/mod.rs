@@ -17,6 +17,7 @@ pub mod credentials;
 pub mod gpu;
 pub mod inventory;
 pub mod reconcile;
+pub mod retry;
 pub mod saved;
 pub mod session;
 pub mod usage;
@@ -380,7 +381,7 @@ mod tests {
         let replica = |state: agent::ReplicaState| agent::ReplicaStatus {
             replica_id: "r1".into(),
             state: state.into(),
-            reason: String::new(),
+            ..Default::default()
         };
 
         assert!(waits(&mut task).await && !state.is_ready(), "not registered yet");

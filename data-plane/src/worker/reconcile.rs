@@ -6,7 +6,8 @@
 //! it is built from the artifact and config of one of them (a serving one first, then by
 //! replica id), its *fingerprint*. [`plan`] compares that desired set with what is installed
 //! and what is in flight and says what to do: install a version that is missing, whose
-//! fingerprint changed, or whose failed install is due a retry; remove a version no longer
+//! fingerprint changed, or whose failed install is due a retry (when, if ever, is
+//! [`super::retry`]'s to say from the kind of failure); remove a version no longer
 //! assigned; and point each key's unversioned requests at its highest serving version. A
 //! version with an install or removal in flight is left alone until it finishes; the plan is
 //! made again after every change, so an assignment set arriving mid-install is never lost.
@@ -27,13 +28,13 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::cache::ArtifactCache;
+use super::retry::retry_delay;
 use super::saved::SavedAssignments;
+use crate::engine::load_error::{LoadError, LoadErrorKind};
 use crate::engine::manager::{ModelManager, scoped_key};
 use crate::engine::repository::valid_model_name;
 use crate::runner::{Placement, Runners};
 
-/// How long a failed install waits before it is tried again.
-pub const RETRY_AFTER: Duration = Duration::from_secs(15);
 /// How often the actor looks for failed installs due a retry.
 const RETRY_TICK: Duration = Duration::from_secs(5);
 
@@ -147,12 +148,14 @@ fn valid_slice_id(id: &str) -> bool {
 pub enum Outcome {
     /// Loaded and serving.
     Ready,
-    /// Could not be fetched or loaded; tried again from `retry_at`.
+    /// Could not be fetched or loaded.
     Failed {
-        /// Why.
-        reason: String,
-        /// When the install may be tried again.
-        retry_at: Instant,
+        /// Why, and what kind of failure.
+        error: LoadError,
+        /// Consecutive failed installs of this fingerprint.
+        attempts: u32,
+        /// When the install may be tried again; `None`: not before the fingerprint changes.
+        retry_at: Option<Instant>,
     },
 }
 
@@ -207,7 +210,7 @@ pub fn plan(
         let install = match installed.get(vk) {
             None => true,
             Some(i) if i.fingerprint != want.fingerprint() => true,
-            Some(Installed { outcome: Outcome::Failed { retry_at, .. }, .. }) => now >= *retry_at,
+            Some(Installed { outcome: Outcome::Failed { retry_at, .. }, .. }) => retry_at.is_some_and(|at| now >= at),
             Some(_) => false,
         };
         if install {
@@ -229,8 +232,9 @@ pub fn plan(
     Plan { actions, defaults: defaults.into_iter().collect() }
 }
 
-/// Every assigned replica's state: loading until its version is installed, ready (draining
-/// once it stopped serving after having served), failed with the reason.
+/// Every assigned replica's state: loading until its version is installed (or while a failed
+/// install is tried again), ready (draining once it stopped serving after having served), failed
+/// with the reason and the kind of failure.
 pub fn replica_states(
     assignments: &[agent::Assignment],
     invalid: &HashMap<String, String>,
@@ -242,12 +246,17 @@ pub fn replica_states(
         replica_id: a.replica_id.clone(),
         state: state.into(),
         reason,
+        failure_kind: agent::LoadFailureKind::Unspecified.into(),
+    };
+    let failed = |a: &agent::Assignment, error: &LoadError| agent::ReplicaStatus {
+        failure_kind: failure_kind(error.kind).into(),
+        ..status(a, ReplicaState::Failed, error.message.clone())
     };
     assignments
         .iter()
         .map(|a| {
             if let Some(reason) = invalid.get(&a.replica_id) {
-                return status(a, ReplicaState::Failed, reason.clone());
+                return failed(a, &LoadError::configuration(reason.clone()));
             }
             let vk = VersionKey { key: scoped_key(Some(&a.tenant_id), &a.model_name), version: a.version };
             let retrying = matches!(in_flight.get(&vk), Some(InFlight::Installing(_)));
@@ -256,7 +265,7 @@ pub fn replica_states(
                     status(a, ReplicaState::Draining, String::new())
                 }
                 Some(Outcome::Ready) => status(a, ReplicaState::Ready, String::new()),
-                Some(Outcome::Failed { reason, .. }) if !retrying => status(a, ReplicaState::Failed, reason.clone()),
+                Some(Outcome::Failed { error, .. }) if !retrying => failed(a, error),
                 _ => status(a, ReplicaState::Loading, String::new()),
             }
         })
@@ -277,6 +286,8 @@ fn fail_crash_loops(
         let placement = Placement { tenant: a.tenant_id.clone(), slice: a.slice_id.clone() };
         if let Some(reason) = loops.get(&placement) {
             status.state = ReplicaState::Failed.into();
+            // No load kind: the control plane recognises a crash loop by its reason's start.
+            status.failure_kind = agent::LoadFailureKind::Unspecified.into();
             status.reason = format!("{}it keeps dying: {reason}", tessera_protocol::CRASH_LOOP_REASON);
         }
     }
@@ -379,7 +390,7 @@ impl Reconciler {
 struct Done {
     vk: VersionKey,
     /// `None` for a removal.
-    installed: Option<(Fingerprint, Result<(), String>)>,
+    installed: Option<(Fingerprint, Result<(), LoadError>)>,
 }
 
 /// The actor's state: the latest assignment set and what is installed.
@@ -470,8 +481,12 @@ impl Executor {
             Some((fingerprint, result)) => {
                 let outcome = match result {
                     Ok(()) => Outcome::Ready,
-                    Err(reason) => Outcome::Failed { reason, retry_at: Instant::now() + RETRY_AFTER },
+                    Err(error) => failure(self.installed.get(&done.vk), &fingerprint, error, Instant::now()),
                 };
+                if let Outcome::Failed { error, attempts, retry_at: None } = &outcome {
+                    let (key, version, kind) = (&done.vk.key, done.vk.version, error.kind);
+                    tracing::info!(%key, version, %kind, attempts, "not installing again until the assignment changes");
+                }
                 self.installed.insert(done.vk, Installed { fingerprint, outcome });
             }
         }
@@ -504,11 +519,13 @@ impl Executor {
             let result = AssertUnwindSafe(install(&manager, &cache, &vk, &want))
                 .catch_unwind()
                 .await
-                .unwrap_or_else(|_| Err("the install task panicked".into()));
+                .unwrap_or_else(|_| Err(LoadError::runtime("the install task panicked")));
             let ms = started.elapsed().as_millis();
             match &result {
                 Ok(()) => tracing::info!(key = %vk.key, version = vk.version, ms, "model version ready"),
-                Err(reason) => tracing::warn!(key = %vk.key, version = vk.version, %reason, "model version failed"),
+                Err(e) => {
+                    tracing::warn!(key = %vk.key, version = vk.version, kind = %e.kind, reason = %e.message, "model version failed");
+                }
             }
             Done { vk, installed: Some((fingerprint, result)) }
         });
@@ -541,18 +558,41 @@ impl Executor {
     }
 }
 
+/// The outcome of a failed install of `fingerprint` at `now`, counting the attempts since the
+/// fingerprint last changed (`before` is what was installed until now).
+fn failure(before: Option<&Installed>, fingerprint: &Fingerprint, error: LoadError, now: Instant) -> Outcome {
+    let attempts = match before {
+        Some(Installed { fingerprint: f, outcome: Outcome::Failed { attempts, .. } }) if f == fingerprint => {
+            attempts + 1
+        }
+        _ => 1,
+    };
+    let retry_at = retry_delay(error.kind, attempts).map(|delay| now + delay);
+    Outcome::Failed { error, attempts, retry_at }
+}
+
+/// The agent protocol's word for a kind of load failure.
+fn failure_kind(kind: LoadErrorKind) -> agent::LoadFailureKind {
+    match kind {
+        LoadErrorKind::Fetch => agent::LoadFailureKind::Fetch,
+        LoadErrorKind::Artifact => agent::LoadFailureKind::Artifact,
+        LoadErrorKind::Configuration => agent::LoadFailureKind::Configuration,
+        LoadErrorKind::Runtime => agent::LoadFailureKind::Runtime,
+        LoadErrorKind::Resources => agent::LoadFailureKind::Resources,
+    }
+}
+
 /// Fetches the artifact and loads the version.
 async fn install(
     manager: &ModelManager,
     cache: &ArtifactCache,
     vk: &VersionKey,
     want: &DesiredVersion,
-) -> Result<(), String> {
+) -> Result<(), LoadError> {
     let prepared = cache.prepare(&want.artifact, &want.model_name, vk.version, &want.config_json).await?;
     manager
         .install_version(&vk.key, &want.model_name, vk.version, prepared.file, prepared.config, Some(want.placement()))
         .await
-        .map_err(|e| e.message)
 }
 
 #[cfg(test)]
@@ -564,7 +604,7 @@ mod tests {
         let replica = |state: ReplicaState| agent::ReplicaStatus {
             replica_id: "r".into(),
             state: state.into(),
-            reason: String::new(),
+            ..Default::default()
         };
         let status = |generation, states: &[ReplicaState]| WorkerStatus {
             applied_generation: generation,
@@ -662,13 +702,62 @@ mod tests {
         let busy = BTreeMap::from([(key.clone(), InFlight::Installing(want[&key].fingerprint()))]);
         assert!(plan(&want, &installed, &busy, now).actions.is_empty());
 
+        let later = Duration::from_secs(5);
         let failed = Installed {
             fingerprint: want[&key].fingerprint(),
-            outcome: Outcome::Failed { reason: "bad".into(), retry_at: now + RETRY_AFTER },
+            outcome: Outcome::Failed { error: LoadError::fetch("down"), attempts: 1, retry_at: Some(now + later) },
         };
         let installed = BTreeMap::from([(key.clone(), failed)]);
         assert!(plan(&want, &installed, &BTreeMap::new(), now).actions.is_empty());
-        assert_eq!(plan(&want, &installed, &BTreeMap::new(), now + RETRY_AFTER).actions.len(), 1);
+        assert_eq!(plan(&want, &installed, &BTreeMap::new(), now + later).actions.len(), 1);
+
+        // A permanent failure is never due; a new fingerprint installs afresh.
+        let mut stuck = Installed {
+            fingerprint: want[&key].fingerprint(),
+            outcome: Outcome::Failed { error: LoadError::configuration("bad"), attempts: 1, retry_at: None },
+        };
+        let installed = BTreeMap::from([(key.clone(), stuck.clone())]);
+        assert!(plan(&want, &installed, &BTreeMap::new(), now + Duration::from_secs(86_400)).actions.is_empty());
+        stuck.fingerprint.config_json = "{}".into();
+        let installed = BTreeMap::from([(key.clone(), stuck)]);
+        assert_eq!(plan(&want, &installed, &BTreeMap::new(), now).actions.len(), 1);
+    }
+
+    #[test]
+    fn failures_count_attempts_per_fingerprint_and_take_their_delay_from_the_kind() {
+        let now = Instant::now();
+        let (want, _) = desired(&[assignment("a", "t", "m", 1, true)]);
+        let fingerprint = want[&vk("t/m", 1)].fingerprint();
+        let first = failure(None, &fingerprint, LoadError::fetch("down"), now);
+        assert_eq!(
+            first,
+            Outcome::Failed {
+                error: LoadError::fetch("down"),
+                attempts: 1,
+                retry_at: Some(now + Duration::from_secs(5))
+            }
+        );
+        let before = Installed { fingerprint: fingerprint.clone(), outcome: first };
+        let second = failure(Some(&before), &fingerprint, LoadError::fetch("down"), now);
+        assert!(
+            matches!(second, Outcome::Failed { attempts: 2, retry_at: Some(at), .. } if at == now + Duration::from_secs(10))
+        );
+
+        let changed = Fingerprint { config_json: "{}".into(), ..fingerprint.clone() };
+        let fresh = failure(Some(&before), &changed, LoadError::artifact("sha256"), now);
+        assert!(matches!(fresh, Outcome::Failed { attempts: 1, retry_at: Some(_), .. }), "one more fetch");
+        let before = Installed { fingerprint: changed.clone(), outcome: fresh };
+        let again = failure(Some(&before), &changed, LoadError::artifact("sha256"), now);
+        assert!(matches!(again, Outcome::Failed { attempts: 2, retry_at: None, .. }), "then permanent");
+        let config = failure(None, &fingerprint, LoadError::configuration("no valid data_type"), now);
+        assert!(matches!(config, Outcome::Failed { retry_at: None, .. }));
+    }
+
+    #[test]
+    fn failure_kinds_reach_the_protocol_with_the_same_words() {
+        for kind in LoadErrorKind::ALL {
+            assert_eq!(failure_kind(kind).word(), Some(kind.as_str()));
+        }
     }
 
     #[test]
@@ -700,7 +789,7 @@ mod tests {
         let (want, invalid) = desired(&set);
         let mut installed: BTreeMap<VersionKey, Installed> =
             [vk("t/m", 1), vk("t/m", 2)].into_iter().map(|k| (k.clone(), ready(&want[&k]))).collect();
-        let failure = Outcome::Failed { reason: "no such file".into(), retry_at: now };
+        let failure = Outcome::Failed { error: LoadError::artifact("no such file"), attempts: 1, retry_at: Some(now) };
         installed.insert(vk("t/n", 1), Installed { fingerprint: want[&vk("t/n", 1)].fingerprint(), outcome: failure });
         let served = HashSet::from(["old".to_string()]);
         let states = replica_states(&set, &invalid, &installed, &BTreeMap::new(), &served);
@@ -715,6 +804,13 @@ mod tests {
                 ("wait", ReplicaState::Loading, ""),
             ]
         );
+        assert_eq!(states[2].failure_kind(), agent::LoadFailureKind::Artifact);
+        assert_eq!(states[0].failure_kind(), agent::LoadFailureKind::Unspecified);
+        // A replica refused before any install is a configuration failure.
+        let refused = HashMap::from([("wait".to_string(), "invalid slice id '..'".to_string())]);
+        let states = replica_states(&set, &refused, &installed, &BTreeMap::new(), &served);
+        assert_eq!((states[3].state(), states[3].reason.as_str()), (ReplicaState::Failed, "invalid slice id '..'"));
+        assert_eq!(states[3].failure_kind(), agent::LoadFailureKind::Configuration);
         let retrying = BTreeMap::from([(vk("t/n", 1), InFlight::Installing(want[&vk("t/n", 1)].fingerprint()))]);
         let states = replica_states(&set, &invalid, &installed, &retrying, &served);
         assert_eq!(states[2].state(), ReplicaState::Loading);

@@ -97,7 +97,7 @@ impl FakeWorker {
                     .map(|id| ReplicaStatus {
                         replica_id: id.clone(),
                         state: ReplicaState::Ready as i32,
-                        reason: String::new(),
+                        ..ReplicaStatus::default()
                     })
                     .collect();
                 let applied_generation = seen.load(std::sync::atomic::Ordering::Relaxed);
@@ -147,7 +147,7 @@ impl FakeWorker {
 }
 
 /// Polls a deployment until `want` holds; returns it.
-async fn deployment_until(app: &TestApp, key: &str, path: &str, want: impl Fn(&Value) -> bool) -> Value {
+pub(super) async fn deployment_until(app: &TestApp, key: &str, path: &str, want: impl Fn(&Value) -> bool) -> Value {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     loop {
         let d = app.get(key, path).await.expect(200).clone();

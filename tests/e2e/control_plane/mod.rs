@@ -12,6 +12,7 @@ mod capture;
 mod deployments;
 mod flows;
 mod gpus;
+mod load_failures;
 mod metrics;
 mod openapi;
 mod signatures;

@@ -8,6 +8,7 @@ use ed25519_dalek::{Signer, SigningKey};
 use prost::Message;
 use tessera_data_plane::engine::cuda_ipc::{CudaIo, CudaRef, CudaRegionRef, IpcHandle};
 use tessera_data_plane::engine::infer::{ParamValue, ValidInferRequest};
+use tessera_data_plane::engine::load_error::LoadError;
 use tessera_data_plane::engine::model_spec::{IoInfo, ModelIo};
 use tessera_data_plane::engine::stats::Tally;
 use tessera_data_plane::engine::tensor::{InputTensor, OutputTensor};
@@ -280,6 +281,7 @@ fn from_runner_frames() -> Vec<u8> {
         },
         FromRunner::Answer { result: Err(Error::new(ErrorKind::Unavailable, "queue full")), stats: tally.clone() },
         FromRunner::Failed(Error::new(ErrorKind::InvalidArg, "bad model")),
+        FromRunner::LoadFailed(LoadError::configuration("output 'x' has no valid data_type")),
         FromRunner::Stats { key: "t/m".into(), version: 1, stats: tally },
         FromRunner::Pong { rss_bytes: 1 << 20 },
         FromRunner::Done,

@@ -11,6 +11,7 @@ use ort::value::{DynTensor, DynValue, TensorElementType, ValueType};
 use tessera_protocol::DataType;
 
 use super::providers::ProviderPlan;
+use crate::engine::load_error::LoadError;
 use crate::engine::model_spec::{IoInfo, ModelIo, ModelSpec};
 use crate::engine::ragged::RaggedSpec;
 use crate::engine::tensor::{InputTensor, OutputTensor};
@@ -108,9 +109,16 @@ impl OnnxSession {
     /// Loads `path` with `intra_threads` intra-op threads and the plan's execution providers;
     /// `spinning` lets idle ORT threads spin (lower latency, but they burn cores the network
     /// threads need on small machines).
-    pub fn load(path: &Path, intra_threads: usize, spinning: bool, providers: &ProviderPlan) -> Result<Self, String> {
-        let env = super::runtime::environment()?;
-        let fail = |e: String| format!("failed to load ONNX model {}: {e}", path.display());
+    /// Failures are classified: a missing execution provider is a configuration error,
+    /// running out of memory a resource error, anything else ONNX Runtime's.
+    pub fn load(
+        path: &Path,
+        intra_threads: usize,
+        spinning: bool,
+        providers: &ProviderPlan,
+    ) -> Result<Self, LoadError> {
+        let env = super::runtime::environment().map_err(LoadError::runtime)?;
+        let fail = |e: String| LoadError::from_runtime(format!("failed to load ONNX model {}: {e}", path.display()));
         let builder = Session::builder(env)
             .map_err(|e| fail(e.to_string()))?
             .with_optimization_level(GraphOptimizationLevel::Level3)
@@ -125,8 +133,10 @@ impl OnnxSession {
             .map_err(|e| fail(e.to_string()))?
             .with_thread_manager(IntraOpThreads)
             .map_err(|e| fail(e.to_string()))?;
-        let session =
-            super::ep::with_providers(builder, providers)?.commit_from_file(path).map_err(|e| match providers {
+        let session = super::ep::with_providers(builder, providers)
+            .map_err(LoadError::configuration)?
+            .commit_from_file(path)
+            .map_err(|e| match providers {
                 ProviderPlan::Cpu => fail(e.to_string()),
                 gpu => fail(format!("with {}: {}", gpu.describe(), super::ep::tidy(e.message()))),
             })?;

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use futures::future::{BoxFuture, try_join_all};
 
 use crate::engine::infer::{InferRequest, RequestedOutput, ValidInferRequest};
+use crate::engine::load_error::LoadError;
 use crate::engine::model::LoadedModel;
 use crate::engine::model_spec::ModelSpec;
 use crate::engine::tensor::{InputTensor, OutputTensor};
@@ -35,7 +36,9 @@ pub struct Ensemble {
 
 impl Ensemble {
     /// Checks `plan` against the composing models `resolve` finds now; they must be loaded.
-    pub fn new(spec: &ModelSpec, plan: Plan, resolve: Resolve) -> std::result::Result<Self, String> {
+    /// A composing model that is not serving is a fetch failure (it may be loading still; a
+    /// worker tries again), steps that do not fit are a configuration one.
+    pub fn new(spec: &ModelSpec, plan: Plan, resolve: Resolve) -> std::result::Result<Self, LoadError> {
         let mut models = Vec::with_capacity(plan.steps.len());
         let (mut missing, mut why) = (Vec::new(), Vec::new());
         for (i, step) in plan.steps.iter().enumerate() {
@@ -49,15 +52,15 @@ impl Ensemble {
         }
         if !missing.is_empty() {
             // Triton's words first, then why each step is missing.
-            return Err(format!(
+            return Err(LoadError::fetch(format!(
                 "ensemble {} contains models that are not available or ambiguous: {} ({})",
                 spec.name,
                 missing.join(", "),
                 why.join("; ")
-            ));
+            )));
         }
         let specs: Vec<&ModelSpec> = models.iter().map(|m| m.spec.as_ref()).collect();
-        plan.check_steps(spec, &specs)?;
+        plan.check_steps(spec, &specs).map_err(LoadError::configuration)?;
         Ok(Self { plan, resolve })
     }
 

@@ -10,6 +10,7 @@ use tessera_protocol::inference::ModelConfig;
 use tessera_protocol::model_config::from_pbtxt;
 
 use crate::engine::infer::InferRequest;
+use crate::engine::load_error::LoadErrorKind;
 use crate::engine::manager::{ControlMode, ModelManager, scoped_key};
 use crate::engine::repository::Repository;
 use crate::engine::response_cache::{CacheLimits, ResponseCache};
@@ -100,6 +101,7 @@ async fn a_tenants_ensemble_runs_its_own_steps_and_cannot_name_another_tenants_m
         .await
         .expect_err("only_b is tenant B's");
     assert!(e.message.contains("contains models that are not available or ambiguous: only_b"), "{}", e.message);
+    assert_eq!(e.kind, LoadErrorKind::Fetch, "a missing step may still be loading: worth another try");
     assert!(e.message.contains("'only_b' is not found") && !e.message.contains(TENANT_B), "{}", e.message);
 }
 
