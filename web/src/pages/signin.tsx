@@ -49,12 +49,12 @@ export function SignIn(props: { reason: string | null }) {
           onInput={(e) => setTenant((e.target as HTMLInputElement).value)}
           required
         />
-        {ssoFailure && <ErrorBox message={`Single sign-on failed: ${ssoFailure}`} />}
+        {ssoFailure && <ErrorBox message={ssoFailure.charAt(0).toUpperCase() + ssoFailure.slice(1)} />}
         <button type="submit" class="primary" disabled={tenant.trim() === ''}>
-          Sign in with SSO
+          Continue with SSO
         </button>
       </form>
-      <form onSubmit={submit} aria-label="Sign in with an API key">
+      <form onSubmit={submit}>
         <p>Or sign in with an API key. It is exchanged for a short-lived access token kept only in this tab.</p>
         <label for="api-key">API key</label>
         <input
