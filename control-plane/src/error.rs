@@ -191,7 +191,9 @@ pub enum Error {
     #[error("{0}; sign in again")]
     SessionEnded(&'static str),
     /// A state-changing request with a console session but without its CSRF token: 403.
-    #[error("missing or wrong X-CSRF-Token header: state-changing requests with a console session must send the session's csrf_token")]
+    #[error(
+        "missing or wrong X-CSRF-Token header: state-changing requests with a console session must send the session's csrf_token"
+    )]
     CsrfRejected,
     /// A single sign-on attempt that failed (the provider, the ID token, or the user): 401
     /// with what went wrong; the browser routes turn it into a redirect to the console.

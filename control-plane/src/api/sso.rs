@@ -205,7 +205,10 @@ fn base_url(app: &App, headers: &HeaderMap, uri: &Uri) -> String {
 
 fn check_len(field: &str, value: &str, max: usize) -> Result<()> {
     if value.trim().is_empty() || value.len() > max || value.chars().any(char::is_control) {
-        return Err(Error::invalid(field, format!("{field} must be 1 to {max} characters, without control characters")));
+        return Err(Error::invalid(
+            field,
+            format!("{field} must be 1 to {max} characters, without control characters"),
+        ));
     }
     Ok(())
 }
@@ -336,7 +339,8 @@ fn see_other(location: &str, cookies: &[String]) -> Response {
 /// Back to the console's sign-in page with the reason a sign-in failed.
 fn failed(error: &Error) -> Response {
     let message = error.body().error.message;
-    let query: String = url::form_urlencoded::Serializer::new(String::new()).append_pair("sso_error", &message).finish();
+    let query: String =
+        url::form_urlencoded::Serializer::new(String::new()).append_pair("sso_error", &message).finish();
     see_other(&format!("/?{query}"), &[])
 }
 

@@ -1141,7 +1141,10 @@ async fn sign_ins_are_single_use_and_sessions_name_their_user() {
         let replaced = r.set_oidc_issuer(&actor(), oidc_issuer(a, "two")).await.unwrap();
         let mut c = r.conn().await.unwrap();
         let stored = c.oidc_issuer(a).await.unwrap().unwrap();
-        assert_eq!((stored.client_secret.as_str(), stored.mapping()), ("two", vec![("admins".into(), Role::TenantAdmin)]));
+        assert_eq!(
+            (stored.client_secret.as_str(), stored.mapping()),
+            ("two", vec![("admins".into(), Role::TenantAdmin)])
+        );
         assert_eq!(stored.created_at, replaced.created_at);
         assert!(c.oidc_issuer(b).await.unwrap().is_none(), "issuers are per tenant");
 
@@ -1198,7 +1201,10 @@ async fn sign_ins_are_single_use_and_sessions_name_their_user() {
             assert!(actions.contains(&want), "{want} missing from {actions:?}");
         }
         assert_eq!(actions.iter().filter(|a| **a == "session.sign_out").count(), 1, "revoking twice audits once");
-        assert!(events.iter().all(|e| !e.after_state.as_deref().unwrap_or("").contains("two")), "no secret in the trail");
+        assert!(
+            events.iter().all(|e| !e.after_state.as_deref().unwrap_or("").contains("two")),
+            "no secret in the trail"
+        );
         drop(c);
         r.delete_oidc_issuer(&actor(), a).await.unwrap();
         assert!(matches!(r.delete_oidc_issuer(&actor(), a).await, Err(Error::NotFound(_))));

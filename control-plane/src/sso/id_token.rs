@@ -166,7 +166,9 @@ mod tests {
     fn emails_must_be_present_and_verified() {
         let ok = email(&claims(json!({"email": "Ada@Example.com", "email_verified": true})), "email").unwrap();
         assert_eq!(ok.to_string(), "ada@example.com");
-        assert!(email(&claims(json!({"email": "a@x", "email_verified": false})), "email").unwrap_err().contains("verified"));
+        assert!(
+            email(&claims(json!({"email": "a@x", "email_verified": false})), "email").unwrap_err().contains("verified")
+        );
         assert!(email(&claims(json!({})), "email").unwrap_err().contains("no `email` claim"));
         assert!(email(&claims(json!({"upn": "a@x"})), "upn").is_ok());
     }

@@ -274,7 +274,9 @@ impl Sso {
                     .or_else(|| issuer.default_role.as_deref().and_then(|r| r.parse().ok()))
                     .map(|r| cap_role(r, tenant))
                     .ok_or_else(|| {
-                        fail(format!("no role for {email}: none of their groups is mapped and there is no default role"))
+                        fail(format!(
+                            "no role for {email}: none of their groups is mapped and there is no default role"
+                        ))
                     })?;
                 let name = id_token::display_name(claims, email);
                 let user = registry.provision_user(actor, tenant.id, &email.to_string(), &name, role).await?;
