@@ -31,6 +31,8 @@ pub struct App {
     pub auth: Authenticator,
     /// Token issue and verification.
     pub tokens: Arc<TokenService>,
+    /// Single sign-on for console users and their sessions.
+    pub sso: crate::sso::Sso,
     /// Settings.
     pub config: Config,
     /// Wake-ups between the API, the scheduler and agent sessions.
@@ -146,11 +148,16 @@ impl App {
         let hasher = KeyHasher::new(config.api_key_pepper.expose().as_bytes());
         let auth = Authenticator::new(registry.clone(), hasher, tokens.clone());
         let uploads = Arc::default();
+        let sso = crate::sso::Sso {
+            provider: crate::sso::provider::ProviderClient::new(config.oidc_allow_http_issuers)?,
+            limits: config.session_limits,
+        };
         Ok(Arc::new(App {
             registry,
             store,
             auth,
             tokens,
+            sso,
             config,
             signals: Signals::default(),
             uploads,

@@ -154,6 +154,16 @@ pub struct ControlPlaneArgs {
     /// How often the scheduler leader deletes expired capture files, in milliseconds.
     #[arg(long, env = "TESSERA_CAPTURE_SWEEP_INTERVAL_MS", default_value_t = 600_000)]
     pub capture_sweep_interval_ms: u64,
+    /// Let tenants' OpenID Connect issuers (and their endpoints) use plain http (tests and
+    /// trusted networks only; real providers are https).
+    #[arg(long, env = "TESSERA_OIDC_ALLOW_HTTP_ISSUERS")]
+    pub oidc_allow_http_issuers: bool,
+    /// A console session unused for this many seconds ends.
+    #[arg(long, env = "TESSERA_SESSION_IDLE_TIMEOUT_SECS", default_value_t = 1800)]
+    pub session_idle_timeout_secs: u64,
+    /// A console session ends this many seconds after sign-in, used or not.
+    #[arg(long, env = "TESSERA_SESSION_MAX_AGE_SECS", default_value_t = 43_200)]
+    pub session_max_age_secs: u64,
     /// Directory of the built web console (`web/dist`), served at `/`. Default: `web/dist`
     /// under the working directory or in the source tree, if built; else the console is off.
     #[arg(long, env = "TESSERA_CONSOLE_DIR")]
@@ -254,6 +264,10 @@ pub struct Config {
     pub capture_retention_days: u64,
     /// Time between the leader's capture retention sweeps.
     pub capture_sweep_interval: Duration,
+    /// Plain-http OpenID issuers are allowed.
+    pub oidc_allow_http_issuers: bool,
+    /// Console session lifetimes.
+    pub session_limits: crate::sso::SessionLimits,
     /// Web console directory; `None`: the console is off.
     pub console_dir: Option<PathBuf>,
     /// Separate `/metrics` listen address; `None`: the API listener serves it.
@@ -333,6 +347,11 @@ impl ControlPlaneArgs {
             usage_minute_retention: Duration::from_secs(self.usage_minute_retention_days.max(1) * 86_400),
             capture_retention_days: self.capture_retention_days.clamp(1, crate::capture::MAX_RETENTION_DAYS as u64),
             capture_sweep_interval: Duration::from_millis(self.capture_sweep_interval_ms.max(100)),
+            oidc_allow_http_issuers: self.oidc_allow_http_issuers,
+            session_limits: crate::sso::SessionLimits {
+                idle_timeout: Duration::from_secs(self.session_idle_timeout_secs.clamp(1, 365 * 86_400)),
+                max_age: Duration::from_secs(self.session_max_age_secs.clamp(1, 365 * 86_400)),
+            },
             console_dir: self.console_dir.filter(|d| !d.as_os_str().is_empty()).or_else(crate::console::default_dir),
             metrics_listen: self.metrics_listen,
             public_url: self.public_url,

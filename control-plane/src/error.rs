@@ -186,6 +186,19 @@ pub enum Error {
     /// No credentials, or credentials that do not check out. Deliberately vague.
     #[error("missing or invalid credentials")]
     Unauthenticated,
+    /// A console session that existed but has ended (expired, signed out, user disabled): 401
+    /// with the reason, so the console can say why it signs the user out.
+    #[error("{0}; sign in again")]
+    SessionEnded(&'static str),
+    /// A state-changing request with a console session but without its CSRF token: 403.
+    #[error(
+        "missing or wrong X-CSRF-Token header: state-changing requests with a console session must send the session's csrf_token"
+    )]
+    CsrfRejected,
+    /// A single sign-on attempt that failed (the provider, the ID token, or the user): 401
+    /// with what went wrong; the browser routes turn it into a redirect to the console.
+    #[error("sign-in failed: {0}")]
+    SignIn(String),
     /// The caller's role may not perform this action.
     #[error("role '{role}' may not {action}")]
     Forbidden {
@@ -264,8 +277,8 @@ impl Error {
         match self {
             Error::InvalidInput { .. } => ErrorKind::InvalidArgument,
             Error::BadRequest(_) | Error::Malformed { .. } => ErrorKind::BadRequest,
-            Error::Unauthenticated => ErrorKind::Unauthenticated,
-            Error::Forbidden { .. } => ErrorKind::PermissionDenied,
+            Error::Unauthenticated | Error::SessionEnded(_) | Error::SignIn(_) => ErrorKind::Unauthenticated,
+            Error::Forbidden { .. } | Error::CsrfRejected => ErrorKind::PermissionDenied,
             Error::NotFound(_) => ErrorKind::NotFound,
             Error::Conflict { .. } => ErrorKind::Conflict,
             Error::QuotaExceeded { .. } => ErrorKind::QuotaExceeded,

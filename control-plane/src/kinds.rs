@@ -109,6 +109,14 @@ wire_enum! {
         WebhookSettingsUpdate = "webhook_settings.update",
         /// A tenant's capture retention was set.
         CaptureRetentionUpdate = "capture_retention.update",
+        /// A platform admin set a tenant's OpenID Connect issuer.
+        OidcIssuerSet = "oidc_issuer.set",
+        /// A platform admin removed a tenant's OpenID Connect issuer.
+        OidcIssuerDelete = "oidc_issuer.delete",
+        /// A user signed in to the console through single sign-on.
+        SessionSignIn = "session.sign_in",
+        /// A user signed out of the console (the session was revoked).
+        SessionSignOut = "session.sign_out",
     }
 }
 
@@ -143,6 +151,10 @@ wire_enum! {
         Webhook = "webhook",
         /// A tenant's webhook settings.
         WebhookSettings = "webhook_settings",
+        /// A tenant's OpenID Connect issuer.
+        OidcIssuer = "oidc_issuer",
+        /// A console session.
+        Session = "session",
     }
 }
 

@@ -28,6 +28,7 @@ pub mod registry;
 pub mod scheduler;
 pub mod serve;
 pub mod signature;
+pub mod sso;
 pub mod states;
 pub mod store;
 pub mod types;

@@ -106,5 +106,6 @@ describe('keys and actors', () => {
     expect(actorLabel({ actor_key_id: id })).toBe('key 0190aaaa');
     expect(actorLabel({ actor_key_id: id, actor_key_name: 'ci' })).toBe('key “ci”');
     expect(actorLabel({ actor_key_id: id, actor_key_name: 'laptop', actor_user_email: 'ada@example.com' })).toBe('ada@example.com (key “laptop”)');
+    expect(actorLabel({ actor_key_id: null, actor_user_email: 'ada@example.com' })).toBe('ada@example.com (single sign-on)');
   });
 });

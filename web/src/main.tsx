@@ -4,7 +4,7 @@ import { render } from 'preact';
 import { useEffect, useState } from 'preact/hooks';
 import { api, ok } from './api/client';
 import { navigate, onRouteChange, parseRoute, tenantPath, type Route } from './router';
-import { lastSignOutReason, onSessionChange, session, signOut, type Session } from './session';
+import { lastSignOutReason, onSessionChange, resumeSso, session, signOut, type Session } from './session';
 import { Link, useLoad } from './ui';
 import { SignIn } from './pages/signin';
 import { ModelsPage } from './pages/models';
@@ -63,6 +63,7 @@ function Shell(props: { session: Session; route: Route }) {
           Menu
         </button>
         <span class="who" data-testid="who">
+          {s.email ? `${s.email} · ` : ''}
           {s.claims.tenant_name} · <b>{s.role}</b>
         </span>
         <button type="button" onClick={() => signOut()}>
@@ -179,4 +180,6 @@ function NotAllowed() {
 }
 
 const root = document.getElementById('app');
-if (root) render(<App />, root);
+// A single sign-on session survives reloads: ask for it before the first paint, so a signed-in
+// user never sees the sign-in page flash.
+if (root) void resumeSso().finally(() => render(<App />, root));

@@ -315,9 +315,10 @@ export function keyState(k: S['ApiKey'], now: Date = new Date()): 'revoked' | 'e
 }
 
 /** Who acted, for people: the user's email and the key's name when known, else the key id's
- *  start (a deleted key), else `system`. */
+ *  start (a deleted key), else the email of a single sign-on user, else `system`. */
 export function actorLabel(a: { actor_key_id?: string | null; actor_key_name?: string | null; actor_user_email?: string | null }): string {
-  if (!a.actor_key_id) return 'system';
+  // A console user signed in through single sign-on acts without a key.
+  if (!a.actor_key_id) return a.actor_user_email ? `${a.actor_user_email} (single sign-on)` : 'system';
   const key = a.actor_key_name ? `key “${a.actor_key_name}”` : `key ${a.actor_key_id.slice(0, 8)}`;
   return a.actor_user_email ? `${a.actor_user_email} (${key})` : key;
 }

@@ -26,14 +26,23 @@ pub struct Caller {
     pub actor: Actor,
 }
 
+/// Why the request's console session is no longer open, when its cookie named one that ended.
+#[derive(Debug, Clone, Copy)]
+pub struct EndedSession(pub &'static str);
+
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
-        let principal = parts.extensions.get::<Principal>().cloned().ok_or(Error::Unauthenticated)?;
+        let Some(principal) = parts.extensions.get::<Principal>().cloned() else {
+            return Err(match parts.extensions.get::<EndedSession>() {
+                Some(ended) => Error::SessionEnded(ended.0),
+                None => Error::Unauthenticated,
+            });
+        };
         let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
         let client_addr = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.to_string());
-        let actor = Actor { key_id: Some(principal.key_id), user_id: principal.user_id, request_id, client_addr };
+        let actor = Actor { key_id: principal.key_id, user_id: principal.user_id, request_id, client_addr };
         Ok(Caller { principal, actor })
     }
 }

@@ -16,6 +16,7 @@ mod idempotency;
 mod keys;
 mod models;
 mod session;
+mod sso;
 mod tenants;
 mod usage;
 mod users;
@@ -33,14 +34,14 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::server::ServerBuilder;
 use utoipa::openapi::{ContentBuilder, OpenApi as OpenApiDoc, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-pub use extract::{ApiJson, ApiQuery, Caller, RequestId, contains_nul};
+pub use extract::{ApiJson, ApiQuery, Caller, EndedSession, RequestId, contains_nul};
 pub use versions::content_length;
 
 use crate::app::App;
@@ -92,6 +93,12 @@ impl Modify for BearerAuth {
             .bearer_format("API key (tsk_...) or access token (JWT)")
             .build();
         components.add_security_scheme("bearer", SecurityScheme::Http(scheme));
+        let cookie = ApiKey::Cookie(ApiKeyValue::with_description(
+            crate::sso::SESSION_COOKIE,
+            "Console session from single sign-on (`/v1/auth/oidc/{tenant}/login`); state-changing requests \
+             must also send the session's `csrf_token` in `X-CSRF-Token`.",
+        ));
+        components.add_security_scheme("session", SecurityScheme::ApiKey(cookie));
     }
 }
 
@@ -141,6 +148,11 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(session::handle_token_create))
         .routes(routes!(session::handle_signing_key_rotate))
         .routes(routes!(whoami::handle_whoami))
+        .routes(routes!(sso::handle_oidc_issuer_get, sso::handle_oidc_issuer_set, sso::handle_oidc_issuer_delete))
+        .routes(routes!(sso::handle_oidc_login))
+        .routes(routes!(sso::handle_oidc_callback))
+        .routes(routes!(sso::handle_session_get))
+        .routes(routes!(sso::handle_logout))
         .routes(routes!(tenants::handle_tenant_create, tenants::handle_tenant_list))
         .routes(routes!(tenants::handle_tenant_get))
         .routes(routes!(tenants::handle_quota_get, tenants::handle_quota_set))
@@ -370,7 +382,7 @@ async fn request_context(mut req: Request, next: Next) -> Response {
 /// routes that need a caller refuse it with 401 in [`Caller`]; public routes do not care.
 async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next) -> Response {
     let Some(value) = req.headers().get(header::AUTHORIZATION) else {
-        return next.run(req).await;
+        return authenticate_session(app, req, next).await;
     };
     let token = value
         .to_str()
@@ -389,6 +401,35 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next)
         }
         // A registry failure is ours, not the caller's: answer it now.
         Err(e @ (Error::Database(_) | Error::Internal(_))) => return e.into_response(),
+        Err(_) => {}
+    }
+    next.run(req).await
+}
+
+/// Without `Authorization`, the console's session cookie: an open session becomes the
+/// request's principal, but a state-changing request must echo the session's CSRF token in
+/// `X-CSRF-Token` (403 otherwise). A session that has ended leaves its reason for [`Caller`].
+/// API keys and tokens never reach here, so machines are unaffected.
+async fn authenticate_session(app: AppState, mut req: Request, next: Next) -> Response {
+    let Some(token) = crate::sso::session_token(req.headers()) else {
+        return next.run(req).await;
+    };
+    match app.sso.resolve(&app.registry, &token).await {
+        Ok(session) => {
+            let safe = matches!(*req.method(), http::Method::GET | http::Method::HEAD | http::Method::OPTIONS);
+            let sent = req.headers().get(crate::sso::CSRF_HEADER).and_then(|v| v.to_str().ok());
+            if !safe && !sent.is_some_and(|s| crate::sso::same_secret(s, &session.csrf_token)) {
+                tracing::warn!(tenant = %session.principal.tenant_name, "refused a request without its CSRF token");
+                return Error::CsrfRejected.into_response();
+            }
+            tracing::Span::current().record("tenant", session.principal.tenant_name.as_str());
+            req.extensions_mut().insert(session.principal.clone());
+            req.extensions_mut().insert(session);
+        }
+        Err(e @ (Error::Database(_) | Error::Internal(_))) => return e.into_response(),
+        Err(Error::SessionEnded(reason)) => {
+            req.extensions_mut().insert(EndedSession(reason));
+        }
         Err(_) => {}
     }
     next.run(req).await

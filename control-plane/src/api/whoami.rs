@@ -20,6 +20,8 @@ pub enum CredentialKind {
     ApiKey,
     /// An access token from `POST /v1/auth/token`.
     Token,
+    /// A console session cookie from single sign-on.
+    Session,
 }
 
 /// The user an API key belongs to.
@@ -44,12 +46,15 @@ pub struct WhoAmI {
     pub role: Role,
     /// How the caller authenticated.
     pub credential: CredentialKind,
-    /// The API key (for a token: the key it was exchanged for).
-    pub key_id: Uuid,
+    /// The API key (for a token: the key it was exchanged for); absent for a console session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<Uuid>,
     /// The key's label.
-    pub key_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_name: Option<String>,
     /// The key's public prefix.
-    pub key_prefix: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_prefix: Option<String>,
     /// The user the key belongs to (absent for service keys).
     pub user: Option<WhoAmIUser>,
 }
@@ -63,7 +68,10 @@ pub async fn handle_whoami(State(app): State<AppState>, caller: Caller) -> Resul
     let mut conn = app.registry.conn().await?;
     // The key authenticated this request (or issued its token) a moment ago; a key revoked or
     // deleted since is reported as unauthenticated, as its next request would be.
-    let key = conn.key(p.tenant_id, p.key_id).await?.ok_or(crate::error::Error::Unauthenticated)?;
+    let key = match p.key_id {
+        Some(id) => Some(conn.key(p.tenant_id, id).await?.ok_or(crate::error::Error::Unauthenticated)?),
+        None => None,
+    };
     let user = match p.user_id {
         Some(id) => conn.user(p.tenant_id, id).await?.map(|u| WhoAmIUser { id: u.id, email: u.email, name: u.name }),
         None => None,
@@ -71,6 +79,7 @@ pub async fn handle_whoami(State(app): State<AppState>, caller: Caller) -> Resul
     let credential = match p.credential {
         Credential::ApiKey => CredentialKind::ApiKey,
         Credential::Token => CredentialKind::Token,
+        Credential::Session => CredentialKind::Session,
     };
     Ok(Json(WhoAmI {
         tenant: p.tenant_name.clone(),
@@ -78,8 +87,8 @@ pub async fn handle_whoami(State(app): State<AppState>, caller: Caller) -> Resul
         role: p.role,
         credential,
         key_id: p.key_id,
-        key_name: key.name,
-        key_prefix: key.prefix,
+        key_name: key.as_ref().map(|k| k.name.clone()),
+        key_prefix: key.map(|k| k.prefix),
         user,
     }))
 }

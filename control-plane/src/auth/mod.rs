@@ -20,6 +20,8 @@ pub enum Credential {
     ApiKey,
     /// An access token obtained from `POST /v1/auth/token`.
     Token,
+    /// A console session cookie from single sign-on.
+    Session,
 }
 
 /// An authenticated caller.
@@ -29,14 +31,16 @@ pub struct Principal {
     pub tenant_id: Uuid,
     /// The tenant's name.
     pub tenant_name: String,
-    /// The API key (for a token: the key it was exchanged for).
-    pub key_id: Uuid,
+    /// The API key (for a token: the key it was exchanged for; none for a console session).
+    pub key_id: Option<Uuid>,
     /// The user the key belongs to, if any.
     pub user_id: Option<Uuid>,
     /// What the caller may do.
     pub role: Role,
-    /// Key or token.
+    /// Key, token or session.
     pub credential: Credential,
+    /// The console session, for [`Credential::Session`].
+    pub session_id: Option<Uuid>,
 }
 
 impl Principal {
@@ -48,7 +52,12 @@ impl Principal {
     /// Who owns this caller's Idempotency-Key records: the key (a token stands for the key it
     /// was exchanged for) and the role, so no other credential is ever replayed its answers.
     pub fn idempotency_scope(&self) -> IdempotencyScope {
-        IdempotencyScope { tenant_id: self.tenant_id, caller: format!("{}:{}", self.key_id, self.role.as_str()) }
+        let who = match (self.key_id, self.session_id) {
+            (Some(key), _) => key.to_string(),
+            (None, Some(session)) => format!("session:{session}"),
+            (None, None) => "anonymous".to_string(),
+        };
+        IdempotencyScope { tenant_id: self.tenant_id, caller: format!("{who}:{}", self.role.as_str()) }
     }
 }
 
@@ -79,10 +88,11 @@ impl Authenticator {
             Ok(Principal {
                 tenant_id: claims.tenant,
                 tenant_name: claims.tenant_name,
-                key_id: claims.sub.parse().map_err(|_| Error::Unauthenticated)?,
+                key_id: Some(claims.sub.parse().map_err(|_| Error::Unauthenticated)?),
                 user_id: claims.usr,
                 role: claims.role,
                 credential: Credential::Token,
+                session_id: None,
             })
         }
     }
@@ -109,10 +119,11 @@ impl Authenticator {
         let principal = Principal {
             tenant_id: tenant.id,
             tenant_name: tenant.name,
-            key_id: row.id,
+            key_id: Some(row.id),
             user_id: row.user_id,
             role: row.role(),
             credential: Credential::ApiKey,
+            session_id: None,
         };
         Ok((principal, row.expires_at))
     }

@@ -86,13 +86,17 @@ impl TokenService {
 
     /// Issues a token for an API-key principal.
     pub fn issue(&self, principal: &Principal) -> Result<String> {
+        let key_id = principal.key_id.ok_or(Error::Forbidden {
+            role: principal.role.as_str(),
+            action: "get an access token without an API key",
+        })?;
         let ring = self.ring();
         let (kid, key) = ring.signing.as_ref().ok_or_else(|| Error::Internal("no signing key loaded".into()))?;
         let iat = now().unix_timestamp();
         let claims = Claims {
             iss: self.config.issuer.clone(),
             aud: self.config.audience.clone(),
-            sub: principal.key_id.to_string(),
+            sub: key_id.to_string(),
             usr: principal.user_id,
             tenant: principal.tenant_id,
             tenant_name: principal.tenant_name.clone(),

@@ -350,7 +350,8 @@ impl Conn {
         on_conn!(self, "audit.actor_names", |c| sqlx::query_as::<_, AuditActorRow>(
             "SELECT e.seq AS seq, k.name AS key_name, u.email AS user_email FROM audit_events e \
              LEFT JOIN api_keys k ON k.id = e.actor_key_id LEFT JOIN users u ON u.id = e.actor_user_id \
-             WHERE e.tenant_id = $1 AND e.seq >= $2 AND e.seq <= $3 AND e.actor_key_id IS NOT NULL"
+             WHERE e.tenant_id = $1 AND e.seq >= $2 AND e.seq <= $3 \
+             AND (e.actor_key_id IS NOT NULL OR e.actor_user_id IS NOT NULL)"
         )
         .bind(tenant_id)
         .bind(from_seq)

@@ -1112,3 +1112,104 @@ async fn webhook_events_are_queued_with_their_change_and_only_to_subscribers() {
     })
     .await;
 }
+
+fn oidc_issuer(tenant_id: Uuid, secret: &str) -> OidcIssuerRow {
+    let at = now();
+    OidcIssuerRow {
+        tenant_id,
+        issuer: "https://id.example.com".into(),
+        client_id: "tessera".into(),
+        client_secret: secret.into(),
+        scopes: "openid email".into(),
+        email_claim: "email".into(),
+        role_claim: Some("groups".into()),
+        role_mapping: r#"{"admins": "tenant-admin"}"#.into(),
+        default_role: Some("viewer".into()),
+        provision_users: true,
+        created_at: at,
+        updated_at: at,
+    }
+}
+
+#[tokio::test]
+async fn sign_ins_are_single_use_and_sessions_name_their_user() {
+    use crate::types::Role;
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let b = tenant(&r, "b", QuotaLimits::default()).await;
+        r.set_oidc_issuer(&actor(), oidc_issuer(a, "one")).await.unwrap();
+        let replaced = r.set_oidc_issuer(&actor(), oidc_issuer(a, "two")).await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        let stored = c.oidc_issuer(a).await.unwrap().unwrap();
+        assert_eq!(
+            (stored.client_secret.as_str(), stored.mapping()),
+            ("two", vec![("admins".into(), Role::TenantAdmin)])
+        );
+        assert_eq!(stored.created_at, replaced.created_at);
+        assert!(c.oidc_issuer(b).await.unwrap().is_none(), "issuers are per tenant");
+
+        let at = now();
+        let login = OidcLoginRow {
+            state_hash: "h1".into(),
+            tenant_id: a,
+            nonce: "n".into(),
+            code_verifier: "v".into(),
+            redirect_uri: "https://t.example/cb".into(),
+            return_to: "/".into(),
+            created_at: at,
+            expires_at: at + time::Duration::minutes(10),
+            used_at: None,
+        };
+        c.insert_oidc_login(&login).await.unwrap();
+        let taken = c.take_oidc_login("h1").await.unwrap().unwrap();
+        assert_eq!((taken.nonce.as_str(), taken.tenant_id), ("n", a));
+        assert!(taken.used_at.is_some());
+        assert!(c.take_oidc_login("h1").await.unwrap().is_none(), "a state is good once");
+        assert!(c.take_oidc_login("unknown").await.unwrap().is_none());
+        drop(c);
+
+        let ada = r.provision_user(&actor(), a, "ada@x.io", "Ada", Role::Viewer).await.unwrap();
+        let again = r.provision_user(&actor(), a, "ada@x.io", "Ada", Role::Deployer).await.unwrap();
+        assert_eq!((again.id, again.role()), (ada.id, Role::Viewer), "a second provisioning finds the first");
+        let new = NewConsoleSession {
+            token_hash: "t1".into(),
+            csrf_token: "c1".into(),
+            tenant_id: a,
+            user_id: ada.id,
+            role: Role::Viewer,
+            expires_at: now() + time::Duration::hours(1),
+        };
+        let id = r.open_console_session(&Actor { user_id: Some(ada.id), key_id: None, ..actor() }, new).await.unwrap();
+        let mut c = r.conn().await.unwrap();
+        let s = c.console_session("t1").await.unwrap().unwrap();
+        assert_eq!((s.id, s.tenant_name.as_str(), s.email.as_str(), s.role()), (id, "a", "ada@x.io", Role::Viewer));
+        assert!(s.revoked_at.is_none() && s.user_disabled_at.is_none());
+        drop(c);
+        // Another tenant cannot revoke it; its own can, once.
+        r.revoke_console_session(&actor(), b, id).await.unwrap();
+        assert!(r.conn().await.unwrap().console_session("t1").await.unwrap().unwrap().revoked_at.is_none());
+        r.revoke_console_session(&actor(), a, id).await.unwrap();
+        r.revoke_console_session(&actor(), a, id).await.unwrap();
+        assert!(r.conn().await.unwrap().console_session("t1").await.unwrap().unwrap().revoked_at.is_some());
+        r.disable_user(&actor(), a, ada.id).await.unwrap();
+        assert!(r.conn().await.unwrap().console_session("t1").await.unwrap().unwrap().user_disabled_at.is_some());
+
+        let mut c = r.conn().await.unwrap();
+        let events = c.audit_events(a, &AuditFilter::default(), 20).await.unwrap();
+        let actions: Vec<&str> = events.iter().map(|e| e.action.as_str()).collect();
+        for want in ["oidc_issuer.set", "user.create", "session.sign_in", "session.sign_out", "user.disable"] {
+            assert!(actions.contains(&want), "{want} missing from {actions:?}");
+        }
+        assert_eq!(actions.iter().filter(|a| **a == "session.sign_out").count(), 1, "revoking twice audits once");
+        assert!(
+            events.iter().all(|e| !e.after_state.as_deref().unwrap_or("").contains("two")),
+            "no secret in the trail"
+        );
+        drop(c);
+        r.delete_oidc_issuer(&actor(), a).await.unwrap();
+        assert!(matches!(r.delete_oidc_issuer(&actor(), a).await, Err(Error::NotFound(_))));
+        let report = r.verify_audit_chain(a).await.unwrap();
+        assert_eq!(report.first_break, None);
+    })
+    .await;
+}

@@ -95,7 +95,7 @@ impl Conn {
         .fetch_optional(c))
     }
 
-    async fn insert_user(&mut self, u: &UserRow) -> Result<()> {
+    pub(super) async fn insert_user(&mut self, u: &UserRow) -> Result<()> {
         exec!(self, "user.insert", |c| sqlx::query(
             "INSERT INTO users (id, tenant_id, email, name, role, created_by, created_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7)"

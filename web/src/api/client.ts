@@ -21,12 +21,20 @@ type TokenSource = () => string | null;
 type Unauthorized = () => void;
 
 let tokenSource: TokenSource = () => null;
+let csrfSource: TokenSource = () => null;
 let onUnauthorized: Unauthorized = () => {};
 
-/** Wires the client to the session: where the bearer token comes from, what a 401 does. */
-export function configureClient(source: TokenSource, unauthorized: Unauthorized): void {
+/** Wires the client to the session: where the bearer token comes from, what a 401 does, and
+ *  (single sign-on) the CSRF token state-changing requests carry. */
+export function configureClient(source: TokenSource, unauthorized: Unauthorized, csrf: TokenSource = () => null): void {
   tokenSource = source;
   onUnauthorized = unauthorized;
+  csrfSource = csrf;
+}
+
+/** The session's CSRF token, for state-changing calls openapi-fetch cannot make (uploads). */
+export function csrfToken(): string | null {
+  return csrfSource();
 }
 
 /** The session's bearer token, for the calls openapi-fetch cannot make (upload progress). */
@@ -51,6 +59,8 @@ api.use({
   onRequest({ request }) {
     const token = tokenSource();
     if (token && !request.headers.has('Authorization')) request.headers.set('Authorization', `Bearer ${token}`);
+    const csrf = csrfSource();
+    if (csrf && !['GET', 'HEAD', 'OPTIONS'].includes(request.method)) request.headers.set('X-CSRF-Token', csrf);
     return request;
   },
 });

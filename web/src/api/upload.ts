@@ -3,7 +3,7 @@
 // (never read whole into memory) and, unlike fetch, reports upload progress.
 
 import type { components } from './schema';
-import { ApiError, apiError, bearer } from './client';
+import { ApiError, apiError, bearer, csrfToken } from './client';
 
 type Version = components['schemas']['ModelVersion'];
 
@@ -30,6 +30,8 @@ export function uploadVersion(req: UploadRequest, progress: (loaded: number, tot
   xhr.open('POST', path);
   const token = bearer();
   if (token) xhr.setRequestHeader('Authorization', `Bearer ${token}`);
+  const csrf = csrfToken();
+  if (csrf) xhr.setRequestHeader('X-CSRF-Token', csrf);
   xhr.setRequestHeader('Content-Type', 'application/octet-stream');
   if (req.config) xhr.setRequestHeader('X-Model-Config', JSON.stringify(req.config));
   // Retrying after a dropped connection must not create a second version.

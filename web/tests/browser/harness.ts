@@ -2,8 +2,8 @@
 // chromium through playwright-core, and typed helpers that seed data through the REST API
 // and the worker's KServe v2 endpoint.
 
-import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -33,11 +33,12 @@ function binary(): string {
   return process.env.TESSERA_BIN ?? join(target, 'debug/tessera');
 }
 
-/** Starts `tessera dev` on port 0 everywhere, serving web/dist, and waits for its banner. */
-export async function startDev(): Promise<Dev> {
+/** Starts `tessera dev` on port 0 everywhere, serving web/dist, and waits for its banner;
+ *  `env` adds variables (the control plane reads its flags from `TESSERA_*`). */
+export async function startDev(env: Record<string, string> = {}): Promise<Dev> {
   const dataDir = mkdtempSync(join(tmpdir(), 'tessera-web-'));
   const args = ['dev', '--data-dir', dataDir, '--listen', '127.0.0.1:0', '--http-port', '0', '--grpc-port', '0', '--metrics-port', '0', '--console-dir', join(WEB_DIR, 'dist')];
-  const child = spawn(binary(), args, { env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'warn' }, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(binary(), args, { env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'warn', ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
   let err = '';
   child.stderr.on('data', (d: Buffer) => {
@@ -178,4 +179,56 @@ export async function screenshot(page: Page, name: string): Promise<string> {
   const path = join(RESULTS_DIR, `${name}.png`);
   await page.screenshot({ path, fullPage: true });
   return path;
+}
+
+/** A real OpenID provider (tests/oidc/provider.mjs, the `oidc-provider` package) on a loopback
+ *  port, whose client may redirect to `redirectUri`. */
+export interface OidcProvider {
+  issuer: string;
+  /** Makes the token endpoint's ID tokens name audience `aud` ('' restores the right one). */
+  setIdTokenAudience: (aud: string) => Promise<void>;
+  stop: () => Promise<void>;
+}
+
+const PROVIDER_DIR = resolve(WEB_DIR, '../tests/oidc');
+
+export async function startOidcProvider(redirectUri: string, clientId: string, clientSecret: string, accounts: Record<string, { groups: string[] }>): Promise<OidcProvider> {
+  if (!existsSync(join(PROVIDER_DIR, 'node_modules', 'oidc-provider'))) {
+    execFileSync('npm', ['ci', '--no-audit', '--no-fund'], { cwd: PROVIDER_DIR, stdio: 'inherit' });
+  }
+  const args = [join(PROVIDER_DIR, 'provider.mjs'), '--client-id', clientId, '--client-secret', clientSecret, '--redirect-uri', redirectUri, '--accounts', JSON.stringify(accounts)];
+  const child = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let err = '';
+  child.stderr.on('data', (d: Buffer) => {
+    err = (err + d.toString()).slice(-10_000);
+  });
+  const issuer = await new Promise<string>((ok, fail) => {
+    let out = '';
+    const timer = setTimeout(() => fail(new Error(`the OpenID provider did not start\n${err}`)), 30_000);
+    child.stdout.on('data', (d: Buffer) => {
+      out += d.toString();
+      const line = out.split('\n')[0];
+      if (out.includes('\n')) {
+        clearTimeout(timer);
+        ok((JSON.parse(line) as { issuer: string }).issuer);
+      }
+    });
+    child.on('exit', (code) => {
+      clearTimeout(timer);
+      fail(new Error(`the OpenID provider exited (${code})\n${err}`));
+    });
+  });
+  return {
+    issuer,
+    setIdTokenAudience: async (aud) => {
+      const res = await fetch(`${issuer}/__test/id-token-audience?aud=${encodeURIComponent(aud)}`, { method: 'POST' });
+      if (!res.ok) throw new Error(`provider test control: ${res.status}`);
+    },
+    stop: async () => {
+      if (child.exitCode !== null) return;
+      const exited = new Promise((ok) => child.once('exit', ok));
+      child.kill('SIGTERM');
+      await exited;
+    },
+  };
 }
