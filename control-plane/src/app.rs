@@ -10,6 +10,7 @@ use uuid::Uuid;
 
 use crate::auth::keys::{self, KeyHasher};
 use crate::auth::tokens::{TokenConfig, TokenService};
+use crate::auth::revocations::Revocations;
 use crate::auth::{Authenticator, Principal};
 use crate::config::Config;
 use crate::error::{Error, QuotaName, Result};
@@ -31,6 +32,9 @@ pub struct App {
     pub auth: Authenticator,
     /// Token issue and verification.
     pub tokens: Arc<TokenService>,
+    /// Keys revoked and users disabled recently: refused in tokens, pushed to workers and
+    /// gateways.
+    pub revocations: Arc<Revocations>,
     /// Settings.
     pub config: Config,
     /// Wake-ups between the API, the scheduler and agent sessions.
@@ -144,13 +148,17 @@ impl App {
             tracing::warn!("TESSERA_API_KEY_PEPPER is empty: set a secret pepper outside development");
         }
         let hasher = KeyHasher::new(config.api_key_pepper.expose().as_bytes());
-        let auth = Authenticator::new(registry.clone(), hasher, tokens.clone());
+        let revocations = Arc::new(Revocations::new(config.token_ttl));
+        // Before serving: a restarted replica refuses revoked tokens from its first request.
+        revocations.refresh(&registry).await?;
+        let auth = Authenticator::new(registry.clone(), hasher, tokens.clone(), revocations.clone());
         let uploads = Arc::default();
         Ok(Arc::new(App {
             registry,
             store,
             auth,
             tokens,
+            revocations,
             config,
             signals: Signals::default(),
             uploads,

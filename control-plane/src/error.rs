@@ -186,6 +186,10 @@ pub enum Error {
     /// No credentials, or credentials that do not check out. Deliberately vague.
     #[error("missing or invalid credentials")]
     Unauthenticated,
+    /// A genuine access token whose API key was revoked or whose user was disabled after it
+    /// was issued: 401, saying so (the caller holds a token we issued; nothing leaks).
+    #[error("access token revoked: its API key was revoked or its user disabled")]
+    Revoked,
     /// The caller's role may not perform this action.
     #[error("role '{role}' may not {action}")]
     Forbidden {
@@ -264,7 +268,7 @@ impl Error {
         match self {
             Error::InvalidInput { .. } => ErrorKind::InvalidArgument,
             Error::BadRequest(_) | Error::Malformed { .. } => ErrorKind::BadRequest,
-            Error::Unauthenticated => ErrorKind::Unauthenticated,
+            Error::Unauthenticated | Error::Revoked => ErrorKind::Unauthenticated,
             Error::Forbidden { .. } => ErrorKind::PermissionDenied,
             Error::NotFound(_) => ErrorKind::NotFound,
             Error::Conflict { .. } => ErrorKind::Conflict,

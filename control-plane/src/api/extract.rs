@@ -26,11 +26,17 @@ pub struct Caller {
     pub actor: Actor,
 }
 
+/// Set by the authentication middleware when the request's access token was revoked, so that
+/// the 401 says so instead of the usual vague refusal.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRevoked;
+
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
-        let principal = parts.extensions.get::<Principal>().cloned().ok_or(Error::Unauthenticated)?;
+        let refused = || if parts.extensions.get::<TokenRevoked>().is_some() { Error::Revoked } else { Error::Unauthenticated };
+        let principal = parts.extensions.get::<Principal>().cloned().ok_or_else(refused)?;
         let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
         let client_addr = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.to_string());
         let actor = Actor { key_id: Some(principal.key_id), user_id: principal.user_id, request_id, client_addr };

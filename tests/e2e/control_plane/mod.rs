@@ -14,6 +14,7 @@ mod flows;
 mod gpus;
 mod metrics;
 mod openapi;
+mod revocation;
 mod signatures;
 mod tenancy;
 mod tls;
