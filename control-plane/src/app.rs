@@ -9,8 +9,8 @@ use futures::Stream;
 use uuid::Uuid;
 
 use crate::auth::keys::{self, KeyHasher};
-use crate::auth::tokens::{TokenConfig, TokenService};
 use crate::auth::revocations::Revocations;
+use crate::auth::tokens::{TokenConfig, TokenService};
 use crate::auth::{Authenticator, Principal};
 use crate::config::Config;
 use crate::error::{Error, QuotaName, Result};

@@ -178,7 +178,8 @@ mod tests {
         assert_eq!(wire.keys.len(), 3);
         assert!(wire.keys.windows(2).all(|w| w[0].id < w[1].id));
         assert_eq!(RevocationList::from_proto(&wire), list);
-        let reversed = RevocationList::new(ids[..3].iter().rev().map(|id| (*id, 7)), ids[3..].iter().map(|id| (*id, 9)));
+        let reversed =
+            RevocationList::new(ids[..3].iter().rev().map(|id| (*id, 7)), ids[3..].iter().map(|id| (*id, 9)));
         assert_eq!(reversed.to_proto(), wire, "equal lists encode equally");
         let mut junk = wire.clone();
         junk.keys.push(agent::Revoked { id: "nope".into(), at: 1 });
@@ -198,8 +199,11 @@ mod tests {
         let revoked = (0..rounds).filter(|_| list.revokes_token(std::hint::black_box(&token))).count();
         let each = start.elapsed() / rounds;
         assert_eq!(revoked, 0);
-        // Even unoptimised, well under the Ed25519 check every token costs (~50 us).
-        assert!(each < std::time::Duration::from_micros(5), "{each:?} per check");
+        // A few microseconds unoptimised (parsing `sub` and two SipHash lookups; about a tenth
+        // of that optimised), against the Ed25519 signature check every token costs (tens of
+        // microseconds optimised, milliseconds unoptimised). The bound leaves room for a loaded
+        // test machine.
+        assert!(each < std::time::Duration::from_micros(50), "{each:?} per check");
         println!("revokes_token on {} entries: {each:?} per check", list.len());
     }
 }

@@ -35,7 +35,8 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
-        let refused = || if parts.extensions.get::<TokenRevoked>().is_some() { Error::Revoked } else { Error::Unauthenticated };
+        let refused =
+            || if parts.extensions.get::<TokenRevoked>().is_some() { Error::Revoked } else { Error::Unauthenticated };
         let principal = parts.extensions.get::<Principal>().cloned().ok_or_else(refused)?;
         let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();
         let client_addr = parts.extensions.get::<ConnectInfo<SocketAddr>>().map(|c| c.0.to_string());

@@ -9,8 +9,8 @@ use futures::SinkExt;
 use futures::channel::mpsc;
 use serde_json::json;
 use tessera_protocol::agent::{
-    AuthenticateKeyRequest, Register, Revocations, RouteTable, Slice, WatchRoutesRequest,
-    WorkerMessage, control_message, worker_message,
+    AuthenticateKeyRequest, Register, Revocations, RouteTable, Slice, WatchRoutesRequest, WorkerMessage,
+    control_message, worker_message,
 };
 
 use super::deployments::{TOKEN, client};
@@ -68,7 +68,11 @@ async fn revoked_keys_and_disabled_users_lose_their_tokens_and_streams_carry_the
 
     // A user's tokens go with the user.
     let user = app
-        .post(&t.admin, "/v1/tenants/acme/users", &json!({ "email": "ada@example.com", "name": "Ada", "role": "viewer" }))
+        .post(
+            &t.admin,
+            "/v1/tenants/acme/users",
+            &json!({ "email": "ada@example.com", "name": "Ada", "role": "viewer" }),
+        )
         .await
         .expect(201)["id"]
         .as_str()
