@@ -9,6 +9,7 @@ use futures::Stream;
 use uuid::Uuid;
 
 use crate::auth::keys::{self, KeyHasher};
+use crate::auth::revocations::Revocations;
 use crate::auth::tokens::{TokenConfig, TokenService};
 use crate::auth::{Authenticator, Principal};
 use crate::config::Config;
@@ -33,6 +34,9 @@ pub struct App {
     pub tokens: Arc<TokenService>,
     /// Single sign-on for console users and their sessions.
     pub sso: crate::sso::Sso,
+    /// Keys revoked and users disabled recently: refused in tokens, pushed to workers and
+    /// gateways.
+    pub revocations: Arc<Revocations>,
     /// Settings.
     pub config: Config,
     /// Wake-ups between the API, the scheduler and agent sessions.
@@ -146,7 +150,10 @@ impl App {
             tracing::warn!("TESSERA_API_KEY_PEPPER is empty: set a secret pepper outside development");
         }
         let hasher = KeyHasher::new(config.api_key_pepper.expose().as_bytes());
-        let auth = Authenticator::new(registry.clone(), hasher, tokens.clone());
+        let revocations = Arc::new(Revocations::new(config.token_ttl));
+        // Before serving: a restarted replica refuses revoked tokens from its first request.
+        revocations.refresh(&registry).await?;
+        let auth = Authenticator::new(registry.clone(), hasher, tokens.clone(), revocations.clone());
         let uploads = Arc::default();
         let sso = crate::sso::Sso {
             provider: crate::sso::provider::ProviderClient::new(config.oidc_allow_http_issuers)?,
@@ -158,6 +165,7 @@ impl App {
             auth,
             tokens,
             sso,
+            revocations,
             config,
             signals: Signals::default(),
             uploads,

@@ -199,6 +199,10 @@ pub enum Error {
     /// with what went wrong; the browser routes turn it into a redirect to the console.
     #[error("sign-in failed: {0}")]
     SignIn(String),
+    /// A genuine access token whose API key was revoked or whose user was disabled after it
+    /// was issued: 401, saying so (the caller holds a token we issued; nothing leaks).
+    #[error("access token revoked: its API key was revoked or its user disabled")]
+    Revoked,
     /// The caller's role may not perform this action.
     #[error("role '{role}' may not {action}")]
     Forbidden {
@@ -277,7 +281,9 @@ impl Error {
         match self {
             Error::InvalidInput { .. } => ErrorKind::InvalidArgument,
             Error::BadRequest(_) | Error::Malformed { .. } => ErrorKind::BadRequest,
-            Error::Unauthenticated | Error::SessionEnded(_) | Error::SignIn(_) => ErrorKind::Unauthenticated,
+            Error::Unauthenticated | Error::SessionEnded(_) | Error::SignIn(_) | Error::Revoked => {
+                ErrorKind::Unauthenticated
+            }
             Error::Forbidden { .. } | Error::CsrfRejected => ErrorKind::PermissionDenied,
             Error::NotFound(_) => ErrorKind::NotFound,
             Error::Conflict { .. } => ErrorKind::Conflict,

@@ -93,6 +93,7 @@ pub async fn run_with(
     let webhooks = tokio::spawn(webhooks::dispatch::run_dispatcher(app.clone(), stop.clone()));
     let limits = serve::ConnLimits { header_read_timeout: app.config.client_timeout, ..serve::ConnLimits::default() };
     let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(app.clone(), stop.clone()));
+    let revocations = tokio::spawn(auth::revocations::run_revocations(app.clone(), stop.clone()));
     let metrics = metrics_listener.map(|l| {
         let router = api::metrics_router(app.config.metrics_token.clone());
         tokio::spawn(serve::serve(l, router, stop.clone(), limits, tls.clone()))
@@ -104,6 +105,7 @@ pub async fn run_with(
     let _ = retention.await;
     let _ = webhooks.await;
     let _ = checkpoints.await;
+    let _ = revocations.await;
     if let Some(metrics) = metrics {
         let _ = metrics.await;
     }

@@ -136,6 +136,17 @@ static WEBHOOK_ATTEMPTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     c
 });
 
+/// Entries of the revocation list this replica holds, by kind (`key`, `user`).
+static REVOCATIONS: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    let opts = Opts::new(
+        "tessera_revocation_list_entries",
+        "Revoked API keys and disabled users on the revocation list pushed to workers and gateways, by kind.",
+    );
+    let g = IntGaugeVec::new(opts, &["kind"]).expect("valid gauge definition");
+    REGISTRY.register(Box::new(g.clone())).expect("metric registered once");
+    g
+});
+
 /// Replica and worker states the gauges always show (so a state that empties reads 0).
 static REPLICA_STATES: LazyLock<Vec<&'static str>> =
     LazyLock::new(|| ReplicaState::ALL.iter().map(|s| s.as_str()).collect());
@@ -184,6 +195,12 @@ pub fn observe_checkpoint(outcome: &'static str) {
 /// Records one webhook delivery attempt.
 pub fn observe_webhook_attempt(status: &'static str) {
     WEBHOOK_ATTEMPTS.with_label_values(&[status]).inc();
+}
+
+/// Records the revocation list's size.
+pub fn observe_revocations(keys: usize, users: usize) {
+    REVOCATIONS.with_label_values(&["key"]).set(i64::try_from(keys).unwrap_or(i64::MAX));
+    REVOCATIONS.with_label_values(&["user"]).set(i64::try_from(users).unwrap_or(i64::MAX));
 }
 
 /// Records one registry query.

@@ -162,6 +162,7 @@ impl WorkerAgent for Service {
             tenant_name: "tenant".into(),
             role: "inference".into(),
             expires_at: 0,
+            ..Default::default()
         }))
     }
 

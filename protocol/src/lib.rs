@@ -3,13 +3,14 @@
 //! service, tensor datatypes, and conversions between Triton's config formats
 //! (`config.pbtxt` text format and JSON) and [`inference::ModelConfig`].
 //! It also holds what both planes need on the wire below gRPC and HTTP: [`tls`], and the
-//! contracts both planes read: credentials ([`auth`]), the model-archive layout
+//! contracts both planes read: credentials ([`auth`]) and their revocation ([`revocation`]), the model-archive layout
 //! ([`archive`]) and the replica, deployment and version states ([`states`]).
 
 pub mod archive;
 pub mod auth;
 pub mod datatype;
 pub mod model_config;
+pub mod revocation;
 pub mod states;
 pub mod tls;
 pub mod usage;

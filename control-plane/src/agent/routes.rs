@@ -2,7 +2,8 @@
 //! whenever it changes. Like worker sessions, the task learns of changes from this process's
 //! scheduler and, for changes made elsewhere (another control-plane replica, heartbeats that
 //! turned a replica ready), by re-reading the table every second; an unchanged table is not
-//! sent again.
+//! sent again. The table carries the revocation list, and a new list sends the table again
+//! at once.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,6 +56,7 @@ async fn run(
     shutdown: CancellationToken,
 ) {
     let mut changes = app.signals.watch_assignments();
+    let mut revocations = app.revocations.subscribe();
     let mut poll = tokio::time::interval(POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut last_sent: Option<Vec<u8>> = None;
@@ -67,7 +69,8 @@ async fn run(
             }
         }
         match read_table(&app).await {
-            Ok(table) => {
+            Ok(mut table) => {
+                table.revocations = Some(revocations.borrow_and_update().to_proto());
                 let encoded = table.encode_to_vec();
                 if last_sent.as_ref() != Some(&encoded) {
                     if tx.send(Ok(table)).await.is_err() {
@@ -84,6 +87,7 @@ async fn run(
             () = tx.closed() => break,
             _ = changes.changed() => {}
             _ = poll.tick() => {}
+            Ok(()) = revocations.changed() => {}
         }
     }
     match app.registry.conn().await {
@@ -156,7 +160,7 @@ fn build_table(
             models: by_tenant.remove(&t.tenant_id).unwrap_or_default(),
         })
         .collect();
-    RouteTable { tenants, gateways }
+    RouteTable { tenants, gateways, revocations: None }
 }
 
 #[cfg(test)]

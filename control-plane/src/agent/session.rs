@@ -2,7 +2,8 @@
 //! heartbeats (storing the worker's liveness and replica states) and sends the worker's
 //! complete assignment set whenever its generation moves. It learns of changes from the
 //! scheduler in this process and, for changes made by another control-plane replica, by
-//! polling the generation every second.
+//! polling the generation every second. It also sends the revocation list after `Registered`
+//! and again whenever it changes ([`crate::auth::revocations`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,8 +13,9 @@ use tessera_protocol::agent::{
     Artifact, Assignment, Assignments, ControlMessage, Heartbeat, Register, Registered, SliceKind, WorkerMessage,
     control_message, worker_message,
 };
+use tessera_protocol::revocation::RevocationList;
 use tessera_protocol::states::failure_reason;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
@@ -101,6 +103,11 @@ async fn run(
     if tx.send(Ok(ControlMessage { kind: Some(registered) })).await.is_err() {
         return;
     }
+    // Before the first assignments: the worker refuses revoked tokens from the start.
+    let mut revocations = app.revocations.subscribe();
+    if !send_revocations(&mut revocations, &tx).await {
+        return;
+    }
     let mut changes = app.signals.watch_assignments();
     let mut poll = tokio::time::interval(POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -135,9 +142,24 @@ async fn run(
             },
             _ = changes.changed() => {}
             _ = poll.tick() => {}
+            Ok(()) = revocations.changed() => {
+                if !send_revocations(&mut revocations, &tx).await {
+                    break;
+                }
+            }
         }
     }
     tracing::info!(worker_id, "worker session ended");
+}
+
+/// Sends the whole revocation list now held; false when the worker is gone.
+async fn send_revocations(list: &mut watch::Receiver<Arc<RevocationList>>, tx: &Outbox) -> bool {
+    let revocations = list.borrow_and_update().to_proto();
+    let entries = revocations.keys.len() + revocations.users.len();
+    let message = ControlMessage { kind: Some(control_message::Kind::Revocations(revocations)) };
+    let sent = tx.send(Ok(message)).await.is_ok();
+    tracing::debug!(entries, sent, "sent the revocation list");
+    sent
 }
 
 /// Sends the assignment set when the worker's generation moved since the last one sent.

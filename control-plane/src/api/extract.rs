@@ -30,14 +30,20 @@ pub struct Caller {
 #[derive(Debug, Clone, Copy)]
 pub struct EndedSession(pub &'static str);
 
+/// Set by the authentication middleware when the request's access token was revoked, so that
+/// the 401 says so instead of the usual vague refusal.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenRevoked;
+
 impl<S: Send + Sync> FromRequestParts<S> for Caller {
     type Rejection = Error;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Error> {
         let Some(principal) = parts.extensions.get::<Principal>().cloned() else {
-            return Err(match parts.extensions.get::<EndedSession>() {
-                Some(ended) => Error::SessionEnded(ended.0),
-                None => Error::Unauthenticated,
+            return Err(match (parts.extensions.get::<EndedSession>(), parts.extensions.get::<TokenRevoked>()) {
+                (Some(ended), _) => Error::SessionEnded(ended.0),
+                (None, Some(_)) => Error::Revoked,
+                (None, None) => Error::Unauthenticated,
             });
         };
         let request_id = parts.extensions.get::<RequestId>().map(|r| r.0.clone()).unwrap_or_default();

@@ -192,8 +192,9 @@ pub async fn handle_key_get(
     Ok(Json(row.into()))
 }
 
-/// Revokes a key (tenant admins); it stops working at once. Tokens already issued for it
-/// expire on their own (they are short-lived).
+/// Revokes a key (tenant admins); it stops working at once. Access tokens already issued for
+/// it are refused at once by this control plane and within 2 s by the others, the workers and
+/// the gateways (through the revocation list they are sent).
 #[utoipa::path(delete, path = "/v1/tenants/{tenant}/api-keys/{key_id}", operation_id = "revoke_api_key", tag = "api-keys",
     params(("tenant" = String, Path, description = "Tenant name"), ("key_id" = String, Path, description = "Key id")),
     responses((status = 200, description = "The revoked key.", body = ApiKey)))]
@@ -204,5 +205,8 @@ pub async fn handle_key_revoke(
 ) -> Result<Json<ApiKey>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "revoke API keys").await?;
     let row = app.registry.revoke_key(&caller.actor, t.id, parse_key_id(&key_id)?).await?;
+    if let Some(at) = row.revoked_at {
+        app.revocations.key_revoked(row.id, at);
+    }
     Ok(Json(row.into()))
 }

@@ -401,6 +401,10 @@ async fn authenticate(State(app): State<AppState>, mut req: Request, next: Next)
         }
         // A registry failure is ours, not the caller's: answer it now.
         Err(e @ (Error::Database(_) | Error::Internal(_))) => return e.into_response(),
+        // Routes that need a caller say why the token no longer works.
+        Err(Error::Revoked) => {
+            req.extensions_mut().insert(extract::TokenRevoked);
+        }
         Err(_) => {}
     }
     next.run(req).await

@@ -161,8 +161,9 @@ pub async fn handle_user_get(
 }
 
 /// Disables a user (tenant admins) and revokes all their keys at once. The user's record
-/// stays (the audit trail names it); disabling twice is harmless. Tokens already issued for
-/// the user's keys expire on their own (they are short-lived).
+/// stays (the audit trail names it); disabling twice is harmless. Access tokens already issued
+/// for the user's keys are refused at once by this control plane and within 2 s by the others,
+/// the workers and the gateways (through the revocation list they are sent).
 #[utoipa::path(delete, path = "/v1/tenants/{tenant}/users/{user_id}", operation_id = "disable_user", tag = "users",
     params(("tenant" = String, Path, description = "Tenant name"), ("user_id" = String, Path, description = "User id")),
     responses((status = 200, description = "The disabled user and how many keys were revoked.", body = DisabledUser)))]
@@ -173,5 +174,8 @@ pub async fn handle_user_disable(
 ) -> Result<Json<DisabledUser>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "disable users").await?;
     let (row, keys_revoked) = app.registry.disable_user(&caller.actor, t.id, parse_user_id(&user_id)?).await?;
+    if let Some(at) = row.disabled_at {
+        app.revocations.user_disabled(row.id, at);
+    }
     Ok(Json(DisabledUser { user: row.into(), keys_revoked }))
 }

@@ -2,6 +2,7 @@
 //! role). Failures are deliberately vague: every bad credential is the same 401.
 
 pub mod keys;
+pub mod revocations;
 pub mod tokens;
 
 use time::Duration;
@@ -11,6 +12,7 @@ use crate::error::{Error, Result};
 use crate::registry::{IdempotencyScope, Registry, now};
 use crate::types::Role;
 use keys::KeyHasher;
+use revocations::Revocations;
 use tokens::TokenService;
 
 /// How the caller proved who it is.
@@ -66,12 +68,18 @@ pub struct Authenticator {
     registry: Registry,
     hasher: KeyHasher,
     tokens: std::sync::Arc<TokenService>,
+    revocations: std::sync::Arc<Revocations>,
 }
 
 impl Authenticator {
-    /// An authenticator over the registry's keys and the token service.
-    pub fn new(registry: Registry, hasher: KeyHasher, tokens: std::sync::Arc<TokenService>) -> Self {
-        Authenticator { registry, hasher, tokens }
+    /// An authenticator over the registry's keys, the token service and the revocation list.
+    pub fn new(
+        registry: Registry,
+        hasher: KeyHasher,
+        tokens: std::sync::Arc<TokenService>,
+        revocations: std::sync::Arc<Revocations>,
+    ) -> Self {
+        Authenticator { registry, hasher, tokens, revocations }
     }
 
     /// The key hasher (to store new keys).
@@ -79,12 +87,16 @@ impl Authenticator {
         &self.hasher
     }
 
-    /// Resolves a bearer credential: an API key (`tsk_…`) or a JWT.
+    /// Resolves a bearer credential: an API key (`tsk_…`) or a JWT. A token whose key was
+    /// revoked or whose user was disabled after it was issued is [`Error::Revoked`].
     pub async fn authenticate(&self, bearer: &str) -> Result<Principal> {
         if tessera_protocol::auth::api_key::looks_like_key(bearer) {
             self.authenticate_key(bearer).await
         } else {
             let claims = self.tokens.verify(bearer).await?;
+            if self.revocations.revokes_token(&claims) {
+                return Err(Error::Revoked);
+            }
             Ok(Principal {
                 tenant_id: claims.tenant,
                 tenant_name: claims.tenant_name,

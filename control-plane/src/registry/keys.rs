@@ -123,6 +123,15 @@ impl Conn {
         Ok(n > 0)
     }
 
+    /// Keys revoked at or after `since`, with when: the keys of the revocation list.
+    pub async fn keys_revoked_since(&mut self, since: OffsetDateTime) -> Result<Vec<(Uuid, OffsetDateTime)>> {
+        on_conn!(self, "key.revoked_since", |c| sqlx::query_as::<_, (Uuid, OffsetDateTime)>(
+            "SELECT id, revoked_at FROM api_keys WHERE revoked_at IS NOT NULL AND revoked_at >= $1"
+        )
+        .bind(since)
+        .fetch_all(c))
+    }
+
     /// Records a use of the key.
     pub async fn touch_key(&mut self, id: Uuid, at: OffsetDateTime) -> Result<()> {
         exec!(self, "key.touch", |c| sqlx::query("UPDATE api_keys SET last_used_at = $2 WHERE id = $1")

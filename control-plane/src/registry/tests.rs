@@ -475,6 +475,40 @@ async fn disabling_a_user_revokes_their_keys_only() {
 }
 
 #[tokio::test]
+async fn the_revocation_list_holds_recent_revocations_of_keys_and_users() {
+    use crate::auth::revocations::Revocations;
+    use crate::types::Role;
+    on_both(|r| async move {
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let ada = r.create_user(&actor(), a, new_user("ada@x.io", Role::Deployer)).await.unwrap();
+        let of_ada = r.create_key(&actor(), a, user_key("tsk_1", Role::Deployer, Some(ada.id))).await.unwrap();
+        let service = r.create_key(&actor(), a, user_key("tsk_2", Role::Viewer, None)).await.unwrap();
+        let active = r.create_key(&actor(), a, user_key("tsk_3", Role::Viewer, None)).await.unwrap();
+        let revocations = Revocations::new(Duration::from_secs(900));
+        revocations.refresh(&r).await.unwrap();
+        assert!(revocations.current().is_empty());
+
+        let revoked = r.revoke_key(&actor(), a, service.id).await.unwrap();
+        let (disabled, _) = r.disable_user(&actor(), a, ada.id).await.unwrap();
+        revocations.refresh(&r).await.unwrap();
+        let at = |t: Option<time::OffsetDateTime>| t.unwrap().unix_timestamp();
+        let expected = tessera_protocol::revocation::RevocationList::new(
+            [(service.id, at(revoked.revoked_at)), (of_ada.id, at(disabled.disabled_at))],
+            [(ada.id, at(disabled.disabled_at))],
+        );
+        assert_eq!(*revocations.current(), expected);
+        assert!(!revocations.current().revokes_key(Some(active.id), None));
+
+        // Only revocations since the given time are read.
+        let mut c = r.conn().await.unwrap();
+        let later = now() + time::Duration::minutes(1);
+        assert!(c.keys_revoked_since(later).await.unwrap().is_empty());
+        assert!(c.users_disabled_since(later).await.unwrap().is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn audit_events_record_the_acting_user() {
     use crate::types::Role;
     on_both(|r| async move {

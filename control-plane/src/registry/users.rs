@@ -74,6 +74,15 @@ impl Conn {
         .fetch_all(c))
     }
 
+    /// Users disabled at or after `since`, with when: the users of the revocation list.
+    pub async fn users_disabled_since(&mut self, since: OffsetDateTime) -> Result<Vec<(Uuid, OffsetDateTime)>> {
+        on_conn!(self, "user.disabled_since", |c| sqlx::query_as::<_, (Uuid, OffsetDateTime)>(
+            "SELECT id, disabled_at FROM users WHERE disabled_at IS NOT NULL AND disabled_at >= $1"
+        )
+        .bind(since)
+        .fetch_all(c))
+    }
+
     /// One of a tenant's users.
     pub async fn user(&mut self, tenant_id: Uuid, id: Uuid) -> Result<Option<UserRow>> {
         on_conn!(self, "user.get", |c| sqlx::query_as::<_, UserRow>(select_users!("WHERE tenant_id = $1 AND id = $2"))

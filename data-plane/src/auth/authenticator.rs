@@ -2,10 +2,14 @@
 //! [`CredentialSource`] behind a cache, access tokens (EdDSA JWTs) offline against the cached
 //! signing keys (JWKS).
 //!
+//! Revocation: the control plane pushes a list of revoked keys and disabled users
+//! ([`Authenticator::apply_revocations`]); tokens issued before a listed revocation are refused,
+//! and cached answers for listed keys are dropped (and refused if they come back).
+//!
 //! Static stability: while the control plane is unreachable, a cached API key keeps working
 //! until its own expiry (a re-check that cannot reach the control plane keeps the cached
 //! answer; one the control plane *rejects* evicts it at once), and tokens keep verifying
-//! against the last signing keys fetched.
+//! against the last signing keys fetched and the last revocation list.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,10 +20,12 @@ use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use parking_lot::{Mutex, RwLock};
 use sha2::{Digest, Sha256};
 use tessera_protocol::auth::{AccessClaims, api_key};
+use tessera_protocol::revocation::RevocationList;
 use tokio::sync::OwnedMutexGuard;
 use tokio::time::Instant;
 
 use super::forwarded::IdentityKey;
+use super::revocations::Revocations;
 use super::{CredentialSource, KeyInfo, Principal, SourceError, TokenKeys};
 use crate::error::Error;
 
@@ -45,6 +51,10 @@ const MAX_CACHED_KEYS: usize = 100_000;
 
 /// The vague answer to every credential that does not check out.
 const INVALID: &str = "invalid credential";
+/// The answer to a genuine token whose key was revoked or whose user was disabled.
+const REVOKED_TOKEN: &str = "access token revoked: its API key was revoked or its user disabled";
+/// The answer to an API key the revocation list names.
+const REVOKED_KEY: &str = "API key revoked";
 
 /// Checks bearer credentials against a [`CredentialSource`], with caches.
 pub struct Authenticator {
@@ -58,6 +68,8 @@ pub struct Authenticator {
     unix_now: fn() -> i64,
     /// Checks identities a gateway forwards, when this server accepts them.
     forwarded: Option<IdentityKey>,
+    /// The last revocation list the control plane sent.
+    revocations: Arc<Revocations>,
 }
 
 /// What the cache knows of one API key.
@@ -96,6 +108,31 @@ impl Authenticator {
             jwks,
             unix_now: system_unix_now,
             forwarded: None,
+            revocations: Arc::default(),
+        }
+    }
+
+    /// The revocation list held (for its metrics, and to mark it stale when its stream breaks).
+    pub fn revocations(&self) -> Arc<Revocations> {
+        self.revocations.clone()
+    }
+
+    /// Installs a revocation list the control plane sent, replacing the one held, and drops
+    /// the cached answers for the keys (and users' keys) it names.
+    pub fn apply_revocations(&self, list: RevocationList) {
+        let list = self.revocations.replace(list);
+        if list.is_empty() {
+            return;
+        }
+        let mut keys = self.keys.lock();
+        let before = keys.len();
+        keys.retain(|_, entry| match entry {
+            CachedKey::Valid { info, .. } => !list.revokes_key(info.key_id, info.user_id),
+            CachedKey::Rejected { .. } => true,
+        });
+        let dropped = before - keys.len();
+        if dropped > 0 {
+            tracing::info!(dropped, "dropped cached API keys the revocation list names");
         }
     }
 
@@ -173,6 +210,13 @@ impl Authenticator {
         let now = Instant::now();
         let mut keys = self.keys.lock();
         match answer {
+            // An answer given before a revocation that arrived meanwhile. Checked under the
+            // cache lock, which `apply_revocations` takes after installing a list: an answer
+            // stored before that is dropped there, one stored after is refused here.
+            Ok(info) if self.revocations.revokes_key(info.key_id, info.user_id) => {
+                self.insert_key(&mut keys, hash, CachedKey::Rejected { until: now + REJECTED_TTL });
+                Err(Error::unauthenticated(REVOKED_KEY))
+            }
             Ok(info) if !self.expired(&info) => {
                 let principal = info.principal.clone();
                 self.insert_key(&mut keys, hash, CachedKey::Valid { info, recheck_at: now + self.key_cache_ttl });
@@ -245,6 +289,10 @@ impl Authenticator {
         if claims.iat > (self.unix_now)().saturating_add(LEEWAY_SECS as i64) {
             tracing::debug!(iat = claims.iat, "access token refused: issued in the future");
             return Err(Error::unauthenticated(INVALID));
+        }
+        if self.revocations.revokes_token(&claims) {
+            tracing::debug!(sub = %claims.sub, "access token refused: revoked");
+            return Err(Error::unauthenticated(REVOKED_TOKEN));
         }
         Ok(Principal { tenant_id: claims.tenant.to_string(), tenant_name: claims.tenant_name, role: claims.role })
     }

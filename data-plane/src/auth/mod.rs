@@ -28,6 +28,10 @@ pub struct KeyInfo {
     pub principal: Principal,
     /// Unix seconds after which the key is invalid; `None` = never.
     pub expires_at: Option<i64>,
+    /// The key's id, what a revocation list names (`None` from control planes that do not say).
+    pub key_id: Option<uuid::Uuid>,
+    /// The key's user, if it has one.
+    pub user_id: Option<uuid::Uuid>,
 }
 
 /// The token-signing public keys and the claims tokens must carry.
@@ -62,10 +66,12 @@ pub trait CredentialSource: Send + Sync + 'static {
 
 mod authenticator;
 pub mod forwarded;
+pub mod revocations;
 
 pub use authenticator::Authenticator;
 pub(crate) use authenticator::system_unix_now;
 pub use forwarded::IdentityKey;
+pub use revocations::Revocations;
 
 #[cfg(test)]
 pub(crate) mod test_support;

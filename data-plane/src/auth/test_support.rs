@@ -29,7 +29,9 @@ struct StaticSource(HashMap<&'static str, Principal>);
 impl CredentialSource for StaticSource {
     fn resolve_key<'a>(&'a self, api_key: &'a str) -> BoxFuture<'a, Result<KeyInfo, SourceError>> {
         let answer = match self.0.get(api_key) {
-            Some(principal) => Ok(KeyInfo { principal: principal.clone(), expires_at: None }),
+            Some(principal) => {
+                Ok(KeyInfo { principal: principal.clone(), expires_at: None, key_id: None, user_id: None })
+            }
             None => Err(SourceError::Rejected("unknown key".into())),
         };
         Box::pin(async move { answer })

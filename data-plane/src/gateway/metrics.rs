@@ -147,6 +147,11 @@ impl GatewayMetrics {
         if let Err(e) = TextEncoder::new().encode(&self.registry.gather(), &mut out) {
             tracing::warn!(error = %e, "could not encode the gateway's metrics");
         }
+        if let Some(revocations) = gateway.revocations() {
+            let mut text = String::new();
+            crate::serve::metrics::MetricsSource::render_metrics(&*revocations, &mut text);
+            out.extend_from_slice(text.as_bytes());
+        }
         out
     }
 }

@@ -184,6 +184,25 @@ impl Gateway {
         self.metrics.route_update();
     }
 
+    /// Enforces a revocation list the control plane sent with the route table.
+    pub fn apply_revocations(&self, list: tessera_protocol::revocation::RevocationList) {
+        if let Some(auth) = &self.auth {
+            auth.apply_revocations(list);
+        }
+    }
+
+    /// The route stream broke: the revocation list held goes stale (it is still enforced).
+    pub fn revocation_stream_lost(&self) {
+        if let Some(auth) = &self.auth {
+            auth.revocations().stream_lost();
+        }
+    }
+
+    /// The revocation list held, for the metrics; `None` without authentication.
+    pub fn revocations(&self) -> Option<Arc<crate::auth::Revocations>> {
+        self.auth.as_ref().map(|a| a.revocations())
+    }
+
     /// How long ago the last table arrived; `None` before the first.
     pub fn route_table_age(&self) -> Option<Duration> {
         self.updated.lock().map(|at| at.elapsed())

@@ -329,6 +329,7 @@ mod tests {
                 models: vec![ModelRoute { model_name: "m".into(), deployment_id: "d".into(), weights, replicas }],
             }],
             gateways: 1,
+            revocations: None,
         }
     }
 

@@ -1,12 +1,14 @@
-//! The gateway's route stream from the control plane: each table replaces the one before.
-//! When the stream breaks the gateway keeps routing by the last table (static stability) and
-//! reconnects with capped exponential backoff.
+//! The gateway's route stream from the control plane: each table replaces the one before, and
+//! the revocation list it carries replaces the one the gateway's authenticator enforces.
+//! When the stream breaks the gateway keeps routing by the last table and enforcing the last
+//! list (static stability), and reconnects with capped exponential backoff.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use tessera_protocol::agent::WatchRoutesRequest;
+use tessera_protocol::revocation::RevocationList;
 use tokio_util::sync::CancellationToken;
 
 use super::Gateway;
@@ -36,6 +38,9 @@ pub async fn run(client: AgentClient, gateway: Arc<Gateway>, gateway_id: String,
                     };
                     match next {
                         Some(Ok(table)) => {
+                            if let Some(list) = &table.revocations {
+                                gateway.apply_revocations(RevocationList::from_proto(list));
+                            }
                             let routes = Routes::from_table(&table, &gateway.routes());
                             let models: usize = routes.tenants.values().map(|t| t.models.len()).sum();
                             tracing::debug!(
@@ -60,6 +65,7 @@ pub async fn run(client: AgentClient, gateway: Arc<Gateway>, gateway_id: String,
             }
             Err(status) => tracing::warn!(error = %status, retry_in = ?backoff, "cannot open the route stream"),
         }
+        gateway.revocation_stream_lost();
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(backoff) => {}

@@ -125,7 +125,16 @@ fn key_info(response: agent::AuthenticateKeyResponse) -> Result<KeyInfo, SourceE
     }
     let role: Role =
         response.role.parse().map_err(|e: tessera_protocol::auth::UnknownRole| SourceError::Rejected(e.to_string()))?;
+    // Ids are optional (older control planes send none); one that is sent must parse.
+    let id = |text: &str, what: &str| match text {
+        "" => Ok(None),
+        text => uuid::Uuid::try_parse(text)
+            .map(Some)
+            .map_err(|_| SourceError::Rejected(format!("the control plane sent an invalid {what} id"))),
+    };
     Ok(KeyInfo {
+        key_id: id(&response.key_id, "key")?,
+        user_id: id(&response.user_id, "user")?,
         principal: Principal { tenant_id: response.tenant_id, tenant_name: response.tenant_name, role },
         expires_at: (response.expires_at != 0).then_some(response.expires_at),
     })
@@ -158,9 +167,20 @@ mod tests {
             tenant_name: "acme".into(),
             role: role.into(),
             expires_at,
+            ..Default::default()
         };
         let info = key_info(answer("t1", "inference", 0)).expect("valid");
-        assert_eq!((info.principal.role, info.expires_at), (Role::Inference, None));
+        assert_eq!((info.principal.role, info.expires_at, info.key_id), (Role::Inference, None, None));
+        let (key, user) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+        let with_ids = agent::AuthenticateKeyResponse {
+            key_id: key.to_string(),
+            user_id: user.to_string(),
+            ..answer("t1", "viewer", 0)
+        };
+        let info = key_info(with_ids.clone()).expect("valid");
+        assert_eq!((info.key_id, info.user_id), (Some(key), Some(user)));
+        let bad_id = agent::AuthenticateKeyResponse { key_id: "nope".into(), ..with_ids };
+        assert!(matches!(key_info(bad_id), Err(SourceError::Rejected(_))));
         assert_eq!(key_info(answer("t1", "viewer", 99)).expect("valid").expires_at, Some(99));
         assert!(matches!(key_info(answer("", "viewer", 0)), Err(SourceError::Rejected(_))));
         assert!(matches!(key_info(answer("t1", "root", 0)), Err(SourceError::Rejected(_))));

@@ -117,13 +117,14 @@ pub async fn run(
         Arc::new(Meter::open(&usage_dir).with_context(|| format!("open the usage spool in {}", usage_dir.display()))?);
     let (capture, capture_queue) = capture::Capture::new(capture::QUEUE_CAPACITY);
     let mut state = ServerState::new(manager.clone(), false, config.max_input_size)
-        .with_auth(authenticator)
+        .with_auth(authenticator.clone())
         .with_usage_hook(meter.clone())
         .with_capture_hook(capture.clone())
         .with_tenant_limit(config.tenant_max_in_flight)
         .with_metrics_token(config.metrics_token.clone())
         .with_shared_memory(config.client_shm.with_models_in_runners(runners.is_some()))
-        .with_metrics_source(gpu_metrics.clone());
+        .with_metrics_source(gpu_metrics.clone())
+        .with_metrics_source(authenticator.revocations());
     if let Some(runners) = runners {
         state = state.with_runners(runners);
     }
@@ -196,7 +197,12 @@ pub async fn run(
         }
         None => None,
     };
-    let reports = session::Reports { register: register_rx, unhealthy: health.subscribe(), assigned: assigned_tx };
+    let reports = session::Reports {
+        register: register_rx,
+        unhealthy: health.subscribe(),
+        assigned: assigned_tx,
+        auth: authenticator,
+    };
     session::run(client, reports, reconciler, shutdown.clone()).await;
     monitor_stop.cancel();
     if let Some(thread) = monitor {

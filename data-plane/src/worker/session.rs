@@ -5,10 +5,15 @@
 //! change. When the slices change (a new MIG layout), the session ends and a new one registers
 //! them ([`Reports::register`]); the control plane updates the worker's slices on registration.
 //!
+//! The control plane also sends the revocation list on the session; the worker's authenticator
+//! enforces each list as it arrives ([`crate::auth::Authenticator::apply_revocations`]).
+//!
 //! When the stream breaks (control plane restarting, network trouble, a refused token) the
 //! worker reconnects with capped exponential backoff and meanwhile keeps serving everything it
-//! has loaded: nothing is unloaded because the control plane is away (static stability).
+//! has loaded: nothing is unloaded because the control plane is away (static stability). It
+//! keeps enforcing the last revocation list too; the next session sends the list whole.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_protocol::agent::{self, control_message, worker_message};
@@ -18,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::AgentClient;
 use super::reconcile::{Reconciler, WorkerStatus};
+use crate::auth::Authenticator;
 
 /// First reconnect delay.
 const BACKOFF_START: Duration = Duration::from_millis(200);
@@ -30,7 +36,8 @@ const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(1);
 /// Outgoing messages buffered; a full buffer means the control plane stopped reading.
 const OUTBOX: usize = 16;
 
-/// What the worker reports besides its replicas, each followed as it changes.
+/// What the worker reports besides its replicas, each followed as it changes, and what enforces
+/// what the control plane sends besides assignments.
 pub struct Reports {
     /// The `Register` message. The worker sends a new one when its slices change; the session
     /// then ends and a new one registers with it.
@@ -40,6 +47,8 @@ pub struct Reports {
     /// Set to the generation of the first assignment set the control plane sends (after
     /// registering): the worker is ready once that set is installed.
     pub assigned: watch::Sender<Option<u64>>,
+    /// Enforces the revocation lists the control plane sends.
+    pub auth: Arc<Authenticator>,
 }
 
 /// Why a session ended.
@@ -69,6 +78,7 @@ pub async fn run(client: AgentClient, mut reports: Reports, reconciler: Reconcil
                 continue;
             }
             Ended::Lost { reason, registered } => {
+                reports.auth.revocations().stream_lost();
                 if registered {
                     backoff = BACKOFF_START;
                 }
@@ -120,7 +130,7 @@ async fn session(
             () = shutdown.cancelled() => return Ended::Shutdown,
             message = inbound.message() => match message {
                 Ok(Some(message)) => {
-                    if let Some(interval) = handle(message, register, reconciler, &reports.assigned).await {
+                    if let Some(interval) = handle(message, register, reconciler, reports).await {
                         registered = true;
                         heartbeat = Some(ticker(interval));
                     }
@@ -166,7 +176,7 @@ async fn handle(
     message: agent::ControlMessage,
     register: &agent::Register,
     reconciler: &Reconciler,
-    assigned: &watch::Sender<Option<u64>>,
+    reports: &Reports,
 ) -> Option<Duration> {
     match message.kind {
         Some(control_message::Kind::Registered(r)) => {
@@ -188,7 +198,14 @@ async fn handle(
         Some(control_message::Kind::Assignments(set)) => {
             let generation = set.generation;
             reconciler.apply(set).await;
-            assigned.send_if_modified(|first| first.is_none().then(|| *first = Some(generation)).is_some());
+            reports.assigned.send_if_modified(|first| first.is_none().then(|| *first = Some(generation)).is_some());
+            None
+        }
+        Some(control_message::Kind::Revocations(list)) => {
+            let list = tessera_protocol::revocation::RevocationList::from_proto(&list);
+            let (keys, users) = list.counts();
+            tracing::debug!(keys, users, "revocation list");
+            reports.auth.apply_revocations(list);
             None
         }
         None => None,

@@ -15,6 +15,7 @@ mod gpus;
 mod load_failures;
 mod metrics;
 mod openapi;
+mod revocation;
 mod signatures;
 mod tenancy;
 mod tls;

@@ -72,8 +72,12 @@ fn principal(role: Role) -> Principal {
     Principal { tenant_id: TENANT.into(), tenant_name: "acme".into(), role }
 }
 
+/// The id of [`KEY`] and of its user, as the control plane names them.
+const KEY_ID: uuid::Uuid = uuid::Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_0001);
+const USER_ID: uuid::Uuid = uuid::Uuid::from_u128(0x0193_0000_0000_7000_8000_0000_0000_0002);
+
 fn key_info(expires_at: Option<i64>) -> KeyInfo {
-    KeyInfo { principal: principal(Role::Inference), expires_at }
+    KeyInfo { principal: principal(Role::Inference), expires_at, key_id: Some(KEY_ID), user_id: Some(USER_ID) }
 }
 
 fn setup() -> (Arc<FakeSource>, Authenticator) {
@@ -445,4 +449,96 @@ async fn non_ed25519_keys_in_the_jwks_are_ignored() {
     let hmac: Jwk = serde_json::from_value(json!({"kty": "oct", "kid": "k1", "k": "c2VjcmV0"})).expect("a JWK");
     source.publish(Some(vec![hmac, signer.jwk.clone()]));
     check(&auth, &signer.sign(&claims())).await.expect("the Ed25519 key is used");
+}
+
+/// A list naming `keys` and `users`, revoked at `at`.
+fn revoked(keys: &[uuid::Uuid], users: &[uuid::Uuid], at: i64) -> RevocationList {
+    RevocationList::new(keys.iter().map(|k| (*k, at)), users.iter().map(|u| (*u, at)))
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_issued_before_a_revocation_of_their_key_or_user_are_refused() {
+    let (_source, auth, signer) = token_setup();
+    let now = system_unix_now();
+    let issued = with(claims(), "iat", json!(now));
+    let of_key = signer.sign(&with(issued.clone(), "sub", json!(KEY_ID)));
+    let of_user = signer.sign(&with(with(issued.clone(), "sub", json!(uuid::Uuid::new_v4())), "usr", json!(USER_ID)));
+    let other = signer.sign(&with(issued.clone(), "sub", json!(uuid::Uuid::new_v4())));
+    for token in [&of_key, &of_user, &other] {
+        check(&auth, token).await.expect("valid before any revocation");
+    }
+
+    auth.apply_revocations(revoked(&[KEY_ID], &[USER_ID], now));
+    for token in [&of_key, &of_user] {
+        let err = check(&auth, token).await.expect_err("revoked");
+        assert_eq!(err.kind, ErrorKind::Unauthenticated);
+        assert!(err.message.contains("revoked"), "{}", err.message);
+    }
+    check(&auth, &other).await.expect("a token of another key and user");
+
+    // A token issued after the revocation (a key id reused by nobody, but a user's later key
+    // could be) is not refused by it.
+    let later = signer.sign(&with(with(issued, "sub", json!(KEY_ID)), "iat", json!(now + 1)));
+    check(&auth, &later).await.expect("issued after the revocation");
+
+    // Each list replaces the one before.
+    auth.apply_revocations(RevocationList::default());
+    check(&auth, &of_key).await.expect("no longer listed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn cached_api_keys_named_by_a_revocation_list_are_dropped() {
+    let (source, auth) = setup();
+    source.answer_key(KEY, Ok(key_info(None)));
+    check(&auth, KEY).await.expect("valid");
+    check(&auth, KEY).await.expect("cached");
+    assert_eq!(source.key_calls(), 1);
+
+    // Another key's revocation leaves the cached answer alone.
+    auth.apply_revocations(revoked(&[uuid::Uuid::new_v4()], &[], system_unix_now()));
+    check(&auth, KEY).await.expect("still cached");
+    assert_eq!(source.key_calls(), 1);
+
+    // The key's own revocation drops it: the next request asks the control plane, which now
+    // says no.
+    source.answer_key(KEY, Err(SourceError::Rejected("revoked".into())));
+    auth.apply_revocations(revoked(&[KEY_ID], &[], system_unix_now()));
+    let err = check(&auth, KEY).await.expect_err("revoked");
+    assert_eq!(err.kind, ErrorKind::Unauthenticated);
+    assert_eq!(source.key_calls(), 2, "the cached answer was dropped");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_key_answer_that_raced_its_revocation_is_refused() {
+    let (source, auth) = setup();
+    // The control plane vouched for the key before the user was disabled; the answer arrives
+    // after the list naming the user.
+    source.answer_key(KEY, Ok(key_info(None)));
+    auth.apply_revocations(revoked(&[], &[USER_ID], system_unix_now()));
+    let err = check(&auth, KEY).await.expect_err("the user is disabled");
+    assert!(err.message.contains("revoked"), "{}", err.message);
+    check(&auth, KEY).await.expect_err("and stays refused");
+    assert_eq!(source.key_calls(), 1, "the refusal is cached");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_revocation_metrics_show_the_list_and_its_staleness() {
+    let (_source, auth) = setup();
+    let revocations = auth.revocations();
+    let render = || {
+        let mut out = String::new();
+        crate::serve::metrics::MetricsSource::render_metrics(&*revocations, &mut out);
+        out
+    };
+    assert!(render().contains("tessera_revocation_list_stale_seconds -1"), "{}", render());
+    auth.apply_revocations(revoked(&[KEY_ID, uuid::Uuid::new_v4()], &[USER_ID], 1));
+    let text = render();
+    assert!(text.contains("tessera_revocation_list_entries{kind=\"key\"} 2"), "{text}");
+    assert!(text.contains("tessera_revocation_list_entries{kind=\"user\"} 1"), "{text}");
+    assert!(text.contains("tessera_revocation_list_stale_seconds 0"), "{text}");
+    revocations.stream_lost();
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert!(render().contains("tessera_revocation_list_stale_seconds 3"), "{}", render());
+    auth.apply_revocations(RevocationList::default());
+    assert!(render().contains("tessera_revocation_list_stale_seconds 0"), "{}", render());
 }
