@@ -153,7 +153,7 @@ impl Tracer {
     /// request that joins a caller's trace.
     fn sampled(&self, rate: u32, seen: &AtomicU64, propagated: bool) -> bool {
         let n = seen.fetch_add(1, Ordering::Relaxed) + 1;
-        propagated || (rate != 0 && n % u64::from(rate) == 0)
+        propagated || (rate != 0 && n.is_multiple_of(u64::from(rate)))
     }
 
     /// The settings of the global scope (`model` `None`) or of a model, as the extension lists

@@ -284,11 +284,14 @@ mod tests {
     use super::*;
     use crate::error::ErrorKind;
 
-    fn parse(pairs: &[(&str, Option<&[&str]>)]) -> Result<Update> {
+    /// A key and its values (`None`: null).
+    type Pair<'a> = (&'a str, Option<&'a [&'a str]>);
+
+    fn parse(pairs: &[Pair]) -> Result<Update> {
         Update::parse(pairs.iter().map(|(k, v)| (k.to_string(), v.map(|v| v.iter().map(|s| s.to_string()).collect()))))
     }
 
-    fn refused(pairs: &[(&str, Option<&[&str]>)]) -> (ErrorKind, String) {
+    fn refused(pairs: &[Pair]) -> (ErrorKind, String) {
         let e = parse(pairs).expect_err("refused");
         (e.kind, e.message)
     }
@@ -317,7 +320,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_in_tritons_words() {
-        let cases: [(&[(&str, Option<&[&str]>)], ErrorKind, &str); 9] = [
+        let cases: [(&[Pair], ErrorKind, &str); 9] = [
             (&[("trace_file", Some(&["/tmp/x"]))], ErrorKind::Unsupported, "trace file location can not be updated"),
             (&[("trace_file", None)], ErrorKind::Unsupported, "trace file location can not be updated"),
             (&[("trace_rate", Some(&["abc"]))], ErrorKind::InvalidArg, "Unable to parse 'trace_rate', got: abc"),

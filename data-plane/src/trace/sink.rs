@@ -30,7 +30,7 @@ impl Sink {
         };
         if let Some(dropped) = dropped {
             // One line for the first drop and then every thousandth, not one per request.
-            if dropped.fetch_add(1, Ordering::Relaxed) % 1000 == 0 {
+            if dropped.fetch_add(1, Ordering::Relaxed).is_multiple_of(1000) {
                 tracing::warn!("trace queue full or its writer stopped: traces dropped");
             }
         }

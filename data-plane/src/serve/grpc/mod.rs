@@ -72,12 +72,13 @@ struct InferenceService {
 impl InferenceService {
     /// One inference through the request facade (metered on workers once the model resolved in
     /// the caller's tenant, before the response is handed back).
-    /// `traceparent` is the request's header of that name (unary calls only).
+    /// `metadata` is the call's (unary calls only), read for a `traceparent` only when the
+    /// request may be traced.
     async fn infer(
         state: &ServerState,
         caller: Option<&Principal>,
         req: ModelInferRequest,
-        traceparent: Option<&str>,
+        metadata: Option<&tonic::metadata::MetadataMap>,
     ) -> Result<ModelInferResponse, Error> {
         let v = crate::engine::manager::parse_version(&req.model_name, Some(&req.model_version))?;
         let model = req.model_name.clone();
@@ -92,7 +93,8 @@ impl InferenceService {
                 async |loaded, tap| {
                     // Tonic has read the message by now: the receive steps are its decode, the
                     // send steps the response's encode.
-                    let trace = state.start_trace(caller, &model, loaded, || traceparent);
+                    let traceparent = || metadata?.get("traceparent")?.to_str().ok();
+                    let trace = state.start_trace(caller, &model, loaded, traceparent);
                     trace.stamp(Event::GrpcWaitreadStart);
                     let (mut request, shm_inputs) = convert::infer_request(req)?;
                     let shm = tensors::resolve(state.shared_memory(), caller, &mut request, shm_inputs).await?;
@@ -188,8 +190,7 @@ impl GrpcInferenceService for InferenceService {
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> GrpcResult<ModelInferResponse> {
         let caller = self.caller(&req, Role::Inference).await?;
         let (metadata, _, req) = req.into_parts();
-        let traceparent = metadata.get("traceparent").and_then(|v| v.to_str().ok());
-        Ok(Response::new(Self::infer(&self.state, caller.as_ref(), req, traceparent).await?))
+        Ok(Response::new(Self::infer(&self.state, caller.as_ref(), req, Some(&metadata)).await?))
     }
 
     type ModelStreamInferStream = StreamOut;

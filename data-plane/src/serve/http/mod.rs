@@ -176,6 +176,19 @@ pub fn router(state: Arc<ServerState>) -> Router {
                 handle_update_trace_settings(&s, c, Some(m), b).await
             }),
         )
+        // A worker's key for a tenant's model, `<tenant id>/<model>`, as `tritonclient` puts it
+        // in the path (it leaves the '/' unescaped).
+        .route(
+            "/v2/models/{tenant}/{model}/trace/setting",
+            get(|State(s): S, c: Caller, UrlPath((t, m)): UrlPath<(String, String)>| async move {
+                handle_trace_settings(&s, c, Some(format!("{t}/{m}"))).await
+            })
+            .post(
+                |State(s): S, c: Caller, UrlPath((t, m)): UrlPath<(String, String)>, b: Body| async move {
+                    handle_update_trace_settings(&s, c, Some(format!("{t}/{m}")), b).await
+                },
+            ),
+        )
         .route("/v2/repository/index", post(handle_repository_index))
         .route("/v2/repository/models/{model}/load", post(handle_repository_load))
         .route("/v2/repository/models/{model}/unload", post(handle_repository_unload))

@@ -188,6 +188,9 @@ async fn trace_settings_are_a_platform_admins_who_names_a_tenants_model_by_its_k
         call(&router, Method::POST, &tenant_model, Some(PLATFORM_ADMIN), Some(json!({"trace_rate": "3"}))).await;
     assert_eq!((changed.status, &changed.body["trace_rate"]), (StatusCode::OK, &json!("3")));
     assert_eq!(get(&router, "/v2/trace/setting", Some(PLATFORM_ADMIN)).await.body["trace_rate"], "1000");
+    // The '/' unescaped, as tritonclient sends the name.
+    let unescaped = get(&router, &format!("/v2/models/{TENANT_A}/add_sub/trace/setting"), Some(PLATFORM_ADMIN)).await;
+    assert_eq!((unescaped.status, &unescaped.body["trace_rate"]), (StatusCode::OK, &json!("3")));
     // A model name without its tenant names no model on a worker.
     let plain = get(&router, "/v2/models/add_sub/trace/setting", Some(PLATFORM_ADMIN)).await;
     assert_eq!(plain.status, StatusCode::BAD_REQUEST);
