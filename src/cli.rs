@@ -8,6 +8,7 @@ use clap::{ArgAction, Parser, Subcommand, ValueEnum};
 use tessera_data_plane::engine::manager::ControlMode;
 use tessera_data_plane::serve::net::listen::ListenArgs;
 use tessera_data_plane::serve::server::{DEFAULT_MAX_INPUT_SIZE, ServeConfig};
+use tessera_data_plane::trace::TraceConfig;
 use tessera_data_plane::worker::gpu::NvmlSource;
 use tokio_util::sync::CancellationToken;
 
@@ -182,6 +183,12 @@ pub struct ServeArgs {
     /// `--cache-config local,size=N`, on by default here); 0 turns it off.
     #[arg(long, env = "TESSERA_RESPONSE_CACHE_MIB", default_value_t = tessera_data_plane::engine::response_cache::DEFAULT_TOTAL_BYTES >> 20)]
     pub response_cache_mib: u64,
+    /// Tracing at start, as tritonserver's `--trace-config`: `level=TIMESTAMPS`, `rate=N`,
+    /// `count=N`, `mode=triton|opentelemetry`, `triton,file=PATH`, `triton,log-frequency=N`,
+    /// `opentelemetry,url=URL`, `opentelemetry,resource=KEY=VALUE`, `opentelemetry,bsp_*=N`;
+    /// repeat it. Off by default.
+    #[arg(long = "trace-config", env = "TESSERA_TRACE_CONFIG", value_delimiter = ';')]
+    pub trace_config: Vec<String>,
 }
 
 /// Flags of `tessera tls-cert`.
@@ -266,6 +273,7 @@ impl ServeArgs {
             allow_client_shm: self.allow_client_shm,
             tls: self.listen.tls.files(),
             response_cache_bytes: self.response_cache_mib.saturating_mul(1 << 20),
+            trace: TraceConfig::parse(&self.trace_config).map_err(std::io::Error::other)?,
         })
     }
 }

@@ -4,7 +4,8 @@
 //! In wings that show the process model: [`engine`] (models, batchers, instances; no network),
 //! [`serve`] (the endpoints and their connections, over the engine), [`worker`] (the control
 //! plane's agent and the usage meter), [`runner`] (a tenant's engine in a process of its own),
-//! [`gateway`] (one endpoint for every tenant, in front of the workers) and [`tools`]. [`auth`] and [`error`] are shared by the worker and the serving layer.
+//! [`gateway`] (one endpoint for every tenant, in front of the workers), [`trace`] (request
+//! tracing) and [`tools`]. [`auth`] and [`error`] are shared by the worker and the serving layer.
 
 pub mod auth;
 pub mod engine;
@@ -16,6 +17,7 @@ pub mod logging;
 pub mod runner;
 pub mod serve;
 pub mod tools;
+pub mod trace;
 pub mod worker;
 
 pub use serve::server::{BoundAddrs, ServeConfig, run};

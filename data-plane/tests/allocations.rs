@@ -105,6 +105,7 @@ async fn start(dir: &std::path::Path) -> (SocketAddr, SocketAddr, tokio_util::sy
         allow_client_shm: true,
         tls: None,
         response_cache_bytes: 0,
+        trace: Default::default(),
     };
     let shutdown = tokio_util::sync::CancellationToken::new();
     let (tx, rx) = tokio::sync::oneshot::channel();

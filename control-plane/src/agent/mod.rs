@@ -125,7 +125,8 @@ impl WorkerAgent for AgentService {
             tenant_name: principal.tenant_name,
             role: principal.role.as_str().to_string(),
             expires_at: expires_at.map_or(0, |t| t.unix_timestamp()),
-            key_id: principal.key_id.to_string(),
+            // An API key always names its key; only console sessions have none.
+            key_id: principal.key_id.map(|k| k.to_string()).unwrap_or_default(),
             user_id: principal.user_id.map(|u| u.to_string()).unwrap_or_default(),
         }))
     }

@@ -22,6 +22,10 @@ pub const A_INFERENCE: &str = "tsk_a_inference";
 pub const A_VIEWER: &str = "tsk_a_viewer";
 /// Tenant B, role `deployer`.
 pub const B_DEPLOYER: &str = "tsk_b_deployer";
+/// A platform admin (of a tenant of its own).
+pub const PLATFORM_ADMIN: &str = "tsk_platform_admin";
+/// The platform admin's tenant.
+const TENANT_OPS: &str = "0b8a4a5e-1d0c-4f7e-9a51-5b1d1c2f3a09";
 
 /// Knows the three keys above; refuses everything else.
 struct StaticSource(HashMap<&'static str, Principal>);
@@ -46,12 +50,14 @@ fn principal(tenant: &str, role: Role) -> Principal {
     Principal { tenant_id: tenant.into(), tenant_name: format!("tenant-{}", &tenant[tenant.len() - 2..]), role }
 }
 
-/// An authenticator that knows [`A_INFERENCE`], [`A_VIEWER`] and [`B_DEPLOYER`].
+/// An authenticator that knows [`A_INFERENCE`], [`A_VIEWER`], [`B_DEPLOYER`] and
+/// [`PLATFORM_ADMIN`].
 pub fn authenticator() -> Arc<Authenticator> {
     let keys = HashMap::from([
         (A_INFERENCE, principal(TENANT_A, Role::Inference)),
         (A_VIEWER, principal(TENANT_A, Role::Viewer)),
         (B_DEPLOYER, principal(TENANT_B, Role::Deployer)),
+        (PLATFORM_ADMIN, principal(TENANT_OPS, Role::PlatformAdmin)),
     ]);
     Arc::new(Authenticator::new(Arc::new(StaticSource(keys)), Duration::from_secs(60)))
 }

@@ -114,6 +114,9 @@ pub struct ValidInferRequest {
     pub outputs: Vec<usize>,
     /// Inputs and outputs in CUDA regions, copied by the runner that runs the model.
     pub cuda: CudaIo,
+    /// The request's trace, stamped by the batcher and the instance that run it (off unless
+    /// the request was sampled; never sent to a runner).
+    pub trace: crate::trace::Trace,
 }
 
 /// The engine's answer to one request.
@@ -172,6 +175,7 @@ impl ValidInferRequest {
             inputs,
             outputs,
             cuda: request.cuda,
+            trace: crate::trace::Trace::off(),
         })
     }
 }

@@ -23,6 +23,7 @@ use crate::engine::tensor::OutputTensor;
 use crate::engine::warmup;
 use crate::error::Result;
 use crate::runner::RemoteVersion;
+use crate::trace::{Event, Trace};
 use tessera_protocol::inference::ModelConfig;
 use tessera_protocol::inference::model_config::SchedulingChoice;
 
@@ -217,6 +218,13 @@ impl LoadedModel {
     /// request before it captures the request start), so the statistics' "overhead" compares
     /// like with like; a request that fails the checks is timed from its arrival.
     pub async fn infer(&self, request: InferRequest) -> Result<InferResponse> {
+        self.infer_traced(request, Trace::off()).await
+    }
+
+    /// [`Self::infer`] for a request that may be traced: the checks passed (REQUEST_START) and
+    /// the answer (REQUEST_END) are stamped here, the queue and compute steps by the batcher
+    /// and the instance that run it.
+    pub async fn infer_traced(&self, request: InferRequest, trace: Trace) -> Result<InferResponse> {
         let received = Instant::now();
         let (classes, valid) = match classification::requested(&request.outputs)
             .and_then(|classes| Ok((classes, ValidInferRequest::new(request, &self.spec)?)))
@@ -229,6 +237,12 @@ impl LoadedModel {
             }
         };
         let id = valid.id.clone();
+        let mut valid = valid;
+        if trace.is_on() {
+            trace.set_request_id(&id);
+            trace.stamp(Event::RequestStart);
+            valid.trace = trace.clone();
+        }
         let mut outputs = match &self.cache {
             // Inputs in CUDA regions have no bytes here to key on.
             Some(slot) if valid.cuda.is_empty() => self.run_cached(slot, valid, received).await?,
@@ -237,6 +251,8 @@ impl LoadedModel {
         if !classes.is_empty() {
             classification::apply(&self.spec, &self.labels, &classes, &mut outputs)?;
         }
+        trace.stamp(Event::RequestEnd);
+        trace.stamp(Event::InferResponseComplete);
         Ok(InferResponse { model_name: self.spec.name.clone(), model_version: self.version.to_string(), id, outputs })
     }
 
@@ -275,7 +291,12 @@ impl LoadedModel {
         let result = match &self.execution {
             Execution::Local(batcher) => batcher.submit(valid, started).await,
             Execution::Sequence(batcher) => batcher.submit(valid, started).await,
-            Execution::Runner(remote) => return remote.infer(valid, &self.spec.name, &self.stats).await,
+            Execution::Runner(remote) => {
+                // The runner's own queue and compute steps are not seen here: the time it was
+                // sent stands for the queue start.
+                valid.trace.stamp(Event::QueueStart);
+                return remote.infer(valid, &self.spec.name, &self.stats).await;
+            }
             Execution::Ensemble(ensemble) => {
                 let batch_size = valid.batch_size as u64;
                 let result = ensemble.run(&self.spec, valid).await;

@@ -273,6 +273,7 @@ mod tests {
             inputs: vec![Some(input)],
             outputs: vec![0],
             cuda: Default::default(),
+            trace: Default::default(),
         }
     }
 

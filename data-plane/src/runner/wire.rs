@@ -644,7 +644,8 @@ fn decode_infer(r: &mut Reader, fetch: Fetch<'_>) -> WireResult<InferCall> {
     let n = r.count(4, "outputs")?;
     let outputs = (0..n).map(|_| r.u32("output").map(|o| o as usize)).collect::<WireResult<_>>()?;
     let cuda = r.cuda_io()?;
-    let request = ValidInferRequest { id, parameters, priority, timeout_us, batch_size, inputs, outputs, cuda };
+    let trace = crate::trace::Trace::off();
+    let request = ValidInferRequest { id, parameters, priority, timeout_us, batch_size, inputs, outputs, cuda, trace };
     Ok(InferCall { key, version, request })
 }
 
@@ -760,6 +761,7 @@ mod tests {
             inputs: vec![Some(tensor("INPUT0", 3)), None],
             outputs: vec![1, 0],
             cuda: Default::default(),
+            trace: Default::default(),
         };
         let mut buf = BytesMut::new();
         ToRunner::Infer(InferCall { key: "t/m".into(), version: 4, request }).encode(77, &mut buf, None);
@@ -859,6 +861,7 @@ mod tests {
             inputs: vec![Some(tensor("BIG", 2048)), Some(tensor("SMALL", 1))],
             outputs: vec![0],
             cuda: Default::default(),
+            trace: Default::default(),
         };
         let big = request.inputs[0].as_ref().map(|t| t.data.clone()).expect("big");
         let mut buf = BytesMut::new();
@@ -950,6 +953,7 @@ mod tests {
             inputs: vec![Some(input)],
             outputs: vec![0],
             cuda,
+            trace: Default::default(),
         };
         let mut buf = BytesMut::new();
         ToRunner::Infer(InferCall { key: "k".into(), version: 1, request }).encode(3, &mut buf, None);

@@ -28,10 +28,11 @@ use crate::serve::metrics::{MetricsSource, MetricsToken};
 use crate::serve::net::tls::{CertFiles, TlsAcceptor};
 use crate::serve::shared_memory::{SharedMemory, ShmPolicy};
 use crate::serve::tenant_gate::TenantGate;
+use crate::trace::{Trace, TraceConfig, Tracer};
 
 /// Every extension this server may list in server metadata; the shared-memory ones last, so
 /// each set below is a prefix.
-const ALL_EXTENSIONS: [&str; 11] = [
+const ALL_EXTENSIONS: [&str; 12] = [
     "classification",
     "sequence",
     "sequence(string_id)",
@@ -41,13 +42,14 @@ const ALL_EXTENSIONS: [&str; 11] = [
     "model_configuration",
     "statistics",
     "logging",
+    "trace",
     "system_shared_memory",
     "cuda_shared_memory",
 ];
 /// Extensions this server implements, as listed in server metadata.
-pub const EXTENSIONS: &[&str] = ALL_EXTENSIONS.split_at(9).0;
+pub const EXTENSIONS: &[&str] = ALL_EXTENSIONS.split_at(10).0;
 /// [`EXTENSIONS`] with system shared memory, when clients may use it.
-const EXTENSIONS_WITH_SHM: &[&str] = ALL_EXTENSIONS.split_at(10).0;
+const EXTENSIONS_WITH_SHM: &[&str] = ALL_EXTENSIONS.split_at(11).0;
 /// [`EXTENSIONS_WITH_SHM`] with CUDA shared memory, when the CUDA driver is here too.
 const EXTENSIONS_WITH_CUDA_SHM: &[&str] = &ALL_EXTENSIONS;
 
@@ -91,6 +93,8 @@ pub struct ServeConfig {
     pub tls: Option<CertFiles>,
     /// Bytes the response cache holds (one tenant here, so one limit); 0 turns it off.
     pub response_cache_bytes: u64,
+    /// Tracing at start (`--trace-config`).
+    pub trace: TraceConfig,
 }
 
 /// Shared state of one server: the model manager plus server-level flags.
@@ -124,6 +128,8 @@ pub struct ServerState {
     shared_memory: SharedMemory,
     /// More families the metrics endpoint renders (a worker's GPUs and slice health).
     metrics_sources: Vec<Arc<dyn MetricsSource>>,
+    /// Trace settings and where traces go.
+    tracer: Tracer,
 }
 
 impl ServerState {
@@ -145,6 +151,47 @@ impl ServerState {
             metrics_token: None,
             shared_memory: SharedMemory::new(ShmPolicy::serve(true).with_max_input_bytes(max_input_size as u64)),
             metrics_sources: Vec::new(),
+            tracer: Tracer::disabled(),
+        }
+    }
+
+    /// Traces requests as `tracer` says.
+    pub fn with_tracer(mut self, tracer: Tracer) -> Self {
+        self.tracer = tracer;
+        self
+    }
+
+    /// The trace settings and sink.
+    pub fn tracer(&self) -> &Tracer {
+        &self.tracer
+    }
+
+    /// The trace of a request to `model` (as the caller names it) that resolved to `loaded`:
+    /// off, at the cost of one atomic load, unless some trace level is on and it is sampled.
+    /// `traceparent` reads the request's header of that name (asked only in OpenTelemetry mode).
+    #[inline]
+    pub fn start_trace<'h>(
+        &self,
+        caller: Option<&Principal>,
+        model: &str,
+        loaded: &LoadedModel,
+        traceparent: impl FnOnce() -> Option<&'h str>,
+    ) -> Trace {
+        if !self.tracer.armed() {
+            return Trace::off();
+        }
+        self.tracer.sample(&model_key(caller, model), &loaded.spec.name, loaded.version, traceparent)
+    }
+
+    /// The manager key a trace setting's model names, refused as Triton refuses an unknown
+    /// model. On a multi-tenant worker a platform admin names a tenant's model by its key,
+    /// `<tenant id>/<model>`.
+    pub fn trace_model<'m>(&self, model: Option<&'m str>) -> Result<Option<&'m str>> {
+        match model {
+            Some(name) if self.manager.get(name, None).is_err() => {
+                Err(Error::invalid(format!("Request for unknown model : {name}")))
+            }
+            other => Ok(other),
         }
     }
 
@@ -462,7 +509,9 @@ pub async fn run(
         manager = manager.with_runners(runners.clone(), placement);
     }
     let manager = Arc::new(manager);
+    let tracer = Tracer::start(config.trace.clone()).context("start tracing")?;
     let mut state = ServerState::new(manager.clone(), config.strict_readiness, config.max_input_size)
+        .with_tracer(tracer)
         .with_metrics_token(config.metrics_token.clone())
         .with_shared_memory(ShmPolicy::serve(config.allow_client_shm).with_models_in_runners(runners.is_some()));
     if let Some(runners) = runners {

@@ -11,6 +11,7 @@ use crate::serve::net::listen::ListenArgs;
 use crate::serve::net::tls::{CaArgs, CertFiles};
 use crate::serve::server::DEFAULT_MAX_INPUT_SIZE;
 use crate::serve::shared_memory::{self, ShmPolicy, TenantLimits};
+use crate::trace::TraceConfig;
 use crate::worker::gpu::NvmlSource;
 
 /// The credential a worker presents to the control plane; never printed.
@@ -126,6 +127,10 @@ pub struct WorkerArgs {
     /// several separated by ':' in the environment variable.
     #[arg(long = "cuda-library-dir", env = "TESSERA_CUDA_LIBRARY_DIRS", value_delimiter = ':', value_parser = parse_library_dir)]
     pub cuda_library_dirs: Vec<PathBuf>,
+    /// Tracing at start, as `tessera serve --trace-config` (tritonserver's keys); only a platform
+    /// admin reads or changes the trace settings at run time.
+    #[arg(long = "trace-config", env = "TESSERA_TRACE_CONFIG", value_delimiter = ';')]
+    pub trace_config: Vec<String>,
 }
 
 /// Where a worker runs its tenants' models.
@@ -197,6 +202,8 @@ pub struct WorkerConfig {
     pub cuda_library_dirs: Vec<PathBuf>,
     /// Certificate and key the HTTP, gRPC and metrics endpoints present; `None`: plain HTTP.
     pub tls: Option<CertFiles>,
+    /// Tracing at start.
+    pub trace: TraceConfig,
 }
 
 impl WorkerConfig {
@@ -232,6 +239,7 @@ impl WorkerConfig {
             },
             cuda_library_dirs: Vec::new(),
             tls: None,
+            trace: TraceConfig::default(),
         }
     }
 }
@@ -285,6 +293,7 @@ impl WorkerArgs {
             },
             cuda_library_dirs: self.cuda_library_dirs,
             tls,
+            trace: TraceConfig::parse(&self.trace_config).map_err(std::io::Error::other)?,
         })
     }
 }

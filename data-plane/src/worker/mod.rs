@@ -116,7 +116,9 @@ pub async fn run(
     let meter =
         Arc::new(Meter::open(&usage_dir).with_context(|| format!("open the usage spool in {}", usage_dir.display()))?);
     let (capture, capture_queue) = capture::Capture::new(capture::QUEUE_CAPACITY);
+    let tracer = crate::trace::Tracer::start(config.trace.clone()).context("start tracing")?;
     let mut state = ServerState::new(manager.clone(), false, config.max_input_size)
+        .with_tracer(tracer)
         .with_auth(authenticator.clone())
         .with_usage_hook(meter.clone())
         .with_capture_hook(capture.clone())

@@ -315,6 +315,7 @@ fn to_runner_frames() -> Vec<u8> {
         ],
         outputs: vec![0],
         cuda: Default::default(),
+        trace: Default::default(),
     };
     let calls = [
         ToRunner::Load(Box::new(LoadCall {
@@ -357,6 +358,7 @@ fn cuda_request() -> ValidInferRequest {
         ],
         outputs: vec![0],
         cuda: CudaIo { inputs: vec![("INT".into(), at(1, "in"))], outputs: vec![("OUT".into(), at(2, "out"))] },
+        trace: Default::default(),
     }
 }
 

@@ -20,6 +20,7 @@ use crate::engine::model_spec::ModelSpec;
 use crate::engine::stats::{Execution, FailReason, ModelStats, nanos};
 use crate::engine::tensor::{InputTensor, OutputTensor, row_offsets, slice_rows};
 use crate::error::{Error, Result};
+use crate::trace::{Event, Trace};
 use order::{Delivery, Reorder, Ticket};
 use policy::BatchingConfig;
 use queue::{BatchQueue, Dropped, Pending};
@@ -335,6 +336,9 @@ fn run_batch(session: &mut OnnxSession, shared: &Shared, batch: Vec<Pending>, ti
             // request's duration includes waking the clients ahead of it.
             let done = Instant::now();
             for (pending, outputs) in batch.iter().zip(&per_request) {
+                if pending.request.trace.is_on() {
+                    stamp_run(&pending.request.trace, pending.enqueued, start, &timings, done);
+                }
                 stats.queue.record(nanos(start - pending.enqueued));
                 stats.compute_input.record(timings.input_ns);
                 stats.compute_infer.record(timings.infer_ns);
@@ -355,6 +359,23 @@ fn run_batch(session: &mut OnnxSession, shared: &Shared, batch: Vec<Pending>, ti
             deliver(ticket, batch.into_iter().map(|p| (p.reply, Err(e.clone()))));
         }
     }
+}
+
+/// Stamps a traced request's queue and compute steps from the times its batch measured anyway.
+fn stamp_run(
+    trace: &Trace,
+    enqueued: Instant,
+    start: Instant,
+    timings: &crate::engine::backend::onnx::RunTimings,
+    done: Instant,
+) {
+    let start = start.into_std();
+    let input_end = start + std::time::Duration::from_nanos(timings.input_ns);
+    trace.stamp_at(Event::QueueStart, enqueued.into_std());
+    trace.stamp_at(Event::ComputeStart, start);
+    trace.stamp_at(Event::ComputeInputEnd, input_end);
+    trace.stamp_at(Event::ComputeOutputStart, input_end + std::time::Duration::from_nanos(timings.infer_ns));
+    trace.stamp_at(Event::ComputeEnd, done.into_std());
 }
 
 /// Sends a batch's answers: now, or in the batch's turn when it has a ticket.

@@ -331,6 +331,7 @@ mod tests {
             inputs: vec![Some(input)],
             outputs: vec![0],
             cuda: Default::default(),
+            trace: Default::default(),
         }
     }
 

@@ -5,6 +5,7 @@ pub(crate) mod convert;
 mod logging;
 pub mod serve;
 mod socket;
+mod trace;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -34,6 +35,7 @@ use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::net::tls::TlsAcceptor;
 use crate::serve::server::ServerState;
 use crate::serve::shared_memory::{Kind, tensors};
+use crate::trace::Event;
 
 type GrpcResult<T> = Result<Response<T>, Status>;
 
@@ -70,10 +72,13 @@ struct InferenceService {
 impl InferenceService {
     /// One inference through the request facade (metered on workers once the model resolved in
     /// the caller's tenant, before the response is handed back).
+    /// `metadata` is the call's (unary calls only), read for a `traceparent` only when the
+    /// request may be traced.
     async fn infer(
         state: &ServerState,
         caller: Option<&Principal>,
         req: ModelInferRequest,
+        metadata: Option<&tonic::metadata::MetadataMap>,
     ) -> Result<ModelInferResponse, Error> {
         let v = crate::engine::manager::parse_version(&req.model_name, Some(&req.model_version))?;
         let model = req.model_name.clone();
@@ -86,17 +91,25 @@ impl InferenceService {
                 v,
                 || bytes_in,
                 async |loaded, tap| {
+                    // Tonic has read the message by now: the receive steps are its decode, the
+                    // send steps the response's encode.
+                    let traceparent = || metadata?.get("traceparent")?.to_str().ok();
+                    let trace = state.start_trace(caller, &model, loaded, traceparent);
+                    trace.stamp(Event::GrpcWaitreadStart);
                     let (mut request, shm_inputs) = convert::infer_request(req)?;
                     let shm = tensors::resolve(state.shared_memory(), caller, &mut request, shm_inputs).await?;
                     let rows = batch_rows(&loaded.spec, &request);
+                    trace.stamp(Event::GrpcWaitreadEnd);
                     tap.request(&request);
-                    let mut response = loaded.infer(request).await?;
+                    let mut response = loaded.infer_traced(request, trace.clone()).await?;
                     tap.response(&response);
                     if let Some(shm) = &shm {
                         shm.write(&mut response).await?;
                     }
+                    trace.stamp(Event::GrpcSendStart);
                     let answer = convert::infer_response(response, shm.as_ref());
                     let bytes_out = if metered { answer.encoded_len() as u64 } else { 0 };
+                    trace.stamp(Event::GrpcSendEnd);
                     Ok(Answered { answer, rows, bytes_out })
                 },
             )
@@ -108,10 +121,6 @@ impl InferenceService {
         let header = |name: &'static str| req.metadata().get(name).and_then(|v| v.to_str().ok());
         Ok(self.state.authorize(header, needed).await?)
     }
-}
-
-fn unimplemented<T>(what: &str) -> GrpcResult<T> {
-    Err(Status::unimplemented(format!("{what} is not supported by this server")))
 }
 
 /// Requests of one stream running at once; past it, the stream is not read until one answers
@@ -180,7 +189,8 @@ impl GrpcInferenceService for InferenceService {
 
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> GrpcResult<ModelInferResponse> {
         let caller = self.caller(&req, Role::Inference).await?;
-        Ok(Response::new(Self::infer(&self.state, caller.as_ref(), req.into_inner()).await?))
+        let (metadata, _, req) = req.into_parts();
+        Ok(Response::new(Self::infer(&self.state, caller.as_ref(), req, Some(&metadata)).await?))
     }
 
     type ModelStreamInferStream = StreamOut;
@@ -346,8 +356,10 @@ impl GrpcInferenceService for InferenceService {
         Ok(Response::new(CudaSharedMemoryUnregisterResponse {}))
     }
 
-    async fn trace_setting(&self, _: Request<TraceSettingRequest>) -> GrpcResult<TraceSettingResponse> {
-        unimplemented("trace settings")
+    async fn trace_setting(&self, req: Request<TraceSettingRequest>) -> GrpcResult<TraceSettingResponse> {
+        // The whole server's settings: with authentication on, a platform admin's.
+        self.caller(&req, Role::PlatformAdmin).await?;
+        Ok(Response::new(trace::trace_setting(&self.state, req.into_inner())?))
     }
 
     async fn log_settings(&self, req: Request<LogSettingsRequest>) -> GrpcResult<LogSettingsResponse> {
@@ -413,7 +425,7 @@ async fn stream_infer(
         model_version: request.model_version.clone(),
         ..Default::default()
     };
-    match InferenceService::infer(&state, caller.as_deref(), request).await {
+    match InferenceService::infer(&state, caller.as_deref(), request, None).await {
         Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
         Err(e) => ModelStreamInferResponse { error_message: e.message, infer_response: Some(failed) },
     }

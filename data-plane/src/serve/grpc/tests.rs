@@ -294,3 +294,30 @@ async fn over_tls_calls_are_served_and_plain_clients_are_not() {
     assert!(refused, "a plain client is not served on a TLS listener");
     shutdown.cancel();
 }
+
+#[tokio::test]
+async fn trace_settings_are_a_platform_admins() {
+    let server = start().await;
+    let mut client = server.client();
+    let request = |model: &str, rate: Option<&str>| TraceSettingRequest {
+        model_name: model.into(),
+        settings: rate
+            .map(|r| {
+                let value = trace_setting_request::SettingValue { value: vec![r.to_string()] };
+                std::collections::HashMap::from([("trace_rate".to_string(), value)])
+            })
+            .unwrap_or_default(),
+    };
+    for key in [None, Some(A_INFERENCE), Some(B_DEPLOYER)] {
+        let status = client.trace_setting(with_key(request("", Some("1")), key)).await.expect_err("refused");
+        let code = if key.is_none() { Code::Unauthenticated } else { Code::PermissionDenied };
+        assert_eq!(status.code(), code, "{key:?}");
+    }
+    let tenant_model = format!("{TENANT_A}/add_sub");
+    let changed = client.trace_setting(with_key(request(&tenant_model, Some("4")), Some(PLATFORM_ADMIN))).await;
+    let settings = changed.expect("an admin changes a tenant's model").into_inner().settings;
+    assert_eq!(settings["trace_rate"].value, ["4"]);
+    let unknown = client.trace_setting(with_key(request("add_sub", None), Some(PLATFORM_ADMIN))).await;
+    let status = unknown.expect_err("no such key");
+    assert_eq!((status.code(), status.message()), (Code::InvalidArgument, "Request for unknown model : add_sub"));
+}

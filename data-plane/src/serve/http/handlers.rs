@@ -20,6 +20,7 @@ use crate::serve::capture::Tap;
 use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::server::ServerState;
 use crate::serve::shared_memory::tensors;
+use crate::trace::{Event, Trace};
 
 type AppState = State<Arc<ServerState>>;
 
@@ -93,21 +94,27 @@ pub async fn handle_infer(
         &model,
         v,
         || body.len() as u64,
-        async |loaded, tap| run_infer(s, caller, loaded, headers, &body, tap).await,
+        async |loaded, tap| {
+            let traceparent = || headers.get("traceparent").and_then(|v| v.to_str().ok());
+            let trace = s.start_trace(caller, &model, loaded, traceparent);
+            run_infer(s, caller, loaded, (headers, &body), tap, trace).await
+        },
     )
     .await
 }
 
 /// Decodes the body (reading the inputs that are in shared memory), runs it on `loaded` and
-/// encodes the answer (writing the outputs that go to shared memory).
+/// encodes the answer (writing the outputs that go to shared memory). A traced request's
+/// receive steps are its decode (axum has read the body by then), its send steps the encode.
 async fn run_infer(
     s: &ServerState,
     caller: Option<&Principal>,
     loaded: &LoadedModel,
-    headers: &HeaderMap,
-    body: &Bytes,
+    (headers, body): (&HeaderMap, &Bytes),
     tap: &mut Tap,
+    trace: Trace,
 ) -> Result<Answered<Response>> {
+    trace.stamp(Event::HttpRecvStart);
     let header_length = headers.get(codec::HEADER_LENGTH).map(|h| h.to_str().unwrap_or("invalid"));
     let (mut request, shm_inputs, choice) = if raw::is_raw(header_length) {
         (raw::decode(body, &loaded.spec)?, Default::default(), codec::BinaryChoice::all_binary())
@@ -119,12 +126,14 @@ async fn run_infer(
     let shm = tensors::resolve(s.shared_memory(), caller, &mut request, shm_inputs).await?;
     choice.check_json_outputs(&loaded.spec, &request, shm.as_ref())?;
     let rows = batch_rows(&loaded.spec, &request);
+    trace.stamp(Event::HttpRecvEnd);
     tap.request(&request);
-    let mut response = loaded.infer(request).await?;
+    let mut response = loaded.infer_traced(request, trace.clone()).await?;
     tap.response(&response);
     if let Some(shm) = &shm {
         shm.write(&mut response).await?;
     }
+    trace.stamp(Event::HttpSendStart);
     let places = choice.places(&response, shm.as_ref());
     let encoded = codec::encode_response(&response, &places)?;
     let bytes_out = encoded.body.iter().map(|b| b.len() as u64).sum();
@@ -139,6 +148,7 @@ async fn run_infer(
             headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
     }
+    trace.stamp(Event::HttpSendEnd);
     Ok(Answered { answer: resp, rows, bytes_out })
 }
 

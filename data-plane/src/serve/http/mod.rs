@@ -11,6 +11,7 @@ mod nonfinite;
 mod raw;
 mod serve;
 mod shared_memory;
+mod trace;
 mod url_path;
 
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use handlers::*;
 use logging::*;
 pub use serve::serve;
 use shared_memory::*;
+use trace::*;
 use url_path::UrlPath;
 
 use crate::serve::server::ServerState;
@@ -158,6 +160,34 @@ pub fn router(state: Arc<ServerState>) -> Router {
             "/v2/logging",
             get(handle_log_settings)
                 .post(|State(s): S, c: Caller, b: Body| async move { handle_update_log_settings(&s, c, b).await }),
+        )
+        .route(
+            "/v2/trace/setting",
+            get(|State(s): S, c: Caller| async move { handle_trace_settings(&s, c, None).await }).post(
+                |State(s): S, c: Caller, b: Body| async move { handle_update_trace_settings(&s, c, None, b).await },
+            ),
+        )
+        .route(
+            "/v2/models/{model}/trace/setting",
+            get(|State(s): S, c: Caller, UrlPath(m): UrlPath<String>| async move {
+                handle_trace_settings(&s, c, Some(m)).await
+            })
+            .post(|State(s): S, c: Caller, UrlPath(m): UrlPath<String>, b: Body| async move {
+                handle_update_trace_settings(&s, c, Some(m), b).await
+            }),
+        )
+        // A worker's key for a tenant's model, `<tenant id>/<model>`, as `tritonclient` puts it
+        // in the path (it leaves the '/' unescaped).
+        .route(
+            "/v2/models/{tenant}/{model}/trace/setting",
+            get(|State(s): S, c: Caller, UrlPath((t, m)): UrlPath<(String, String)>| async move {
+                handle_trace_settings(&s, c, Some(format!("{t}/{m}"))).await
+            })
+            .post(
+                |State(s): S, c: Caller, UrlPath((t, m)): UrlPath<(String, String)>, b: Body| async move {
+                    handle_update_trace_settings(&s, c, Some(format!("{t}/{m}")), b).await
+                },
+            ),
         )
         .route("/v2/repository/index", post(handle_repository_index))
         .route("/v2/repository/models/{model}/load", post(handle_repository_load))

@@ -167,3 +167,32 @@ async fn log_settings_are_a_platform_admins_whatever_the_tenant_role() {
         assert!(change.body["error"].as_str().is_some_and(|m| m.contains("platform")), "{}", change.body);
     }
 }
+
+#[tokio::test]
+async fn trace_settings_are_a_platform_admins_who_names_a_tenants_model_by_its_key() {
+    let (state, _dir) = tenant_state().await;
+    let router = router(state);
+    let tenant_model = format!("/v2/models/{TENANT_A}%2Fadd_sub/trace/setting");
+    for path in ["/v2/trace/setting", "/v2/models/add_sub/trace/setting", tenant_model.as_str()] {
+        assert_eq!(get(&router, path, None).await.status, StatusCode::UNAUTHORIZED, "{path}");
+        for key in [A_INFERENCE, A_VIEWER, B_DEPLOYER] {
+            assert_eq!(get(&router, path, Some(key)).await.status, StatusCode::FORBIDDEN, "{path} {key}");
+            let change = call(&router, Method::POST, path, Some(key), Some(json!({"trace_rate": "1"}))).await;
+            assert_eq!(change.status, StatusCode::FORBIDDEN, "{path} {key}");
+            assert!(change.body["error"].as_str().is_some_and(|m| m.contains("platform")), "{}", change.body);
+        }
+    }
+    let global = get(&router, "/v2/trace/setting", Some(PLATFORM_ADMIN)).await;
+    assert_eq!((global.status, &global.body["trace_level"]), (StatusCode::OK, &json!(["OFF"])));
+    let changed =
+        call(&router, Method::POST, &tenant_model, Some(PLATFORM_ADMIN), Some(json!({"trace_rate": "3"}))).await;
+    assert_eq!((changed.status, &changed.body["trace_rate"]), (StatusCode::OK, &json!("3")));
+    assert_eq!(get(&router, "/v2/trace/setting", Some(PLATFORM_ADMIN)).await.body["trace_rate"], "1000");
+    // The '/' unescaped, as tritonclient sends the name.
+    let unescaped = get(&router, &format!("/v2/models/{TENANT_A}/add_sub/trace/setting"), Some(PLATFORM_ADMIN)).await;
+    assert_eq!((unescaped.status, &unescaped.body["trace_rate"]), (StatusCode::OK, &json!("3")));
+    // A model name without its tenant names no model on a worker.
+    let plain = get(&router, "/v2/models/add_sub/trace/setting", Some(PLATFORM_ADMIN)).await;
+    assert_eq!(plain.status, StatusCode::BAD_REQUEST);
+    assert_eq!(plain.body["error"], "Request for unknown model : add_sub");
+}
