@@ -451,6 +451,7 @@ mod tests {
             inputs: vec![Some(input)],
             outputs,
             cuda: Default::default(),
+            trace: Default::default(),
         }
     }
 
