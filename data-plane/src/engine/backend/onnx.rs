@@ -249,12 +249,14 @@ fn add_batch_inputs(
         let parts = inputs.get(batch_input.source).map(Vec::as_slice).unwrap_or_default();
         let shapes: Vec<&[i64]> = parts.iter().map(|p| p.shape.as_slice()).collect();
         let (shape, data) = batch_input.generate(&shapes);
+        // One buffer shared by every target (cloning `Bytes` copies no elements).
+        let data = Bytes::from(data);
         for target in &batch_input.targets {
             let tensor = InputTensor {
                 name: target.clone(),
                 datatype: batch_input.datatype,
                 shape: shape.clone(),
-                data: Bytes::from(data.clone()),
+                data: data.clone(),
             };
             let value = build_input(&[&tensor], batch_input.datatype, false, 0, None).map_err(Error::internal)?;
             values.push((target.clone(), value));
