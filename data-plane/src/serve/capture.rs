@@ -150,8 +150,7 @@ impl Tap {
             received_at: done.received_at,
             duration: done.duration,
             error: done.error,
-            // A request without a client id gets one, so that every record can be named.
-            request_id: if kept.request_id.is_empty() { uuid::Uuid::now_v7().to_string() } else { kept.request_id },
+            request_id: kept.request_id,
             parameters: kept.parameters,
             inputs: kept.inputs,
             response: kept.response,
@@ -194,7 +193,8 @@ pub struct CaptureRecord {
     pub duration: Duration,
     /// Error message of a failed request.
     pub error: Option<String>,
-    /// The request's id: the client's, else one made up for the record (a UUID).
+    /// The request's id as the client gave it (empty when none: the encoded record then
+    /// carries one made up for it, a UUID, so that every record can be named).
     pub request_id: String,
     /// Request parameters (when metadata is kept).
     pub parameters: Parameters,
@@ -228,8 +228,16 @@ impl CaptureRecord {
     /// exceed the cap is `None` (the caller counts it dropped).
     pub fn encode(&self) -> Option<Vec<u8>> {
         let max = usize::try_from(self.settings.max_record_bytes).unwrap_or(usize::MAX);
+        // Made up here, off the request path, and once for all three attempts.
+        let made_up;
+        let id = if self.request_id.is_empty() {
+            made_up = uuid::Uuid::now_v7().to_string();
+            &made_up
+        } else {
+            &self.request_id
+        };
         for detail in [Detail::Full, Detail::NoData, Detail::Bare] {
-            let line = self.encode_at(detail);
+            let line = self.encode_at(id, detail);
             if line.len() <= max {
                 return Some(line);
             }
@@ -237,10 +245,10 @@ impl CaptureRecord {
         None
     }
 
-    fn encode_at(&self, detail: Detail) -> Vec<u8> {
+    fn encode_at(&self, id: &str, detail: Detail) -> Vec<u8> {
         let mut line = Vec::with_capacity(512);
         let mut head = json!({
-            "request_id": self.request_id,
+            "request_id": id,
             "tenant_id": self.tenant_id,
             "deployment_id": &*self.deployment_id,
             "model": self.model,
@@ -258,7 +266,7 @@ impl CaptureRecord {
         line.extend_from_slice(&text.as_bytes()[..text.len() - 1]);
         if detail != Detail::Bare {
             line.extend_from_slice(b",\"request\":");
-            self.write_request(&mut line, detail == Detail::Full);
+            self.write_request(&mut line, id, detail == Detail::Full);
             if let Some(response) = &self.response {
                 line.extend_from_slice(b",\"response\":");
                 self.write_response(&mut line, response, detail == Detail::Full);
@@ -268,9 +276,9 @@ impl CaptureRecord {
         line
     }
 
-    fn write_request(&self, out: &mut Vec<u8>, data: bool) {
+    fn write_request(&self, out: &mut Vec<u8>, id: &str, data: bool) {
         out.push(b'{');
-        push_entry(out, "id", &json!(self.request_id));
+        push_entry(out, "id", &json!(id));
         if self.settings.metadata {
             out.push(b',');
             push_entry(out, "parameters", &Value::Object(parameters_json(&self.parameters)));
@@ -430,7 +438,10 @@ mod tests {
             error: None,
         };
         let record = tap.into_record(ticket, done).expect("a record");
-        assert!(uuid::Uuid::parse_str(&record.request_id).is_ok(), "{}", record.request_id);
+        let line = parse(&record.encode().expect("fits"));
+        let id = line["request_id"].as_str().expect("an id");
+        assert!(uuid::Uuid::parse_str(id).is_ok(), "{id}");
+        assert_eq!(line["request"]["id"], id, "the record and its request carry the same id");
     }
 
     #[test]

@@ -70,8 +70,9 @@ impl CaptureCounters {
     }
 }
 
-/// A deployment that captures, by the tenant and model name clients use.
-type Routes = HashMap<(String, String), Ticket>;
+/// A deployment that captures, by tenant, then by the model name clients use: nested so the
+/// request path looks up borrowed names without building an owned key.
+type Routes = HashMap<String, HashMap<String, Ticket>>;
 
 /// The worker's capture hook: sampling on the request path, the sending half of the queue.
 pub struct Capture {
@@ -104,14 +105,12 @@ impl Capture {
 
     /// Takes the capture settings of the deployments in a new assignment set.
     pub fn assigned(&self, assignments: &[agent::Assignment]) {
-        let routes: Routes = assignments
-            .iter()
-            .filter_map(|a| {
-                let settings = settings(a.capture.as_ref()?)?;
-                let ticket = Ticket { deployment_id: a.deployment_id.as_str().into(), settings };
-                Some(((a.tenant_id.clone(), a.model_name.clone()), ticket))
-            })
-            .collect();
+        let mut routes = Routes::new();
+        for a in assignments {
+            let Some(settings) = a.capture.as_ref().and_then(settings) else { continue };
+            let ticket = Ticket { deployment_id: a.deployment_id.as_str().into(), settings };
+            routes.entry(a.tenant_id.clone()).or_default().insert(a.model_name.clone(), ticket);
+        }
         let any = !routes.is_empty();
         *self.routes.write() = routes;
         self.any.store(any, Ordering::Release);
@@ -135,9 +134,7 @@ impl CaptureHook for Capture {
             return None;
         }
         let routes = self.routes.read();
-        // Tuple keys need owned strings to look up; only tenants with a capturing deployment
-        // pay for the two small allocations.
-        let ticket = routes.get(&(tenant_id.to_string(), model.to_string()))?;
+        let ticket = routes.get(tenant_id)?.get(model)?;
         if !sampled(ticket.settings.sample_rate, draw()) {
             return None;
         }
