@@ -141,7 +141,7 @@ def main():
             text = strip_comments(f.read())
         # An inline `mod tests { use super::*; }` (at a file's end) would resolve `super` one
         # level too high; tests are not part of the layout anyway.
-        text = re.split(r"#\[cfg\(test\)\]\s*mod\s+\w+\s*\{", text)[0]
+        text = re.split(r"#\[cfg\(test\)\]\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+\w+\s*\{", text)[0]
         for segs in paths_in(text):
             target = resolve(segs, mod, files)
             if target is None or target == mod:

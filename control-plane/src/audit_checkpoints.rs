@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -36,9 +35,8 @@ use time::format_description::well_known::Rfc3339;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::app::App;
 use crate::error::Result;
-use crate::registry::ChainBreak;
+use crate::registry::{ChainBreak, Registry};
 use crate::store::ArtifactStore;
 
 /// Where checkpoints live in the artifact store.
@@ -291,37 +289,45 @@ enum Outcome {
     Refused(ChainBreak),
 }
 
-/// The checkpointer's memory: the last head signed or found signed, per tenant.
+/// The checkpointer's parts and memory: the last head signed or found signed, per tenant.
 struct Checkpointer {
+    registry: Registry,
+    store: ArtifactStore,
     key: CheckpointKey,
     signed: HashMap<Uuid, (i64, String)>,
 }
 
 /// Signs every tenant's chain head at start-up, every `--audit-checkpoint-secs` when it moved,
-/// and once more at shutdown. Off without `--audit-signing-key-file`.
-pub async fn run_checkpoints(app: Arc<App>, shutdown: CancellationToken) {
-    let Some(key) = app.config.audit_signing_key.clone() else {
+/// and once more at shutdown. Off without `--audit-signing-key-file` (`key` is `None`).
+pub async fn run_checkpoints(
+    registry: Registry,
+    store: ArtifactStore,
+    key: Option<CheckpointKey>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let Some(key) = key else {
         tracing::warn!("no --audit-signing-key-file: audit checkpoints are off");
         return;
     };
     tracing::info!(key_id = key.key_id(), "signing audit checkpoints");
-    let mut checkpointer = Checkpointer { key, signed: HashMap::new() };
+    let mut checkpointer = Checkpointer { registry, store, key, signed: HashMap::new() };
     loop {
-        checkpointer.tick(&app).await;
+        checkpointer.tick().await;
         tokio::select! {
             () = shutdown.cancelled() => break,
-            () = tokio::time::sleep(app.config.audit_checkpoint_interval) => {}
+            () = tokio::time::sleep(interval) => {}
         }
     }
     // A clean stop leaves the final head signed.
-    if tokio::time::timeout(SHUTDOWN_BUDGET, checkpointer.tick(&app)).await.is_err() {
+    if tokio::time::timeout(SHUTDOWN_BUDGET, checkpointer.tick()).await.is_err() {
         tracing::warn!("the last audit checkpoint did not finish before shutdown");
     }
 }
 
 impl Checkpointer {
-    async fn tick(&mut self, app: &App) {
-        let heads = match app.registry.audit_heads().await {
+    async fn tick(&mut self) {
+        let heads = match self.registry.audit_heads().await {
             Ok(heads) => heads,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read audit heads for checkpoints");
@@ -333,7 +339,7 @@ impl Checkpointer {
             if seq == 0 || self.signed.get(&tenant).is_some_and(|(s, h)| *s == seq && *h == hash) {
                 continue;
             }
-            match self.checkpoint(app, tenant, (seq, hash)).await {
+            match self.checkpoint(tenant, (seq, hash)).await {
                 Ok(Outcome::Signed) => crate::metrics::observe_checkpoint("signed"),
                 Ok(Outcome::Unchanged) => {}
                 Ok(Outcome::Refused(b)) => {
@@ -349,24 +355,24 @@ impl Checkpointer {
         }
     }
 
-    async fn checkpoint(&mut self, app: &App, tenant: Uuid, head: (i64, String)) -> Result<Outcome> {
+    async fn checkpoint(&mut self, tenant: Uuid, head: (i64, String)) -> Result<Outcome> {
         let previous = match self.signed.get(&tenant) {
             Some(p) => Some(p.clone()),
             None => {
-                latest(&app.store, &self.key.verifying_key(), tenant).await?.valid.map(|(_, c)| (c.seq, c.head_hash))
+                latest(&self.store, &self.key.verifying_key(), tenant).await?.valid.map(|(_, c)| (c.seq, c.head_hash))
             }
         };
         if previous.as_ref() == Some(&head) {
             self.signed.insert(tenant, head);
             return Ok(Outcome::Unchanged);
         }
-        if let Err(b) = app.registry.audit_chain_extends(tenant, previous, &head).await? {
+        if let Err(b) = self.registry.audit_chain_extends(tenant, previous, &head).await? {
             return Ok(Outcome::Refused(b));
         }
         let checkpoint = self.key.sign(tenant, head.0, &head.1, crate::registry::now());
         // Plain data; serialising it cannot fail.
         let body = serde_json::to_vec_pretty(&checkpoint).expect("a checkpoint serialises");
-        let written = app.store.put_if_absent(&object_key(tenant, head.0), body.into()).await?;
+        let written = self.store.put_if_absent(&object_key(tenant, head.0), body.into()).await?;
         self.signed.insert(tenant, head);
         Ok(if written { Outcome::Signed } else { Outcome::Unchanged })
     }

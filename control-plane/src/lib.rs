@@ -16,6 +16,7 @@ pub mod auth;
 pub mod capture;
 pub mod config;
 pub mod console;
+pub mod deployments;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -31,7 +32,9 @@ pub mod signature;
 pub mod sso;
 pub mod states;
 pub mod store;
+pub mod tick;
 pub mod types;
+pub mod uploads;
 pub mod usage;
 pub mod webhooks;
 
@@ -92,8 +95,15 @@ pub async fn run_with(
     let retention = tokio::spawn(usage::run_retention(app.clone(), stop.clone()));
     let webhooks = tokio::spawn(webhooks::dispatch::run_dispatcher(app.clone(), stop.clone()));
     let limits = serve::ConnLimits { header_read_timeout: app.config.client_timeout, ..serve::ConnLimits::default() };
-    let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(app.clone(), stop.clone()));
-    let revocations = tokio::spawn(auth::revocations::run_revocations(app.clone(), stop.clone()));
+    let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(
+        app.registry.clone(),
+        app.store.clone(),
+        app.config.audit_signing_key.clone(),
+        app.config.audit_checkpoint_interval,
+        stop.clone(),
+    ));
+    let revocations =
+        tokio::spawn(auth::revocations::run_revocations(app.revocations.clone(), app.registry.clone(), stop.clone()));
     let metrics = metrics_listener.map(|l| {
         let router = api::metrics_router(app.config.metrics_token.clone());
         tokio::spawn(serve::serve(l, router, stop.clone(), limits, tls.clone()))

@@ -174,7 +174,7 @@ impl WorkerAgent for AgentService {
         &self,
         request: Request<ReportCaptureRequest>,
     ) -> Result<Response<ReportCaptureResponse>, Status> {
-        let key = crate::capture::ingest(&self.app, request.into_inner()).await?;
+        let key = crate::capture::ingest(&self.app.registry, &self.app.store, request.into_inner()).await?;
         Ok(Response::new(ReportCaptureResponse { key }))
     }
 

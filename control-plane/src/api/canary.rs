@@ -8,7 +8,8 @@ use axum::extract::{Path, State};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use super::deployments::{Deployment, MAX_REPLICAS, check_range, deployment_for, version_ref, view_one};
+use super::deployments::{Deployment, MAX_REPLICAS, check_range, deployment_for, version_ref};
+use crate::deployments::status_of;
 use super::{ApiJson, AppState, Caller};
 use crate::error::{Error, Result};
 use crate::registry::{CanarySpec, VersionRef};
@@ -88,7 +89,7 @@ pub async fn handle_canary_set(
     let set = app.registry.set_canary(&caller.actor, d.tenant_id, &d.name, spec).await;
     let row = app.noting_quota(d.tenant_id, set).await?;
     app.signals.wake_scheduler();
-    Ok(Json(view_one(&app, row).await?))
+    Ok(Json(status_of(&app, row).await?))
 }
 
 /// Changes the canary's share of unversioned traffic (deployers).
@@ -107,7 +108,7 @@ pub async fn handle_canary_update(
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "change deployments").await?;
     let weight = check_weight(body.weight)?;
     let row = app.registry.set_canary_weight(&caller.actor, d.tenant_id, &d.name, weight).await?;
-    Ok(Json(view_one(&app, row).await?))
+    Ok(Json(status_of(&app, row).await?))
 }
 
 /// Promotes the canary (deployers): its version becomes the deployment's (pinned: an alias is
@@ -128,7 +129,7 @@ pub async fn handle_canary_promote(
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "change deployments").await?;
     let row = app.registry.promote_canary(&caller.actor, d.tenant_id, &d.name).await?;
     app.signals.wake_scheduler();
-    Ok(Json(view_one(&app, row).await?))
+    Ok(Json(status_of(&app, row).await?))
 }
 
 /// Rolls the canary back (deployers): it is cleared, the stable version takes all unversioned
@@ -147,7 +148,7 @@ pub async fn handle_canary_rollback(
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "change deployments").await?;
     let row = app.registry.rollback_canary(&caller.actor, d.tenant_id, &d.name).await?;
     app.signals.wake_scheduler();
-    Ok(Json(view_one(&app, row).await?))
+    Ok(Json(status_of(&app, row).await?))
 }
 
 #[cfg(test)]

@@ -78,7 +78,7 @@ pub async fn handle_capture_list(
 ) -> Result<Json<CaptureFileList>> {
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Viewer, "read captures").await?;
     let limit = page.limit()?;
-    let files = capture::files(&app, d.tenant_id, d.id).await?;
+    let files = capture::files(&app.store, d.tenant_id, d.id).await?;
     let key = |f: &CaptureFile| f.name.clone();
     let (files, next_cursor) = cursor::page(files, "captures", key, page.cursor.as_deref(), limit)?;
     let files = files

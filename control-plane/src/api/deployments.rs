@@ -2,8 +2,6 @@
 //! number of replicas. Writes store the desired state and wake the scheduler, which places
 //! replicas and rolls versions; reads show each replica's worker, slice and state.
 
-use std::collections::HashMap;
-
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -15,13 +13,12 @@ use uuid::Uuid;
 use super::models::PageParams;
 use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
 use crate::capture::CaptureSettings;
+use crate::deployments;
+pub use crate::deployments::status::{Deployment, DynamicBatching};
+use crate::deployments::status::{MAX_BATCH, MAX_PREFERRED_SIZES};
 use crate::error::{Error, Result};
 use crate::kinds::DeploymentEventKind;
-use crate::registry::{
-    DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, ServingReplica, VersionRef, WorkerRow, traffic_split,
-};
-use crate::scheduler::plan::replica_memory;
-use crate::states::{DeploymentState, ReplicaState};
+use crate::registry::{DeploymentPatch, DeploymentRow, DeploymentSpec, VersionRef};
 use crate::types::{Name, Role, is_slice_profile};
 
 /// Most replicas of one deployment (and of its canary).
@@ -31,42 +28,8 @@ const MAX_INSTANCES: i64 = 16;
 
 /// Longest queue delay a deployment may ask for: 60 s, in microseconds.
 const MAX_QUEUE_DELAY_US: i64 = 60_000_000;
-/// Most preferred batch sizes.
-const MAX_PREFERRED_SIZES: usize = 16;
-/// Largest batch size (Triton's `int32`).
-const MAX_BATCH: i64 = i32::MAX as i64;
 /// Most memory a replica may ask for: 1 TiB.
 const MAX_MEMORY_BYTES: i64 = 1 << 40;
-
-/// Triton's dynamic batcher settings for the deployment's model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DynamicBatching {
-    /// Longest a request waits for a batch to fill, in microseconds (at most 60 s).
-    #[serde(default)]
-    #[schema(minimum = 0, maximum = 60_000_000)]
-    pub max_queue_delay_microseconds: i64,
-    /// Batch sizes the batcher prefers to form: at most 16, each 1 to 2^31-1 and at most
-    /// `max_batch_size` when that is set.
-    #[serde(default)]
-    #[schema(schema_with = preferred_sizes_schema)]
-    pub preferred_batch_size: Vec<i64>,
-}
-
-/// The schema of [`DynamicBatching::preferred_batch_size`].
-fn preferred_sizes_schema() -> utoipa::openapi::schema::Array {
-    use utoipa::openapi::schema::{ArrayBuilder, KnownFormat, ObjectBuilder, SchemaFormat, Type};
-    let size = ObjectBuilder::new()
-        .schema_type(Type::Integer)
-        .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
-        .minimum(Some(1))
-        .maximum(Some(MAX_BATCH));
-    ArrayBuilder::new()
-        .items(size)
-        .max_items(Some(MAX_PREFERRED_SIZES))
-        .description(Some("Batch sizes the batcher prefers to form: each at most `max_batch_size` when that is set."))
-        .build()
-}
 
 /// A new deployment.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -163,130 +126,6 @@ pub struct DeploymentUpdate {
 /// A field that is present (possibly `null`), as opposed to absent (`#[serde(default)]`).
 fn present<'de, T: Deserialize<'de>, D: Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
-}
-
-/// One replica's status.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ReplicaStatus {
-    /// Replica id.
-    pub id: Uuid,
-    /// Index within the deployment (a rollout's new replica has its old one's index).
-    pub index: i64,
-    /// Version it runs.
-    pub version: i64,
-    /// Worker, once placed.
-    pub worker_id: Option<String>,
-    /// The worker's KServe HTTP endpoint.
-    pub http_endpoint: Option<String>,
-    /// The worker's KServe gRPC endpoint.
-    pub grpc_endpoint: Option<String>,
-    /// Slice on the worker.
-    pub slice_id: Option<String>,
-    /// Where it is in its life.
-    pub state: ReplicaState,
-    /// Why it is pending or failed.
-    pub reason: Option<String>,
-    /// Whether requests without a version reach it: only ever while it is `ready` (a failed
-    /// replica serves nothing).
-    pub serving: bool,
-    /// A replica of the canary (indexed apart from the stable replicas).
-    pub canary: bool,
-    /// Last change.
-    #[serde(with = "time::serde::rfc3339")]
-    pub updated_at: OffsetDateTime,
-}
-
-/// One version's share of the deployment's unversioned traffic.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct TrafficShare {
-    /// Model version.
-    pub version: i64,
-    /// Percent of unversioned requests it gets (the shares sum to 100).
-    pub weight: i64,
-    /// Whether this is the canary.
-    pub canary: bool,
-    /// Its replicas that are ready and serving.
-    pub ready_replicas: i64,
-    /// Its replicas wanted.
-    pub replicas: i64,
-}
-
-/// A deployment's canary as set.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct CanaryStatus {
-    /// The canary's version.
-    pub version: i64,
-    /// Percent of unversioned traffic it gets (1 to 99) once a replica is ready.
-    pub weight: i64,
-    /// Its replicas wanted.
-    pub replicas: i64,
-}
-
-/// Where applications call a deployed model: the gateways' address for it.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct InferenceEndpoint {
-    /// KServe v2 HTTP base of the model, e.g. `https://infer.example.com/v2/models/mlp`
-    /// (append `/infer`, `/ready`, `/versions/{v}/infer`, ...).
-    pub http: String,
-    /// KServe v2 gRPC address (`host:port`), when the control plane knows it.
-    pub grpc: Option<String>,
-    /// The model name requests use.
-    pub model: String,
-}
-
-/// A deployment and its replicas.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Deployment {
-    /// Id.
-    pub id: Uuid,
-    /// Name.
-    pub name: String,
-    /// Model name.
-    pub model: String,
-    /// Target version.
-    pub version: i64,
-    /// Alias followed, if any.
-    pub alias: Option<String>,
-    /// Where applications call the model through the gateways (`null` when the control plane
-    /// was started without `--gateway-url`).
-    pub endpoint: Option<InferenceEndpoint>,
-    /// Highest stable (not canary) version ready and serving, if any.
-    pub serving_version: Option<i64>,
-    /// How unversioned traffic splits between the stable version (the one serving now) and the
-    /// canary, with each one's replicas; one entry with weight 100 without a canary. The
-    /// canary's share is as set: a gateway sends it nothing until one of its replicas is ready.
-    pub traffic: Vec<TrafficShare>,
-    /// The canary, if one is set (`null` also while a promoted one rolls out to the stable
-    /// replicas: `traffic` still shows its share until they serve it).
-    pub canary: Option<CanaryStatus>,
-    /// Slice profile.
-    pub profile: String,
-    /// Replicas wanted.
-    pub replicas: i64,
-    /// Model instances per replica.
-    pub instance_count: i64,
-    /// Max batch size, if set.
-    pub max_batch_size: Option<i64>,
-    /// Dynamic batching, if set.
-    pub dynamic_batching: Option<DynamicBatching>,
-    /// Memory per replica (given, or the default for the target version).
-    pub memory_bytes: i64,
-    /// Request/response capture, if ever set.
-    pub capture: Option<CaptureSettings>,
-    /// `pending` (a replica cannot be placed yet), `progressing`, `ready` or `failed`.
-    pub state: DeploymentState,
-    /// Every replica, old and new, by index.
-    pub replica_status: Vec<ReplicaStatus>,
-    /// In the answer to a change only: what the change did that the caller may not expect,
-    /// e.g. that pinning a version stopped following an alias.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub notice: Option<String>,
-    /// Created.
-    #[serde(with = "time::serde::rfc3339")]
-    pub created_at: OffsetDateTime,
-    /// Last changed.
-    #[serde(with = "time::serde::rfc3339")]
-    pub updated_at: OffsetDateTime,
 }
 
 /// A page of a tenant's deployments.
@@ -417,136 +256,6 @@ impl DeploymentUpdate {
     }
 }
 
-/// The deployment's state and serving version, from its stable (not canary) replicas:
-/// `failed` if a replica of the target failed, `pending` if one cannot be placed (or none exist
-/// yet), `ready` when all target replicas are ready and serving on workers that `applied` their
-/// assignments, else `progressing`. The canary's replicas show in `traffic` instead.
-pub fn deployment_state(
-    d: &DeploymentRow,
-    replicas: &[ReplicaRow],
-    applied: impl Fn(&ReplicaRow) -> bool,
-) -> (DeploymentState, Option<i64>) {
-    let serving_version = replicas.iter().filter(|r| !r.canary && r.state.serves(r.serving)).map(|r| r.version).max();
-    let current: Vec<&ReplicaRow> = replicas
-        .iter()
-        .filter(|r| {
-            !r.canary
-                && r.version == d.version
-                && r.spec_generation == d.spec_generation
-                && r.state != ReplicaState::Draining
-        })
-        .collect();
-    let state = if current.iter().any(|r| r.state == ReplicaState::Failed) {
-        DeploymentState::Failed
-    } else if current.iter().any(|r| r.state == ReplicaState::Pending) || (current.is_empty() && d.replicas > 0) {
-        DeploymentState::Pending
-    } else if current.len() as i64 == d.replicas && current.iter().all(|r| r.state.serves(r.serving) && applied(r)) {
-        DeploymentState::Ready
-    } else {
-        DeploymentState::Progressing
-    };
-    (state, serving_version)
-}
-
-/// Builds the response for a deployment, reading its replicas and what it needs to show.
-async fn view(app: &AppState, d: DeploymentRow, workers: &HashMap<String, WorkerRow>) -> Result<Deployment> {
-    let mut conn = app.registry.conn().await?;
-    let replicas = conn.replicas(d.tenant_id, d.id).await?;
-    let size = conn.version(d.tenant_id, d.model_id, d.version).await?.map_or(0, |v| v.size_bytes);
-    drop(conn);
-    // "Ready" waits until each worker has applied its latest assignment set: before that,
-    // unversioned requests may still reach what the worker served before the switch.
-    let applied = |r: &ReplicaRow| {
-        r.worker_id.as_ref().and_then(|w| workers.get(w)).is_some_and(|w| w.applied_generation >= w.generation)
-    };
-    let (state, serving_version) = deployment_state(&d, &replicas, applied);
-    let traffic = traffic_split((&d).into(), &ServingReplica::of(&replicas), false)
-        .into_iter()
-        .map(|s| TrafficShare {
-            version: s.version,
-            weight: s.weight,
-            canary: s.canary,
-            ready_replicas: s.ready_replicas,
-            replicas: s.replicas,
-        })
-        .collect();
-    let canary = d.canary_version.filter(|v| *v != d.version).map(|version| CanaryStatus {
-        version,
-        weight: d.canary_weight,
-        replicas: d.canary_replicas,
-    });
-    let replica_status = replicas
-        .into_iter()
-        .map(|r| {
-            let worker = r.worker_id.as_ref().and_then(|w| workers.get(w));
-            ReplicaStatus {
-                id: r.id,
-                index: r.replica_index,
-                version: r.version,
-                http_endpoint: worker.map(|w| w.http_endpoint.clone()),
-                grpc_endpoint: worker.map(|w| w.grpc_endpoint.clone()),
-                worker_id: r.worker_id,
-                slice_id: r.slice_id,
-                state: r.state,
-                reason: r.reason,
-                serving: r.state.serves(r.serving),
-                canary: r.canary,
-                updated_at: r.updated_at,
-            }
-        })
-        .collect();
-    let dynamic_batching = d.dynamic_batching.and_then(|j| serde_json::from_value(j.0).ok());
-    let capture = CaptureSettings::stored(d.capture.as_ref().map(|j| &j.0));
-    let endpoint = app.config.gateway_url.as_ref().map(|url| InferenceEndpoint {
-        http: format!("{url}/v2/models/{}", url_segment(&d.model_name)),
-        grpc: app.config.gateway_grpc_address.clone(),
-        model: d.model_name.clone(),
-    });
-    Ok(Deployment {
-        endpoint,
-        id: d.id,
-        memory_bytes: replica_memory(d.memory_bytes, size),
-        name: d.name,
-        model: d.model_name,
-        version: d.version,
-        alias: d.alias,
-        serving_version,
-        traffic,
-        canary,
-        profile: d.profile,
-        replicas: d.replicas,
-        instance_count: d.instance_count,
-        max_batch_size: d.max_batch_size,
-        dynamic_batching,
-        capture,
-        state,
-        replica_status,
-        notice: None,
-        created_at: d.created_at,
-        updated_at: d.updated_at,
-    })
-}
-
-/// A path segment with everything but unreserved characters percent-encoded.
-fn url_segment(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-async fn workers_by_id(app: &AppState) -> Result<HashMap<String, WorkerRow>> {
-    let rows = app.registry.conn().await?.workers().await?;
-    Ok(rows.into_iter().map(|w| (w.id.clone(), w)).collect())
-}
-
-pub(super) async fn view_one(app: &AppState, d: DeploymentRow) -> Result<Deployment> {
-    let workers = workers_by_id(app).await?;
-    view(app, d, &workers).await
-}
-
 /// Deploys a model (deployers): the scheduler places its replicas on workers' slices.
 #[utoipa::path(post, path = "/v1/tenants/{tenant}/deployments", operation_id = "create_deployment", tag = "deployments",
     request_body = DeploymentCreate,
@@ -566,10 +275,8 @@ pub async fn handle_deployment_create(
 ) -> Result<(StatusCode, Json<Deployment>)> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::Deployer, "create deployments").await?;
     let (name, model, spec) = body.into_spec()?;
-    let created = app.registry.create_deployment(&caller.actor, t.id, &name, model.as_str(), spec).await;
-    let row = app.noting_quota(t.id, created).await?;
-    app.signals.wake_scheduler();
-    Ok((StatusCode::CREATED, Json(view_one(&app, row).await?)))
+    let created = deployments::create(&app, &caller.actor, t.id, &name, &model, spec).await?;
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 /// Lists a tenant's deployments by name.
@@ -584,14 +291,10 @@ pub async fn handle_deployment_list(
 ) -> Result<Json<DeploymentList>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::Viewer, "list deployments").await?;
     let limit = page.limit()?;
-    let rows = app.registry.conn().await?.deployments(t.id).await?;
+    let rows = deployments::list(&app, t.id).await?;
     let key = |d: &DeploymentRow| d.name.clone();
     let (rows, next_cursor) = cursor::page(rows, "deployments", key, page.cursor.as_deref(), limit)?;
-    let workers = workers_by_id(&app).await?;
-    let mut deployments = Vec::with_capacity(rows.len());
-    for d in rows {
-        deployments.push(view(&app, d, &workers).await?);
-    }
+    let deployments = deployments::statuses(&app, t.id, rows).await?;
     Ok(Json(DeploymentList { deployments, next_cursor }))
 }
 
@@ -604,10 +307,7 @@ pub(super) async fn deployment_for(
     action: &'static str,
 ) -> Result<DeploymentRow> {
     let t = app.tenant_for(&caller.principal, tenant, needed, action).await?;
-    if Name::parse(name).is_err() {
-        return Err(Error::NotFound("deployment"));
-    }
-    app.registry.conn().await?.deployment(t.id, name).await?.ok_or(Error::NotFound("deployment"))
+    deployments::find(app, t.id, name).await
 }
 
 /// One deployment with its replicas.
@@ -620,7 +320,7 @@ pub async fn handle_deployment_get(
     Path((tenant, name)): Path<(String, String)>,
 ) -> Result<Json<Deployment>> {
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Viewer, "read deployments").await?;
-    Ok(Json(view_one(&app, d).await?))
+    Ok(Json(deployments::status_of(&app, d).await?))
 }
 
 /// Changes a deployment (deployers). A new version (or alias), profile, instance count,
@@ -642,14 +342,7 @@ pub async fn handle_deployment_update(
 ) -> Result<Json<Deployment>> {
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "change deployments").await?;
     let patch = body.into_patch()?;
-    let updated = app.registry.update_deployment(&caller.actor, d.tenant_id, &d.name, patch).await;
-    let row = app.noting_quota(d.tenant_id, updated).await?;
-    app.signals.wake_scheduler();
-    let notice = match (&d.alias, &row.alias) {
-        (Some(alias), None) => Some(crate::registry::unfollowed_alias(alias, row.version)),
-        _ => None,
-    };
-    Ok(Json(Deployment { notice, ..view_one(&app, row).await? }))
+    Ok(Json(deployments::update(&app, &caller.actor, &d, patch).await?))
 }
 
 /// Deletes a deployment (deployers); workers unload its replicas.
@@ -662,9 +355,7 @@ pub async fn handle_deployment_delete(
     Path((tenant, name)): Path<(String, String)>,
 ) -> Result<StatusCode> {
     let d = deployment_for(&app, &caller, &tenant, &name, Role::Deployer, "delete deployments").await?;
-    app.registry.delete_deployment(&caller.actor, d.tenant_id, &d.name).await?;
-    app.signals.assignments_changed();
-    app.signals.wake_scheduler();
+    deployments::delete(&app, &caller.actor, &d).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -704,7 +395,6 @@ fn event_view(e: crate::registry::DeploymentEventRow) -> Option<DeploymentEvent>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqlx::types::Json as SqlJson;
 
     fn body(v: serde_json::Value) -> DeploymentCreate {
         serde_json::from_value(v).unwrap()
@@ -760,83 +450,5 @@ mod tests {
         assert_eq!(patch.max_batch_size, Some(None));
         assert_eq!(patch.memory_bytes, None);
         assert_eq!(patch.replicas, Some(2));
-    }
-
-    fn replica(version: i64, state: ReplicaState, serving: bool) -> ReplicaRow {
-        ReplicaRow {
-            id: Uuid::now_v7(),
-            tenant_id: Uuid::nil(),
-            deployment_id: Uuid::nil(),
-            replica_index: 0,
-            version,
-            spec_generation: 1,
-            profile: "cpu".into(),
-            memory_bytes: 1,
-            config: SqlJson(serde_json::json!({})),
-            worker_id: None,
-            slice_id: None,
-            state,
-            reason: None,
-            serving,
-            drain_until: None,
-            crash_moves: 0,
-            canary: false,
-            created_at: OffsetDateTime::UNIX_EPOCH,
-            updated_at: OffsetDateTime::UNIX_EPOCH,
-        }
-    }
-
-    fn deployment(version: i64, replicas: i64) -> DeploymentRow {
-        DeploymentRow {
-            id: Uuid::nil(),
-            tenant_id: Uuid::nil(),
-            name: "d".into(),
-            model_id: Uuid::nil(),
-            model_name: "m".into(),
-            version,
-            alias: None,
-            profile: "cpu".into(),
-            replicas,
-            instance_count: 1,
-            max_batch_size: None,
-            dynamic_batching: None,
-            memory_bytes: None,
-            capture: None,
-            spec_generation: 1,
-            canary_version: None,
-            canary_weight: 0,
-            canary_replicas: 0,
-            created_by: None,
-            created_at: OffsetDateTime::UNIX_EPOCH,
-            updated_at: OffsetDateTime::UNIX_EPOCH,
-        }
-    }
-
-    #[test]
-    fn states_follow_the_replicas() {
-        assert_eq!(deployment_state(&deployment(1, 1), &[], |_| true), (DeploymentState::Pending, None));
-        assert_eq!(
-            deployment_state(&deployment(1, 1), &[replica(1, ReplicaState::Loading, true)], |_| true),
-            (DeploymentState::Progressing, None)
-        );
-        assert_eq!(
-            deployment_state(&deployment(1, 1), &[replica(1, ReplicaState::Ready, true)], |_| true),
-            (DeploymentState::Ready, Some(1))
-        );
-        // A rollout: v1 serves while v2 loads, then v2 fails.
-        let rolling = [replica(1, ReplicaState::Ready, true), replica(2, ReplicaState::Loading, false)];
-        assert_eq!(deployment_state(&deployment(2, 1), &rolling, |_| true), (DeploymentState::Progressing, Some(1)));
-        let failed = [replica(1, ReplicaState::Ready, true), replica(2, ReplicaState::Failed, false)];
-        assert_eq!(deployment_state(&deployment(2, 1), &failed, |_| true), (DeploymentState::Failed, Some(1)));
-        let switched = [replica(1, ReplicaState::Draining, false), replica(2, ReplicaState::Ready, true)];
-        assert_eq!(deployment_state(&deployment(2, 1), &switched, |_| true), (DeploymentState::Ready, Some(2)));
-        assert_eq!(deployment_state(&deployment(1, 0), &[], |_| true), (DeploymentState::Ready, None));
-        // Not ready until the worker applied the set that made the replica serve.
-        let ready = [replica(1, ReplicaState::Ready, true)];
-        assert_eq!(deployment_state(&deployment(1, 1), &ready, |_| false), (DeploymentState::Progressing, Some(1)));
-        // A serving replica that fails serves nothing: no serving version, and the deployment
-        // is failed rather than ready.
-        let broken = [replica(1, ReplicaState::Failed, true)];
-        assert_eq!(deployment_state(&deployment(1, 1), &broken, |_| true), (DeploymentState::Failed, None));
     }
 }

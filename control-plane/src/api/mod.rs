@@ -42,7 +42,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use extract::{ApiJson, ApiQuery, Caller, EndedSession, RequestId, contains_nul};
-pub use versions::content_length;
 
 use crate::app::App;
 use crate::error::Error;

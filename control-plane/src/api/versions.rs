@@ -11,12 +11,12 @@ use uuid::Uuid;
 
 use super::models::PageParams;
 use super::{ApiJson, ApiQuery, AppState, Caller, cursor};
-use crate::app::UploadRequest;
 use crate::error::{Error, Result};
 use crate::registry::VersionRow;
 use crate::signature::Signature;
 use crate::states::VersionState;
 use crate::types::{ArtifactFormat, Role};
+use crate::uploads::{UploadRequest, parse_sha256};
 
 /// A model version.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -133,8 +133,8 @@ pub async fn handle_version_create(
     let mut stream = body.into_data_stream();
     let outcome = async {
         let target = app.upload_target(&caller.principal, &tenant, &model, params.create_model).await?;
-        let request = UploadRequest::from_parts(params.format, params.sha256, &headers)?;
-        let uploaded = app.upload_version(&caller.actor, &target, request, &mut stream).await;
+        let request = upload_request(params.format, params.sha256, &headers)?;
+        let uploaded = app.uploads.upload_version(&caller.actor, &target, request, &mut stream).await;
         let version = app.noting_quota(target.tenant_id(), uploaded).await?;
         Ok((StatusCode::CREATED, Json(ModelVersion::new(target.name(), version, VersionState::Uploaded))))
     }
@@ -289,7 +289,7 @@ pub async fn handle_upload_create(
     ApiJson(body): ApiJson<CreateUpload>,
 ) -> Result<(StatusCode, Json<PresignedUpload>)> {
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "upload versions").await?;
-    let (upload, url) = app.presign_upload(&caller.actor, &m, body.format).await?;
+    let (upload, url) = app.uploads.presign_upload(&caller.actor, &m, body.format).await?;
     let max_bytes = app.config.max_upload_bytes;
     let out = PresignedUpload {
         upload_id: upload.id,
@@ -333,10 +333,47 @@ pub async fn handle_upload_complete(
 ) -> Result<(StatusCode, Json<ModelVersion>)> {
     let m = app.model_for(&caller.principal, &tenant, &model, Role::Deployer, "upload versions").await?;
     let upload_id: Uuid = upload_id.parse().map_err(|_| Error::NotFound("upload"))?;
-    let sha256 = crate::app::parse_sha256("sha256", &body.sha256)?;
-    let completed = app.complete_upload(&caller.actor, &m, upload_id, sha256, body.config).await;
+    let sha256 = parse_sha256("sha256", &body.sha256)?;
+    let completed = app.uploads.complete_upload(&caller.actor, &m, upload_id, sha256, body.config).await;
     let version = app.noting_quota(m.tenant_id, completed).await?;
     Ok((StatusCode::CREATED, Json(ModelVersion::new(&m.name, version, VersionState::Uploaded))))
+}
+
+/// Reads an upload's query `format`/`sha256` and its `X-Model-Config` and `Content-Length`
+/// headers. The sha256 has one place, the query: an `X-Content-Sha256` header (read by earlier
+/// versions) is refused with 400 naming it, instead of being ignored.
+fn upload_request(format: Option<ArtifactFormat>, sha256: Option<String>, headers: &HeaderMap) -> Result<UploadRequest> {
+    let header_text = |name: &str| -> Result<Option<&str>> {
+        headers
+            .get(name)
+            .map(|v| v.to_str().map_err(|_| Error::invalid(name, format!("{name} is not valid text"))))
+            .transpose()
+    };
+    if headers.contains_key("x-content-sha256") {
+        return Err(Error::Malformed {
+            field: "X-Content-Sha256",
+            message: "give the expected sha256 as the `sha256` query parameter (?sha256=<64 hex digits>); \
+                      the X-Content-Sha256 header is not read"
+                .into(),
+        });
+    }
+    let sha256 = sha256.as_deref().map(|s| parse_sha256("sha256", s)).transpose()?;
+    let config = match header_text("x-model-config")? {
+        None => None,
+        Some(text) => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(v @ serde_json::Value::Object(_)) if !super::contains_nul(&v) => {
+                crate::model_config::check_json("X-Model-Config", &v)?;
+                Some(v)
+            }
+            _ => return Err(Error::invalid("X-Model-Config", "X-Model-Config must be a JSON object")),
+        },
+    };
+    Ok(UploadRequest {
+        format: format.unwrap_or(ArtifactFormat::Onnx),
+        sha256,
+        config,
+        declared_len: content_length(headers),
+    })
 }
 
 /// The declared body length, if any.

@@ -18,7 +18,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::app::App;
 use crate::error::Result;
 use crate::registry::{Registry, now};
 
@@ -104,7 +103,7 @@ impl Revocations {
 
 /// Re-reads the revocations every [`POLL`] until `stop`. A registry outage keeps the list held
 /// (it is logged once, not every second).
-pub async fn run_revocations(app: Arc<App>, stop: CancellationToken) {
+pub async fn run_revocations(revocations: Arc<Revocations>, registry: Registry, stop: CancellationToken) {
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut failing = false;
@@ -113,7 +112,7 @@ pub async fn run_revocations(app: Arc<App>, stop: CancellationToken) {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        match app.revocations.refresh(&app.registry).await {
+        match revocations.refresh(&registry).await {
             Ok(()) if failing => {
                 failing = false;
                 tracing::info!("revocation list read again");

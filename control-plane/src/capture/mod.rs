@@ -14,9 +14,9 @@ use time::OffsetDateTime;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::app::App;
 use crate::error::{Error, Result};
-use crate::store::ObjectInfo;
+use crate::registry::Registry;
+use crate::store::{ArtifactStore, ObjectInfo};
 
 /// Default `max_record_bytes`: 64 KiB.
 pub const DEFAULT_MAX_RECORD_BYTES: i64 = 64 * 1024;
@@ -150,7 +150,11 @@ pub fn batch_key(batch: &ReportCaptureRequest, now: OffsetDateTime) -> std::resu
 }
 
 /// Stores a worker's batch under its tenant's prefix; the deployment must be the tenant's.
-pub async fn ingest(app: &App, batch: ReportCaptureRequest) -> std::result::Result<String, tonic::Status> {
+pub async fn ingest(
+    registry: &Registry,
+    store: &ArtifactStore,
+    batch: ReportCaptureRequest,
+) -> std::result::Result<String, tonic::Status> {
     if batch.jsonl.len() > MAX_BATCH_BYTES {
         return Err(tonic::Status::invalid_argument(format!("a capture batch holds at most {MAX_BATCH_BYTES} bytes")));
     }
@@ -159,10 +163,10 @@ pub async fn ingest(app: &App, batch: ReportCaptureRequest) -> std::result::Resu
     let (Ok(tenant), Ok(deployment)) = (tenant, deployment) else {
         return Err(tonic::Status::invalid_argument("tenant_id and deployment_id must be UUIDs"));
     };
-    if !app.registry.conn().await?.is_deployment_of(tenant, deployment).await? {
+    if !registry.conn().await?.is_deployment_of(tenant, deployment).await? {
         return Err(tonic::Status::not_found("no such deployment in that tenant"));
     }
-    app.store.put(&key, Bytes::from(batch.jsonl)).await?;
+    store.put(&key, Bytes::from(batch.jsonl)).await?;
     tracing::debug!(key, records = batch.records, worker_id = %batch.worker_id, "stored a capture batch");
     Ok(key)
 }
@@ -179,9 +183,9 @@ pub struct CaptureFile {
 }
 
 /// Every capture file of a deployment.
-pub async fn files(app: &App, tenant_id: Uuid, deployment_id: Uuid) -> Result<Vec<CaptureFile>> {
+pub async fn files(store: &ArtifactStore, tenant_id: Uuid, deployment_id: Uuid) -> Result<Vec<CaptureFile>> {
     let prefix = deployment_prefix(tenant_id, deployment_id);
-    let objects = app.store.list_objects(&prefix).await?;
+    let objects = store.list_objects(&prefix).await?;
     Ok(objects
         .into_iter()
         .filter_map(|o: ObjectInfo| {
@@ -196,15 +200,15 @@ pub fn effective_days(own: Option<i64>, default_days: u64) -> i64 {
     own.unwrap_or_else(|| i64::try_from(default_days).unwrap_or(MAX_RETENTION_DAYS))
 }
 
-/// Deletes every capture file older than its tenant's retention at `now`; returns how many.
-pub async fn sweep(app: &App, now: OffsetDateTime) -> Result<u64> {
-    let tenants = app.registry.conn().await?.capture_retentions().await?;
+/// Deletes every capture file older than its tenant's retention (else `default_days`) at
+/// `now`; returns how many.
+pub async fn sweep(registry: &Registry, store: &ArtifactStore, default_days: u64, now: OffsetDateTime) -> Result<u64> {
+    let tenants = registry.conn().await?.capture_retentions().await?;
     let mut deleted = 0;
     for (tenant_id, own) in tenants {
-        let days = effective_days(own, app.config.capture_retention_days);
+        let days = effective_days(own, default_days);
         let cutoff = now - time::Duration::days(days);
-        let expired: Vec<String> = app
-            .store
+        let expired: Vec<String> = store
             .list_objects(&tenant_prefix(tenant_id))
             .await?
             .into_iter()
@@ -212,7 +216,7 @@ pub async fn sweep(app: &App, now: OffsetDateTime) -> Result<u64> {
             .map(|o| o.key)
             .collect();
         for key in &expired {
-            app.store.delete(key).await?;
+            store.delete(key).await?;
         }
         if !expired.is_empty() {
             tracing::info!(%tenant_id, files = expired.len(), days, "deleted expired capture files");
@@ -222,27 +226,38 @@ pub async fn sweep(app: &App, now: OffsetDateTime) -> Result<u64> {
     Ok(deleted)
 }
 
-/// When the leader last swept (the scheduler loop asks whether one is due).
-#[derive(Debug, Default)]
+/// The retention sweep's parts and when the leader last swept (the scheduler loop asks
+/// whether one is due).
 pub struct Sweeper {
+    registry: Registry,
+    store: ArtifactStore,
+    /// `--capture-retention-days`: for tenants without their own.
+    default_days: u64,
+    /// `--capture-sweep-interval-ms`.
+    interval: std::time::Duration,
     last: Option<tokio::time::Instant>,
     running: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Sweeper {
-    /// Starts a sweep in the background when `--capture-sweep-interval-ms` passed since the
-    /// last one and none is running (called by the scheduler while it leads).
-    pub fn tick(&mut self, app: &std::sync::Arc<App>) {
+    /// A sweeper over `registry` and `store` that has not swept yet.
+    pub fn new(registry: Registry, store: ArtifactStore, default_days: u64, interval: std::time::Duration) -> Self {
+        Sweeper { registry, store, default_days, interval, last: None, running: None }
+    }
+
+    /// Starts a sweep in the background when the interval passed since the last one and none
+    /// is running (called by the scheduler while it leads).
+    pub fn tick(&mut self) {
         if self.running.as_ref().is_some_and(|t| !t.is_finished()) {
             return;
         }
-        if self.last.is_some_and(|l| l.elapsed() < app.config.capture_sweep_interval) {
+        if self.last.is_some_and(|l| l.elapsed() < self.interval) {
             return;
         }
         self.last = Some(tokio::time::Instant::now());
-        let app = app.clone();
+        let (registry, store, days) = (self.registry.clone(), self.store.clone(), self.default_days);
         self.running = Some(tokio::spawn(async move {
-            if let Err(e) = sweep(&app, crate::registry::now()).await {
+            if let Err(e) = sweep(&registry, &store, days, crate::registry::now()).await {
                 tracing::warn!(error = %e, "capture retention sweep failed");
             }
         }));

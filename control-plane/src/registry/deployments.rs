@@ -225,7 +225,8 @@ impl Conn {
     /// transaction lock (SQLite's write transaction already excludes every other writer).
     pub async fn lock_scheduling(&mut self) -> Result<()> {
         let started = std::time::Instant::now();
-        let result = match &mut self.0 {
+        self.queries += 1;
+        let result = match &mut self.inner {
             ConnInner::PostgresTx(tx) => sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(SCHEDULING_LOCK)
                 .execute(&mut **tx)
@@ -275,6 +276,26 @@ impl Conn {
         .bind(tenant_id)
         .bind(deployment_id)
         .fetch_all(c))
+    }
+
+    /// The replicas of several deployments of a tenant, in one query, by deployment, then as
+    /// [`Conn::replicas`] orders them. `deployment_ids` is a page (at most a few hundred).
+    pub async fn replicas_of(&mut self, tenant_id: Uuid, deployment_ids: &[Uuid]) -> Result<Vec<ReplicaRow>> {
+        if deployment_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "{}WHERE tenant_id = $1 AND deployment_id IN ({}) ORDER BY deployment_id, replica_index, version, created_at",
+            select_replicas!(""),
+            super::placeholders(2, deployment_ids.len())
+        );
+        on_conn!(self, "replica.list_of", |c| {
+            let mut query = sqlx::query_as::<_, ReplicaRow>(sqlx::AssertSqlSafe(sql)).bind(tenant_id);
+            for id in deployment_ids {
+                query = query.bind(*id);
+            }
+            query.fetch_all(c)
+        })
     }
 
     /// The latest `limit` events of a deployment, oldest first.

@@ -97,7 +97,12 @@ pub struct Registry {
 }
 
 /// One connection, inside or outside a transaction; registry queries are methods on it.
-pub struct Conn(ConnInner);
+pub struct Conn {
+    inner: ConnInner,
+    /// Statements run on this connection: lets tests pin how many round trips a read takes
+    /// (a plain counter, as every query already holds the connection mutably).
+    queries: usize,
+}
 
 enum ConnInner {
     Postgres(PoolConnection<Postgres>),
@@ -116,7 +121,8 @@ macro_rules! on_conn {
     };
     (@map $conn:expr, $label:literal, |$c:ident| $body:expr, |$r:ident| $map:expr) => {{
         let started = std::time::Instant::now();
-        let result = match &mut $conn.0 {
+        $conn.queries += 1;
+        let result = match &mut $conn.inner {
             $crate::registry::ConnInner::Postgres(x) => {
                 let $c: &mut sqlx::PgConnection = &mut **x;
                 $body.await.map(|$r| $map)
@@ -235,7 +241,7 @@ impl Registry {
 
     /// A connection for reads.
     pub async fn conn(&self) -> Result<Conn> {
-        Ok(Conn(match &self.db {
+        Ok(Conn::new(match &self.db {
             Db::Postgres(pool) => ConnInner::Postgres(pool.acquire().await?),
             Db::Sqlite(pool) => ConnInner::Sqlite(pool.acquire().await?),
         }))
@@ -244,7 +250,7 @@ impl Registry {
     /// A write transaction. On SQLite it is `BEGIN IMMEDIATE`: it takes the write lock up
     /// front, so two writers queue on the busy timeout instead of failing on lock upgrade.
     pub async fn begin(&self) -> Result<Conn> {
-        Ok(Conn(match &self.db {
+        Ok(Conn::new(match &self.db {
             Db::Postgres(pool) => ConnInner::PostgresTx(pool.begin().await?),
             Db::Sqlite(pool) => ConnInner::SqliteTx(pool.begin_with("BEGIN IMMEDIATE").await?),
         }))
@@ -260,9 +266,18 @@ impl Registry {
 }
 
 impl Conn {
+    fn new(inner: ConnInner) -> Self {
+        Conn { inner, queries: 0 }
+    }
+
+    /// How many statements ran on this connection so far.
+    pub fn queries(&self) -> usize {
+        self.queries
+    }
+
     /// Commits the transaction (a no-op outside one).
     pub async fn commit(self) -> Result<()> {
-        match self.0 {
+        match self.inner {
             ConnInner::PostgresTx(tx) => tx.commit().await?,
             ConnInner::SqliteTx(tx) => tx.commit().await?,
             ConnInner::Postgres(_) | ConnInner::Sqlite(_) => {}
@@ -276,6 +291,12 @@ impl Conn {
 pub fn now() -> OffsetDateTime {
     let t = OffsetDateTime::now_utc();
     t.replace_nanosecond(t.nanosecond() / 1_000 * 1_000).unwrap_or(t)
+}
+
+/// `$from, $from+1, …`: `n` numbered placeholders for an `IN` list (both databases take
+/// `$N`). Only numbers go into the SQL text; the values are bound.
+fn placeholders(from: usize, n: usize) -> String {
+    (from..from + n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ")
 }
 
 /// Maps a unique-constraint violation to a 409 with `code` and `message`; passes others on.
@@ -309,6 +330,12 @@ mod unit_tests {
     fn urls_are_redacted() {
         assert_eq!(redact_url("postgres://u:secret@h:5432/db"), "postgres://u:***@h:5432/db");
         assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
+    }
+
+    #[test]
+    fn placeholders_are_numbered_from_the_first() {
+        assert_eq!(placeholders(2, 3), "$2, $3, $4");
+        assert_eq!(placeholders(1, 1), "$1");
     }
 
     #[test]

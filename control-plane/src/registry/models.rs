@@ -198,6 +198,34 @@ impl Conn {
         .fetch_optional(c))
     }
 
+    /// The artifact sizes of several versions of a tenant's models, in one query, by (model id,
+    /// version); versions that do not exist are left out. `versions` is a page (at most a few
+    /// hundred).
+    pub async fn version_sizes(
+        &mut self,
+        tenant_id: Uuid,
+        versions: &[(Uuid, i64)],
+    ) -> Result<std::collections::HashMap<(Uuid, i64), i64>> {
+        if versions.is_empty() {
+            return Ok(Default::default());
+        }
+        // Row values in an IN list are not SQLite's; a chain of ORs is both databases'.
+        let pairs: Vec<String> =
+            (0..versions.len()).map(|i| format!("(model_id = ${} AND version = ${})", 2 * i + 2, 2 * i + 3)).collect();
+        let sql = format!(
+            "SELECT model_id, version, size_bytes FROM model_versions WHERE tenant_id = $1 AND ({})",
+            pairs.join(" OR ")
+        );
+        let rows = on_conn!(self, "version.sizes", |c| {
+            let mut query = sqlx::query_as::<_, (Uuid, i64, i64)>(sqlx::AssertSqlSafe(sql)).bind(tenant_id);
+            for (model_id, version) in versions {
+                query = query.bind(*model_id).bind(*version);
+            }
+            query.fetch_all(c)
+        })?;
+        Ok(rows.into_iter().map(|(model, version, size)| ((model, version), size)).collect())
+    }
+
     /// A model's versions, newest first, before `before` (the cursor).
     pub async fn versions(
         &mut self,

@@ -14,8 +14,7 @@ use super::deployments::{DeploymentRow, ReplicaRow, select_deployments, select_r
 use super::workers::WorkerRow;
 use super::{Conn, exec, now, on_conn};
 use crate::error::Result;
-use crate::scheduler::SliceSpec;
-use crate::scheduler::plan::{DeploymentInfo, Plan, ReplicaChange, ReplicaInfo, Snapshot, VersionInfo, WorkerInfo};
+use crate::tick::{DeploymentInfo, Plan, ReplicaChange, ReplicaInfo, SliceSpec, Snapshot, VersionInfo, WorkerInfo};
 use crate::states::{ReplicaState, WorkerState};
 
 #[derive(sqlx::FromRow)]

@@ -163,7 +163,8 @@ impl Conn {
         let started = std::time::Instant::now();
         let sql =
             if exclusive { "SELECT pg_advisory_xact_lock($1)" } else { "SELECT pg_advisory_xact_lock_shared($1)" };
-        let result = match &mut self.0 {
+        self.queries += 1;
+        let result = match &mut self.inner {
             ConnInner::PostgresTx(tx) => sqlx::query(sql).bind(RETENTION_LOCK).execute(&mut **tx).await.map(|_| ()),
             ConnInner::Postgres(_) => Err(sqlx::Error::Protocol("lock_retention outside a transaction".into())),
             ConnInner::Sqlite(_) | ConnInner::SqliteTx(_) => Ok(()),

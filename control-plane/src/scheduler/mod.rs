@@ -36,21 +36,10 @@ mod tests;
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Identifies a worker.
-pub type WorkerId = String;
+pub use crate::tick::{Placement, SliceSpec, WorkerId};
+
 /// Identifies a tenant.
 pub type TenantId = String;
-
-/// A slice a worker offers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SliceSpec {
-    /// Slice id, unique within the worker (e.g. `cpu-0`, `MIG-<uuid>`).
-    pub id: String,
-    /// Profile name (`cpu`, `gpu`, `mig-1g.10gb`, ...).
-    pub profile: String,
-    /// Memory the slice can hold, in bytes.
-    pub memory_bytes: u64,
-}
 
 /// A worker and its slices.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,15 +63,6 @@ pub struct ReplicaRequest {
     pub profile: String,
     /// Memory the replica needs, in bytes.
     pub memory_bytes: u64,
-}
-
-/// Where a replica went.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placement {
-    /// Worker chosen.
-    pub worker: WorkerId,
-    /// Slice chosen on it.
-    pub slice: String,
 }
 
 /// Why a replica could not be placed.

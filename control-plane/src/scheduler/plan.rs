@@ -28,124 +28,14 @@ use serde_json::{Value, json};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
-use super::{Placement, Placer, ReplicaRequest, SliceSpec, WorkerSpec};
+use super::{Placement, Placer, ReplicaRequest, WorkerSpec};
+use crate::deployments::memory::replica_memory;
 use crate::states::{ReplicaState, WorkerState};
+pub use crate::tick::{
+    DeploymentInfo, NewReplica, Plan, PlannedEvent, ReplicaChange, ReplicaInfo, Snapshot, VersionInfo, WorkerInfo,
+};
 
 mod canary;
-
-/// Memory a replica gets when its deployment does not say: four times the artifact, at least this.
-pub const MIN_REPLICA_MEMORY: i64 = 64 * 1024 * 1024;
-
-/// A worker as the scheduler sees it.
-#[derive(Debug, Clone)]
-pub struct WorkerInfo {
-    /// Worker id.
-    pub id: String,
-    /// `ready` or `lost`.
-    pub state: String,
-    /// Last heartbeat.
-    pub last_heartbeat_at: OffsetDateTime,
-    /// Slices offered.
-    pub slices: Vec<SliceSpec>,
-    /// Slices the worker reports unhealthy, with why: they take no replicas.
-    pub unhealthy_slices: BTreeMap<String, String>,
-}
-
-/// A deployment as the scheduler sees it.
-#[derive(Debug, Clone)]
-pub struct DeploymentInfo {
-    /// Id.
-    pub id: Uuid,
-    /// Tenant.
-    pub tenant_id: Uuid,
-    /// Model name (the name clients use).
-    pub model_name: String,
-    /// Model id.
-    pub model_id: Uuid,
-    /// Target version as stored.
-    pub version: i64,
-    /// Alias followed, if any.
-    pub alias: Option<String>,
-    /// Where the alias points now (`None`: no alias, or the alias is gone).
-    pub alias_version: Option<i64>,
-    /// Spec generation.
-    pub spec_generation: i64,
-    /// Slice profile.
-    pub profile: String,
-    /// Replicas wanted.
-    pub replicas: i64,
-    /// Model instances per replica.
-    pub instance_count: i64,
-    /// Max batch size, if set.
-    pub max_batch_size: Option<i64>,
-    /// Dynamic batching settings, if set.
-    pub dynamic_batching: Option<Value>,
-    /// Memory per replica, if set.
-    pub memory_bytes: Option<i64>,
-    /// The canary's version, if the deployment has a canary.
-    pub canary_version: Option<i64>,
-    /// Canary replicas wanted (0 without a canary).
-    pub canary_replicas: i64,
-}
-
-/// What the scheduler needs of a model version.
-#[derive(Debug, Clone)]
-pub struct VersionInfo {
-    /// Artifact size.
-    pub size_bytes: i64,
-    /// Stored model config, if any.
-    pub config: Option<Value>,
-}
-
-/// A replica as the scheduler sees it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplicaInfo {
-    /// Id.
-    pub id: Uuid,
-    /// Deployment.
-    pub deployment_id: Uuid,
-    /// Index within the deployment.
-    pub index: i64,
-    /// Version.
-    pub version: i64,
-    /// Spec generation it was made for.
-    pub spec_generation: i64,
-    /// Slice profile.
-    pub profile: String,
-    /// Memory it needs.
-    pub memory_bytes: i64,
-    /// Worker, if placed.
-    pub worker_id: Option<String>,
-    /// Slice, if placed.
-    pub slice_id: Option<String>,
-    /// Registry state.
-    pub state: ReplicaState,
-    /// Why it is pending or failed.
-    pub reason: Option<String>,
-    /// Times it was moved off a worker where its runner kept dying (0 once ready).
-    pub crash_moves: i64,
-    /// Whether unversioned requests reach it.
-    pub serving: bool,
-    /// End of its drain.
-    pub drain_until: Option<OffsetDateTime>,
-    /// A canary replica (indexed and rolled apart from the stable ones).
-    pub canary: bool,
-}
-
-/// Everything one tick looks at.
-#[derive(Debug, Clone, Default)]
-pub struct Snapshot {
-    /// Workers.
-    pub workers: Vec<WorkerInfo>,
-    /// Deployments.
-    pub deployments: Vec<DeploymentInfo>,
-    /// Versions of deployed models, by (model id, version).
-    pub versions: HashMap<(Uuid, i64), VersionInfo>,
-    /// Replicas.
-    pub replicas: Vec<ReplicaInfo>,
-    /// Slice quotas per tenant and profile.
-    pub slice_quotas: HashMap<Uuid, BTreeMap<String, i64>>,
-}
 
 /// Timing settings.
 #[derive(Debug, Clone, Copy)]
@@ -158,136 +48,6 @@ pub struct Settings {
     /// count: after a control-plane outage workers need a heartbeat interval to reconnect,
     /// and declaring every one of them lost would move every replica for nothing.
     pub leader_since: Option<OffsetDateTime>,
-}
-
-/// A replica to create.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewReplica {
-    /// Id.
-    pub id: Uuid,
-    /// Tenant.
-    pub tenant_id: Uuid,
-    /// Deployment.
-    pub deployment_id: Uuid,
-    /// Index.
-    pub index: i64,
-    /// Version.
-    pub version: i64,
-    /// Spec generation.
-    pub spec_generation: i64,
-    /// Profile.
-    pub profile: String,
-    /// Memory.
-    pub memory_bytes: i64,
-    /// Rendered model config.
-    pub config: Value,
-    /// Placement, or why there is none.
-    pub placement: Result<Placement, String>,
-    /// Serving from the start (no rollout in progress).
-    pub serving: bool,
-    /// A canary replica.
-    pub canary: bool,
-}
-
-/// A change to an existing replica.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ReplicaChange {
-    /// Placed (or moved) onto a worker's slice: state `scheduled`.
-    Place {
-        /// Replica.
-        id: Uuid,
-        /// Where.
-        placement: Placement,
-    },
-    /// Moved off a worker where its runner keeps dying: state `scheduled`, one more crash move.
-    MoveOffCrashLoop {
-        /// Replica.
-        id: Uuid,
-        /// Where.
-        placement: Placement,
-    },
-    /// Crash-looping wherever it went: it stays where it is, and this is noted once.
-    StayInCrashLoop {
-        /// Replica.
-        id: Uuid,
-    },
-    /// Cannot be placed: state `pending` with the reason, no worker.
-    Unplaced {
-        /// Replica.
-        id: Uuid,
-        /// Why.
-        reason: String,
-    },
-    /// Starts serving.
-    Serve {
-        /// Replica.
-        id: Uuid,
-    },
-    /// Stops serving and drains until `until`.
-    Drain {
-        /// Replica.
-        id: Uuid,
-        /// End of the drain.
-        until: OffsetDateTime,
-    },
-    /// Removed.
-    Delete {
-        /// Replica.
-        id: Uuid,
-    },
-}
-
-/// An event to record.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PlannedEvent {
-    /// Tenant.
-    pub tenant_id: Uuid,
-    /// Deployment.
-    pub deployment_id: Uuid,
-    /// Kind (`placed`, `unplaceable`, `worker_lost`, `rollout_started`, ...).
-    pub kind: &'static str,
-    /// Replica concerned.
-    pub replica_id: Option<Uuid>,
-    /// Worker concerned.
-    pub worker_id: Option<String>,
-    /// Human-readable detail.
-    pub message: String,
-}
-
-/// What one tick decided.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Plan {
-    /// Workers to mark lost.
-    pub lost_workers: Vec<String>,
-    /// Deployments whose target version moves (alias moved).
-    pub retarget: Vec<(Uuid, i64)>,
-    /// Deployments whose promoted canary is done: the stable replicas run its version, so the
-    /// canary is cleared (its replicas drain in the same plan).
-    pub clear_canary: Vec<Uuid>,
-    /// Replicas to create.
-    pub inserts: Vec<NewReplica>,
-    /// Changes to existing replicas.
-    pub changes: Vec<ReplicaChange>,
-    /// Events.
-    pub events: Vec<PlannedEvent>,
-}
-
-impl Plan {
-    /// Whether the plan changes nothing.
-    pub fn is_empty(&self) -> bool {
-        self.lost_workers.is_empty()
-            && self.retarget.is_empty()
-            && self.clear_canary.is_empty()
-            && self.inserts.is_empty()
-            && self.changes.is_empty()
-            && self.events.is_empty()
-    }
-}
-
-/// Memory of a replica: the deployment's setting, else four times the artifact (at least
-/// [`MIN_REPLICA_MEMORY`]).
-pub fn replica_memory(memory_bytes: Option<i64>, artifact_size: i64) -> i64 {
-    memory_bytes.unwrap_or_else(|| artifact_size.saturating_mul(4).max(MIN_REPLICA_MEMORY))
 }
 
 /// The model config a replica loads: the version's stored config with the deployment's name,
@@ -944,14 +704,11 @@ mod tests {
     }
 
     #[test]
-    fn memory_must_fit_and_defaults_from_the_artifact() {
+    fn memory_must_fit() {
         let mut d = deployment(1, tenant(1), 1, 1);
         d.memory_bytes = Some(i64::try_from(5 * GIB).unwrap());
         let p = run(&snapshot(vec![worker("w1", 2, 4)], vec![d], vec![]));
         assert!(p.inserts[0].placement.is_err());
-        assert_eq!(replica_memory(None, 100 << 20), 400 << 20);
-        assert_eq!(replica_memory(None, 10), MIN_REPLICA_MEMORY);
-        assert_eq!(replica_memory(Some(7), 100 << 20), 7);
     }
 
     #[test]

@@ -87,7 +87,12 @@ pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
     let mut interval = tokio::time::interval(app.config.scheduler_interval);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The leader also deletes expired capture files, now and then, in the background.
-    let mut capture_sweeper = crate::capture::Sweeper::default();
+    let mut capture_sweeper = crate::capture::Sweeper::new(
+        app.registry.clone(),
+        app.store.clone(),
+        app.config.capture_retention_days,
+        app.config.capture_sweep_interval,
+    );
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -102,7 +107,7 @@ pub async fn run_scheduler(app: Arc<App>, shutdown: CancellationToken) {
             tracing::info!("this control plane schedules (leader)");
             settings.leader_since = Some(now());
         }
-        capture_sweeper.tick(&app);
+        capture_sweeper.tick();
         let started = std::time::Instant::now();
         let outcome = tick(&app, &settings).await;
         let label = match &outcome {
