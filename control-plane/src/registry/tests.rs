@@ -1247,3 +1247,61 @@ async fn sign_ins_are_single_use_and_sessions_name_their_user() {
     })
     .await;
 }
+
+/// The statuses of a page of deployments, and the statements they took on their connection.
+async fn counted_statuses(
+    r: &Registry,
+    tenant_id: Uuid,
+    rows: Vec<DeploymentRow>,
+) -> (usize, Vec<crate::deployments::Deployment>) {
+    let mut c = r.conn().await.unwrap();
+    let gateway = crate::deployments::status::Gateway::default();
+    let statuses = crate::deployments::status::statuses(&mut c, gateway, tenant_id, rows).await.unwrap();
+    (c.queries(), statuses)
+}
+
+#[tokio::test]
+async fn deployment_statuses_take_the_same_queries_for_one_deployment_as_for_many() {
+    on_both(|r| async move {
+        r.register_worker(&new_worker("w1")).await.unwrap();
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let b = tenant(&r, "b", QuotaLimits::default()).await;
+        const MIB: i64 = 1 << 20;
+        for i in 0..5 {
+            let m = r.create_model(&actor(), a, &name(&format!("m{i}")), "").await.unwrap();
+            r.create_version(&actor(), &m, version(MIB)).await.unwrap();
+            // The target (latest) version differs in size per deployment, and so its memory.
+            r.create_version(&actor(), &m, version((20 + i) * MIB)).await.unwrap();
+            let (d, model) = (name(&format!("d{i}")), format!("m{i}"));
+            r.create_deployment(&actor(), a, &d, &model, spec(VersionRef::Latest, 2)).await.unwrap();
+        }
+        // Another tenant's deployment with the same names: none of its replicas may show.
+        let other = r.create_model(&actor(), b, &name("m0"), "").await.unwrap();
+        r.create_version(&actor(), &other, version(MIB)).await.unwrap();
+        r.create_deployment(&actor(), b, &name("d0"), "m0", spec(VersionRef::Latest, 3)).await.unwrap();
+        tick(&r).await;
+
+        let rows = r.conn().await.unwrap().deployments(a).await.unwrap();
+        assert_eq!(rows.len(), 5);
+        let (one, first) = counted_statuses(&r, a, rows[..1].to_vec()).await;
+        let (many, all) = counted_statuses(&r, a, rows.clone()).await;
+        assert_eq!((one, many), (3, 3), "workers, replicas and version sizes, whatever the page");
+        assert_eq!(counted_statuses(&r, a, Vec::new()).await.0, 0);
+
+        assert_eq!(all.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["d0", "d1", "d2", "d3", "d4"]);
+        for (i, d) in (0_i64..).zip(&all) {
+            assert_eq!(d.version, 2);
+            assert_eq!(d.memory_bytes, 4 * (20 + i) * MIB, "{}", d.name);
+            assert_eq!(d.replica_status.len(), 2, "{}: its own replicas only", d.name);
+            assert!(d.replica_status.iter().all(|s| s.version == 2 && s.worker_id.as_deref() == Some("w1")));
+        }
+        // A page shows each deployment as reading it alone does.
+        let json = |d: &crate::deployments::Deployment| serde_json::to_value(d).unwrap();
+        assert_eq!(json(&first[0]), json(&all[0]));
+        for (row, shown) in rows.into_iter().zip(&all) {
+            let (_, alone) = counted_statuses(&r, a, vec![row]).await;
+            assert_eq!(json(&alone[0]), json(shown));
+        }
+    })
+    .await;
+}

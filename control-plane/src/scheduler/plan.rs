@@ -560,6 +560,7 @@ fn move_off_crash_loop(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tick::SliceSpec;
 
     const GIB: u64 = 1 << 30;
 
