@@ -7,7 +7,8 @@ Reads every `crate::…` and `super::…` path in the code (comments skipped, `u
 expanded), resolves each to the file that defines the module it names, and prints the
 strongly connected components with more than one file: each is a circle of files that
 import one another. A parent `mod.rs` that only declares its children (`mod x;`) is not an
-edge; a parent that calls into a child is. With `--top` files are grouped by their
+edge; a parent that calls into a child is. Test code is left out: inline `#[cfg(test)] mod`
+blocks and files of `#[cfg(test)] mod x;` modules. With `--top` files are grouped by their
 top-level module (`api/deployments.rs` counts as `api`). Exits 1 when a cycle exists.
 """
 
@@ -134,6 +135,11 @@ def main():
     top = "--top" in sys.argv
     src = args[0] if args else "control-plane/src"
     files = module_files(src)
+    # Files of test-only modules (`#[cfg(test)] mod tests;`) are not part of the layout.
+    for mod, rel in list(files.items()):
+        with open(os.path.join(src, rel)) as f:
+            for child in re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\([\w:]+\))?\s+)?mod\s+(\w+)\s*;", f.read()):
+                files.pop(mod + (child,), None)
     name = (lambda m: m[0] if m else "lib") if top else (lambda m: files[m])
     graph = {}
     for mod, rel in files.items():

@@ -9,8 +9,8 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use super::deployments::{Deployment, MAX_REPLICAS, check_range, deployment_for, version_ref};
-use crate::deployments::status_of;
 use super::{ApiJson, AppState, Caller};
+use crate::deployments::status_of;
 use crate::error::{Error, Result};
 use crate::registry::{CanarySpec, VersionRef};
 use crate::types::{Name, Role};

@@ -342,7 +342,11 @@ pub async fn handle_upload_complete(
 /// Reads an upload's query `format`/`sha256` and its `X-Model-Config` and `Content-Length`
 /// headers. The sha256 has one place, the query: an `X-Content-Sha256` header (read by earlier
 /// versions) is refused with 400 naming it, instead of being ignored.
-fn upload_request(format: Option<ArtifactFormat>, sha256: Option<String>, headers: &HeaderMap) -> Result<UploadRequest> {
+fn upload_request(
+    format: Option<ArtifactFormat>,
+    sha256: Option<String>,
+    headers: &HeaderMap,
+) -> Result<UploadRequest> {
     let header_text = |name: &str| -> Result<Option<&str>> {
         headers
             .get(name)

@@ -84,8 +84,5 @@ pub async fn delete(app: &App, actor: &Actor, d: &DeploymentRow) -> Result<()> {
 
 /// Where the gateways take this deployment's inference, as configured.
 fn gateway(app: &App) -> status::Gateway<'_> {
-    status::Gateway {
-        url: app.config.gateway_url.as_deref(),
-        grpc_address: app.config.gateway_grpc_address.as_deref(),
-    }
+    status::Gateway { url: app.config.gateway_url.as_deref(), grpc_address: app.config.gateway_grpc_address.as_deref() }
 }

@@ -14,8 +14,8 @@ use super::deployments::{DeploymentRow, ReplicaRow, select_deployments, select_r
 use super::workers::WorkerRow;
 use super::{Conn, exec, now, on_conn};
 use crate::error::Result;
-use crate::tick::{DeploymentInfo, Plan, ReplicaChange, ReplicaInfo, SliceSpec, Snapshot, VersionInfo, WorkerInfo};
 use crate::states::{ReplicaState, WorkerState};
+use crate::tick::{DeploymentInfo, Plan, ReplicaChange, ReplicaInfo, SliceSpec, Snapshot, VersionInfo, WorkerInfo};
 
 #[derive(sqlx::FromRow)]
 struct VersionSize {
