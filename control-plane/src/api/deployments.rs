@@ -1,6 +1,7 @@
-//! Deployments: a model's version (pinned or through an alias) on a slice profile with a
-//! number of replicas. Writes store the desired state and wake the scheduler, which places
-//! replicas and rolls versions; reads show each replica's worker, slice and state.
+//! Deployments over HTTP: a model's version (pinned or through an alias) on a slice profile
+//! with a number of replicas. The handlers check and parse requests into a [`DeploymentSpec`]
+//! or [`DeploymentPatch`] and call the use cases in [`crate::deployments`], which store the
+//! desired state, wake the scheduler and assemble what reads show.
 
 use axum::Json;
 use axum::extract::{Path, State};
