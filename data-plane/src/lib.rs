@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod logging;
 pub mod runner;
 pub mod serve;
+pub mod spans;
 pub mod tools;
 pub mod trace;
 pub mod worker;

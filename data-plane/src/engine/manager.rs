@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 use tessera_protocol::inference::ModelConfig;
+use tracing::Instrument as _;
 
 use crate::engine::device::{Device, ExecutionTarget, available_cores};
 use crate::engine::ensemble::{self, is_ensemble};
@@ -373,12 +374,19 @@ impl ModelManager {
     /// Loads every selected version of `name` off the async runtime, then swaps the entry in:
     /// the old versions keep serving until the new ones are ready.
     async fn load_inner(&self, name: &str, config: Option<ModelConfig>) -> Result<()> {
+        self.load_in_span(name, config).instrument(crate::spans::load(name)).await
+    }
+
+    /// [`Self::load_inner`] in the load's span, which the blocking load runs in too.
+    async fn load_in_span(&self, name: &str, config: Option<ModelConfig>) -> Result<()> {
         if !self.repository.contains(name) {
             return Err(Error::not_found(format!("failed to load '{name}', failed to poll from model repository")));
         }
         let _guard = self.control.lock().await;
         let (repo, owned, load) = (self.repository.clone(), name.to_string(), self.loader());
-        let entry = match tokio::task::spawn_blocking(move || load_entry(&repo, &owned, config, &*load)).await {
+        let span = tracing::Span::current();
+        let loading = move || span.in_scope(|| load_entry(&repo, &owned, config, &*load));
+        let entry = match tokio::task::spawn_blocking(loading).await {
             Ok(entry) => entry,
             // A load that panicked (a bug, or ONNX Runtime failing hard) still leaves a row
             // saying why, instead of a model with no state.
@@ -487,7 +495,10 @@ impl ModelManager {
             (None, placement) => {
                 let device = placement.and_then(|p| self.slice_devices.get(&p.slice).cloned()).unwrap_or_default();
                 let (owned, target) = (name.to_string(), ExecutionTarget { cores: self.cores, device });
-                tokio::task::spawn_blocking(move || LoadedModel::load(&owned, version, &file, config, &target))
+                // The load's lines carry the install's span (a worker's reconciler opens one).
+                let span = tracing::Span::current();
+                let loading = move || span.in_scope(|| LoadedModel::load(&owned, version, &file, config, &target));
+                tokio::task::spawn_blocking(loading)
                     .await
                     .map_err(|e| LoadError::runtime(format!("model load task failed: {e}")))?
             }

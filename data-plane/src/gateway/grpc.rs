@@ -29,6 +29,7 @@ use tessera_protocol::inference::{
     RepositoryIndexResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse,
 };
 use tonic::Status;
+use tracing::Instrument as _;
 
 use super::Gateway;
 use super::forward::{self, BoxError, GrpcBody};
@@ -147,7 +148,9 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
     };
     let stale = |r: &http::Response<hyper::body::Incoming>| r.headers().get("grpc-status").is_some_and(|s| s == "5");
     let sequence = target.sequence.as_ref().map(|id| super::sticky::sequence_key(&tenant, &target.name, id));
-    let answer = forward::send(g, &target.name, model, target.version, sequence, send, stale).await.map_err(failed)?;
+    let span = crate::spans::forward("grpc", &tenant, &target.name, target.version);
+    let sending = forward::send(g, &target.name, model, target.version, sequence, send, stale);
+    let answer = sending.instrument(span).await.map_err(failed)?;
     let code =
         answer.response.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map_or("0", |c| code_label(c));
     g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "grpc", code, started.elapsed());

@@ -14,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
+use tracing::Instrument as _;
 
 use super::Gateway;
 use super::forward;
@@ -188,8 +189,9 @@ async fn forward(
     let sequence = super::sticky::http_sequence_id(&parts.headers, &body)
         .map(|id| super::sticky::sequence_key(&tenant, &target.name, &id));
     let not_held = |r: &http::Response<hyper::body::Incoming>| r.status() == StatusCode::NOT_FOUND;
-    let answer =
-        forward::send(g, &target.name, model, target.version, sequence, send, not_held).await.map_err(with_tenant)?;
+    let span = crate::spans::forward("http", &tenant, &target.name, target.version);
+    let sending = forward::send(g, &target.name, model, target.version, sequence, send, not_held);
+    let answer = sending.instrument(span).await.map_err(with_tenant)?;
     let status = answer.response.status();
     g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "http", status.as_str(), started.elapsed());
     let (mut head, incoming) = answer.response.into_parts();

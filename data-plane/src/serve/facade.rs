@@ -5,6 +5,8 @@
 
 use std::time::{Instant, SystemTime};
 
+use tracing::Instrument as _;
+
 use crate::auth::Principal;
 use crate::engine::infer::InferRequest;
 use crate::engine::model::LoadedModel;
@@ -12,6 +14,7 @@ use crate::engine::model_spec::ModelSpec;
 use crate::error::Result;
 use crate::serve::capture::{CaptureHook, Finished, Tap};
 use crate::serve::server::ServerState;
+use crate::spans::{self, Origin};
 
 /// What one inference that reached a tenant's model came to.
 #[derive(Debug, Clone, Copy)]
@@ -50,13 +53,35 @@ impl ServerState {
     /// One inference: resolves `model` in the caller's tenant, runs the protocol's `run` on it
     /// (decode, infer, encode), and tells the usage hook how it went. `bytes_in` is asked only
     /// when a hook listens. `run` shows the request and answer to the [`Tap`], which keeps them
-    /// only when the capture hook sampled this request.
+    /// only when the capture hook sampled this request. All of it runs in the request's log
+    /// span (see [`spans`]), opened from `origin`.
     pub async fn infer<T>(
+        &self,
+        origin: Origin<'_>,
+        caller: Option<&Principal>,
+        model: &str,
+        version: Option<i64>,
+        bytes_in: impl FnOnce() -> u64,
+        run: impl AsyncFnOnce(&LoadedModel, &mut Tap) -> Result<Answered<T>>,
+    ) -> Result<T> {
+        let span = spans::request(&origin, caller.map(|c| c.tenant_id.as_str()), model);
+        let result = self.infer_in_span(caller, model, version, bytes_in, &span, run).instrument(span.clone()).await;
+        span.in_scope(|| match &result {
+            // A line per answered request only at TRACE; a failure is worth one at DEBUG.
+            Ok(_) => tracing::trace!("request answered"),
+            Err(e) => tracing::debug!(kind = ?e.kind, error = %e.message, "request failed"),
+        });
+        result
+    }
+
+    /// [`Self::infer`] inside its span, which hears the resolved version.
+    async fn infer_in_span<T>(
         &self,
         caller: Option<&Principal>,
         model: &str,
         version: Option<i64>,
         bytes_in: impl FnOnce() -> u64,
+        span: &tracing::Span,
         run: impl AsyncFnOnce(&LoadedModel, &mut Tap) -> Result<Answered<T>>,
     ) -> Result<T> {
         // Refused over its tenant's cap before it reaches a model: not billed.
@@ -66,6 +91,7 @@ impl ServerState {
         };
         let metered = self.usage().zip(caller).map(|(hook, caller)| (hook, caller, Instant::now(), bytes_in()));
         let loaded = self.model(caller, model, version)?;
+        spans::resolved(span, loaded.version);
         let capture = self.capture().zip(caller).and_then(|(hook, caller)| {
             let ticket = hook.sample(&caller.tenant_id, &loaded.spec.name)?;
             Some((hook, ticket, SystemTime::now(), Instant::now()))

@@ -4,6 +4,7 @@
 //! usage hook.
 
 pub mod capture;
+pub mod exposition;
 pub mod facade;
 pub mod grpc;
 pub mod http;

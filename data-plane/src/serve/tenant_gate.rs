@@ -108,7 +108,7 @@ mod tests {
             let run = async |_: &crate::engine::model::LoadedModel,
                              _: &mut crate::serve::capture::Tap|
                    -> Result<Answered<()>> { Ok(Answered { answer: (), rows: 1, bytes_out: 0 }) };
-            state.infer(Some(who), "absent", None, || 0, run).await
+            state.infer(crate::spans::Origin::bare("http"), Some(who), "absent", None, || 0, run).await
         };
         let gate = state.tenant_gate().expect("a gate");
         let held = gate.admit("a").expect("one request of tenant a in flight");

@@ -26,6 +26,7 @@ use tessera_protocol::agent::{self, ReplicaState};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use super::cache::ArtifactCache;
 use super::retry::retry_delay;
@@ -513,8 +514,9 @@ impl Executor {
         let fingerprint = want.fingerprint();
         self.in_flight.insert(vk.clone(), InFlight::Installing(fingerprint.clone()));
         let (manager, cache) = (self.manager.clone(), self.cache.clone());
-        tracing::info!(key = %vk.key, version = vk.version, sha256 = %want.artifact.sha256, "installing model version");
-        self.tasks.spawn(async move {
+        let span = crate::spans::install(&vk.key, vk.version);
+        span.in_scope(|| tracing::info!(sha256 = %want.artifact.sha256, "installing model version"));
+        let installing = async move {
             let started = Instant::now();
             let result = AssertUnwindSafe(install(&manager, &cache, &vk, &want))
                 .catch_unwind()
@@ -522,13 +524,14 @@ impl Executor {
                 .unwrap_or_else(|_| Err(LoadError::runtime("the install task panicked")));
             let ms = started.elapsed().as_millis();
             match &result {
-                Ok(()) => tracing::info!(key = %vk.key, version = vk.version, ms, "model version ready"),
+                Ok(()) => tracing::info!(ms, "model version ready"),
                 Err(e) => {
-                    tracing::warn!(key = %vk.key, version = vk.version, kind = %e.kind, reason = %e.message, "model version failed");
+                    tracing::warn!(kind = %e.kind, reason = %e.message, "model version failed");
                 }
             }
             Done { vk, installed: Some((fingerprint, result)) }
-        });
+        };
+        self.tasks.spawn(installing.instrument(span));
     }
 
     fn start_remove(&mut self, vk: VersionKey) {

@@ -118,6 +118,7 @@ impl Batcher {
         let (reply, mut outputs) = oneshot::channel();
         let mut pending = Pending::new(request, Instant::now(), reply);
         pending.arrived = arrived;
+        pending.span = crate::spans::current();
         if let Some(ragged) = &self.shared.spec.ragged {
             pending.batch_regardless_of_shape(&ragged.ragged);
         }
@@ -317,6 +318,9 @@ fn run_instance(session: &Mutex<OnnxSession>, shared: &Shared, batches: &crossbe
 /// turn, when the batch has a ticket).
 fn run_batch(session: &mut OnnxSession, shared: &Shared, batch: Vec<Pending>, ticket: Option<Ticket>) {
     let (spec, stats) = (&*shared.spec, &*shared.stats);
+    let items: usize = batch.iter().map(|p| p.request.batch_size).sum();
+    let span = crate::spans::batch(&spec.name, batch.len(), items, batch.iter().map(|p| &p.span));
+    let _entered = span.enter();
     let start = Instant::now();
     match execute(session, spec, &batch, start) {
         Ok((per_request, mut timings)) => {
@@ -325,7 +329,6 @@ fn run_batch(session: &mut OnnxSession, shared: &Shared, batch: Vec<Pending>, ti
             // as compute output (not as unaccounted overhead).
             let elapsed = nanos(start.elapsed());
             timings.output_ns = elapsed.saturating_sub(timings.input_ns + timings.infer_ns);
-            let items: usize = batch.iter().map(|p| p.request.batch_size).sum();
             stats.record_execution(Execution {
                 batch_size: items as u64,
                 input_ns: timings.input_ns,

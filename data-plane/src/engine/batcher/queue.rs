@@ -33,6 +33,8 @@ pub struct Pending {
     pub reply: Reply,
     /// Item shapes of every input (`None` = optional input absent); batches share one key.
     key: Vec<Option<Vec<i64>>>,
+    /// The request's log span, which its batch's span follows (off unless DEBUG spans are on).
+    pub span: tracing::Span,
 }
 
 impl Pending {
@@ -40,7 +42,7 @@ impl Pending {
     pub fn new(request: ValidInferRequest, now: Instant, reply: Reply) -> Self {
         let key =
             request.inputs.iter().map(|i| i.as_ref().map(|t| t.shape.get(1..).unwrap_or_default().to_vec())).collect();
-        Self { request, enqueued: now, arrived: now, deadline: None, reply, key }
+        Self { request, enqueued: now, arrived: now, deadline: None, reply, key, span: tracing::Span::none() }
     }
 
     /// Lets the inputs marked in `ragged` (by model input index) differ in shape from the rest

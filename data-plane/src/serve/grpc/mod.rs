@@ -35,6 +35,7 @@ use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::net::tls::TlsAcceptor;
 use crate::serve::server::ServerState;
 use crate::serve::shared_memory::{Kind, tensors};
+use crate::spans::Origin;
 use crate::trace::Event;
 
 type GrpcResult<T> = Result<Response<T>, Status>;
@@ -72,20 +73,22 @@ struct InferenceService {
 impl InferenceService {
     /// One inference through the request facade (metered on workers once the model resolved in
     /// the caller's tenant, before the response is handed back).
-    /// `metadata` is the call's (unary calls only), read for a `traceparent` only when the
-    /// request may be traced.
-    async fn infer(
+    /// `traceparent` reads the call's (or its stream's) `traceparent` metadata, only when the
+    /// request may be traced or its log span is on.
+    async fn infer<'t>(
         state: &ServerState,
         caller: Option<&Principal>,
         req: ModelInferRequest,
-        metadata: Option<&tonic::metadata::MetadataMap>,
+        traceparent: &'t (dyn Fn() -> Option<&'t str> + Sync),
     ) -> Result<ModelInferResponse, Error> {
         let v = crate::engine::manager::parse_version(&req.model_name, Some(&req.model_version))?;
         let model = req.model_name.clone();
         let metered = state.usage().is_some();
         let bytes_in = if metered { req.encoded_len() as u64 } else { 0 };
+        let origin = Origin { protocol: "grpc", traceparent };
         state
             .infer(
+                origin,
                 caller,
                 &model,
                 v,
@@ -93,12 +96,12 @@ impl InferenceService {
                 async |loaded, tap| {
                     // Tonic has read the message by now: the receive steps are its decode, the
                     // send steps the response's encode.
-                    let traceparent = || metadata?.get("traceparent")?.to_str().ok();
                     let trace = state.start_trace(caller, &model, loaded, traceparent);
                     trace.stamp(Event::GrpcWaitreadStart);
                     let (mut request, shm_inputs) = convert::infer_request(req)?;
                     let shm = tensors::resolve(state.shared_memory(), caller, &mut request, shm_inputs).await?;
                     let rows = batch_rows(&loaded.spec, &request);
+                    crate::spans::name_request(&request.id);
                     trace.stamp(Event::GrpcWaitreadEnd);
                     tap.request(&request);
                     let mut response = loaded.infer_traced(request, trace.clone()).await?;
@@ -190,7 +193,8 @@ impl GrpcInferenceService for InferenceService {
     async fn model_infer(&self, req: Request<ModelInferRequest>) -> GrpcResult<ModelInferResponse> {
         let caller = self.caller(&req, Role::Inference).await?;
         let (metadata, _, req) = req.into_parts();
-        Ok(Response::new(Self::infer(&self.state, caller.as_ref(), req, Some(&metadata)).await?))
+        let traceparent = || metadata.get("traceparent")?.to_str().ok();
+        Ok(Response::new(Self::infer(&self.state, caller.as_ref(), req, &traceparent).await?))
     }
 
     type ModelStreamInferStream = StreamOut;
@@ -204,8 +208,12 @@ impl GrpcInferenceService for InferenceService {
     ) -> GrpcResult<Self::ModelStreamInferStream> {
         // One check per stream: the credential is in the stream's metadata, not its messages.
         let caller = self.caller(&req, Role::Inference).await?.map(Arc::new);
+        // The stream's metadata is its every request's: kept for their traces and log spans.
+        let traceparent: Option<Arc<str>> =
+            req.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(Arc::from);
         let (state, incoming) = (self.state.clone(), req.into_inner());
-        Ok(Response::new(async_stream_ordered(move |tx| run_stream(state, caller, incoming, tx))))
+        let stream = Stream { state, caller, traceparent };
+        Ok(Response::new(async_stream_ordered(move |tx| run_stream(stream, incoming, tx))))
     }
 
     async fn model_config(&self, req: Request<ModelConfigRequest>) -> GrpcResult<ModelConfigResponse> {
@@ -369,6 +377,15 @@ impl GrpcInferenceService for InferenceService {
     }
 }
 
+/// What every request of one stream shares: the server, the caller and the stream's
+/// `traceparent` metadata.
+#[derive(Clone)]
+struct Stream {
+    state: Arc<ServerState>,
+    caller: Option<Arc<Principal>>,
+    traceparent: Option<Arc<str>>,
+}
+
 /// Where a stream's answers go: the response stream, in order; an `Err` ends it with that status.
 type StreamSender = tokio::sync::mpsc::Sender<Result<ModelStreamInferResponse, Status>>;
 
@@ -377,12 +394,7 @@ type StreamSender = tokio::sync::mpsc::Sender<Result<ModelStreamInferResponse, S
 /// with its status once the requests before it are answered. (Triton's handler takes a failed
 /// read for the end of the client's writes and ends with OK, which hides the dropped messages;
 /// only gRPC's own size limit ends its stream with RESOURCE_EXHAUSTED.)
-async fn run_stream(
-    state: Arc<ServerState>,
-    caller: Option<Arc<Principal>>,
-    mut incoming: Streaming<ModelInferRequest>,
-    tx: StreamSender,
-) {
+async fn run_stream(stream: Stream, mut incoming: Streaming<ModelInferRequest>, tx: StreamSender) {
     let mut pending = FuturesOrdered::new();
     let (mut received, mut open, mut unreadable) = (0u64, true, None);
     loop {
@@ -390,7 +402,7 @@ async fn run_stream(
             msg = incoming.next(), if open && pending.len() < STREAM_IN_FLIGHT => match msg {
                 Some(Ok(request)) => {
                     received += 1;
-                    pending.push_back(stream_infer(state.clone(), caller.clone(), request));
+                    pending.push_back(stream_infer(stream.clone(), request));
                 }
                 Some(Err(status)) => {
                     tracing::debug!(error = %status, "stream message could not be read");
@@ -414,18 +426,15 @@ async fn run_stream(
 
 /// One stream request's answer: the response, or the error in-band with the request's id,
 /// model and version so that the client knows which request failed (as Triton fills in the id).
-async fn stream_infer(
-    state: Arc<ServerState>,
-    caller: Option<Arc<Principal>>,
-    request: ModelInferRequest,
-) -> ModelStreamInferResponse {
+async fn stream_infer(stream: Stream, request: ModelInferRequest) -> ModelStreamInferResponse {
     let failed = ModelInferResponse {
         id: request.id.clone(),
         model_name: request.model_name.clone(),
         model_version: request.model_version.clone(),
         ..Default::default()
     };
-    match InferenceService::infer(&state, caller.as_deref(), request, None).await {
+    let traceparent = || stream.traceparent.as_deref();
+    match InferenceService::infer(&stream.state, stream.caller.as_deref(), request, &traceparent).await {
         Ok(response) => ModelStreamInferResponse { error_message: String::new(), infer_response: Some(response) },
         Err(e) => ModelStreamInferResponse { error_message: e.message, infer_response: Some(failed) },
     }

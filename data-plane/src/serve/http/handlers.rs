@@ -20,6 +20,7 @@ use crate::serve::capture::Tap;
 use crate::serve::facade::{Answered, batch_rows};
 use crate::serve::server::ServerState;
 use crate::serve::shared_memory::tensors;
+use crate::spans::Origin;
 use crate::trace::{Event, Trace};
 
 type AppState = State<Arc<ServerState>>;
@@ -89,13 +90,15 @@ pub async fn handle_infer(
     let body = body.map_err(|e| body_error(e, s.max_input_size))?;
     let v = parse_version(&model, version.as_deref())?;
     let caller = c.principal();
+    let traceparent = || headers.get("traceparent").and_then(|v| v.to_str().ok());
+    let origin = Origin { protocol: "http", traceparent: &traceparent };
     s.infer(
+        origin,
         caller,
         &model,
         v,
         || body.len() as u64,
         async |loaded, tap| {
-            let traceparent = || headers.get("traceparent").and_then(|v| v.to_str().ok());
             let trace = s.start_trace(caller, &model, loaded, traceparent);
             run_infer(s, caller, loaded, (headers, &body), tap, trace).await
         },
@@ -126,6 +129,7 @@ async fn run_infer(
     let shm = tensors::resolve(s.shared_memory(), caller, &mut request, shm_inputs).await?;
     choice.check_json_outputs(&loaded.spec, &request, shm.as_ref())?;
     let rows = batch_rows(&loaded.spec, &request);
+    crate::spans::name_request(&request.id);
     trace.stamp(Event::HttpRecvEnd);
     tap.request(&request);
     let mut response = loaded.infer_traced(request, trace.clone()).await?;
