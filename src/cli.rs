@@ -459,7 +459,7 @@ mod tests {
         assert!(moved.is_ok(), "`move` is `set`");
         assert!(Cli::try_parse_from(["tessera", "keys", "revoke", "ci", "--key", "tsk_x", "--yes"]).is_ok());
         let hook = |extra: &[&'static str]| {
-            let mut args = vec!["tessera", "webhooks", "create", "--url", "https://h.example"];
+            let mut args = vec!["tessera", "webhooks", "create", "--hook-url", "https://h.example"];
             args.extend_from_slice(extra);
             args
         };

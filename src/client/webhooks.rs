@@ -75,9 +75,10 @@ fn status_parser() -> clap::builder::PossibleValuesParser {
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
     /// Where deliveries are POSTed: an https URL of a public address (http and private
-    /// addresses only where a platform admin allowed them for the tenant).
-    #[arg(long)]
-    pub url: String,
+    /// addresses only where a platform admin allowed them for the tenant). Not `--url`, which
+    /// names the control plane.
+    #[arg(long, value_name = "URL")]
+    pub hook_url: String,
     /// Event types to receive; repeat the flag or separate them with commas (`ping` is always
     /// received).
     #[arg(long = "event", value_name = "TYPE", required = true, value_delimiter = ',', value_parser = event_parser())]
@@ -96,9 +97,9 @@ pub struct UpdateArgs {
     /// The webhook: its id, or a prefix of it no other hook has.
     #[arg(value_name = "HOOK")]
     pub hook: String,
-    /// New URL (checked as at creation).
-    #[arg(long)]
-    pub url: Option<String>,
+    /// New URL deliveries go to (checked as at creation).
+    #[arg(long, value_name = "URL")]
+    pub hook_url: Option<String>,
     /// New event types, replacing the old; repeat the flag or separate them with commas.
     #[arg(long = "event", value_name = "TYPE", value_delimiter = ',', value_parser = event_parser())]
     pub events: Vec<String>,
@@ -191,7 +192,7 @@ impl CreateArgs {
     /// The request body.
     fn body(&self) -> anyhow::Result<Value> {
         let mut body = Map::new();
-        body.insert("url".into(), json!(self.url));
+        body.insert("url".into(), json!(self.hook_url));
         body.insert("events".into(), json!(self.events));
         if let Some(d) = &self.description {
             check_description(d)?;
@@ -205,7 +206,7 @@ impl UpdateArgs {
     /// The PATCH body: only what was given; refuses an update that changes nothing.
     fn body(&self) -> anyhow::Result<Value> {
         let mut body = Map::new();
-        if let Some(url) = &self.url {
+        if let Some(url) = &self.hook_url {
             body.insert("url".into(), json!(url));
         }
         if !self.events.is_empty() {
@@ -219,7 +220,7 @@ impl UpdateArgs {
             body.insert("enabled".into(), json!(self.enable));
         }
         if body.is_empty() {
-            bail!("nothing to change: give --url, --event, --description, --enable or --disable");
+            bail!("nothing to change: give --hook-url, --event, --description, --enable or --disable");
         }
         Ok(Value::Object(body))
     }
@@ -383,7 +384,7 @@ pub async fn run(command: WebhooksCommand, output: Output) -> anyhow::Result<()>
                 ]);
             }
             let empty = format!(
-                "no webhooks in tenant {} (register one with `tessera webhooks create --url URL --event TYPE`)",
+                "no webhooks in tenant {} (register one with `tessera webhooks create --hook-url URL --event TYPE`)",
                 settings.tenant
             );
             table.print_or(&empty);
@@ -395,7 +396,7 @@ pub async fn run(command: WebhooksCommand, output: Output) -> anyhow::Result<()>
                 .post(&hooks_path(&settings.tenant), &body)
                 .await
                 .map_err(|e| e.advise(""))
-                .with_context(|| format!("create a webhook to {}", args.url))?;
+                .with_context(|| format!("create a webhook to {}", args.hook_url))?;
             print_secret(&created, output)?;
         }
         WebhooksCommand::Get(args) => {
@@ -551,7 +552,7 @@ mod tests {
     #[test]
     fn create_bodies_carry_what_was_given() {
         let args = |description: Option<String>| CreateArgs {
-            url: "https://hooks.example.com/t".into(),
+            hook_url: "https://hooks.example.com/t".into(),
             events: vec!["alias.moved".into(), "deployment.ready".into()],
             description,
             connection: ConnectionArgs::default(),
@@ -568,7 +569,7 @@ mod tests {
     fn update_bodies_carry_only_the_changes_and_refuse_none() {
         let mut args = UpdateArgs {
             hook: "h".into(),
-            url: None,
+            hook_url: None,
             events: Vec::new(),
             description: None,
             enable: false,
