@@ -89,7 +89,7 @@ function Captures(props: { session: Session; tenant: string }) {
                 </label>
                 <Link href={tenantPath(tenant, 'deployments', d.name)}>Open deployment</Link>
               </div>
-              <SettingsPanel key={`${d.id}-${JSON.stringify(d.capture ?? null)}`} tenant={tenant} deployment={d} canChange={s.abilities.deploy} onSaved={reload} />
+              <SettingsPanel key={d.id} tenant={tenant} deployment={d} canChange={s.abilities.deploy} onSaved={reload} />
               <FilesPanel key={d.id} tenant={tenant} deployment={d} tick={tick} />
             </>
           );
@@ -169,6 +169,9 @@ function SettingsPanel(props: { tenant: string; deployment: Deployment; canChang
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
   const [notice, setNotice] = useState<string | null>(null);
+  // The form follows the stored settings when they change (after a save, or someone else's).
+  const stored = JSON.stringify(d.capture ?? null);
+  useEffect(() => setDraft(captureDraft(d.capture)), [stored]);
   const set = (change: Partial<CaptureDraft>) => setDraft({ ...draft, ...change });
   const save = async (e: Event) => {
     e.preventDefault();
