@@ -264,7 +264,9 @@ async fn list(api: &ApiClient, tenant: &str) -> anyhow::Result<Vec<Value>> {
 /// Whether `s` is a whole UUID in its hyphenated form (then no lookup is needed).
 fn is_uuid(s: &str) -> bool {
     s.len() == 36
-        && s.bytes().enumerate().all(|(i, b)| if [8, 13, 18, 23].contains(&i) { b == b'-' } else { b.is_ascii_hexdigit() })
+        && s.bytes()
+            .enumerate()
+            .all(|(i, b)| if [8, 13, 18, 23].contains(&i) { b == b'-' } else { b.is_ascii_hexdigit() })
 }
 
 /// The id of the hook `wanted` names: as given when it is a whole UUID, else looked up.
@@ -432,7 +434,10 @@ pub async fn run(command: WebhooksCommand, output: Output) -> anyhow::Result<()>
             let hooks = list(&api, &settings.tenant).await?;
             let hook = pick_hook(&hooks, &args.hook)?;
             let (id, url) = (cell(&hook["id"]), cell(&hook["url"]));
-            confirm(&format!("delete webhook {id} ({url}) and its deliveries in tenant {}?", settings.tenant), args.yes)?;
+            confirm(
+                &format!("delete webhook {id} ({url}) and its deliveries in tenant {}?", settings.tenant),
+                args.yes,
+            )?;
             let answer = api
                 .delete(&hook_path(&settings.tenant, &id))
                 .await
@@ -479,7 +484,9 @@ pub async fn run(command: WebhooksCommand, output: Output) -> anyhow::Result<()>
             let (settings, api) = args.connection.connect()?;
             let id = resolve(&api, &settings.tenant, &args.hook).await?;
             confirm(
-                &format!("replace the signing secret of webhook {id}? deliveries from now on are signed with the new one"),
+                &format!(
+                    "replace the signing secret of webhook {id}? deliveries from now on are signed with the new one"
+                ),
                 args.yes,
             )?;
             let rotated: Value = api
