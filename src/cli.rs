@@ -86,6 +86,10 @@ pub enum Command {
     /// The tenant's API keys: `create` (the secret is printed once), `list`, `revoke`.
     #[command(subcommand)]
     Keys(crate::client::keys::KeysCommand),
+    /// The tenant's webhooks: `list`, `create` (the secret is printed once), `get`, `update`,
+    /// `delete`, `deliveries`, `replay`, `ping`, `rotate-secret`.
+    #[command(subcommand)]
+    Webhooks(crate::client::webhooks::WebhooksCommand),
     /// The tenant's usage (requests, inferences, compute and slice time), grouped as asked.
     Usage(crate::client::billing::UsageArgs),
     /// The tenant's invoice for a month.
@@ -125,6 +129,7 @@ impl Command {
                 | Command::Deploy(_)
                 | Command::Deployments(_)
                 | Command::Keys(_)
+                | Command::Webhooks(_)
                 | Command::Usage(_)
                 | Command::Invoice(_)
                 | Command::Infer(_)
@@ -372,6 +377,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Deploy(args) => crate::client::deploy::run_deploy(args, output).await,
         Command::Deployments(command) => crate::client::deployments::run(command, output).await,
         Command::Keys(command) => crate::client::keys::run(command, output).await,
+        Command::Webhooks(command) => crate::client::webhooks::run(command, output).await,
         Command::Usage(args) => crate::client::billing::run_usage(args, output).await,
         Command::Invoice(args) => crate::client::billing::run_invoice(args, output).await,
         Command::Infer(args) => crate::client::infer::run(args, output).await,
@@ -452,5 +458,15 @@ mod tests {
         let moved = Cli::try_parse_from(["tessera", "aliases", "move", "m", "production", "--version", "2"]);
         assert!(moved.is_ok(), "`move` is `set`");
         assert!(Cli::try_parse_from(["tessera", "keys", "revoke", "ci", "--key", "tsk_x", "--yes"]).is_ok());
+        let hook = |extra: &[&'static str]| {
+            let mut args = vec!["tessera", "webhooks", "create", "--hook-url", "https://h.example"];
+            args.extend_from_slice(extra);
+            args
+        };
+        assert!(refused(&hook(&[])), "--event is required");
+        assert!(refused(&hook(&["--event", "deployment.exploded"])), "event types are a closed set");
+        assert!(Cli::try_parse_from(hook(&["--event", "alias.moved,ping", "--event", "version.uploaded"])).is_ok());
+        assert!(refused(&["tessera", "webhooks", "update", "h", "--enable", "--disable"]), "enable or disable");
+        assert!(refused(&["tessera", "webhooks", "deliveries", "h", "--status", "lost"]), "statuses are a closed set");
     }
 }

@@ -170,6 +170,11 @@ impl ApiClient {
         self.send(self.request(reqwest::Method::GET, path).timeout(CALL_TIMEOUT)).await
     }
 
+    /// `GET path` with `query`, as JSON.
+    pub async fn get_query<T: DeserializeOwned>(&self, path: &str, query: &[(&str, String)]) -> Result<T, ApiError> {
+        self.send(self.request(reqwest::Method::GET, path).timeout(CALL_TIMEOUT).query(query)).await
+    }
+
     /// `GET path`, `None` on 404.
     pub async fn get_opt<T: DeserializeOwned>(&self, path: &str) -> Result<Option<T>, ApiError> {
         match self.get(path).await {

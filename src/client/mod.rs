@@ -1,6 +1,6 @@
 //! The `tessera` client verbs for people and scripts, over the control plane's REST API `/v1`
 //! and a worker's or gateway's KServe v2 endpoint: `login`, `whoami`, `models`, `versions`,
-//! `aliases`, `deploy`, `deployments`, `keys`, `usage`, `invoice` and `infer`.
+//! `aliases`, `deploy`, `deployments`, `keys`, `webhooks`, `usage`, `invoice` and `infer`.
 //!
 //! Each verb resolves its [`settings::Settings`] (flags, then `TESSERA_*` variables, then the config
 //! file `tessera login` writes), makes its calls through [`api::ApiClient`], prints through
@@ -21,4 +21,5 @@ pub mod output;
 pub mod progress;
 pub mod settings;
 pub mod versions;
+pub mod webhooks;
 pub mod whoami;

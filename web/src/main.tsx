@@ -17,6 +17,7 @@ import { QuotasPage } from './pages/quotas';
 import { TenantsPage, WorkersPage } from './pages/admin';
 import { PricesPage } from './pages/prices';
 import { KeysPage } from './pages/keys';
+import { CapturesPage } from './pages/captures';
 import './style.css';
 
 function useRoute(): Route {
@@ -93,6 +94,7 @@ function NavLinks(props: { session: Session; tenant: string; route: Route }) {
     <ul>
       {item(tenantPath(tenant, 'models'), 'Models', ['models', 'model'])}
       {item(tenantPath(tenant, 'deployments'), 'Deployments', ['deployments', 'deployment'])}
+      {s.abilities.readCaptures && item(tenantPath(tenant, 'captures'), 'Captures', ['captures'])}
       {item(tenantPath(tenant, 'metrics'), 'Metrics', ['metrics'])}
       {item(tenantPath(tenant, 'usage'), 'Usage & invoices', ['usage'])}
       {s.abilities.readAudit && item(tenantPath(tenant, 'audit'), 'Audit trail', ['audit'])}
@@ -152,6 +154,8 @@ function Page(props: { session: Session; route: Route }) {
       return <QuotasPage session={s} tenant={route.tenant} />;
     case 'keys':
       return <KeysPage session={s} tenant={route.tenant} />;
+    case 'captures':
+      return <CapturesPage session={s} tenant={route.tenant} />;
     case 'tenants':
       return s.abilities.platform ? <TenantsPage /> : <NotAllowed />;
     case 'workers':

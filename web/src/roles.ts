@@ -20,6 +20,10 @@ export interface Abilities {
   /** Upload versions, create, scale and delete deployments (deployers and up). */
   deploy: boolean;
   readAudit: boolean;
+  /** Read a deployment's captured requests (viewers and up, as the API allows). */
+  readCaptures: boolean;
+  /** Set how long the tenant's capture files are kept (tenant admins and up). */
+  setRetention: boolean;
   /** Create and revoke API keys (tenant admins and up). */
   manageKeys: boolean;
   platform: boolean;
@@ -32,6 +36,8 @@ export function abilitiesOf(role: Role): Abilities {
     moveAliases: atLeast(role, 'deployer'),
     deploy: atLeast(role, 'deployer'),
     readAudit: atLeast(role, 'tenant-admin'),
+    readCaptures: atLeast(role, 'viewer'),
+    setRetention: atLeast(role, 'tenant-admin'),
     manageKeys: atLeast(role, 'tenant-admin'),
     platform: role === 'platform-admin',
   };

@@ -13,12 +13,13 @@ export type Route =
   | { page: 'audit'; tenant: string }
   | { page: 'quotas'; tenant: string }
   | { page: 'keys'; tenant: string }
+  | { page: 'captures'; tenant: string }
   | { page: 'tenants' }
   | { page: 'prices' }
   | { page: 'workers' }
   | { page: 'not-found'; path: string };
 
-const TENANT_PAGES = ['models', 'deployments', 'metrics', 'usage', 'audit', 'quotas', 'keys'] as const;
+const TENANT_PAGES = ['models', 'deployments', 'metrics', 'usage', 'audit', 'quotas', 'keys', 'captures'] as const;
 
 /** The route of a path (`/t/demo/models/simple` -> model page). */
 export function parseRoute(path: string): Route {

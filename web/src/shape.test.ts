@@ -173,7 +173,7 @@ describe('tokens and roles', () => {
   it('orders roles', () => {
     expect(atLeast('tenant-admin', 'deployer')).toBe(true);
     expect(atLeast('viewer', 'deployer')).toBe(false);
-    expect(abilitiesOf('viewer')).toEqual({ read: true, moveAliases: false, deploy: false, readAudit: false, manageKeys: false, platform: false });
+    expect(abilitiesOf('viewer')).toEqual({ read: true, moveAliases: false, deploy: false, readAudit: false, readCaptures: true, setRetention: false, manageKeys: false, platform: false });
     expect(abilitiesOf('deployer')).toMatchObject({ deploy: true, manageKeys: false });
     expect(abilitiesOf('tenant-admin')).toMatchObject({ deploy: true, manageKeys: true, platform: false });
     expect(abilitiesOf('inference').read).toBe(false);

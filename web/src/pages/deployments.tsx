@@ -19,6 +19,7 @@ import {
 } from '../shape';
 import { Badge, ConfirmDialog, CopyButton, Empty, Link, Loaded, PageHeader, useLoad } from '../ui';
 import { callSnippets } from '../snippets';
+import { captureLabel } from '../captures';
 import { CreateDeployment, DeploymentControls } from './deploywrite';
 
 /** Calls `f` every `ms` while the page is shown. */
@@ -162,6 +163,16 @@ export function DeploymentPage(props: { session: Session; tenant: string; name: 
               <dd>
                 {d.max_batch_size != null ? `max batch ${d.max_batch_size}` : 'from the model config'}
                 {d.dynamic_batching ? `, dynamic (delay ${d.dynamic_batching.max_queue_delay_microseconds ?? 0} µs)` : ''}
+              </dd>
+              <dt>Capture</dt>
+              <dd>
+                {captureLabel(d.capture)}
+                {props.session.abilities.readCaptures && (
+                  <>
+                    {' '}
+                    (<Link href={`${tenantPath(tenant, 'captures')}?deployment=${encodeURIComponent(d.name)}`}>captured requests</Link>)
+                  </>
+                )}
               </dd>
               <dt>Updated</dt>
               <dd title={formatTime(d.updated_at)}>{formatAgo(d.updated_at)}</dd>
