@@ -2,11 +2,13 @@
 # A local rehearsal of what the Helm chart (infra/helm/tessera) deploys, on one machine:
 #
 #   Postgres            the registry ($DATABASE_URL's server, else a throwaway PostgreSQL 15)
-#   moto_server         S3-compatible object storage (bucket tessera-artifacts), as objectStore
+#   moto_server         S3-compatible object storage (bucket tessera-artifacts, keys under the
+#                       prefix cluster/), as objectStore
 #   2 control planes    one Deployment's replicas on the same database, store and secrets; one
-#                       schedules (Postgres advisory lock), both serve the API
-#   a Service stand-in  scripts/cluster_proxy.py: connections to the control planes, skipping
-#                       a replica that is gone, as kube-proxy does
+#                       schedules (Postgres advisory lock), both serve the API; the agent
+#                       service on a port of its own (--agent-listen), as in the chart
+#   2 Service stand-ins scripts/cluster_proxy.py: connections to the control planes' API and
+#                       agent ports, skipping a replica that is gone, as kube-proxy does
 #   3 workers           a DaemonSet's pods on three "nodes", each with 2 CPU slices and a
 #                       simulated GPU inventory through the fake NVML (tests/fake_nvml):
 #                       worker-0 a whole H100, worker-1 an H200 as 1g.18gb x7, worker-2 an H200
@@ -104,12 +106,12 @@ start_object_store() {
 }
 
 start_control_plane() {
-  local i="$1" port="$2"
+  local i="$1" port="$2" agent="$3"
   spawn "control-plane-$i" env RUST_LOG=info NO_COLOR=1 \
     AWS_ENDPOINT="http://127.0.0.1:$S3_PORT" AWS_ALLOW_HTTP=true AWS_REGION=us-east-1 \
     AWS_ACCESS_KEY_ID=tessera AWS_SECRET_ACCESS_KEY=tessera-secret \
-    "$TESSERA_BIN" control-plane --listen "127.0.0.1:$port" --database-url "$DB_URL" \
-    --object-store s3://tessera-artifacts --bootstrap-admin-key "$ADMIN_KEY" \
+    "$TESSERA_BIN" control-plane --listen "127.0.0.1:$port" --agent-listen "127.0.0.1:$agent" \
+    --database-url "$DB_URL" --object-store s3://tessera-artifacts/cluster --bootstrap-admin-key "$ADMIN_KEY" \
     --api-key-pepper "$PEPPER" --worker-token "$WORKER_TOKEN" \
     --audit-signing-key-file "$DIR/audit-signing-key.pem" \
     --heartbeat-interval-ms 300 --worker-lost-after-ms 2000 --drain-ms 1000 --scheduler-interval-ms 200
@@ -121,7 +123,7 @@ GPU_LAYOUTS=("h100" "h200:1g.18gb*7" "h200:3g.71gb,2g.35gb,1g.18gb*2")
 start_worker() {
   local i="$1" http="$2" grpc="$3" metrics="$4"
   spawn "worker-$i" env RUST_LOG=info NO_COLOR=1 FAKE_NVML_GPUS="${GPU_LAYOUTS[$i]}" \
-    "$TESSERA_BIN" worker --control-plane "http://127.0.0.1:$CP_SERVICE_PORT" \
+    "$TESSERA_BIN" worker --control-plane "http://127.0.0.1:$AGENT_SERVICE_PORT" \
     --worker-token "$WORKER_TOKEN" --worker-id "worker-$i" --data-dir "$DIR/worker-$i" \
     --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 \
     --http-port "$http" --grpc-port "$grpc" --metrics-port "$metrics" --advertise-host 127.0.0.1 \
@@ -150,10 +152,11 @@ cmd_start() {
   WORKER_TOKEN="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
 
   # Two control-plane replicas, one after the other so that the first is the leader at first.
-  local cp_ports=() i
+  # As the chart runs them: the agent service on a port of its own, behind its own Service.
+  local cp_ports=() agent_ports=() i
   for i in 0 1; do
-    cp_ports+=("$(free_port)")
-    start_control_plane "$i" "${cp_ports[$i]}"
+    cp_ports+=("$(free_port)") agent_ports+=("$(free_port)")
+    start_control_plane "$i" "${cp_ports[$i]}" "${agent_ports[$i]}"
     wait_log "$DIR/logs/control-plane-$i.log" 'listening' 60
   done
   wait_log "$DIR/logs/control-plane-0.log" 'schedules \(leader\)' 30
@@ -161,6 +164,9 @@ cmd_start() {
   spawn control-plane-service python3 "$TESSERA_ROOT/scripts/cluster_proxy.py" "$CP_SERVICE_PORT" \
     "127.0.0.1:${cp_ports[0]}" "127.0.0.1:${cp_ports[1]}"
   until curl -sf "http://127.0.0.1:$CP_SERVICE_PORT/healthz" >/dev/null; do sleep 0.1; done
+  AGENT_SERVICE_PORT="$(free_port)"
+  spawn control-plane-agent-service python3 "$TESSERA_ROOT/scripts/cluster_proxy.py" "$AGENT_SERVICE_PORT" \
+    "127.0.0.1:${agent_ports[0]}" "127.0.0.1:${agent_ports[1]}"
 
   local w_http=() w_grpc=() w_metrics=()
   for i in 0 1 2; do
@@ -175,7 +181,7 @@ cmd_start() {
   if "$TESSERA_BIN" gateway --help >/dev/null 2>&1; then
     gw_http="$(free_port)" gw_grpc="$(free_port)" gw_metrics="$(free_port)"
     spawn gateway env RUST_LOG=info NO_COLOR=1 "$TESSERA_BIN" gateway \
-      --control-plane "http://127.0.0.1:$CP_SERVICE_PORT" --worker-token "$WORKER_TOKEN" \
+      --control-plane "http://127.0.0.1:$AGENT_SERVICE_PORT" --worker-token "$WORKER_TOKEN" \
       --gateway-id gateway-0 --http-port "$gw_http" --grpc-port "$gw_grpc" --metrics-port "$gw_metrics"
     wait_log "$DIR/logs/gateway.log" 'listening' 60
     gw="http://127.0.0.1:$gw_http"
@@ -198,7 +204,8 @@ state = {
     "admin_key": "$ADMIN_KEY",
     "worker_token": "$WORKER_TOKEN",
     "database_url": "$DB_URL",
-    "s3": {"endpoint": "http://127.0.0.1:$S3_PORT", "bucket": "tessera-artifacts"},
+    "agent": "http://127.0.0.1:$AGENT_SERVICE_PORT",
+    "s3": {"endpoint": "http://127.0.0.1:$S3_PORT", "bucket": "tessera-artifacts", "prefix": "cluster/"},
     "control_planes": [{"name": f"control-plane-{i}", "url": f"http://127.0.0.1:{p}", "pid": pids[f"control-plane-{i}"],
                         "log": f"{d}/logs/control-plane-{i}.log"} for i, p in enumerate(cps)],
     "workers": [{"id": f"worker-{i}", "http": f"127.0.0.1:{http[i]}", "grpc": f"127.0.0.1:{grpc[i]}",

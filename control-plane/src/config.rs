@@ -61,8 +61,10 @@ pub struct ControlPlaneArgs {
     /// How long to wait for the database to answer at start, in seconds.
     #[arg(long, env = "TESSERA_DATABASE_WAIT_SECS", default_value_t = 60)]
     pub database_wait_secs: u64,
-    /// Artifact store: a directory, `file:///dir`, or `s3://bucket/prefix` (endpoint and
-    /// credentials from the usual `AWS_*` variables, e.g. `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`).
+    /// Artifact store: a directory, `file:///dir`, `s3://bucket/prefix` (endpoint and
+    /// credentials from the usual `AWS_*` variables, e.g. `AWS_ENDPOINT`, `AWS_ALLOW_HTTP`),
+    /// `gs://bucket/prefix` (`GOOGLE_*`, or the instance's credentials) or
+    /// `az://container/prefix` (`AZURE_STORAGE_ACCOUNT_NAME` and a key, token or identity).
     #[arg(long, env = "TESSERA_OBJECT_STORE", default_value = "tessera-artifacts")]
     pub object_store: String,
     /// Largest model artifact accepted, in bytes.
@@ -171,6 +173,12 @@ pub struct ControlPlaneArgs {
     /// Address `/metrics` listens on, apart from the API; default: the API listener serves it.
     #[arg(long, env = "TESSERA_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Address the agent service (workers' and gateways' gRPC) listens on, apart from the API,
+    /// so a network policy can open it to workers and gateways only; default: the API
+    /// listener serves it too. Workers and gateways then take this address as
+    /// `--control-plane`.
+    #[arg(long, env = "TESSERA_AGENT_LISTEN")]
+    pub agent_listen: Option<SocketAddr>,
     /// Public base URL of this API (e.g. `https://tessera.example.com`), named in the served
     /// OpenAPI document's `servers` so generated clients default to it. Default: `/`, the
     /// server the document was fetched from.
@@ -200,7 +208,7 @@ pub struct ControlPlaneArgs {
     #[arg(long, env = "TESSERA_AUDIT_CHECKPOINT_SECS", default_value_t = crate::audit_checkpoints::DEFAULT_INTERVAL_SECS)]
     pub audit_checkpoint_secs: u64,
     /// Certificate and key of the API listener (REST, agent gRPC, console) and of the metrics
-    /// listener; workers and clients then use `https://`.
+    /// and agent listeners; workers and clients then use `https://`.
     #[command(flatten)]
     pub tls: TlsArgs,
 }
@@ -272,6 +280,8 @@ pub struct Config {
     pub console_dir: Option<PathBuf>,
     /// Separate `/metrics` listen address; `None`: the API listener serves it.
     pub metrics_listen: Option<SocketAddr>,
+    /// Separate agent-service listen address; `None`: the API listener serves it.
+    pub agent_listen: Option<SocketAddr>,
     /// Public base URL of the API, without a trailing `/`; `None`: relative.
     pub public_url: Option<String>,
     /// Public base URL of the gateways' HTTP endpoint, without a trailing `/`.
@@ -354,6 +364,7 @@ impl ControlPlaneArgs {
             },
             console_dir: self.console_dir.filter(|d| !d.as_os_str().is_empty()).or_else(crate::console::default_dir),
             metrics_listen: self.metrics_listen,
+            agent_listen: self.agent_listen,
             public_url: self.public_url,
             gateway_url: self.gateway_url,
             gateway_grpc_address: self.gateway_grpc_address.filter(|a| !a.is_empty()),

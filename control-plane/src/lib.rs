@@ -69,6 +69,7 @@ pub async fn run_with(
     let store = store::ArtifactStore::open(&config.object_store).context("open the artifact store")?;
     let listen = config.listen;
     let metrics_listen = config.metrics_listen;
+    let agent_listen = config.agent_listen;
     let app = app::App::new(registry.clone(), store, config).await.context("load token signing keys")?;
     if let Some(key) = app.bootstrap().await.context("bootstrap the platform tenant")? {
         // Shown once, on stdout (not in the logs, which are shipped elsewhere).
@@ -81,6 +82,14 @@ pub async fn run_with(
         Some(addr) => {
             let l = TcpListener::bind(addr).await.with_context(|| format!("bind the metrics listener on {addr}"))?;
             tracing::info!(protocol = "metrics", addr = %l.local_addr().context("read the bound address")?, "listening");
+            Some(l)
+        }
+        None => None,
+    };
+    let agent_listener = match agent_listen {
+        Some(addr) => {
+            let l = TcpListener::bind(addr).await.with_context(|| format!("bind the agent listener on {addr}"))?;
+            tracing::info!(protocol = "agent", addr = %l.local_addr().context("read the bound address")?, "listening");
             Some(l)
         }
         None => None,
@@ -108,7 +117,15 @@ pub async fn run_with(
         let router = api::metrics_router(app.config.metrics_token.clone());
         tokio::spawn(serve::serve(l, router, stop.clone(), limits, tls.clone()))
     });
-    let router = api::router(app.clone()).merge(agent::routes(app, stop.clone()));
+    let agent_router = agent::routes(app.clone(), stop.clone());
+    let (router, agent) = match agent_listener {
+        // Alone on its listener, the agent service is not reachable through the API's port.
+        Some(l) => (
+            api::router(app).merge(agent::elsewhere_routes()),
+            Some(tokio::spawn(serve::serve(l, agent_router, stop.clone(), limits, tls.clone()))),
+        ),
+        None => (api::router(app).merge(agent_router), None),
+    };
     serve::serve(listener, router, stop.clone(), limits, tls).await;
     stop.cancel();
     let _ = scheduler.await;
@@ -116,8 +133,8 @@ pub async fn run_with(
     let _ = webhooks.await;
     let _ = checkpoints.await;
     let _ = revocations.await;
-    if let Some(metrics) = metrics {
-        let _ = metrics.await;
+    for listener in [metrics, agent].into_iter().flatten() {
+        let _ = listener.await;
     }
     registry.close().await;
     tracing::info!("control plane stopped");

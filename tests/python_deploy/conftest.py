@@ -171,7 +171,8 @@ class ApiError(Exception):
 class Cluster:
     """Control plane + workers + a fresh database; REST helpers for the tests."""
 
-    def __init__(self, workdir: Path, workers: int, worker_args: List[str], db_admin: Optional[str] = None):
+    def __init__(self, workdir: Path, workers: int, worker_args: List[str], db_admin: Optional[str] = None,
+                 cp_args: Optional[List[str]] = None):
         self.workdir = workdir
         self.admin_key = new_key()
         self.worker_token = secrets.token_urlsafe(24)
@@ -186,7 +187,7 @@ class Cluster:
         self.cp: Optional[Proc] = None
         self.workers: List[Optional[Proc]] = []
         self.gateways: List[Proc] = []
-        self.cp_extra: List[str] = []
+        self.cp_extra: List[str] = list(cp_args or [])
         self.start_control_plane()
         for _ in range(workers):
             self.start_worker()
@@ -210,7 +211,16 @@ class Cluster:
             *getattr(self, "cp_extra", []),
         ]
         self.cp = Proc("control-plane", cmd, self.workdir / "control-plane.log")
-        self.cp.wait_for(lambda: "http" in self.cp.addrs, "control plane listening")
+        # With --agent-listen, workers and gateways need the agent port too (logged just after).
+        wants = ["http", "agent"] if any(a.startswith("--agent-listen") for a in self.cp_extra) else ["http"]
+        self.cp.wait_for(lambda: all(p in self.cp.addrs for p in wants), "control plane listening")
+
+    @property
+    def agent_url(self) -> str:
+        """Where workers and gateways reach the agent service: its own listener when the
+        control plane has one (`--agent-listen`), else the API's."""
+        agent = self.cp.addrs.get("agent") if self.cp else None
+        return f"http://{agent}" if agent else self.url
 
     def stop_control_plane(self):
         if self.cp:
@@ -222,7 +232,7 @@ class Cluster:
             self.workers.append(None)
         cmd = [
             tessera_bin(), "worker",
-            "--control-plane", self.url,
+            "--control-plane", self.agent_url,
             f"--worker-token={self.worker_token}",
             "--data-dir", str(self.workdir / f"worker{index}"),
             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
@@ -244,7 +254,7 @@ class Cluster:
         index = len(self.gateways)
         cmd = [
             tessera_bin(), "gateway",
-            "--control-plane", self.url,
+            "--control-plane", self.agent_url,
             f"--worker-token={self.worker_token}",
             "--gateway-id", f"gw{index}",
             "--address", "127.0.0.1",
@@ -346,8 +356,9 @@ class Cluster:
 def make_cluster(tmp_path):
     made: List[Cluster] = []
 
-    def make(workers: int = 3, worker_args: Optional[List[str]] = None, db_admin: Optional[str] = None) -> Cluster:
-        c = Cluster(tmp_path, workers, worker_args or [], db_admin)
+    def make(workers: int = 3, worker_args: Optional[List[str]] = None, db_admin: Optional[str] = None,
+             cp_args: Optional[List[str]] = None) -> Cluster:
+        c = Cluster(tmp_path, workers, worker_args or [], db_admin, cp_args)
         made.append(c)
         return c
 

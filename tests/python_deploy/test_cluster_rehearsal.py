@@ -169,8 +169,9 @@ def test_leader_and_worker_killed_under_load(cluster):
     api(state, "POST", "/v1/tenants/acme/models", owner, {"name": "adder"}, expect=201)
     api(state, "POST", "/v1/tenants/acme/models/adder/versions?format=onnx", owner, data=marker_model(1.0), expect=201)
     s3 = state["s3"]
-    listing = urllib.request.urlopen(f"{s3['endpoint']}/{s3['bucket']}?list-type=2&prefix=tenants/", timeout=10).read()
-    assert b"/model.onnx</Key>" in listing, f"the artifact is not in the object store: {listing[:500]!r}"
+    listing = urllib.request.urlopen(f"{s3['endpoint']}/{s3['bucket']}?list-type=2&prefix={s3['prefix']}tenants/",
+                                     timeout=10).read()
+    assert b"/model.onnx</Key>" in listing, f"the artifact is not under the store's prefix: {listing[:500]!r}"
     api(state, "POST", "/v1/tenants/acme/deployments", owner, {"name": "adder", "model": "adder", "replicas": 3},
         expect=201)
 

@@ -51,6 +51,22 @@ pub fn routes(app: Arc<App>, shutdown: CancellationToken) -> axum::Router {
     axum::Router::new().route_service(&path, service)
 }
 
+/// What the API port answers to agent calls when the agent service has a listener of its own
+/// (`--agent-listen`): a gRPC `UNIMPLEMENTED` that says where to go, so a worker pointed at the
+/// wrong port logs a reason instead of failing to decode an HTTP 404 page.
+pub fn elsewhere_routes() -> axum::Router {
+    let path = format!("/{}/{{*rest}}", WorkerAgentServer::<AgentService>::NAME);
+    axum::Router::new().route(
+        &path,
+        axum::routing::any(|| async {
+            let status = Status::unimplemented(
+                "the agent service listens on the control plane's agent port (--agent-listen), not its API port",
+            );
+            status.into_http::<axum::body::Body>()
+        }),
+    )
+}
+
 /// Compares presented worker tokens with the configured one in constant time: both are
 /// MACed with a per-process random key and the MACs compared by `verify_slice`, so neither
 /// the content nor the length of the token leaks through timing.

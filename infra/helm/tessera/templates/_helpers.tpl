@@ -47,7 +47,7 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/* The control plane's in-cluster URL (workers and gateways connect to it). */}}
 {{- define "tessera.controlPlaneURL" -}}
-{{- printf "http://%s-control-plane.%s.svc:%d" (include "tessera.fullname" .) .Release.Namespace (int .Values.controlPlane.port) -}}
+{{- printf "http://%s-control-plane.%s.svc:%d" (include "tessera.fullname" .) .Release.Namespace (int .Values.controlPlane.agentPort) -}}
 {{- end -}}
 
 {{/* Pod security context shared by every pod: non-root, RuntimeDefault seccomp. */}}

@@ -1,5 +1,6 @@
-//! The artifact store: model files in `object_store` (a local directory by default, any
-//! S3-compatible endpoint by URL), under tenant-prefixed keys.
+//! The artifact store: model files in `object_store` (a local directory by default; S3 or an
+//! S3-compatible server, Google Cloud Storage or Azure Blob Storage by URL), under
+//! tenant-prefixed keys.
 //!
 //! Uploads stream: each chunk is hashed and handed to a multipart upload with at most a
 //! couple of parts in flight, so memory stays bounded whatever the artifact size. An upload
@@ -9,15 +10,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
-use object_store::local::LocalFileSystem;
 use object_store::path::Path;
 use object_store::signer::Signer;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, WriteMultipart};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
+
+mod location;
 
 use crate::archive::{ArchiveLimits, ArchiveManifest};
 use crate::error::{Error, Result};
@@ -67,26 +68,12 @@ impl std::fmt::Debug for ArtifactStore {
 }
 
 impl ArtifactStore {
-    /// Opens `spec`: `s3://bucket[/prefix]` (endpoint and credentials from `AWS_*` variables),
-    /// `file:///dir`, or a plain directory path (created if missing).
+    /// Opens `spec`: `s3://bucket[/prefix]`, `gs://bucket[/prefix]`, `az://container[/prefix]`
+    /// (endpoints and credentials from the provider's usual variables), `file:///dir`, or a
+    /// plain directory path (created if missing).
     pub fn open(spec: &str) -> anyhow::Result<Self> {
-        if spec.starts_with("s3://") {
-            let s3 = object_store::aws::AmazonS3Builder::from_env()
-                .with_url(spec)
-                .build()
-                .with_context(|| format!("configure the S3 store {spec}"))?;
-            let s3 = Arc::new(s3);
-            return Ok(ArtifactStore { store: s3.clone(), signer: Some(s3), description: spec.to_string() });
-        }
-        let dir = match spec.strip_prefix("file://") {
-            Some(path) => path,
-            None if spec.contains("://") => anyhow::bail!("unsupported object store url {spec} (use s3:// or a path)"),
-            None => spec,
-        };
-        std::fs::create_dir_all(dir).with_context(|| format!("create the artifact directory {dir}"))?;
-        let local =
-            LocalFileSystem::new_with_prefix(dir).with_context(|| format!("open the artifact directory {dir}"))?;
-        Ok(ArtifactStore { store: Arc::new(local), signer: None, description: format!("local:{dir}") })
+        let location::Opened { store, signer, description } = location::open(spec)?;
+        Ok(ArtifactStore { store, signer, description })
     }
 
     /// A fresh, tenant-prefixed key for a new artifact of a model.
@@ -220,7 +207,8 @@ impl ArtifactStore {
     /// A URL the client can PUT the artifact to, if this store can presign.
     pub async fn presign_put(&self, key: &Path, ttl: Duration) -> Result<url::Url> {
         let signer = self.signer.as_ref().ok_or_else(|| {
-            let message = "presigned uploads need an S3-compatible object store; upload through the API";
+            let message =
+                "presigned uploads need an S3-compatible object store (this one is not); upload through the API";
             Error::conflict(crate::error::ErrorCode::PresignUnsupported, message)
         })?;
         Ok(signer.signed_url(object_store::signer::Method::PUT, key, ttl).await?)
