@@ -1305,3 +1305,83 @@ async fn deployment_statuses_take_the_same_queries_for_one_deployment_as_for_man
     })
     .await;
 }
+
+/// The state tenant `t`'s deployment `d` reads now.
+async fn state_of(r: &Registry, t: Uuid, d: &str) -> crate::states::DeploymentState {
+    let row = r.conn().await.unwrap().deployment(t, d).await.unwrap().expect("deployment");
+    let (_, statuses) = counted_statuses(r, t, vec![row]).await;
+    statuses[0].state
+}
+
+/// Has worker `w` report its current generation applied (its next heartbeat).
+async fn apply(r: &Registry, w: &str) {
+    let mut c = r.conn().await.unwrap();
+    let generation = c.worker_generation(w).await.unwrap().expect("registered");
+    assert!(c.heartbeat(w, now(), generation).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_deployment_waits_only_for_its_own_changes_to_be_applied() {
+    use crate::states::DeploymentState::{Progressing, Ready};
+    on_both(|r| async move {
+        r.register_worker(&new_worker("w1")).await.unwrap();
+        let a = tenant(&r, "a", QuotaLimits::default()).await;
+        let b = tenant(&r, "b", QuotaLimits::default()).await;
+        for t in [a, b] {
+            let m = r.create_model(&actor(), t, &name("m"), "").await.unwrap();
+            r.create_version(&actor(), &m, version(1 << 20)).await.unwrap();
+        }
+        let da = r.create_deployment(&actor(), a, &name("d"), "m", spec(VersionRef::Latest, 1)).await.unwrap();
+        tick(&r).await;
+        all_ready(&r, a, da.id).await;
+        assert_eq!(state_of(&r, a, "d").await, Progressing, "placed and loaded, not yet applied");
+        apply(&r, "w1").await;
+        assert_eq!(state_of(&r, a, "d").await, Ready);
+
+        // Another tenant deploys onto the same worker: its generation moves, a's does not.
+        let db = r.create_deployment(&actor(), b, &name("d"), "m", spec(VersionRef::Latest, 1)).await.unwrap();
+        assert_eq!(tick(&r).await.into_iter().collect::<Vec<_>>(), ["w1"]);
+        all_ready(&r, b, db.id).await;
+        for _ in 0..3 {
+            assert_eq!(state_of(&r, a, "d").await, Ready, "b's rollout is no change of a's");
+        }
+        assert_eq!(state_of(&r, b, "d").await, Progressing, "b's own replica waits for the worker");
+        apply(&r, "w1").await;
+        assert_eq!(state_of(&r, b, "d").await, Ready);
+
+        // A capture change reaches the worker without a rollout: a stays ready.
+        let capture = DeploymentPatch { capture: Some(serde_json::json!({ "enabled": true })), ..Default::default() };
+        let before = r.conn().await.unwrap().worker_generation("w1").await.unwrap();
+        r.update_deployment(&actor(), a, "d", capture).await.unwrap();
+        assert!(r.conn().await.unwrap().worker_generation("w1").await.unwrap() > before, "the worker hears of it");
+        assert_eq!(state_of(&r, a, "d").await, Ready);
+
+        // A scale change is a's own: progressing until the worker applied it.
+        r.update_deployment(&actor(), a, "d", DeploymentPatch { replicas: Some(2), ..Default::default() })
+            .await
+            .unwrap();
+        tick(&r).await;
+        all_ready(&r, a, da.id).await;
+        assert_eq!(state_of(&r, a, "d").await, Progressing);
+        assert_eq!(state_of(&r, b, "d").await, Ready, "and no change of b's");
+        apply(&r, "w1").await;
+        assert_eq!(state_of(&r, a, "d").await, Ready);
+        // Scaling down deletes a replica from the worker; the one left waits for that too.
+        r.update_deployment(&actor(), a, "d", DeploymentPatch { replicas: Some(1), ..Default::default() })
+            .await
+            .unwrap();
+        tick(&r).await;
+        assert_eq!(r.conn().await.unwrap().replicas(a, da.id).await.unwrap().len(), 1);
+        assert_eq!(state_of(&r, a, "d").await, Progressing);
+        apply(&r, "w1").await;
+        assert_eq!(state_of(&r, a, "d").await, Ready);
+
+        // A worker that registers again has applied nothing of its new set yet.
+        r.register_worker(&new_worker("w1")).await.unwrap();
+        assert_eq!(state_of(&r, a, "d").await, Progressing);
+        assert_eq!(state_of(&r, b, "d").await, Progressing);
+        apply(&r, "w1").await;
+        assert_eq!(state_of(&r, a, "d").await, Ready);
+    })
+    .await;
+}
