@@ -62,6 +62,7 @@ mod tests {
             drain_until: None,
             crash_moves: 0,
             canary: false,
+            assigned_generation: 1,
             created_at: OffsetDateTime::UNIX_EPOCH,
             updated_at: OffsetDateTime::UNIX_EPOCH,
         }

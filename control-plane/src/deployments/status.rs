@@ -224,10 +224,12 @@ fn status(
     workers: &HashMap<String, WorkerRow>,
     gateway: Gateway<'_>,
 ) -> Deployment {
-    // "Ready" waits until each worker has applied its latest assignment set: before that,
-    // unversioned requests may still reach what the worker served before the switch.
+    // "Ready" waits until each worker has applied the set that last changed this deployment on
+    // it: before that, unversioned requests may still reach what the worker served before the
+    // switch. Later sets (another deployment's, a capture change) are no reason to wait.
     let applied = |r: &ReplicaRow| {
-        r.worker_id.as_ref().and_then(|w| workers.get(w)).is_some_and(|w| w.applied_generation >= w.generation)
+        let worker = r.worker_id.as_ref().and_then(|w| workers.get(w));
+        worker.is_some_and(|w| w.applied_generation >= r.assigned_generation)
     };
     let (state, serving_version) = deployment_state(&d, &replicas, applied);
     let traffic = traffic_split((&d).into(), &ServingReplica::of(&replicas), false)

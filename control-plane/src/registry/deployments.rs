@@ -119,6 +119,10 @@ pub struct ReplicaRow {
     pub crash_moves: i64,
     /// A canary replica (the deployment's second version), not a stable one.
     pub canary: bool,
+    /// The worker generation at which its deployment last changed its assignments on that
+    /// worker: it serves as meant once the worker applied this one (a later generation may be
+    /// another deployment's change, which it need not wait for).
+    pub assigned_generation: i64,
     /// Created.
     pub created_at: OffsetDateTime,
     /// Last changed.
@@ -211,8 +215,8 @@ macro_rules! select_replicas {
     ($rest:literal) => {
         concat!(
             "SELECT id, tenant_id, deployment_id, replica_index, version, spec_generation, profile, memory_bytes, ",
-            "config, worker_id, slice_id, state, reason, serving, drain_until, crash_moves, canary, created_at, ",
-            "updated_at ",
+            "config, worker_id, slice_id, state, reason, serving, drain_until, crash_moves, canary, ",
+            "assigned_generation, created_at, updated_at ",
             "FROM replicas ",
             $rest
         )
@@ -604,7 +608,8 @@ impl Registry {
         .bind(&after.capture)
         .execute(c))?;
         if recapture {
-            // Capture needs no new replicas: the workers holding them get new assignments.
+            // Capture needs no new replicas: the workers holding them get new assignments, while
+            // the replicas' assigned generation stays (no rollout, so no `progressing`).
             tx.touch_workers_of(tenant_id, after.id).await?;
         }
         if let (Some(alias), None) = (&before.alias, &after.alias) {

@@ -78,12 +78,14 @@ impl Conn {
     }
 
     /// Applies a plan; returns the workers whose assignments changed (their generation was
-    /// bumped).
+    /// bumped). The replicas of each deployment that changed on a worker are stamped with that
+    /// worker's new generation, the one their deployment's readiness waits for.
     pub async fn apply_plan(&mut self, plan: &Plan, snapshot: &Snapshot) -> Result<BTreeSet<String>> {
         let at = now();
-        let mut touched = BTreeSet::new();
-        let worker_of: HashMap<Uuid, Option<&String>> =
-            snapshot.replicas.iter().map(|r| (r.id, r.worker_id.as_ref())).collect();
+        // (deployment, worker) pairs whose assignments this plan changes.
+        let mut changed: BTreeSet<(Uuid, String)> = BTreeSet::new();
+        let placed_on: HashMap<Uuid, (Uuid, Option<&String>)> =
+            snapshot.replicas.iter().map(|r| (r.id, (r.deployment_id, r.worker_id.as_ref()))).collect();
         for id in &plan.lost_workers {
             exec!(self, "worker.mark_lost", |c| sqlx::query("UPDATE workers SET state = $2 WHERE id = $1")
                 .bind(id)
@@ -115,7 +117,7 @@ impl Conn {
                 Err(reason) => (None, None, ReplicaState::Pending, Some(reason.clone())),
             };
             if let Some(w) = &worker {
-                touched.insert(w.clone());
+                changed.insert((r.deployment_id, w.clone()));
             }
             exec!(self, "replica.insert", |c| {
                 sqlx::query(
@@ -143,13 +145,15 @@ impl Conn {
             })?;
         }
         for change in &plan.changes {
-            let id = change_id(change);
-            if let Some(Some(w)) = worker_of.get(&id) {
-                touched.insert((*w).clone());
-            }
             self.apply_change(change, at).await?;
+            // A change names a replica of the snapshot (one this plan inserts is changed by its
+            // insert alone).
+            let Some(&(deployment, worker)) = placed_on.get(&change_id(change)) else { continue };
+            if let Some(w) = worker {
+                changed.insert((deployment, w.clone()));
+            }
             if let ReplicaChange::Place { placement, .. } | ReplicaChange::MoveOffCrashLoop { placement, .. } = change {
-                touched.insert(placement.worker.clone());
+                changed.insert((deployment, placement.worker.clone()));
             }
         }
         for e in &plan.events {
@@ -157,11 +161,23 @@ impl Conn {
             self.insert_deployment_event(e.tenant_id, e.deployment_id, e.kind, e.replica_id, worker, &e.message)
                 .await?;
         }
+        let touched: BTreeSet<String> = changed.iter().map(|(_, w)| w.clone()).collect();
         for w in &touched {
             exec!(self, "worker.bump_generation", |c| sqlx::query(
                 "UPDATE workers SET generation = generation + 1 WHERE id = $1"
             )
             .bind(w)
+            .execute(c))?;
+        }
+        for (deployment, worker) in &changed {
+            // Every replica of the deployment on that worker, not only the changed one: a
+            // sibling removed (a scale down) is a change the ones left wait for too.
+            exec!(self, "replica.stamp_assigned_generation", |c| sqlx::query(
+                "UPDATE replicas SET assigned_generation = (SELECT generation FROM workers WHERE id = $2) \
+                 WHERE deployment_id = $1 AND worker_id = $2"
+            )
+            .bind(deployment)
+            .bind(worker)
             .execute(c))?;
         }
         Ok(touched)

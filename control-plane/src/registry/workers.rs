@@ -228,7 +228,7 @@ impl Conn {
 
 impl Registry {
     /// Registers (or re-registers) a worker as ready, bumping its generation so its session
-    /// sends a fresh assignment set.
+    /// sends a fresh assignment set that its replicas' deployments wait for.
     pub async fn register_worker(&self, w: &NewWorker) -> Result<WorkerRow> {
         let at = now();
         let mut tx = self.begin().await?;
@@ -252,6 +252,14 @@ impl Registry {
         let row = on_conn!(tx, "worker.get", |c| sqlx::query_as::<_, WorkerRow>(select_workers!("WHERE id = $1"))
             .bind(&w.id)
             .fetch_one(c))?;
+        // A worker that registers (again) gets its whole set anew and may have lost what it held:
+        // every replica on it waits for this generation, as a placement would.
+        exec!(tx, "replica.stamp_registered_worker", |c| sqlx::query(
+            "UPDATE replicas SET assigned_generation = $2 WHERE worker_id = $1"
+        )
+        .bind(&w.id)
+        .bind(row.generation)
+        .execute(c))?;
         tx.commit().await?;
         Ok(row)
     }
