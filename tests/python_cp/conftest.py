@@ -8,7 +8,9 @@ import os
 import re
 import secrets
 import string
+import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -129,3 +131,28 @@ def wait_for_port(host: str, port: int, timeout: float = 15.0):
                 return
         time.sleep(0.1)
     raise RuntimeError(f"nothing listening on {host}:{port}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def s3():
+    """An S3-compatible server (moto, from this venv) on loopback with the bucket `artifacts`."""
+    import httpx
+
+    port = free_port()
+    server = Path(sys.executable).with_name("moto_server")
+    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port("127.0.0.1", port)
+        endpoint = f"http://127.0.0.1:{port}"
+        httpx.put(f"{endpoint}/artifacts").raise_for_status()
+        yield endpoint
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -7,24 +7,16 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import onnx_model, wait_for_port
+from conftest import free_port, onnx_model, wait_for_port
 
 AZURITE_DIR = Path(__file__).resolve().parents[1] / "azurite"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ensure_azurite_packages():
@@ -123,22 +115,6 @@ def test_a_missing_azure_container_fails_the_upload_with_a_server_error_not_a_ha
                     headers={"Content-Type": "application/octet-stream"})
     assert done.status_code >= 500, done.text
     assert api.get("/v1/tenants/acme/models/m/versions").json()["versions"] == []
-
-
-@pytest.fixture
-def s3():
-    port = free_port()
-    server = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port("127.0.0.1", port)
-        endpoint = f"http://127.0.0.1:{port}"
-        httpx.put(f"{endpoint}/artifacts").raise_for_status()
-        yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_s3_keys_and_presigned_uploads_go_under_the_prefix(start_control_plane, s3):

@@ -2,33 +2,10 @@
 the store, the completion call verifies its sha256; a corrupted one is refused and deleted."""
 
 import hashlib
-import socket
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
-import pytest
 
-from conftest import onnx_model, wait_for_port
-
-
-@pytest.fixture
-def s3():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = Path(sys.executable).with_name("moto_server")
-    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_for_port("127.0.0.1", port)
-        endpoint = f"http://127.0.0.1:{port}"
-        httpx.put(f"{endpoint}/artifacts").raise_for_status()
-        yield endpoint
-    finally:
-        proc.terminate()
-        proc.wait(10)
+from conftest import onnx_model
 
 
 def bucket_keys(endpoint):
