@@ -13,8 +13,14 @@ cluster, without the gateway); pushes and deploys add_sub with one replica; then
 protocol, --rounds times, measures add_sub at concurrency 1 against the worker with capture
 off and with capture on (PATCHed on the deployment; no rollout, the worker takes it with its
 next assignment set), the order alternating between rounds. Shared machines drift within
-minutes, so the overhead is the median over rounds of off/on - 1 (throughput) and on - off
-(p50). After the runs it checks that capture files were written and reads the worker's
+minutes, so the table gives the median over rounds of off/on - 1 (throughput) and on - off
+(p50), and beside it the best round of each mode compared (best off / best on - 1): a shared
+2-core machine also flips between two speeds from round to round (seen here: 6,000 and 2,800
+infer/s for the same binary and mode, as the processes land on cores), and the best round of
+each mode is the one the flips did not slow. `--pin` puts the servers (control plane, worker,
+runners) on core 0 and perf_analyzer on core 1, which steadies the p50 a great deal (within
+about 10 µs from round to round here) though not the throughput. The goal is judged on the
+best-of figure; the median is there to show the spread. After the runs it checks that capture files were written and reads the worker's
 `tessera_capture_*` counters (records stored and dropped). The goal (issue 24 item 3): at
 most 5 % overhead at add_sub concurrency 1.
 
@@ -39,7 +45,7 @@ import time
 import traceback
 import urllib.request
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
@@ -59,7 +65,7 @@ class Cluster(gateway.Cluster):
         bin_ = self.args.tessera
         port = gateway.free_port()
         cp = self._start(gateway.Proc("control-plane", [
-            bin_, "control-plane", "--listen", f"127.0.0.1:{port}",
+            *server_cpus(self.args), bin_, "control-plane", "--listen", f"127.0.0.1:{port}",
             "--database-url", f"sqlite://{self.tmp / 'registry.db'}?mode=rwc",
             "--object-store", str(self.tmp / "artifacts"),
             "--bootstrap-admin-key", self.admin_key, f"--worker-token={self.worker_token}",
@@ -68,7 +74,7 @@ class Cluster(gateway.Cluster):
         cp.wait_listening(["http"])
         self.url = f"http://{cp.addrs['http']}"
         self.worker = self._start(gateway.Proc("worker", [
-            bin_, "worker", "--control-plane", self.url, f"--worker-token={self.worker_token}",
+            *server_cpus(self.args), bin_, "worker", "--control-plane", self.url, f"--worker-token={self.worker_token}",
             "--data-dir", str(self.tmp / "worker"),
             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--advertise-host", "127.0.0.1",
@@ -93,16 +99,27 @@ class Cluster(gateway.Cluster):
         time.sleep(2.0)
 
 
+def server_cpus(args) -> List[str]:
+    """`taskset` prefix putting the servers on core 0 with --pin (their runners inherit it)."""
+    return ["taskset", "-c", "0"] if args.pin else []
+
+
+def client_cpus(args) -> List[str]:
+    """`taskset` prefix putting perf_analyzer on core 1 with --pin."""
+    return ["taskset", "-c", "1"] if args.pin else []
+
+
 def measure(args, url: str, key: str, proto: str, tmp: Path, label: str) -> gateway.Run:
     csv_path = tmp / "pa.csv"
     csv_path.unlink(missing_ok=True)
     cmd = compare.pa_command(args, url, proto, SCENARIO, csv_path, args.stability, args.max_trials)
     cmd += ["-H", f"authorization: Bearer {key}"]
+    cmd = [*client_cpus(args), *cmd]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.pa_timeout)
     note = ""
     if p.returncode != 0 and compare.UNSTABLE in p.stdout + p.stderr:
         csv_path.unlink(missing_ok=True)
-        cmd2 = compare.pa_command(args, url, proto, SCENARIO, csv_path, 1000, 4) + cmd[-2:]
+        cmd2 = [*client_cpus(args), *compare.pa_command(args, url, proto, SCENARIO, csv_path, 1000, 4), *cmd[-2:]]
         p = subprocess.run(cmd2, capture_output=True, text=True, timeout=args.pa_timeout)
         note = "(unstable)"
     if p.returncode != 0 or not csv_path.exists():
@@ -114,23 +131,25 @@ def measure(args, url: str, key: str, proto: str, tmp: Path, label: str) -> gate
 
 
 def summary_cells(proto: str, runs: List[gateway.Run]) -> List[str]:
-    pairs = []
     off = [r for r in runs if r.protocol == proto and r.path == "off"]
     on = [r for r in runs if r.protocol == proto and r.path == "on"]
-    for a, b in zip(off, on):
-        pairs.append((a, b))
+    pairs = list(zip(off, on))
     med = gateway.median
     overhead = med([(a.infer_per_sec / b.infer_per_sec - 1) * 100 for a, b in pairs if b.infer_per_sec])
     added = med([b.p50_us - a.p50_us for a, b in pairs if a.p50_us is not None and b.p50_us is not None])
-    goal = "—" if overhead is None else ("met" if overhead <= GOAL_PCT else "MISSED")
+    best_off = max((r.infer_per_sec for r in off), default=None)
+    best_on = max((r.infer_per_sec for r in on), default=None)
+    best = (best_off / best_on - 1) * 100 if best_off and best_on else None
+    goal = "—" if best is None else ("met" if best <= GOAL_PCT else "MISSED")
+    pct = lambda v: gateway.fmt(v, 1, sign=True) + " %" if v is not None else "—"  # noqa: E731
     return [SCENARIO.name, proto, gateway.fmt(med([r.infer_per_sec for r in off])),
             gateway.fmt(med([r.p50_us for r in off])), gateway.fmt(med([r.infer_per_sec for r in on])),
-            gateway.fmt(med([r.p50_us for r in on])), gateway.fmt(added, sign=True),
-            gateway.fmt(overhead, 1, sign=True) + " %" if overhead is not None else "—", goal]
+            gateway.fmt(med([r.p50_us for r in on])), gateway.fmt(added, sign=True), pct(overhead),
+            gateway.fmt(best_off), gateway.fmt(best_on), pct(best), goal]
 
 
 COLUMNS = ["Scenario", "Proto", "off infer/s", "off p50 µs", "on infer/s", "on p50 µs", "added p50 µs",
-           "overhead", "goal ≤ 5 %"]
+           "overhead (median)", "best off infer/s", "best on infer/s", "overhead (best)", "goal ≤ 5 %"]
 
 
 def render(cells: List[List[str]]) -> str:
@@ -148,6 +167,8 @@ def parse_args(argv=None):
     ap.add_argument("--tessera", required=True, help="tessera release binary")
     ap.add_argument("--perf-analyzer", required=True, help="perf_analyzer (wrapper) path")
     ap.add_argument("--rounds", type=int, default=3, help="off/on pairs per protocol (default 3)")
+    ap.add_argument("--pin", action="store_true",
+                    help="servers (control plane, worker, runners) on core 0, perf_analyzer on core 1")
     ap.add_argument("--protocols", default="http,grpc", help="comma-separated subset of http,grpc")
     ap.add_argument("--cpu-slices", type=int, default=1, help="the worker's --cpu-slices (default 1)")
     ap.add_argument("--isolation", choices=("runner", "in-process"), default="runner",
@@ -219,7 +240,7 @@ def main(argv=None) -> int:
         f"Tessera capture overhead, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, commit {compare.git_describe()}",
         f"machine: {os.cpu_count()} CPUs; load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}",
         f"set-up: control plane on SQLite, one worker (--isolation {args.isolation}), add_sub as in bench/compare.py, "
-        f"one replica; capture on = {json.dumps(CAPTURE_ON)}; median of {args.rounds} off/on pair(s), order alternating",
+        f"one replica; capture on = {json.dumps(CAPTURE_ON)}; median of {args.rounds} off/on pair(s) and best round of each mode, order alternating",
         "worker counters after the runs: " + ", ".join(f"{k} {v:g}" for k, v in sorted(stats.items())),
     ]
     print("\n".join(header) + "\n\n" + render([summary_cells(p, runs) for p in protocols]))
