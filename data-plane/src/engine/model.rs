@@ -284,6 +284,15 @@ impl LoadedModel {
         Ok(outputs)
     }
 
+    /// The ensemble this version runs, if it is one.
+    #[cfg(test)]
+    pub(crate) fn as_ensemble(&self) -> Option<&Ensemble> {
+        match &self.execution {
+            Execution::Ensemble(ensemble) => Some(ensemble),
+            _ => None,
+        }
+    }
+
     /// Runs a request already checked against this version's spec (by the front, for a
     /// runner), recording a failure's duration.
     pub async fn run_valid(&self, valid: ValidInferRequest) -> Result<Vec<OutputTensor>> {

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::future::{BoxFuture, try_join_all};
+use tokio::sync::Semaphore;
 
 use crate::engine::infer::{InferRequest, RequestedOutput, ValidInferRequest};
 use crate::engine::load_error::LoadError;
@@ -32,6 +33,9 @@ pub type Resolve = Arc<dyn Fn(&str, Option<i64>) -> Result<Arc<LoadedModel>> + S
 pub struct Ensemble {
     plan: Plan,
     resolve: Resolve,
+    /// One gate per step when `max_inflight_requests` is set: a request waits at a step whose
+    /// places are taken, as Triton's ensemble scheduler holds requests back.
+    step_slots: Vec<Option<Arc<Semaphore>>>,
 }
 
 impl Ensemble {
@@ -61,7 +65,15 @@ impl Ensemble {
         }
         let specs: Vec<&ModelSpec> = models.iter().map(|m| m.spec.as_ref()).collect();
         plan.check_steps(spec, &specs).map_err(LoadError::configuration)?;
-        Ok(Self { plan, resolve })
+        let limit = usize::try_from(plan.max_inflight).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS);
+        let step_slots = plan.steps.iter().map(|_| (limit > 0).then(|| Arc::new(Semaphore::new(limit)))).collect();
+        Ok(Self { plan, resolve, step_slots })
+    }
+
+    /// Step `index`'s gate, when the ensemble limits requests in flight per step.
+    #[cfg(test)]
+    pub(crate) fn step_slots(&self, index: usize) -> Option<Arc<Semaphore>> {
+        self.step_slots.get(index).cloned().flatten()
     }
 
     /// The composing model names.
@@ -120,7 +132,15 @@ impl Ensemble {
             let message = format!("in ensemble '{}', {}: {}", spec.name, step.describe(index), e.message);
             Error { message, ..e }
         };
+        let slots = self.step_slots.get(index).cloned().flatten();
         Box::pin(async move {
+            // Held until the step answers; the gates are never closed, so acquiring cannot fail.
+            let _slot = match slots {
+                Some(slots) => {
+                    Some(slots.acquire_owned().await.map_err(|_| in_step(Error::internal("step gate closed")))?)
+                }
+                None => None,
+            };
             let model = (self.resolve)(&step.model, step.version).map_err(in_step)?;
             let response = model.infer(request).await.map_err(in_step)?;
             let mut produced = Vec::with_capacity(response.outputs.len());

@@ -49,6 +49,9 @@ pub struct Plan {
     /// Indices into `steps`: each wave needs only ensemble inputs and earlier waves' outputs,
     /// so a wave's steps run concurrently.
     pub waves: Vec<Vec<usize>>,
+    /// Requests that may be at one step at once, across the ensemble's requests (Triton's
+    /// `max_inflight_requests`); 0: no limit.
+    pub max_inflight: u32,
 }
 
 /// Builds the ensemble's spec from its config: every input and output must be declared with a
@@ -143,7 +146,7 @@ impl Plan {
             return Err(format!("ensemble output '{}' is not produced by any step", out.name));
         }
         let waves = waves(&steps, &producer)?;
-        Ok(Self { steps, waves })
+        Ok(Self { steps, waves, max_inflight: ensembling.max_inflight_requests })
     }
 
     /// Checks each step against its composing model's spec (`models[i]` for step `i`): the

@@ -144,3 +144,45 @@ async fn tenants_never_share_cached_answers() {
     let plain = manager.get(&scoped_key(Some(TENANT_A), "add_sub"), None).expect("plain");
     assert!(!plain.caches_responses(), "no response_cache in its config, no caching");
 }
+
+#[tokio::test]
+async fn max_inflight_requests_holds_requests_back_at_a_full_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manager = manager(&dir).await;
+    let key = scoped_key(Some(TENANT_A), "chain");
+    let mut config = chain("add_sub");
+    if let Some(tessera_protocol::inference::model_config::SchedulingChoice::EnsembleScheduling(e)) =
+        config.scheduling_choice.as_mut()
+    {
+        e.max_inflight_requests = 1;
+    }
+    manager.install_version(&key, "chain", 1, dir.path().join("none"), config, None).await.expect("loads");
+    let ensemble = manager.get(&key, None).expect("ready");
+    let slots = ensemble.as_ensemble().and_then(|e| e.step_slots(1)).expect("step 1 has a gate");
+    assert_eq!(slots.available_permits(), 1);
+
+    // Step 1's only place is taken: the request runs step 0, then waits.
+    let taken = slots.clone().acquire_owned().await.expect("a place");
+    let running = tokio::spawn({
+        let ensemble = ensemble.clone();
+        async move { ensemble.infer(request("IN0", "IN1", 5.0)).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!running.is_finished(), "the request went past a full step");
+    let steps = manager.get(&scoped_key(Some(TENANT_A), "add_sub"), None).expect("A's add_sub");
+    assert_eq!(steps.stats.snapshot("add_sub", "1").inference_count, 1, "step 0 ran, step 1 waits");
+
+    drop(taken);
+    let response = running.await.expect("joins").expect("runs once the place is free");
+    assert_eq!(response.outputs.len(), 2);
+    assert_eq!(slots.available_permits(), 1, "the place is given back");
+
+    // Without the setting there is no gate.
+    let free = scoped_key(Some(TENANT_A), "chain_free");
+    manager
+        .install_version(&free, "chain_free", 1, dir.path().join("none"), unnamed(chain("add_sub")), None)
+        .await
+        .expect("loads");
+    let ensemble = manager.get(&free, None).expect("ready");
+    assert!(ensemble.as_ensemble().and_then(|e| e.step_slots(0)).is_none());
+}
