@@ -289,6 +289,7 @@ fn replica(model: &[u8], id: &str, version: i64, serving: bool) -> agent::Assign
         config_json: r#"{"instance_group": [{"count": 1, "kind": "KIND_CPU"}]}"#.into(),
         serving,
         capture: None,
+        composing: Vec::new(),
     }
 }
 

@@ -6,7 +6,8 @@
 //! sits in when that directory's name is not a version number. In it: an optional
 //! `config.pbtxt`, and the model as `<version>/<filename>` or `<filename>` (`filename` is the
 //! config's `default_model_filename`, `model.onnx` by default), or as the only `*.onnx` file at
-//! the root or in a version directory.
+//! the root or in a version directory. An ensemble's directory needs no model file: its
+//! config is the model ([`needs_model_file`]).
 
 /// The model file's name when the config names none (Triton's default for ONNX).
 pub const DEFAULT_MODEL_FILENAME: &str = "model.onnx";
@@ -81,6 +82,12 @@ pub fn version_of_dir(name: &str) -> Option<i64> {
     let canonical =
         !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit()) && (name == "0" || !name.starts_with('0'));
     if canonical { name.parse().ok() } else { None }
+}
+
+/// Whether a model directory whose config is `config` needs a model file: every model does
+/// except an ensemble, whose steps run other models.
+pub fn needs_model_file(config: Option<&crate::inference::ModelConfig>) -> bool {
+    !config.is_some_and(crate::model_config::is_ensemble)
 }
 
 /// The model directory among `files` (each a checked path's components): the root (empty), or
@@ -250,6 +257,16 @@ mod tests {
             model_candidates(&paths(&["config.pbtxt", "1/a.onnx", "x.onnx", "1/sub/b.onnx", "01/c.onnx", "w.bin"])),
             ["1/a.onnx", "x.onnx"]
         );
+    }
+
+    #[test]
+    fn only_an_ensemble_needs_no_model_file() {
+        let parse = |text: &str| crate::model_config::from_pbtxt(text).expect("a valid config");
+        assert!(needs_model_file(None));
+        assert!(needs_model_file(Some(&parse("max_batch_size: 4"))));
+        assert!(!needs_model_file(Some(&parse("platform: \"ensemble\""))));
+        let scheduled = "ensemble_scheduling { step [ { model_name: \"a\" model_version: -1 } ] }";
+        assert!(!needs_model_file(Some(&parse(scheduled))));
     }
 
     #[test]

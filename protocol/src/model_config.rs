@@ -76,6 +76,29 @@ pub fn to_json_value(cfg: &ModelConfig) -> serde_json::Value {
         .expect("serializing into serde_json::Value cannot fail: all map keys are strings")
 }
 
+/// The platform string of an ensemble config.
+pub const ENSEMBLE_PLATFORM: &str = "ensemble";
+
+/// Whether `config` describes an ensemble (Triton's `platform: "ensemble"`, or an
+/// `ensemble_scheduling` section): a model with no file, whose steps run other models.
+pub fn is_ensemble(config: &ModelConfig) -> bool {
+    use crate::inference::model_config::SchedulingChoice;
+    config.platform == ENSEMBLE_PLATFORM
+        || matches!(config.scheduling_choice, Some(SchedulingChoice::EnsembleScheduling(_)))
+}
+
+/// The `(model name, model version)` each step of an ensemble config runs, in step order
+/// (`-1`: the newest version); empty for any other config.
+pub fn ensemble_steps(config: &ModelConfig) -> Vec<(&str, i64)> {
+    use crate::inference::model_config::SchedulingChoice;
+    match &config.scheduling_choice {
+        Some(SchedulingChoice::EnsembleScheduling(e)) => {
+            e.step.iter().map(|s| (s.model_name.as_str(), s.model_version)).collect()
+        }
+        _ => Vec::new(),
+    }
+}
+
 /// The model file name a config names in `default_model_filename`, or `fallback` when it names
 /// none. It is joined to a version directory, so only a plain file name is accepted: a path
 /// (`../other/1/model.onnx`, `/etc/...`) would load a file from outside the model, on a worker

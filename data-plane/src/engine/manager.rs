@@ -581,11 +581,7 @@ fn lookup(
 
 /// The model names an ensemble config's steps name.
 fn ensemble_steps(config: &ModelConfig) -> Vec<String> {
-    use tessera_protocol::inference::model_config::SchedulingChoice;
-    match &config.scheduling_choice {
-        Some(SchedulingChoice::EnsembleScheduling(e)) => e.step.iter().map(|s| s.model_name.clone()).collect(),
-        _ => Vec::new(),
-    }
+    tessera_protocol::model_config::ensemble_steps(config).into_iter().map(|(name, _)| name.to_string()).collect()
 }
 
 /// The models a manager holds, seen by its ensembles without keeping it alive.

@@ -119,7 +119,7 @@ fn unpack_zip(file: File, unpacker: &mut Unpacker<'_>) -> Result<(), String> {
 /// The model found in an unpacked archive.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelDir {
-    /// The ONNX file to load.
+    /// The ONNX file to load; for an ensemble, which has none, the model directory.
     pub model_file: PathBuf,
     /// The directory's `config.pbtxt`, if it has one.
     pub config: Option<ModelConfig>,
@@ -137,6 +137,9 @@ pub fn find_model(root: &Path, version: i64) -> Result<ModelDir, String> {
     } else {
         None
     };
+    if !layout::needs_model_file(config.as_ref()) {
+        return Ok(ModelDir { model_file: dir, config });
+    }
     let filename = match &config {
         Some(c) => tessera_protocol::model_config::model_filename(c, DEFAULT_MODEL_FILENAME)?,
         None => DEFAULT_MODEL_FILENAME,
@@ -248,5 +251,16 @@ pub(crate) mod tests {
         std::fs::write(empty.path().join("config.pbtxt"), "default_model_filename: \"../../t2/m/1/model.onnx\"")
             .expect("write");
         assert!(find_model(empty.path(), 1).expect_err("a path").contains("default_model_filename"));
+    }
+
+    #[test]
+    fn an_ensemble_needs_no_model_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let model = dir.path().join("pipeline");
+        std::fs::create_dir_all(model.join("1")).expect("mkdir");
+        std::fs::write(model.join("config.pbtxt"), "platform: \"ensemble\"").expect("write");
+        let found = find_model(dir.path(), 1).expect("an ensemble");
+        assert_eq!(found.model_file, model);
+        assert_eq!(found.config.expect("its config").platform, "ensemble");
     }
 }

@@ -74,6 +74,9 @@ pub struct DesiredVersion {
     pub tenant_id: String,
     /// The slice of the first replica (in replica order): the runner that hosts the version.
     pub slice_id: String,
+    /// Versions installed before this one: an ensemble's composing models, which its load
+    /// looks up (an ensemble installed first would fail and wait for a retry).
+    pub after: Vec<VersionKey>,
 }
 
 impl DesiredVersion {
@@ -93,13 +96,19 @@ impl DesiredVersion {
 }
 
 /// The desired versions of an assignment set, and the replicas that cannot be placed in it
-/// (with the reason).
+/// (with the reason). An ensemble's composing versions are desired too (not serving
+/// unversioned requests unless a replica of their own says so), installed before it.
 pub fn desired(assignments: &[agent::Assignment]) -> (BTreeMap<VersionKey, DesiredVersion>, HashMap<String, String>) {
     let mut ordered: Vec<&agent::Assignment> = assignments.iter().collect();
     ordered.sort_by(|a, b| (!a.serving, &a.replica_id).cmp(&(!b.serving, &b.replica_id)));
     let (mut versions, mut invalid) = (BTreeMap::new(), HashMap::new());
+    let mut composing = Vec::new();
     for a in ordered {
-        let (vk, artifact) = match version_key(a) {
+        let checked = version_key(a).and_then(|(vk, artifact)| {
+            let steps = a.composing.iter().map(|c| composing_key(a, c)).collect::<Result<Vec<_>, _>>()?;
+            Ok((vk, artifact, steps))
+        });
+        let (vk, artifact, steps) = match checked {
             Ok(found) => found,
             Err(reason) => {
                 invalid.insert(a.replica_id.clone(), reason);
@@ -113,11 +122,28 @@ pub fn desired(assignments: &[agent::Assignment]) -> (BTreeMap<VersionKey, Desir
             serving: false,
             tenant_id: a.tenant_id.clone(),
             slice_id: a.slice_id.clone(),
+            after: steps.iter().map(|(step, _)| step.clone()).collect(),
         });
         entry.serving |= a.serving;
+        composing.extend(steps.into_iter().map(|(step, built)| (step, built, a)));
+    }
+    // A replica of the composing version itself decides how it is built, when there is one.
+    for (step, (model_name, artifact, config_json), a) in composing {
+        versions.entry(step).or_insert_with(|| DesiredVersion {
+            model_name,
+            artifact,
+            config_json,
+            serving: false,
+            tenant_id: a.tenant_id.clone(),
+            slice_id: a.slice_id.clone(),
+            after: Vec::new(),
+        });
     }
     (versions, invalid)
 }
+
+/// What a composing model is built from: its name, artifact and config.
+type Composing = (String, agent::Artifact, String);
 
 fn version_key(a: &agent::Assignment) -> Result<(VersionKey, &agent::Artifact), String> {
     if a.tenant_id.is_empty() || a.tenant_id.contains('/') {
@@ -134,6 +160,19 @@ fn version_key(a: &agent::Assignment) -> Result<(VersionKey, &agent::Artifact), 
     }
     let artifact = a.artifact.as_ref().ok_or("the assignment names no artifact")?;
     Ok((VersionKey { key: scoped_key(Some(&a.tenant_id), &a.model_name), version: a.version }, artifact))
+}
+
+/// The version key of a composing model of `a` (in `a`'s tenant), checked as `a`'s own.
+fn composing_key(a: &agent::Assignment, c: &agent::ComposingModel) -> Result<(VersionKey, Composing), String> {
+    if !valid_model_name(&c.model_name) {
+        return Err(format!("invalid composing model name '{}'", c.model_name));
+    }
+    if c.version < 0 {
+        return Err(format!("invalid version {} of composing model '{}'", c.version, c.model_name));
+    }
+    let artifact = c.artifact.clone().ok_or_else(|| format!("composing model '{}' names no artifact", c.model_name))?;
+    let key = VersionKey { key: scoped_key(Some(&a.tenant_id), &c.model_name), version: c.version };
+    Ok((key, (c.model_name.clone(), artifact, c.config_json.clone())))
 }
 
 /// Slice ids name runner processes and their cgroups: short, no path or shell characters.
@@ -182,7 +221,7 @@ pub enum InFlight {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Fetch and load this version.
-    Install(VersionKey, DesiredVersion),
+    Install(VersionKey, Box<DesiredVersion>),
     /// Unload this version.
     Remove(VersionKey),
 }
@@ -205,7 +244,7 @@ pub fn plan(
 ) -> Plan {
     let mut actions = Vec::new();
     for (vk, want) in desired {
-        if in_flight.contains_key(vk) {
+        if in_flight.contains_key(vk) || waits_for_composing(want, desired, installed, in_flight) {
             continue;
         }
         let install = match installed.get(vk) {
@@ -215,7 +254,7 @@ pub fn plan(
             Some(_) => false,
         };
         if install {
-            actions.push(Action::Install(vk.clone(), want.clone()));
+            actions.push(Action::Install(vk.clone(), Box::new(want.clone())));
         }
     }
     for vk in installed.keys() {
@@ -231,6 +270,22 @@ pub fn plan(
         }
     }
     Plan { actions, defaults: defaults.into_iter().collect() }
+}
+
+/// Whether `want` (an ensemble) must wait: one of its composing versions is being installed
+/// or not yet installed as desired. A composing version that failed does not hold it back:
+/// its load then fails naming that step.
+fn waits_for_composing(
+    want: &DesiredVersion,
+    desired: &BTreeMap<VersionKey, DesiredVersion>,
+    installed: &BTreeMap<VersionKey, Installed>,
+    in_flight: &BTreeMap<VersionKey, InFlight>,
+) -> bool {
+    want.after.iter().any(|step| {
+        let fingerprint = desired.get(step).map(DesiredVersion::fingerprint);
+        in_flight.contains_key(step)
+            || fingerprint.is_some_and(|f| installed.get(step).is_none_or(|i| i.fingerprint != f))
+    })
 }
 
 /// Every assigned replica's state: loading until its version is installed (or while a failed
@@ -503,7 +558,7 @@ impl Executor {
         }
         for action in plan.actions {
             match action {
-                Action::Install(vk, want) => self.start_install(vk, want),
+                Action::Install(vk, want) => self.start_install(vk, *want),
                 Action::Remove(vk) => self.start_remove(vk),
             }
         }
@@ -637,6 +692,7 @@ mod tests {
             config_json: String::new(),
             serving,
             capture: None,
+            composing: Vec::new(),
         }
     }
 
@@ -662,6 +718,46 @@ mod tests {
         assert_eq!(shared.config_json, "{\"max_batch_size\": 2}", "the serving replica's config wins");
         assert!(!versions[&vk("t2/m", 1)].serving);
         assert!(invalid["r4"].contains("invalid model name"));
+    }
+
+    #[test]
+    fn an_ensembles_composing_versions_are_desired_and_installed_first() {
+        let now = Instant::now();
+        let mut ensemble = assignment("e", "t", "pipe", 3, true);
+        let step = |model: &str, version: i64| agent::ComposingModel {
+            model_name: model.into(),
+            version,
+            artifact: assignment("x", "t", model, version, false).artifact,
+            config_json: "{\"name\": \"step\"}".into(),
+        };
+        ensemble.composing = vec![step("pre", 1), step("m", 2)];
+        // m 2 also has a replica of its own, which decides how it is built and that it serves.
+        let mut own = assignment("o", "t", "m", 2, true);
+        own.config_json = "{\"max_batch_size\": 8}".into();
+        let (want, invalid) = desired(&[ensemble.clone(), own]);
+        assert!(invalid.is_empty());
+        assert_eq!(want.keys().cloned().collect::<Vec<_>>(), [vk("t/m", 2), vk("t/pipe", 3), vk("t/pre", 1)]);
+        assert_eq!(want[&vk("t/pipe", 3)].after, [vk("t/pre", 1), vk("t/m", 2)]);
+        assert!(!want[&vk("t/pre", 1)].serving && want[&vk("t/m", 2)].serving);
+        assert_eq!(want[&vk("t/m", 2)].config_json, "{\"max_batch_size\": 8}");
+        assert_eq!(want[&vk("t/pre", 1)].config_json, "{\"name\": \"step\"}");
+
+        let installs = |p: Plan| -> Vec<VersionKey> {
+            p.actions.into_iter().filter_map(|a| if let Action::Install(k, _) = a { Some(k) } else { None }).collect()
+        };
+        assert_eq!(installs(plan(&want, &BTreeMap::new(), &BTreeMap::new(), now)), [vk("t/m", 2), vk("t/pre", 1)]);
+        let mut installed = BTreeMap::from([(vk("t/m", 2), ready(&want[&vk("t/m", 2)]))]);
+        let loading = BTreeMap::from([(vk("t/pre", 1), InFlight::Installing(want[&vk("t/pre", 1)].fingerprint()))]);
+        assert!(installs(plan(&want, &installed, &loading, now)).is_empty(), "waits for pre");
+        // A failed step does not hold the ensemble back: its load names the step.
+        let failed = Outcome::Failed { error: LoadError::runtime("bad"), attempts: 1, retry_at: None };
+        installed
+            .insert(vk("t/pre", 1), Installed { fingerprint: want[&vk("t/pre", 1)].fingerprint(), outcome: failed });
+        assert_eq!(installs(plan(&want, &installed, &BTreeMap::new(), now)), [vk("t/pipe", 3)]);
+
+        ensemble.composing[0].model_name = "../x".into();
+        let (_, invalid) = desired(&[ensemble]);
+        assert!(invalid["e"].contains("invalid composing model name"), "{invalid:?}");
     }
 
     #[test]

@@ -12,14 +12,7 @@ use tessera_protocol::inference::{self, ModelConfig};
 use crate::engine::model_spec::{ModelSpec, TensorSpec};
 use crate::engine::repository::valid_model_name;
 
-/// The platform string of an ensemble config.
-pub const PLATFORM: &str = "ensemble";
-
-/// Whether `config` describes an ensemble (Triton's `platform: "ensemble"`, or an
-/// `ensemble_scheduling` section).
-pub fn is_ensemble(config: &ModelConfig) -> bool {
-    config.platform == PLATFORM || matches!(config.scheduling_choice, Some(SchedulingChoice::EnsembleScheduling(_)))
-}
+pub use tessera_protocol::model_config::{ENSEMBLE_PLATFORM as PLATFORM, is_ensemble};
 
 /// One step: a composing model and how its tensors map to the ensemble's.
 #[derive(Debug, Clone, PartialEq)]
