@@ -281,13 +281,6 @@ impl Walk {
         let root = layout::model_root(&self.files);
         let relative: Vec<Vec<String>> = self.files.iter().map(|f| f[root.len()..].to_vec()).collect();
         let onnx_files = layout::model_candidates(&relative);
-        if onnx_files.is_empty() {
-            return Err(refuse(
-                "the archive holds no .onnx model file (expected model.onnx or <version>/model.onnx, \
-                 at the root or under one <model>/ directory)"
-                    .into(),
-            ));
-        }
         let mut config_path = root.clone();
         config_path.push(layout::CONFIG_FILENAME.into());
         let parsed = match self.configs.remove(&config_path) {
@@ -300,6 +293,18 @@ impl Walk {
                 Some(parsed)
             }
         };
+        let config = parsed.as_ref().map(tessera_protocol::model_config::to_json_value);
+        if !layout::needs_model_file(parsed.as_ref()) {
+            // An ensemble: its steps run the tenant's other models; any .onnx file here is unused.
+            return Ok(ArchiveManifest { config, onnx_files, model: None });
+        }
+        if onnx_files.is_empty() {
+            return Err(refuse(
+                "the archive holds no .onnx model file (expected model.onnx or <version>/model.onnx, \
+                 at the root or under one <model>/ directory, or a config.pbtxt with platform \"ensemble\")"
+                    .into(),
+            ));
+        }
         let filename = match &parsed {
             // Checked above: a plain file name.
             Some(c) => tessera_protocol::model_config::model_filename(c, layout::DEFAULT_MODEL_FILENAME)
@@ -311,7 +316,6 @@ impl Walk {
         let mut path = root.clone();
         path.extend(file.split('/').map(str::to_string));
         let model = self.graphs.remove(&path).map(|io| (file, io));
-        let config = parsed.as_ref().map(tessera_protocol::model_config::to_json_value);
         Ok(ArchiveManifest { config, onnx_files, model })
     }
 }
@@ -446,6 +450,26 @@ pub(crate) mod tests {
             Err(Error::InvalidInput { message, .. }) => message,
             other => panic!("expected a refusal, got {other:?}"),
         }
+    }
+
+    /// Triton's ensemble layout: a config and an empty version directory, no model file.
+    pub const ENSEMBLE: &str = "name: \"pipe\"\nplatform: \"ensemble\"\nmax_batch_size: 8\n\
+        input [ { name: \"IN\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n\
+        output [ { name: \"OUT\" data_type: TYPE_FP32 dims: [ 4 ] } ]\n\
+        ensemble_scheduling { step [ { model_name: \"m\" model_version: -1 \
+        input_map { key: \"x\" value: \"IN\" } output_map { key: \"y\" value: \"OUT\" } } ] }\n";
+
+    #[test]
+    fn an_ensemble_needs_only_its_config() {
+        let m = tar(&[("pipe/config.pbtxt", ENSEMBLE.as_bytes())]).expect("an ensemble");
+        assert_eq!(m.config.expect("config")["platform"], "ensemble");
+        assert!(m.model.is_none() && m.onnx_files.is_empty());
+        let no_steps = "platform: \"ensemble\"\n";
+        assert!(message(tar(&[("config.pbtxt", no_steps.as_bytes())])).contains("at least one step"));
+        let backend = ENSEMBLE.replace("platform: \"ensemble\"", "backend: \"onnxruntime\"");
+        assert!(message(tar(&[("config.pbtxt", backend.as_bytes())])).contains("no backend"));
+        let no_config = message(tar(&[("pipe/1/readme.txt", b"x")]));
+        assert!(no_config.contains("no .onnx model file") && no_config.contains("ensemble"), "{no_config}");
     }
 
     #[test]

@@ -46,6 +46,36 @@ pub fn check(field: &str, config: &ModelConfig) -> Result<()> {
     if dims.any(|d| *d < -1) {
         return Err(bad("dims must be -1 (any size) or at least 0".into()));
     }
+    if tessera_protocol::model_config::is_ensemble(config) {
+        check_ensemble(config).map_err(bad)?;
+    }
+    Ok(())
+}
+
+/// What an ensemble's config must say for a worker to plan it: the ensemble platform and no
+/// backend, its steps, each naming a model and a version (`-1`: the newest).
+fn check_ensemble(config: &ModelConfig) -> std::result::Result<(), String> {
+    let platform = tessera_protocol::model_config::ENSEMBLE_PLATFORM;
+    if !config.backend.is_empty() || !matches!(config.platform.as_str(), "" | "ensemble") {
+        return Err(format!(
+            "an ensemble has platform \"{platform}\" and no backend, but the config names backend '{}' / platform '{}'",
+            config.backend, config.platform
+        ));
+    }
+    let steps = tessera_protocol::model_config::ensemble_steps(config);
+    if steps.is_empty() {
+        return Err("an ensemble needs an ensemble_scheduling section with at least one step".into());
+    }
+    for (i, (model, version)) in steps.into_iter().enumerate() {
+        if model.is_empty() {
+            return Err(format!("ensemble step {i} names no model_name"));
+        }
+        if version < -1 {
+            return Err(format!(
+                "ensemble step {i} (model '{model}') has model_version {version}; use -1 or a version"
+            ));
+        }
+    }
     Ok(())
 }
 

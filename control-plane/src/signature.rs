@@ -184,6 +184,41 @@ pub fn signature(artifact: &str, io: &GraphIo, config: Option<&ModelConfig>, con
     Ok(Signature { inputs, outputs, max_batch_size, platform })
 }
 
+/// An ensemble's signature: its config's inputs and outputs, which it must declare with their
+/// types (there is no graph to learn them from), with the batch dimension first when it batches.
+pub fn of_ensemble(config: &ModelConfig, config_field: &str) -> Result<Signature> {
+    let blame = |message: String| Error::invalid(config_field, format!("{config_field}: {message}"));
+    let batching = config.max_batch_size > 0;
+    let side = |role: &str, tensors: Vec<ConfigTensor<'_>>| -> Result<Vec<TensorSignature>> {
+        if tensors.is_empty() {
+            return Err(blame(format!("an ensemble must declare its {role}s in the config")));
+        }
+        tensors
+            .iter()
+            .map(|t| {
+                let datatype = tessera_protocol::inference::DataType::try_from(t.data_type)
+                    .ok()
+                    .and_then(DataType::from_config)
+                    .ok_or_else(|| blame(format!("ensemble {role} '{}' needs a data_type", t.name)))?;
+                let mut shape = Vec::with_capacity(t.dims.len() + 1);
+                if batching {
+                    shape.push(-1);
+                }
+                shape.extend_from_slice(t.dims);
+                Ok(TensorSignature { name: t.name.to_string(), datatype, shape })
+            })
+            .collect()
+    };
+    let inputs = config.input.iter().map(|i| ConfigTensor { name: &i.name, data_type: i.data_type, dims: &i.dims });
+    let outputs = config.output.iter().map(|o| ConfigTensor { name: &o.name, data_type: o.data_type, dims: &o.dims });
+    Ok(Signature {
+        inputs: side("input", inputs.collect())?,
+        outputs: side("output", outputs.collect())?,
+        max_batch_size: i64::from(config.max_batch_size),
+        platform: tessera_protocol::model_config::ENSEMBLE_PLATFORM.to_string(),
+    })
+}
+
 /// Only ONNX models run: a config naming another backend would fail on every worker.
 fn check_platform(config: &ModelConfig) -> std::result::Result<(), String> {
     let backend_ok = matches!(config.backend.as_str(), "" | "onnxruntime");

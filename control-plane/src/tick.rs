@@ -90,7 +90,7 @@ pub struct DeploymentInfo {
 /// What the scheduler needs of a model version.
 #[derive(Debug, Clone)]
 pub struct VersionInfo {
-    /// Artifact size.
+    /// Artifact size, with the composing versions' for an ensemble (what a replica loads).
     pub size_bytes: i64,
     /// Stored model config, if any.
     pub config: Option<Value>,

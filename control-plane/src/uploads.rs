@@ -236,8 +236,15 @@ impl Uploads {
     ) -> Result<(Option<serde_json::Value>, Option<Signature>)> {
         let parse = |c: &serde_json::Value| tessera_protocol::model_config::from_json(&c.to_string()).ok();
         if format == ArtifactFormat::Onnx {
-            let io = self.store.check_onnx(key).await?;
             let parsed = given.as_ref().and_then(parse);
+            if parsed.as_ref().is_some_and(tessera_protocol::model_config::is_ensemble) {
+                return Err(Error::invalid(
+                    given_field,
+                    "an ensemble has no model file: upload it as an archive (tar, tar.gz or zip) holding its \
+                     config.pbtxt and an empty version directory, as in a Triton model repository",
+                ));
+            }
+            let io = self.store.check_onnx(key).await?;
             let signature = crate::signature::signature("model.onnx", &io, parsed.as_ref(), given_field)?;
             return Ok((given, Some(signature)));
         }
@@ -252,12 +259,13 @@ impl Uploads {
             (Some(from_archive), None) => (Some(from_archive), "config.pbtxt"),
             (None, given) => (given, given_field),
         };
-        let signature = match &manifest.model {
-            Some((file, io)) => {
-                let parsed = config.as_ref().and_then(parse);
-                Some(crate::signature::signature(file, io, parsed.as_ref(), field)?)
+        let parsed = config.as_ref().and_then(parse);
+        let signature = match (&manifest.model, &parsed) {
+            (_, Some(c)) if tessera_protocol::model_config::is_ensemble(c) => {
+                Some(crate::signature::of_ensemble(c, field)?)
             }
-            None => None,
+            (Some((file, io)), _) => Some(crate::signature::signature(file, io, parsed.as_ref(), field)?),
+            (None, _) => None,
         };
         Ok((config, signature))
     }

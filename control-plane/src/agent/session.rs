@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_protocol::agent::{
-    Artifact, Assignment, Assignments, ControlMessage, Heartbeat, Register, Registered, SliceKind, WorkerMessage,
-    control_message, worker_message,
+    Artifact, Assignment, Assignments, ComposingModel, ControlMessage, Heartbeat, Register, Registered, SliceKind,
+    WorkerMessage, control_message, worker_message,
 };
 use tessera_protocol::revocation::RevocationList;
 use tessera_protocol::states::failure_reason;
@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use super::BoxStream;
 use crate::app::App;
-use crate::registry::{AssignmentRow, NewWorker, ReportedState, SliceRecord, now};
+use crate::registry::{AssignmentRow, ComposingRow, NewWorker, ReportedState, SliceRecord, now};
 use crate::states::ReplicaState as Stored;
 
 /// How often a session re-reads its worker's generation (changes made by another replica).
@@ -176,10 +176,11 @@ async fn send_if_changed(
         return Ok(true);
     }
     let rows = conn.assignments(worker_id).await?;
+    let composing = conn.assigned_composing(worker_id).await?;
     drop(conn);
     let assignments = Assignments {
         generation: u64::try_from(generation).unwrap_or(0),
-        assignments: rows.into_iter().map(assignment).collect(),
+        assignments: rows.into_iter().map(|r| assignment(r, &composing)).collect(),
     };
     let count = assignments.assignments.len();
     let message = ControlMessage { kind: Some(control_message::Kind::Assignments(assignments)) };
@@ -191,7 +192,13 @@ async fn send_if_changed(
     Ok(true)
 }
 
-fn assignment(r: AssignmentRow) -> Assignment {
+fn assignment(r: AssignmentRow, composing: &[ComposingRow]) -> Assignment {
+    let instance_group = r.config.0.get("instance_group").cloned();
+    let composing = composing
+        .iter()
+        .filter(|c| c.ensemble_version_id == r.version_id)
+        .map(|c| composing_model(c, instance_group.as_ref()))
+        .collect();
     Assignment {
         replica_id: r.replica_id.to_string(),
         deployment_id: r.deployment_id.to_string(),
@@ -200,16 +207,37 @@ fn assignment(r: AssignmentRow) -> Assignment {
         model_name: r.model_name,
         version: r.version,
         slice_id: r.slice_id,
-        artifact: Some(Artifact {
-            key: r.artifact_key,
-            sha256: r.sha256,
-            size_bytes: u64::try_from(r.size_bytes).unwrap_or(0),
-            format: r.format,
-        }),
+        artifact: Some(artifact(r.artifact_key, r.sha256, r.size_bytes, r.format)),
         config_json: serde_json::to_string(&r.config.0).unwrap_or_default(),
         serving: r.serving,
         capture: crate::capture::CaptureSettings::for_worker(r.capture.as_ref().map(|j| &j.0)),
+        composing,
     }
+}
+
+/// A composing model of an ensemble replica: its stored config under its own name, with the
+/// replica's instance group (the deployment's instance count and the slice's kind apply to
+/// the models that do the work; the ensemble itself runs none).
+fn composing_model(c: &ComposingRow, instance_group: Option<&serde_json::Value>) -> ComposingModel {
+    let mut config = match c.config.as_ref().map(|j| &j.0) {
+        Some(serde_json::Value::Object(map)) => serde_json::Value::Object(map.clone()),
+        _ => serde_json::json!({}),
+    };
+    config["name"] = serde_json::json!(c.model_name);
+    if let (Some(group), Some(map)) = (instance_group, config.as_object_mut()) {
+        map.remove("instanceGroup");
+        map.insert("instance_group".into(), group.clone());
+    }
+    ComposingModel {
+        model_name: c.model_name.clone(),
+        version: c.version,
+        artifact: Some(artifact(c.artifact_key.clone(), c.sha256.clone(), c.size_bytes, c.format.clone())),
+        config_json: config.to_string(),
+    }
+}
+
+fn artifact(key: String, sha256: String, size_bytes: i64, format: String) -> Artifact {
+    Artifact { key, sha256, size_bytes: u64::try_from(size_bytes).unwrap_or(0), format }
 }
 
 async fn heartbeat(

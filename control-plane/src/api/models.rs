@@ -156,7 +156,7 @@ pub async fn handle_model_get(
     params(("tenant" = String, Path, description = "Tenant name"), ("model" = String, Path, description = "Model name")),
     responses(
         (status = 204, description = "Deleted."),
-        (status = 409, description = "A deployment uses the model (`model_deployed`).", body = crate::error::ErrorBody)))]
+        (status = 409, description = "A deployment uses the model (`model_deployed`), or an ensemble version of another model composes one of its versions (`version_in_use`).", body = crate::error::ErrorBody)))]
 pub async fn handle_model_delete(
     State(app): State<AppState>,
     caller: Caller,

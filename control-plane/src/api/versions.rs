@@ -228,7 +228,7 @@ pub async fn handle_version_get(
            ("version" = i64, Path, description = "Version number")),
     responses(
         (status = 204, description = "Deleted."),
-        (status = 409, description = "An alias or a deployment uses it (`version_in_use`).", body = crate::error::ErrorBody)))]
+        (status = 409, description = "An alias, a deployment or an ensemble version that composes it uses it (`version_in_use`).", body = crate::error::ErrorBody)))]
 pub async fn handle_version_delete(
     State(app): State<AppState>,
     caller: Caller,

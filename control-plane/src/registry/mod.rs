@@ -16,6 +16,7 @@ mod audit;
 mod canary;
 mod capture;
 mod deployments;
+mod ensembles;
 mod idempotency;
 mod invoices;
 mod keys;
@@ -52,6 +53,7 @@ pub use canary::{
 pub use deployments::{
     DeploymentEventRow, DeploymentPatch, DeploymentRow, DeploymentSpec, ReplicaRow, VersionRef, unfollowed_alias,
 };
+pub use ensembles::ComposingRow;
 pub use idempotency::{IdempotencyClaim, IdempotencyScope};
 pub use invoices::IssuedInvoice;
 pub use keys::{ApiKeyRow, NewApiKey};

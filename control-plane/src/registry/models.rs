@@ -62,6 +62,8 @@ pub struct VersionRow {
     pub status: String,
     /// What it takes and returns, learned at upload (`None` for versions stored before).
     pub signature: Option<Json<Signature>>,
+    /// For an ensemble: the artifact bytes of the versions it composes (0 for other models).
+    pub composing_bytes: i64,
     /// Creating key.
     pub created_by: Option<Uuid>,
     /// Created.
@@ -159,7 +161,7 @@ macro_rules! select_versions {
     ($rest:literal) => {
         concat!(
             "SELECT id, tenant_id, model_id, version, artifact_key, sha256, size_bytes, format, config, status, ",
-            "signature, created_by, created_at FROM model_versions ",
+            "signature, composing_bytes, created_by, created_at FROM model_versions ",
             $rest
         )
     };
@@ -198,7 +200,7 @@ impl Conn {
         .fetch_optional(c))
     }
 
-    /// The artifact sizes of several versions of a tenant's models, in one query, by (model id,
+    /// The artifact sizes (an ensemble's with its composing versions') of several versions of a tenant's models, in one query, by (model id,
     /// version); versions that do not exist are left out. `versions` is a page (at most a few
     /// hundred).
     pub async fn version_sizes(
@@ -213,7 +215,7 @@ impl Conn {
         let pairs: Vec<String> =
             (0..versions.len()).map(|i| format!("(model_id = ${} AND version = ${})", 2 * i + 2, 2 * i + 3)).collect();
         let sql = format!(
-            "SELECT model_id, version, size_bytes FROM model_versions WHERE tenant_id = $1 AND ({})",
+            "SELECT model_id, version, size_bytes + composing_bytes FROM model_versions WHERE tenant_id = $1 AND ({})",
             pairs.join(" OR ")
         );
         let rows = on_conn!(self, "version.sizes", |c| {
@@ -347,6 +349,7 @@ impl Registry {
             let message = format!("model '{name}' is deployed by deployment '{}'; delete the deployment first", d.name);
             return Err(Error::conflict(crate::error::ErrorCode::ModelDeployed, message));
         }
+        tx.check_not_composed(tenant_id, model.id, None).await?;
         let keys = tx.artifact_keys(tenant_id, model.id).await?;
         // Aliases first: they reference versions.
         exec!(tx, "alias.delete_all", |c| sqlx::query(
@@ -394,6 +397,7 @@ impl Registry {
             let message = format!("version {number} is in use by deployment '{}'", d.name);
             return Err(Error::conflict(crate::error::ErrorCode::VersionInUse, message));
         }
+        tx.check_not_composed(tenant_id, model.id, Some(number)).await?;
         if !pinned.is_empty() {
             let list = pinned.join(", ");
             return Err(Error::conflict(
@@ -618,6 +622,11 @@ impl Conn {
         .bind(model.id)
         .bind(at)
         .fetch_optional(c))?;
+        let mut config = new.config;
+        let composing = match config.as_mut() {
+            Some(c) => self.pin_composing(model, c).await?,
+            None => Default::default(),
+        };
         let version = VersionRow {
             id: Uuid::now_v7(),
             tenant_id,
@@ -627,13 +636,15 @@ impl Conn {
             sha256: new.sha256,
             size_bytes: new.size_bytes,
             format: new.format.as_str().to_string(),
-            config: new.config.map(Json),
+            config: config.map(Json),
             status: VersionState::Uploaded.as_str().to_string(),
             signature: new.signature.map(Json),
+            composing_bytes: composing.bytes,
             created_by: actor.key_id,
             created_at: at,
         };
         self.insert_version(&version).await?;
+        self.insert_composing(tenant_id, version.id, &composing).await?;
         let resource = format!("{}/{}", model.name, version.version);
         let event = audit_event(tenant_id, "version.create", "model_version", &resource, None, Some(version.summary()));
         self.append_audit(actor, event).await?;
@@ -643,8 +654,8 @@ impl Conn {
     async fn insert_version(&mut self, v: &VersionRow) -> Result<()> {
         exec!(self, "version.insert", |c| sqlx::query(
             "INSERT INTO model_versions (id, tenant_id, model_id, version, artifact_key, sha256, size_bytes, format, \
-             config, status, signature, created_by, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
+             config, status, signature, composing_bytes, created_by, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)"
         )
         .bind(v.id)
         .bind(v.tenant_id)
@@ -657,6 +668,7 @@ impl Conn {
         .bind(&v.config)
         .bind(&v.status)
         .bind(&v.signature)
+        .bind(v.composing_bytes)
         .bind(v.created_by)
         .bind(v.created_at)
         .execute(c))?;

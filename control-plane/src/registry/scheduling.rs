@@ -47,11 +47,13 @@ impl Conn {
         let replicas =
             on_conn!(self, "scheduling.replicas", |c| sqlx::query_as::<_, ReplicaRow>(select_replicas!(""))
                 .fetch_all(c))?;
-        let versions = on_conn!(self, "scheduling.versions", |c| sqlx::query_as::<_, VersionSize>(
-            "SELECT v.model_id, v.version, v.size_bytes, v.config FROM model_versions v \
+        let versions = on_conn!(self, "scheduling.versions", |c| {
+            sqlx::query_as::<_, VersionSize>(
+            "SELECT v.model_id, v.version, v.size_bytes + v.composing_bytes AS size_bytes, v.config FROM model_versions v \
              JOIN deployments d ON d.model_id = v.model_id"
         )
-        .fetch_all(c))?;
+        .fetch_all(c)
+        })?;
         let aliases = on_conn!(self, "scheduling.aliases", |c| sqlx::query_as::<_, AliasTarget>(
             "SELECT d.id AS deployment_id, a.version FROM deployments d \
              JOIN model_aliases a ON a.model_id = d.model_id AND a.alias = d.alias"

@@ -93,6 +93,8 @@ pub struct AssignmentRow {
     pub model_name: String,
     /// Version.
     pub version: i64,
+    /// The version's id (what an ensemble's composing versions are recorded under).
+    pub version_id: Uuid,
     /// Slice.
     pub slice_id: String,
     /// Rendered model config.
@@ -177,16 +179,18 @@ impl Conn {
 
     /// The replicas a worker must hold, with their artifacts, by replica id.
     pub async fn assignments(&mut self, worker_id: &str) -> Result<Vec<AssignmentRow>> {
-        on_conn!(self, "worker.assignments", |c| sqlx::query_as::<_, AssignmentRow>(
+        on_conn!(self, "worker.assignments", |c| {
+            sqlx::query_as::<_, AssignmentRow>(
             "SELECT r.id AS replica_id, r.deployment_id, r.tenant_id, t.name AS tenant_name, m.name AS model_name, \
-             r.version, r.slice_id, r.config, r.serving, v.artifact_key, v.sha256, v.size_bytes, v.format, d.capture \
+             r.version, v.id AS version_id, r.slice_id, r.config, r.serving, v.artifact_key, v.sha256, v.size_bytes, v.format, d.capture \
              FROM replicas r JOIN deployments d ON d.id = r.deployment_id JOIN models m ON m.id = d.model_id \
              JOIN tenants t ON t.id = r.tenant_id \
              JOIN model_versions v ON v.model_id = d.model_id AND v.version = r.version \
              WHERE r.worker_id = $1 AND r.slice_id IS NOT NULL ORDER BY r.id"
         )
         .bind(worker_id)
-        .fetch_all(c))
+        .fetch_all(c)
+        })
     }
 
     /// Whether an object-store key is a registered artifact (what workers may fetch).

@@ -602,3 +602,53 @@ async fn cli(app: &TestApp, key: &str, args: &[&str]) -> String {
     assert!(out.status.success(), "tessera {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
     stdout
 }
+
+/// An ensemble's replica carries its composing versions, pinned at upload, each with its
+/// artifact and its own config under the replica's instance group; the worker loads them with it.
+#[tokio::test]
+async fn an_ensemble_replica_carries_its_pinned_composing_versions() {
+    use tessera_protocol::archive::test_support::tar_of;
+
+    let args = args();
+    let app = TestApp::spawn_with(Opts { args: &args, ..Opts::default() }).await;
+    let acme = app.tenant("acme").await;
+    app.create_model(&acme.deployer, "acme", "addsub").await.expect(201);
+    let model = tessera_data_plane::tools::onnx_builder::add_sub();
+    let step = app.upload(&acme.deployer, "acme", "addsub", "", model.clone()).await.expect(201).clone();
+    const CONFIG: &str = "platform: \"ensemble\"\nmax_batch_size: 0\n\
+        input [ { name: \"A\" data_type: TYPE_FP32 dims: [ 16 ] }, { name: \"B\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n\
+        output [ { name: \"SUM\" data_type: TYPE_FP32 dims: [ 16 ] } ]\n\
+        ensemble_scheduling { step [ { model_name: \"addsub\" model_version: -1 \
+        input_map [ { key: \"INPUT0\" value: \"A\" }, { key: \"INPUT1\" value: \"B\" } ] \
+        output_map { key: \"OUTPUT0\" value: \"SUM\" } } ] }\n";
+    app.create_model(&acme.deployer, "acme", "pipe").await.expect(201);
+    let archive = tar_of(&[("pipe/config.pbtxt", CONFIG.as_bytes())], &[]);
+    let v = app.upload(&acme.deployer, "acme", "pipe", "?format=tar", archive).await.expect(201).clone();
+    assert_eq!(v["config"]["ensemble_scheduling"]["step"][0]["model_version"], 1, "pinned at upload");
+    assert_eq!(v["signature"]["platform"], "ensemble");
+    // A second addsub version leaves the ensemble's step where it was pinned.
+    app.upload(&acme.deployer, "acme", "addsub", "", model).await.expect(201);
+
+    let body = json!({ "name": "pipe", "model": "pipe", "replicas": 1, "instance_count": 2 });
+    app.post(&acme.deployer, "/v1/tenants/acme/deployments", &body).await.expect(201);
+    let mut w = FakeWorker::start(&app, "worker-e", 18600).await;
+    let assigned = w.assignments_until(|a| !a.is_empty()).await;
+    let a = &assigned[0];
+    assert_eq!((a.model_name.as_str(), a.version), ("pipe", 1));
+    assert_eq!(a.composing.len(), 1, "{:?}", a.composing);
+    let c = &a.composing[0];
+    assert_eq!((c.model_name.as_str(), c.version), ("addsub", 1));
+    assert_eq!(c.artifact.as_ref().map(|x| x.sha256.as_str()), step["sha256"].as_str());
+    let config: Value = serde_json::from_str(&c.config_json).expect("config json");
+    assert_eq!(config["name"], "addsub");
+    assert_eq!(config["instance_group"], json!([{ "count": 2, "kind": "KIND_CPU" }]));
+    w.report_ready(&a.replica_id);
+    deployment_until(&app, &acme.viewer, "/v1/tenants/acme/deployments/pipe", |d| d["state"] == "ready").await;
+
+    // The composed version stays while the ensemble version names it.
+    let refused = app.delete(&acme.deployer, "/v1/tenants/acme/models/addsub/versions/1").await;
+    assert_eq!(refused.status, 409, "{:?}", refused.body);
+    assert_eq!(refused.body["error"]["code"], "version_in_use");
+    app.delete(&acme.deployer, "/v1/tenants/acme/models/addsub/versions/2").await.expect(204);
+    w.beats.abort();
+}
