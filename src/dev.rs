@@ -311,6 +311,11 @@ impl Service {
     }
 }
 
+/// A service ended before it listened; why comes on the `ended` channel.
+#[derive(Debug, thiserror::Error)]
+#[error("the {0} did not start")]
+struct NotStarted(&'static str);
+
 /// The first service end, as the error it is (both should run until stopped).
 async fn first_end(ended: &mut mpsc::Receiver<Ended>) -> anyhow::Error {
     match ended.recv().await {
@@ -358,6 +363,10 @@ pub async fn run(args: DevArgs, shutdown: CancellationToken) -> anyhow::Result<(
         r = start(&args, &dir, &secrets, tls.as_ref(), bound_rx, &mut services, ended_tx) => r.map(Some),
     };
     let outcome = match started {
+        // A service that failed while starting says why on `ended` (an address in use, say).
+        Err(e) if e.is::<NotStarted>() => {
+            Err(tokio::time::timeout(Duration::from_secs(5), first_end(&mut ended)).await.unwrap_or(e))
+        }
         Ok(Some(mut running)) => {
             running.console = console;
             print_banner(&running);
@@ -390,7 +399,7 @@ async fn start(
     services: &mut Vec<Service>,
     ended: mpsc::Sender<Ended>,
 ) -> anyhow::Result<Running> {
-    let control_plane = reachable(control_plane_bound.await.context("the control plane did not start")?);
+    let control_plane = reachable(control_plane_bound.await.map_err(|_| NotStarted("control plane"))?);
     let (bound_tx, bound_rx) = oneshot::channel();
     let stop = CancellationToken::new();
     let run =
@@ -398,7 +407,7 @@ async fn start(
             let _ = bound_tx.send(addrs);
         });
     services.push(Service::spawn("worker", stop, run, ended.clone()));
-    let worker = bound_rx.await.context("the worker did not start")?;
+    let worker = bound_rx.await.map_err(|_| NotStarted("worker"))?;
     let (bound_tx, bound_rx) = oneshot::channel();
     let stop = CancellationToken::new();
     let run =
@@ -406,7 +415,7 @@ async fn start(
             let _ = bound_tx.send(addrs);
         });
     services.push(Service::spawn("gateway", stop, run, ended));
-    let gateway = bound_rx.await.context("the gateway did not start")?;
+    let gateway = bound_rx.await.map_err(|_| NotStarted("gateway"))?;
     let url = format!("{}://{control_plane}", scheme(tls.is_some()));
     let ca = tls.map(|t| t.ca.clone());
     let admin = ApiClient::new(&url, &secrets.platform_admin_key, ca.as_deref())?;
