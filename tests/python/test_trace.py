@@ -30,10 +30,11 @@ GRPC_ORDER = ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "QUEU
 
 
 def _trace_server(launch_server, tmp_path: Path, name: str, *config: str):
+    """A server tracing to a file; `config` holds more `--trace-config` values, or flags."""
     trace_file = tmp_path / "trace.json"
     args = ["--trace-config", f"triton,file={trace_file}"]
     for c in config:
-        args += ["--trace-config", c]
+        args += [c] if c.startswith("--") else ["--trace-config", c]
     return launch_server(name, extra_args=args), trace_file
 
 
@@ -153,8 +154,12 @@ def test_bad_settings_are_refused_as_triton_refuses_them(traced):
     assert e.value.message() == "Request for unknown model : nope"
 
 
-def test_timestamps_go_to_the_trace_file_in_tritons_format(traced):
-    srv, trace_file = traced
+@pytest.mark.parametrize("where", ["front", "runner"])
+def test_timestamps_go_to_the_trace_file_in_tritons_format(launch_server, tmp_path, where):
+    """The same steps whether the model runs in the serving process or in a runner process
+    (`--runner`, as on workers), whose queue and compute steps come back with its answer."""
+    extra = ("--runner",) if where == "runner" else ()
+    srv, trace_file = _trace_server(launch_server, tmp_path, f"trace-{where}", *extra)
     http = httpclient.InferenceServerClient(srv.http_url)
     http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"], "trace_rate": "1"})
     _infer(httpclient, srv.http_url, "via-http")
@@ -176,6 +181,60 @@ def test_timestamps_go_to_the_trace_file_in_tritons_format(traced):
     http.update_trace_settings(settings={"trace_level": ["OFF"]})
     _infer(httpclient, srv.http_url, "untraced")
     assert "untraced" not in _traced_request_ids(trace_file)
+    srv.stop()
+
+
+def test_a_sequence_models_requests_show_their_queue_and_compute_steps(launch_server, tmp_path):
+    """The sequence batcher stamps the same steps as the dynamic batcher."""
+    import numpy as np
+
+    trace_file = tmp_path / "trace.json"
+    srv = launch_server("trace-sequence", models=["simple_sequence"],
+                        extra_args=["--trace-config", f"triton,file={trace_file}",
+                                    "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1"])
+    client = httpclient.InferenceServerClient(srv.http_url)
+    x = httpclient.InferInput("INPUT", [1, 1], "INT32")
+    x.set_data_from_numpy(np.array([[3]], dtype=np.int32))
+    client.infer("simple_sequence", [x], sequence_id=7, sequence_start=True, sequence_end=True, request_id="seq")
+    th.wait_until(lambda: "seq" in _traced_request_ids(trace_file), what="the sequence request in the trace file")
+    t = next(t for t in _traces(trace_file).values() if t["info"]["request_id"] == "seq")
+    names = [name for name, _ in t["events"]]
+    assert sorted(names, key=HTTP_ORDER.index) == HTTP_ORDER, names
+    srv.stop()
+
+
+@pytest.mark.parametrize("where", ["front", "runner"])
+def test_an_ensembles_composing_models_are_traced_as_its_children(launch_server, tmp_path, where):
+    """As Triton: each step's request has its own trace naming the ensemble's as `parent_id`,
+    with the step model's queue and compute steps (from its runner too)."""
+    trace_file = tmp_path / "trace.json"
+    extra = ["--trace-config", f"triton,file={trace_file}", "--trace-config", "level=TIMESTAMPS",
+             "--trace-config", "rate=1"] + (["--runner"] if where == "runner" else [])
+    srv = launch_server(f"trace-ensemble-{where}", models=["add_sub", "preprocess", "ensemble_add_sub"],
+                        extra_args=extra)
+    client = httpclient.InferenceServerClient(srv.http_url)
+    a, b = th.add_sub_inputs()
+    client.infer("ensemble_add_sub", th.add_sub_infer_inputs(httpclient, a, b), request_id="ens")
+
+    def complete():
+        infos = [t["info"] for t in _traces(trace_file).values() if t["info"]] if trace_file.exists() else []
+        return infos if len(infos) == 3 else None
+
+    th.wait_until(complete, what="the ensemble's and its two steps' traces")
+    infos = complete()
+    traces = _traces(trace_file)
+    ensemble = next(i for i in infos if i["model_name"] == "ensemble_add_sub")
+    assert ensemble["request_id"] == "ens" and "parent_id" not in ensemble
+    children = sorted((i for i in infos if i is not ensemble), key=lambda i: i["model_name"])
+    assert [(c["model_name"], c["parent_id"]) for c in children] == [
+        ("add_sub", ensemble["id"]), ("preprocess", ensemble["id"])]
+    ensemble_steps = dict(traces[ensemble["id"]]["events"])
+    for c in children:
+        steps = dict(traces[c["id"]]["events"])
+        assert {"REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"} <= set(steps), steps
+        assert ensemble_steps["REQUEST_START"] <= steps["REQUEST_START"] <= steps["REQUEST_END"]
+        assert steps["REQUEST_END"] <= ensemble_steps["REQUEST_END"]
+    srv.stop()
 
 
 def test_trace_rate_and_count_choose_the_traced_requests(traced):

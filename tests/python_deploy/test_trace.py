@@ -77,6 +77,10 @@ def test_trace_settings_are_a_platform_admins_on_a_worker(make_cluster, tmp_path
 
         infos = wait_until(traced, 15, "the tenant's request in the worker's trace file")
         assert [(o["model_name"], o["model_version"]) for o in infos] == [("adder", 1)]
+        # The model runs in the tenant's runner process; its queue and compute steps came back.
+        steps = [t["name"] for o in json.loads(Path(trace_file).read_text()) for t in o.get("timestamps", [])]
+        for step in ("QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END"):
+            assert step in steps, steps
     finally:
         http.close()
         grpc.close()

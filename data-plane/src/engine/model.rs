@@ -300,12 +300,8 @@ impl LoadedModel {
         let result = match &self.execution {
             Execution::Local(batcher) => batcher.submit(valid, started).await,
             Execution::Sequence(batcher) => batcher.submit(valid, started).await,
-            Execution::Runner(remote) => {
-                // The runner's own queue and compute steps are not seen here: the time it was
-                // sent stands for the queue start.
-                valid.trace.stamp(Event::QueueStart);
-                return remote.infer(valid, &self.spec.name, &self.stats).await;
-            }
+            // A traced request's queue and compute steps come back with the runner's answer.
+            Execution::Runner(remote) => return remote.infer(valid, &self.spec.name, &self.stats).await,
             Execution::Ensemble(ensemble) => {
                 let batch_size = valid.batch_size as u64;
                 let result = ensemble.run(&self.spec, valid).await;

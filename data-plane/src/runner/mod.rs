@@ -86,6 +86,7 @@ impl RemoteVersion {
         };
         // Nearly always empty (a clone that allocates nothing); kept to check the answer.
         let cuda = request.cuda.clone();
+        let trace = request.trace.clone();
         let call = ToRunner::Infer(InferCall { key: self.key.clone(), version: self.version, request });
         // A call that never reached a dead runner goes to the one that replaces it (once).
         for attempt in 0..2 {
@@ -95,7 +96,10 @@ impl RemoteVersion {
             };
             cuda::sent_to(&cuda, &conn);
             match conn.call(&call, Some(stats)).await {
-                Ok(FromRunner::Answer { result, .. }) => {
+                Ok(FromRunner::Answer { result, steps, .. }) => {
+                    for (event, ns) in steps {
+                        trace.stamp_steady(event, ns);
+                    }
                     return result.and_then(|outputs| cuda::check_answer(&cuda, &outputs).map(|()| outputs));
                 }
                 Ok(_) => return Err(failed(stats, started, Error::internal("the runner answered out of turn"))),

@@ -24,6 +24,7 @@ use crate::engine::load_error::LoadError;
 use crate::engine::model::LoadedModel;
 use crate::engine::stats::Tally;
 use crate::error::Error;
+use crate::trace::Event;
 
 /// The file descriptor a runner finds its socket on (the front places it there).
 pub const SOCKET_FD: RawFd = 3;
@@ -220,15 +221,16 @@ async fn load(state: &State, call: LoadCall) -> FromRunner {
 fn infer(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: InferCall) {
     let Some(hosted) = state.models.lock().get(&(call.key, call.version)).cloned() else {
         let e = Error::unavailable(format!("model version {} is not loaded in its runner", call.version));
-        let answer = FromRunner::Answer { result: Err(e), stats: Tally::default() };
+        let answer = FromRunner::Answer { result: Err(e), stats: Tally::default(), steps: Vec::new() };
         state.send(outbox, id, &answer);
         return;
     };
     let (state2, outbox) = (state.clone(), outbox.clone());
     let task = tokio::spawn(async move {
         let guard = Answered { hosted: hosted.clone(), state: state2.clone(), outbox: outbox.clone(), id, done: false };
+        let trace = call.request.trace.clone();
         let result = super::cuda::run_valid(&hosted.model, call.request).await;
-        guard.answer(result);
+        guard.answer(result, trace.steps());
         state2.running.lock().remove(&id);
     });
     state.running.lock().insert(id, task.abort_handle());
@@ -248,9 +250,9 @@ struct Answered {
 }
 
 impl Answered {
-    fn answer(mut self, result: Result<Vec<crate::engine::tensor::OutputTensor>, Error>) {
+    fn answer(mut self, result: Result<Vec<crate::engine::tensor::OutputTensor>, Error>, steps: Vec<(Event, u64)>) {
         self.done = true;
-        let answer = FromRunner::Answer { result, stats: self.hosted.delta() };
+        let answer = FromRunner::Answer { result, stats: self.hosted.delta(), steps };
         self.state.send(&self.outbox, self.id, &answer);
     }
 }
@@ -259,7 +261,7 @@ impl Drop for Answered {
     fn drop(&mut self) {
         if !self.done {
             let e = Error::new(crate::error::ErrorKind::Cancelled, "the request was cancelled");
-            let answer = FromRunner::Answer { result: Err(e), stats: self.hosted.delta() };
+            let answer = FromRunner::Answer { result: Err(e), stats: self.hosted.delta(), steps: Vec::new() };
             self.state.send(&self.outbox, self.id, &answer);
         }
     }

@@ -29,6 +29,7 @@ use crate::engine::model_spec::{IoInfo, ModelIo};
 use crate::engine::stats::Tally;
 use crate::engine::tensor::{InputTensor, OutputTensor, check_data_size, checked_element_count};
 use crate::error::{Error, ErrorKind};
+use crate::trace::Event;
 
 use super::shm::{FrontShm, RunnerShm};
 
@@ -106,6 +107,9 @@ pub enum FromRunner {
         result: Result<Vec<OutputTensor>, Error>,
         /// Statistics delta of the version ([`Tally::since`]).
         stats: Tally,
+        /// For a traced request: the steps the runner stamped (queue, compute), in steady-clock
+        /// nanoseconds, which the front adds to the request's trace.
+        steps: Vec<(Event, u64)>,
     },
     /// Statistics a version counted that no answer carried (cancelled and timed-out requests
     /// leave the queue later); sent unasked, with call id 0.
@@ -260,6 +264,14 @@ fn put_tally(out: &mut BytesMut, t: &Tally) {
     }
 }
 
+fn put_steps(out: &mut BytesMut, steps: &[(Event, u64)]) {
+    out.put_u32_le(steps.len() as u32);
+    for (event, ns) in steps {
+        out.put_u8(event.code());
+        out.put_u64_le(*ns);
+    }
+}
+
 fn put_io(out: &mut BytesMut, infos: &[IoInfo]) {
     out.put_u32_le(infos.len() as u32);
     for i in infos {
@@ -324,6 +336,7 @@ fn encode_infer(b: &mut BytesMut, call: &InferCall, place: Place<'_>) {
         b.put_u32_le(*o as u32);
     }
     put_cuda_io(b, &r.cuda);
+    b.put_u8(u8::from(r.trace.is_on()));
 }
 
 /// The request's tensors in CUDA regions: inputs, then outputs, each a name and a reference.
@@ -382,17 +395,19 @@ impl FromRunner {
                 put_str(b, &e.message);
             }
             FromRunner::Done | FromRunner::Released => {}
-            FromRunner::Answer { result: Ok(outputs), stats } => {
+            FromRunner::Answer { result: Ok(outputs), stats, steps } => {
                 b.reserve(outputs.iter().map(|t| frame_size(&t.data, shm.is_some())).sum());
                 put_tally(b, stats);
+                put_steps(b, steps);
                 b.put_u32_le(outputs.len() as u32);
                 let place = |data: &[u8]| shm.and_then(|shm| shm.put(data));
                 for t in outputs {
                     put_tensor(b, &t.name, t.datatype, &t.shape, &t.data, shm.is_some().then_some(&place));
                 }
             }
-            FromRunner::Answer { result: Err(e), stats } => {
+            FromRunner::Answer { result: Err(e), stats, steps } => {
                 put_tally(b, stats);
+                put_steps(b, steps);
                 put_error(b, e);
             }
             FromRunner::Pong { rss_bytes } => b.put_u64_le(*rss_bytes),
@@ -572,6 +587,17 @@ impl Reader {
         Ok(Tally { counters, batches })
     }
 
+    fn steps(&mut self) -> WireResult<Vec<(Event, u64)>> {
+        let n = self.count(9, "trace steps")?;
+        (0..n)
+            .map(|_| {
+                let code = self.u8("trace step")?;
+                let event = Event::from_code(code).ok_or_else(|| bad(format!("trace step {code}")))?;
+                Ok((event, self.u64("trace step time")?))
+            })
+            .collect()
+    }
+
     fn io(&mut self) -> WireResult<Vec<IoInfo>> {
         let n = self.count(20, "model io")?;
         let mut infos = Vec::with_capacity(n);
@@ -644,7 +670,11 @@ fn decode_infer(r: &mut Reader, fetch: Fetch<'_>) -> WireResult<InferCall> {
     let n = r.count(4, "outputs")?;
     let outputs = (0..n).map(|_| r.u32("output").map(|o| o as usize)).collect::<WireResult<_>>()?;
     let cuda = r.cuda_io()?;
-    let trace = crate::trace::Trace::off();
+    // A request its front traces records its steps here, to send back with the answer.
+    let trace = match r.u8("traced")? {
+        0 => crate::trace::Trace::off(),
+        _ => crate::trace::Trace::collecting(),
+    };
     let request = ValidInferRequest { id, parameters, priority, timeout_us, batch_size, inputs, outputs, cuda, trace };
     Ok(InferCall { key, version, request })
 }
@@ -674,6 +704,7 @@ impl FromRunner {
             kind::DONE => FromRunner::Done,
             kind::ANSWER_OK => {
                 let stats = r.tally()?;
+                let steps = r.steps()?;
                 let n = r.count(20, "outputs")?;
                 let mut outputs = Vec::with_capacity(n);
                 for _ in 0..n {
@@ -688,11 +719,11 @@ impl FromRunner {
                     }
                     outputs.push(OutputTensor { name, datatype, shape, data });
                 }
-                FromRunner::Answer { result: Ok(outputs), stats }
+                FromRunner::Answer { result: Ok(outputs), stats, steps }
             }
             kind::ANSWER_ERR => {
-                let stats = r.tally()?;
-                FromRunner::Answer { result: Err(r.error()?), stats }
+                let (stats, steps) = (r.tally()?, r.steps()?);
+                FromRunner::Answer { result: Err(r.error()?), stats, steps }
             }
             kind::PONG => FromRunner::Pong { rss_bytes: r.u64("rss")? },
             kind::STATS => FromRunner::Stats { key: r.string("key")?, version: r.i64("version")?, stats: r.tally()? },
@@ -761,7 +792,7 @@ mod tests {
             inputs: vec![Some(tensor("INPUT0", 3)), None],
             outputs: vec![1, 0],
             cuda: Default::default(),
-            trace: Default::default(),
+            trace: crate::trace::Trace::collecting(),
         };
         let mut buf = BytesMut::new();
         ToRunner::Infer(InferCall { key: "t/m".into(), version: 4, request }).encode(77, &mut buf, None);
@@ -775,6 +806,7 @@ mod tests {
         let input = r.inputs[0].as_ref().expect("present");
         assert_eq!((input.shape.as_slice(), input.data.as_ref()), (&[3, 16][..], tensor("x", 3).data.as_ref()));
         assert!(r.inputs[1].is_none());
+        assert!(r.trace.is_on(), "a traced request is traced in the runner too");
     }
 
     #[test]
@@ -783,18 +815,25 @@ mod tests {
             OutputTensor { name: "OUT".into(), datatype: DataType::Fp32, shape: vec![2], data: vec![0; 8].into() };
         let stats = Tally { counters: vec![1, 2, 3], batches: vec![(4, [1, 2, 3, 4])] };
         let mut buf = BytesMut::new();
-        FromRunner::Answer { result: Ok(vec![out]), stats: stats.clone() }.encode(5, &mut buf, None);
-        FromRunner::Answer { result: Err(Error::unavailable("queue full")), stats: Tally::default() }
-            .encode(6, &mut buf, None);
+        let steps = vec![(Event::QueueStart, 10), (Event::ComputeStart, 20), (Event::ComputeEnd, u64::MAX)];
+        FromRunner::Answer { result: Ok(vec![out]), stats: stats.clone(), steps: steps.clone() }
+            .encode(5, &mut buf, None);
+        FromRunner::Answer {
+            result: Err(Error::unavailable("queue full")),
+            stats: Tally::default(),
+            steps: Vec::new(),
+        }
+        .encode(6, &mut buf, None);
         let whole = buf.clone();
         let mut partial = BytesMut::from(&whole[..whole.len() - 1]);
         let (k, id, body) = one_frame(&mut partial);
         assert_eq!(id, 5);
-        let FromRunner::Answer { result: Ok(outputs), stats: got } = FromRunner::decode(k, body, None).expect("ok")
+        let FromRunner::Answer { result: Ok(outputs), stats: got, steps: got_steps } =
+            FromRunner::decode(k, body, None).expect("ok")
         else {
             panic!("not an answer")
         };
-        assert_eq!((outputs[0].shape.as_slice(), got), (&[2][..], stats));
+        assert_eq!((outputs[0].shape.as_slice(), got, got_steps), (&[2][..], stats, steps));
         assert!(split_frame(&mut partial).expect("fine").is_none(), "the second frame is incomplete");
         let (_, _, _) = one_frame(&mut buf);
         let (k, id, body) = one_frame(&mut buf);
@@ -823,7 +862,8 @@ mod tests {
         let lie =
             OutputTensor { name: "OUT".into(), datatype: DataType::Fp32, shape: vec![4], data: vec![0; 8].into() };
         let mut buf = BytesMut::new();
-        FromRunner::Answer { result: Ok(vec![lie]), stats: Tally::default() }.encode(1, &mut buf, None);
+        FromRunner::Answer { result: Ok(vec![lie]), stats: Tally::default(), steps: Vec::new() }
+            .encode(1, &mut buf, None);
         let (k, _, body) = one_frame(&mut buf);
         assert!(FromRunner::decode(k, body, None).is_err());
         // Lengths that run past the end, absurd counts, unknown kinds, oversized frames.
@@ -877,7 +917,11 @@ mod tests {
         // comes back with it once the runner dropped the request.
         drop(call);
         let out = OutputTensor { name: "OUT".into(), datatype: DataType::Int32, shape: vec![2048, 16], data: big };
-        FromRunner::Answer { result: Ok(vec![out]), stats: Tally::default() }.encode(1, &mut buf, Some(&runner));
+        FromRunner::Answer { result: Ok(vec![out]), stats: Tally::default(), steps: Vec::new() }.encode(
+            1,
+            &mut buf,
+            Some(&runner),
+        );
         assert!(buf.len() < 4096);
         let (k, _, body) = one_frame(&mut buf);
         let FromRunner::Answer { result: Ok(outputs), .. } = FromRunner::decode(k, body, Some(&front)).expect("ok")
@@ -901,6 +945,7 @@ mod tests {
             move |b: &mut BytesMut| {
                 b.put_u32_le(0);
                 put_tally(b, &Tally::default());
+                put_steps(b, &[]);
                 b.put_u32_le(1);
                 put_str(b, "OUT");
                 put_str(b, "UINT8");
@@ -983,7 +1028,8 @@ mod tests {
     fn an_output_written_to_cuda_comes_back_without_bytes() {
         let out = OutputTensor { name: "OUT".into(), datatype: DataType::Fp32, shape: vec![4], data: Bytes::new() };
         let mut buf = BytesMut::new();
-        FromRunner::Answer { result: Ok(vec![out]), stats: Tally::default() }.encode(1, &mut buf, None);
+        FromRunner::Answer { result: Ok(vec![out]), stats: Tally::default(), steps: Vec::new() }
+            .encode(1, &mut buf, None);
         let (k, _, body) = one_frame(&mut buf);
         let FromRunner::Answer { result: Ok(outputs), .. } = FromRunner::decode(k, body, None).expect("ok") else {
             panic!()

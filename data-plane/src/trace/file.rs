@@ -20,6 +20,10 @@ pub fn trace_objects(trace: &Finished) -> String {
     if !trace.request_id.is_empty() {
         info["request_id"] = json!(trace.request_id);
     }
+    // A composing model's trace names its ensemble's, as Triton's does.
+    if trace.lineage.parent_id != 0 {
+        info["parent_id"] = json!(trace.lineage.parent_id);
+    }
     let mut parts = vec![info.to_string()];
     for (event, steady_ns, _) in &trace.events {
         parts.push(json!({"id": trace.id, "timestamps": [{"name": event.as_str(), "ns": steady_ns}]}).to_string());
@@ -110,7 +114,7 @@ mod tests {
             model: "add_sub".into(),
             version: 1,
             request_id: format!("r{id}"),
-            parent: None,
+            lineage: crate::trace::record::Lineage::root(None),
             log_frequency,
             events: vec![(Event::RequestStart, 10, 1_010), (Event::RequestEnd, 20, 1_020)],
         }

@@ -16,13 +16,14 @@ pub mod settings;
 pub mod sink;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
 pub use config::TraceConfig;
 pub use record::{Event, Trace};
-use record::{Parent, Record, RecordState};
+use record::{Lineage, Parent, Record, RecordState};
 use settings::{Change, Level, Mode, Overrides, Settings, Update};
 use sink::Sink;
 
@@ -36,7 +37,7 @@ pub struct Tracer {
     config: TraceConfig,
     scopes: RwLock<Scopes>,
     /// The last trace id given; ids count from 1.
-    last_id: AtomicU64,
+    last_id: Arc<AtomicU64>,
     sink: Sink,
 }
 
@@ -106,7 +107,7 @@ impl Tracer {
             armed: AtomicBool::new(settings.level != Level::Off),
             config,
             scopes: RwLock::new(Scopes { global, models: HashMap::new() }),
-            last_id: AtomicU64::new(0),
+            last_id: Arc::new(AtomicU64::new(0)),
             sink,
         }
     }
@@ -142,10 +143,11 @@ impl Tracer {
             id: self.last_id.fetch_add(1, Ordering::Relaxed) + 1,
             model: model.to_string(),
             version,
-            parent,
+            lineage: Lineage::root(parent),
             log_frequency: settings.log_frequency,
             state: Mutex::new(RecordState::default()),
             sink: self.sink.clone(),
+            ids: self.last_id.clone(),
         })
     }
 

@@ -15,7 +15,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use super::record::{Event, Finished, Span};
+use super::record::{Event, Finished, Span, random_id};
 
 /// OpenTelemetry mode's settings (`--trace-config opentelemetry,<key>=<value>`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,17 +136,10 @@ fn int_attr(key: &str, value: i64) -> Value {
     json!({"key": key, "value": {"intValue": value.to_string()}})
 }
 
-/// A random non-zero id of `bits` bits.
-fn random_id(bits: u32) -> u128 {
-    let id = uuid::Uuid::new_v4().as_u128() >> (128 - bits);
-    id.max(1)
-}
-
-/// Triton's spans of one trace (the compute span only when an instance ran it here).
+/// Triton's spans of one trace: the request's (not for a composing model's trace, which hangs
+/// under its ensemble's model span), the model's, and compute when an instance ran it here.
 fn spans_of(trace: &Finished) -> Vec<Value> {
-    let trace_id = trace.parent.map_or_else(|| random_id(128), |p| p.trace_id);
-    let request_span = random_id(64) as u64;
-    let model_span = random_id(64) as u64;
+    let ids = &trace.lineage;
     let events_of =
         |span: Span| -> Vec<&(Event, u64, u64)> { trace.events.iter().filter(|(e, ..)| e.span() == span).collect() };
     let all: Vec<&(Event, u64, u64)> = trace.events.iter().collect();
@@ -154,40 +147,23 @@ fn spans_of(trace: &Finished) -> Vec<Value> {
         string_attr("triton.model_name", &trace.model),
         int_attr("triton.model_version", trace.version),
         int_attr("triton.trace_id", trace.id as i64),
-        int_attr("triton.trace_parent_id", 0),
+        int_attr("triton.trace_parent_id", ids.parent_id as i64),
         string_attr("triton.request_id", &trace.request_id),
     ];
-    let mut spans = vec![
-        span_json(
-            trace_id,
-            request_span,
-            trace.parent.map(|p| p.span_id),
-            "InferRequest",
-            &all,
-            &events_of(Span::Request),
-            Vec::new(),
-        ),
-        span_json(
-            trace_id,
-            model_span,
-            Some(request_span),
-            &trace.model,
-            &events_of(Span::Model),
-            &events_of(Span::Model),
-            model_attributes,
-        ),
-    ];
+    let mut spans = Vec::with_capacity(3);
+    let model_parent = if ids.parent_id == 0 {
+        let request = events_of(Span::Request);
+        spans.push(span_json(ids.trace_id, ids.request_span, ids.parent_span, "InferRequest", &all, &request, vec![]));
+        Some(ids.request_span)
+    } else {
+        ids.parent_span
+    };
+    let model = events_of(Span::Model);
+    spans.push(span_json(ids.trace_id, ids.model_span, model_parent, &trace.model, &model, &model, model_attributes));
     let compute = events_of(Span::Compute);
     if !compute.is_empty() {
-        spans.push(span_json(
-            trace_id,
-            random_id(64) as u64,
-            Some(model_span),
-            "compute",
-            &compute,
-            &compute,
-            Vec::new(),
-        ));
+        let id = random_id(64) as u64;
+        spans.push(span_json(ids.trace_id, id, Some(ids.model_span), "compute", &compute, &compute, Vec::new()));
     }
     spans
 }
@@ -226,7 +202,7 @@ fn span_json(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::record::Parent;
+    use crate::trace::record::{Lineage, Parent};
 
     fn finished(parent: Option<Parent>) -> Finished {
         Finished {
@@ -234,7 +210,7 @@ mod tests {
             model: "add_sub".into(),
             version: 1,
             request_id: "r".into(),
-            parent,
+            lineage: Lineage::root(parent),
             log_frequency: 0,
             events: vec![
                 (Event::HttpRecvStart, 1, 101),
@@ -270,5 +246,29 @@ mod tests {
         let root = &body["resourceSpans"][0]["scopeSpans"][0]["spans"][0];
         assert!(root.get("parentSpanId").is_none());
         assert_eq!(root["traceId"].as_str().map(str::len), Some(32));
+    }
+
+    #[test]
+    fn a_composing_models_trace_hangs_under_its_ensembles_model_span() {
+        let ensemble = finished(None);
+        let child = Finished {
+            id: 8,
+            model: "step".into(),
+            lineage: Lineage {
+                trace_id: ensemble.lineage.trace_id,
+                request_span: 0,
+                model_span: 0x55,
+                parent_span: Some(ensemble.lineage.model_span),
+                parent_id: 7,
+            },
+            ..finished(None)
+        };
+        let body = request_body(&[], &[ensemble.clone(), child]);
+        let spans = body["resourceSpans"][0]["scopeSpans"][0]["spans"].as_array().expect("spans").clone();
+        let names: Vec<_> = spans.iter().map(|s| s["name"].as_str().unwrap_or_default().to_string()).collect();
+        assert_eq!(names, ["InferRequest", "add_sub", "compute", "step", "compute"], "no request span for the step");
+        assert!(spans.iter().all(|s| s["traceId"] == spans[0]["traceId"]), "one trace");
+        assert_eq!(spans[3]["parentSpanId"], spans[1]["spanId"]);
+        assert_eq!(spans[3]["attributes"][3]["value"]["intValue"], "7", "triton.trace_parent_id");
     }
 }

@@ -2,6 +2,7 @@
 //! handler, model, batcher, instance), handed to the process's trace sink when the last holder
 //! drops it. An unsampled request carries [`Trace::off`], which holds nothing and stamps nothing.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
@@ -58,6 +59,36 @@ pub enum Span {
 }
 
 impl Event {
+    /// Every event, in the order of their wire codes ([`Event::code`]).
+    const ALL: [Event; 16] = [
+        Self::HttpRecvStart,
+        Self::HttpRecvEnd,
+        Self::GrpcWaitreadStart,
+        Self::GrpcWaitreadEnd,
+        Self::RequestStart,
+        Self::QueueStart,
+        Self::ComputeStart,
+        Self::ComputeInputEnd,
+        Self::ComputeOutputStart,
+        Self::ComputeEnd,
+        Self::RequestEnd,
+        Self::InferResponseComplete,
+        Self::HttpSendStart,
+        Self::HttpSendEnd,
+        Self::GrpcSendStart,
+        Self::GrpcSendEnd,
+    ];
+
+    /// The event's code on the runner wire.
+    pub fn code(self) -> u8 {
+        Self::ALL.iter().position(|e| *e == self).unwrap_or(0) as u8
+    }
+
+    /// The event of a wire code.
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.get(usize::from(code)).copied()
+    }
+
     /// Triton's name of the event.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -115,6 +146,53 @@ impl Parent {
     }
 }
 
+/// Where a trace sits among others: its OpenTelemetry ids, fixed when it starts (so the traces
+/// of an ensemble's composing models can hang under its spans), and for a composing model's
+/// trace the ensemble's trace (Triton's `parent_id`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lineage {
+    /// The OpenTelemetry trace: the caller's (from `traceparent`) or a new one.
+    pub trace_id: u128,
+    /// The `InferRequest` span (0 for a composing model's trace, which has none).
+    pub request_span: u64,
+    /// The model's span.
+    pub model_span: u64,
+    /// What the trace's top span hangs under: the caller's span, or the ensemble's model span.
+    pub parent_span: Option<u64>,
+    /// The containing ensemble's trace id; 0 for a request's own trace.
+    pub parent_id: u64,
+}
+
+impl Lineage {
+    /// A request's own trace, joining the caller's when it carried a `traceparent`.
+    pub fn root(parent: Option<Parent>) -> Self {
+        Self {
+            trace_id: parent.map_or_else(|| random_id(128), |p| p.trace_id),
+            request_span: random_id(64) as u64,
+            model_span: random_id(64) as u64,
+            parent_span: parent.map(|p| p.span_id),
+            parent_id: 0,
+        }
+    }
+
+    /// The trace of a composing model run for the trace `parent_id` with this lineage.
+    fn child(&self, parent_id: u64) -> Self {
+        Self {
+            trace_id: self.trace_id,
+            request_span: 0,
+            model_span: random_id(64) as u64,
+            parent_span: Some(self.model_span),
+            parent_id,
+        }
+    }
+}
+
+/// A random non-zero id of `bits` bits.
+pub fn random_id(bits: u32) -> u128 {
+    let id = uuid::Uuid::new_v4().as_u128() >> (128 - bits);
+    id.max(1)
+}
+
 /// A sampled request's trace, shared by the steps that stamp it; cloning is cheap.
 #[derive(Debug, Clone, Default)]
 pub struct Trace(Option<Arc<Record>>);
@@ -157,6 +235,55 @@ impl Trace {
     pub(super) fn on(record: Record) -> Self {
         Self(Some(Arc::new(record)))
     }
+
+    /// A trace that goes nowhere but keeps its stamps for [`Trace::steps`]: how a runner
+    /// records the queue and compute steps of a request its front traces.
+    pub fn collecting() -> Self {
+        Self::on(Record {
+            id: 0,
+            model: String::new(),
+            version: 0,
+            lineage: Lineage::root(None),
+            log_frequency: 0,
+            state: Mutex::default(),
+            sink: Sink::None,
+            ids: Default::default(),
+        })
+    }
+
+    /// The trace of a composing model's request run for this (an ensemble's) request: traced
+    /// when this one is, with the ensemble's trace as its parent.
+    pub fn child(&self, model: &str, version: i64) -> Self {
+        match &self.0 {
+            None => Self::off(),
+            Some(parent) => Self::on(Record {
+                id: parent.ids.fetch_add(1, Ordering::Relaxed) + 1,
+                model: model.to_string(),
+                version,
+                lineage: parent.lineage.child(parent.id),
+                log_frequency: parent.log_frequency,
+                state: Mutex::default(),
+                sink: parent.sink.clone(),
+                ids: parent.ids.clone(),
+            }),
+        }
+    }
+
+    /// The steps stamped so far, in steady-clock nanoseconds (`CLOCK_MONOTONIC`, the same in
+    /// every process of the machine).
+    pub fn steps(&self) -> Vec<(Event, u64)> {
+        match &self.0 {
+            Some(record) => record.state.lock().events.iter().map(|(e, at)| (*e, clock().steady_ns(*at))).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Notes `event` at steady-clock nanoseconds `ns` (stamped by another process).
+    pub fn stamp_steady(&self, event: Event, ns: u64) {
+        if self.0.is_some() {
+            self.stamp_at(event, clock().instant(ns));
+        }
+    }
 }
 
 /// What one sampled request has recorded so far.
@@ -165,11 +292,13 @@ pub(super) struct Record {
     pub(super) id: u64,
     pub(super) model: String,
     pub(super) version: i64,
-    pub(super) parent: Option<Parent>,
+    pub(super) lineage: Lineage,
     /// The file rotation in force when the request was sampled (Triton mode).
     pub(super) log_frequency: u32,
     pub(super) state: Mutex<RecordState>,
     pub(super) sink: Sink,
+    /// The process's trace ids (the last one given), for composing models' traces.
+    pub(super) ids: Arc<AtomicU64>,
 }
 
 #[derive(Debug, Default)]
@@ -194,7 +323,7 @@ impl Drop for Record {
             model: std::mem::take(&mut self.model),
             version: self.version,
             request_id: state.request_id,
-            parent: self.parent,
+            lineage: self.lineage,
             log_frequency: self.log_frequency,
             events: events.into_iter().map(|(e, at)| (e, clock().steady_ns(at), clock().unix_ns(at))).collect(),
         });
@@ -212,8 +341,8 @@ pub struct Finished {
     pub version: i64,
     /// The request's id (empty when it gave none).
     pub request_id: String,
-    /// The caller's span, when the request carried a `traceparent`.
-    pub parent: Option<Parent>,
+    /// Its OpenTelemetry ids and parents.
+    pub lineage: Lineage,
     /// Traces per file in force when it was sampled.
     pub log_frequency: u32,
     /// Events in time order: (event, steady-clock ns, Unix-epoch ns).
@@ -235,6 +364,15 @@ impl Clock {
 
     fn unix_ns(&self, t: Instant) -> u64 {
         shift(self.unix_ns, self.at, t)
+    }
+
+    /// The `Instant` of steady-clock nanoseconds `ns` (the anchor when it cannot be shown).
+    fn instant(&self, ns: u64) -> Instant {
+        let shifted = match ns.checked_sub(self.steady_ns) {
+            Some(after) => self.at.checked_add(std::time::Duration::from_nanos(after)),
+            None => self.at.checked_sub(std::time::Duration::from_nanos(self.steady_ns - ns)),
+        };
+        shifted.unwrap_or(self.at)
     }
 }
 

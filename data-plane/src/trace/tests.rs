@@ -91,3 +91,27 @@ fn stamps_are_kept_in_time_order_with_the_request_id() {
     assert_eq!(names, [Event::HttpRecvStart, Event::RequestStart]);
     assert!(done.events[0].1 <= done.events[1].1);
 }
+
+#[test]
+fn events_have_wire_codes_and_steps_cross_processes_on_the_steady_clock() {
+    for code in 0..=u8::MAX {
+        if let Some(event) = Event::from_code(code) {
+            assert_eq!(event.code(), code);
+        }
+    }
+    assert_eq!(Event::from_code(Event::GrpcSendEnd.code()), Some(Event::GrpcSendEnd));
+    assert_eq!(Event::from_code(16), None);
+    let runner = Trace::collecting();
+    runner.stamp(Event::QueueStart);
+    runner.stamp(Event::ComputeEnd);
+    let steps = runner.steps();
+    assert_eq!(steps.iter().map(|(e, _)| *e).collect::<Vec<_>>(), [Event::QueueStart, Event::ComputeEnd]);
+    assert!(steps[0].1 <= steps[1].1 && steps[0].1 > 0);
+    // Stamped into another trace, the steps keep their steady-clock times (to the nanosecond).
+    let front = Trace::collecting();
+    for (event, ns) in &steps {
+        front.stamp_steady(*event, *ns);
+    }
+    assert_eq!(front.steps(), steps);
+    assert!(Trace::off().steps().is_empty());
+}

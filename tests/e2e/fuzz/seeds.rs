@@ -14,6 +14,7 @@ use tessera_data_plane::engine::stats::Tally;
 use tessera_data_plane::engine::tensor::{InputTensor, OutputTensor};
 use tessera_data_plane::error::{Error, ErrorKind};
 use tessera_data_plane::runner::wire::{FromRunner, InferCall, LoadCall, ToRunner};
+use tessera_data_plane::trace::{Event, Trace};
 use tessera_protocol::DataType;
 use tessera_protocol::archive::test_support::{gzip, tar_of, zip_of};
 use tessera_protocol::inference::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
@@ -278,8 +279,13 @@ fn from_runner_frames() -> Vec<u8> {
                 tensor("TEXT", DataType::Bytes, vec![2], bytes_elements(&[b"ab", b"c"])),
             ]),
             stats: tally.clone(),
+            steps: vec![(Event::QueueStart, 1_000), (Event::ComputeStart, 2_000), (Event::ComputeEnd, 9_000)],
         },
-        FromRunner::Answer { result: Err(Error::new(ErrorKind::Unavailable, "queue full")), stats: tally.clone() },
+        FromRunner::Answer {
+            result: Err(Error::new(ErrorKind::Unavailable, "queue full")),
+            stats: tally.clone(),
+            steps: Vec::new(),
+        },
         FromRunner::Failed(Error::new(ErrorKind::InvalidArg, "bad model")),
         FromRunner::LoadFailed(LoadError::configuration("output 'x' has no valid data_type")),
         FromRunner::Stats { key: "t/m".into(), version: 1, stats: tally },
@@ -315,7 +321,7 @@ fn to_runner_frames() -> Vec<u8> {
         ],
         outputs: vec![0],
         cuda: Default::default(),
-        trace: Default::default(),
+        trace: Trace::collecting(),
     };
     let calls = [
         ToRunner::Load(Box::new(LoadCall {

@@ -364,8 +364,9 @@ fn run_batch(session: &mut OnnxSession, shared: &Shared, batch: Vec<Pending>, ti
     }
 }
 
-/// Stamps a traced request's queue and compute steps from the times its batch measured anyway.
-fn stamp_run(
+/// Stamps a traced request's queue and compute steps from the times its batch measured anyway
+/// (the dynamic batcher's and the sequence batcher's).
+pub(crate) fn stamp_run(
     trace: &Trace,
     enqueued: Instant,
     start: Instant,

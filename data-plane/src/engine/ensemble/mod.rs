@@ -21,6 +21,7 @@ use crate::engine::model::LoadedModel;
 use crate::engine::model_spec::ModelSpec;
 use crate::engine::tensor::{InputTensor, OutputTensor};
 use crate::error::{Error, Result};
+use crate::trace::Trace;
 
 pub use plan::{Plan, is_ensemble, spec_of};
 
@@ -93,7 +94,7 @@ impl Ensemble {
         let mut tensors: HashMap<String, InputTensor> =
             request.inputs.into_iter().flatten().map(|t| (t.name.clone(), t)).collect();
         for wave in &self.plan.waves {
-            let steps = wave.iter().map(|&i| self.run_step(spec, i, &request.id, &tensors));
+            let steps = wave.iter().map(|&i| self.run_step(spec, i, (&request.id, &request.trace), &tensors));
             for produced in try_join_all(steps).await? {
                 tensors.extend(produced.into_iter().map(|t| (t.name.clone(), t)));
             }
@@ -117,9 +118,10 @@ impl Ensemble {
         &'a self,
         spec: &'a ModelSpec,
         index: usize,
-        id: &str,
+        (id, ensemble_trace): (&str, &Trace),
         tensors: &HashMap<String, InputTensor>,
     ) -> BoxFuture<'a, Result<Vec<InputTensor>>> {
+        let ensemble_trace = ensemble_trace.clone();
         let step = &self.plan.steps[index];
         let inputs: Vec<InputTensor> = step
             .inputs
@@ -142,7 +144,9 @@ impl Ensemble {
                 None => None,
             };
             let model = (self.resolve)(&step.model, step.version).map_err(in_step)?;
-            let response = model.infer(request).await.map_err(in_step)?;
+            // Traced as a child of the ensemble's trace, as Triton traces composing models.
+            let trace = ensemble_trace.child(&model.spec.name, model.version);
+            let response = model.infer_traced(request, trace).await.map_err(in_step)?;
             let mut produced = Vec::with_capacity(response.outputs.len());
             for out in response.outputs {
                 let Some((_, tensor)) = step.outputs.iter().find(|(o, _)| *o == out.name) else { continue };

@@ -109,6 +109,9 @@ pub(super) fn run_batch(session: &mut OnnxSession, shared: &Shared, rows: Vec<Ro
             let done = Instant::now();
             for (row, result) in rows.into_iter().zip(per_row) {
                 let pending = row.item.payload;
+                if pending.request.trace.is_on() {
+                    crate::engine::batcher::stamp_run(&pending.request.trace, row.item.enqueued, start, &timings, done);
+                }
                 stats.queue.record(nanos(start.saturating_duration_since(row.item.enqueued)));
                 stats.compute_input.record(timings.input_ns);
                 stats.compute_infer.record(timings.infer_ns);
