@@ -97,13 +97,24 @@ impl LoadedModel {
         }
         // Not needed: every instance wanted more threads or a GPU.
         drop(probe);
+        let model_root = model_dir.parent().unwrap_or(model_dir);
+        let sequences =
+            SequenceConfig::from_config(&spec.config, sessions.len(), model_root).map_err(LoadError::configuration)?;
+        // As in Triton, a sequence model's samples go to the model itself, past the sequence
+        // batcher: they give its control inputs too (state inputs start as zeros when left out).
+        let (warm_spec, zero_filled) = match &sequences {
+            Some(sequences) => (
+                crate::engine::sequence::run_spec(&spec, sequences),
+                sequences.states.iter().map(|s| s.input_name.clone()).collect(),
+            ),
+            None => (spec.as_ref().clone(), Vec::new()),
+        };
         // The version directory's parent is the model's: Triton's `warmup/` files live there.
-        let samples =
-            warmup::samples(&spec, model_dir.parent().unwrap_or(model_dir)).map_err(LoadError::configuration)?;
+        let samples = warmup::samples(&warm_spec, model_root, &zero_filled).map_err(LoadError::configuration)?;
         if !samples.is_empty() {
             let started = std::time::Instant::now();
             for session in &mut sessions {
-                warmup::run(session, &spec, &samples).map_err(LoadError::from_runtime)?;
+                warmup::run(session, &warm_spec, &samples).map_err(LoadError::from_runtime)?;
             }
             tracing::info!(
                 model = name,
@@ -116,9 +127,6 @@ impl LoadedModel {
         }
         let stats = Arc::new(ModelStats::default());
         let label = format!("{name}-v{version}");
-        let model_root = model_dir.parent().unwrap_or(model_dir);
-        let sequences =
-            SequenceConfig::from_config(&spec.config, sessions.len(), model_root).map_err(LoadError::configuration)?;
         // Starting a batcher fails only without an async runtime or threads to spare.
         let (execution, dynamic) = match sequences {
             Some(sequences) => {

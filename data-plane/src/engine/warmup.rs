@@ -10,7 +10,7 @@ use tessera_protocol::inference::ModelWarmup;
 use tessera_protocol::inference::model_warmup::input::InputDataType;
 
 use crate::engine::backend::onnx::OnnxSession;
-use crate::engine::model_spec::ModelSpec;
+use crate::engine::model_spec::{ModelSpec, TensorSpec};
 use crate::engine::tensor::InputTensor;
 
 /// The most bytes one warmup input may hold (a config cannot make a worker allocate more).
@@ -28,11 +28,12 @@ pub struct Sample {
 
 /// Builds the config's warmup samples. `model_dir` is the model's directory (the parent of its
 /// version directories): `input_data_file` names a file in its `warmup/` directory, as in Triton.
-pub fn samples(spec: &ModelSpec, model_dir: &Path) -> Result<Vec<Sample>, String> {
-    spec.config.model_warmup.iter().map(|w| sample(spec, model_dir, w)).collect()
+/// Inputs in `zero_filled` (a sequence model's state) are zeros when a sample leaves them out.
+pub fn samples(spec: &ModelSpec, model_dir: &Path, zero_filled: &[String]) -> Result<Vec<Sample>, String> {
+    spec.config.model_warmup.iter().map(|w| sample(spec, model_dir, w, zero_filled)).collect()
 }
 
-fn sample(spec: &ModelSpec, model_dir: &Path, warmup: &ModelWarmup) -> Result<Sample, String> {
+fn sample(spec: &ModelSpec, model_dir: &Path, warmup: &ModelWarmup, zero_filled: &[String]) -> Result<Sample, String> {
     let name = &warmup.name;
     let bad = |why: String| format!("model_warmup '{name}': {why}");
     let rows = warmup.batch_size as usize;
@@ -51,6 +52,10 @@ fn sample(spec: &ModelSpec, model_dir: &Path, warmup: &ModelWarmup) -> Result<Sa
         let Some(given) = warmup.inputs.get(&input.name) else {
             if input.optional {
                 inputs.push(None);
+                continue;
+            }
+            if zero_filled.contains(&input.name) {
+                inputs.push(Some(zeros(spec, input, rows)?));
                 continue;
             }
             return Err(bad(format!("no data for input '{}'", input.name)));
@@ -100,6 +105,21 @@ fn sample(spec: &ModelSpec, model_dir: &Path, warmup: &ModelWarmup) -> Result<Sa
         inputs.push(Some(InputTensor { name: input.name.clone(), datatype, shape, data }));
     }
     Ok(Sample { name: name.clone(), rows, runs: warmup.count.max(1), inputs })
+}
+
+/// `rows` rows of zeros for `input` (fixed dims only).
+fn zeros(spec: &ModelSpec, input: &TensorSpec, rows: usize) -> Result<InputTensor, String> {
+    let mut shape = Vec::with_capacity(input.dims.len() + 1);
+    if spec.max_batch_size > 0 {
+        shape.push(rows as i64);
+    }
+    shape.extend_from_slice(&input.dims);
+    let elements = shape.iter().try_fold(1usize, |n, d| usize::try_from(*d).ok().and_then(|d| n.checked_mul(d)));
+    let bytes = elements
+        .and_then(|n| n.checked_mul(input.datatype.element_size().unwrap_or(4)))
+        .filter(|b| *b as u64 <= MAX_INPUT_BYTES)
+        .ok_or_else(|| format!("input '{}' has no fixed size to start from zeros", input.name))?;
+    Ok(InputTensor { name: input.name.clone(), datatype: input.datatype, shape, data: Bytes::from(vec![0u8; bytes]) })
 }
 
 /// Reads `warmup/<file>` under `model_dir`: raw row-major data of `count` elements (BYTES as

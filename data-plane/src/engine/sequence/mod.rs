@@ -13,6 +13,8 @@ pub mod config;
 mod run;
 pub mod slots;
 
+pub(crate) use run::run_spec;
+
 use std::sync::Arc;
 
 use parking_lot::Mutex;

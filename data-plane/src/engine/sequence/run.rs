@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 
 /// The spec a sequence model's session runs with: the request inputs, then the control inputs,
 /// then the state inputs; the outputs, then the state outputs.
-pub(super) fn run_spec(spec: &ModelSpec, config: &SequenceConfig) -> ModelSpec {
+pub(crate) fn run_spec(spec: &ModelSpec, config: &SequenceConfig) -> ModelSpec {
     let mut run = spec.clone();
     let tensor = |name: &str, datatype, dims: &[i64]| TensorSpec {
         name: name.to_string(),
