@@ -636,6 +636,30 @@ dynamic_batching {{ max_queue_delay_microseconds: {RAGGED_DELAY_US} }}
     _write(d / "1" / "model.onnx", onnx_ragged_sum())
 
 
+def onnx_ragged_strings() -> onnx.ModelProto:
+    """A ragged input's elements as strings (TYPE_STRING), scattered back by each request's shape."""
+    return _model(
+        [helper.make_node("Cast", ["RAGGED_INPUT"], ["LABELS"], to=TensorProto.STRING)],
+        [helper.make_tensor_value_info("RAGGED_INPUT", TensorProto.FLOAT, ["total"])],
+        [helper.make_tensor_value_info("LABELS", TensorProto.STRING, ["total"])],
+        name="ragged_strings",
+    )
+
+
+def write_ragged_strings(root: Path) -> None:
+    d = root / "ragged_strings"
+    cfg = f"""name: "ragged_strings"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ {{ name: "RAGGED_INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }} ]
+output [ {{ name: "LABELS" data_type: TYPE_STRING dims: [ -1 ] }} ]
+batch_output [ {{ kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "LABELS" source_input: "RAGGED_INPUT" }} ]
+dynamic_batching {{ max_queue_delay_microseconds: {RAGGED_DELAY_US} }}
+"""
+    _write(d / "config.pbtxt", cfg)
+    _write(d / "1" / "model.onnx", onnx_ragged_strings())
+
+
 def onnx_ragged_echo() -> onnx.ModelProto:
     """Triton's ``onnx_batch_input`` QA model (gen_qa_ragged_models.py), rebuilt: every input
     is 1-D; each output is its input repeated once per request (``BATCH_AND_SIZE_INPUT`` has
@@ -749,6 +773,7 @@ WRITERS: Dict[str, Callable[[Path], None]] = {
     "simple_sequence": write_simple_sequence,
     "sequence_oldest": write_sequence_oldest,
     "ragged_sum": write_ragged_sum,
+    "ragged_strings": write_ragged_strings,
     **{name: _ragged_echo_writer(name) for name in RAGGED_ECHO_KINDS},
     "ragged_item_shape": write_ragged_item_shape,
 }
@@ -1022,6 +1047,12 @@ def verify_model(root: Path, name: str) -> str:
         _check(np.array_equal(s_, [[6], [30]]) and np.array_equal(m_, [[2], [15]]), f"{name}: sums {s_} means {m_}")
         _check(np.array_equal(d_, x * RAGGED_SCALE), f"{name}: doubled")
         return "per-request SUM/MEAN from INDEX and COUNT; DOUBLED = 2x"
+
+    if name == "ragged_strings":
+        x = np.array([1.5, 2, 30], dtype=np.float32)
+        (labels,) = _session(d / "1" / "model.onnx").run(["LABELS"], {"RAGGED_INPUT": x})
+        _check([float(v) for v in labels] == x.tolist(), f"{name}: labels {labels}")
+        return "the ragged input's elements as strings"
 
     if name in RAGGED_ECHO_KINDS:
         cfg = parse_config(d / "config.pbtxt")

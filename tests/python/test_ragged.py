@@ -123,6 +123,22 @@ def test_requests_of_different_lengths_batch_together_and_each_gets_its_answer(p
     assert executions < inferences, f"{inferences} requests of lengths {LENGTHS} ran in {executions} executions"
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_string_output_scatters_back_to_each_request(protocol, server):
+    """TYPE_STRING outputs scatter like numeric ones: each request gets its own run of strings."""
+    module = CLIENTS[protocol]
+
+    def one(i, client):
+        x = _values(i, LENGTHS[i]) + 0.5
+        r = client.infer("ragged_strings", [_ragged_input(module, x)])
+        return x, r.as_numpy("LABELS")
+
+    connect = lambda: _client(protocol, server)[1]  # noqa: E731
+    for i, (x, labels) in _at_once(len(LENGTHS), one, connect).items():
+        assert labels.shape == x.shape, f"request {i}: {labels.shape}"
+        assert [float(v) for v in labels.reshape(-1)] == x.reshape(-1).tolist(), f"request {i}: {labels}"
+
+
 def _expected_batch_input(kind: str, counts):
     if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
         return [0.0] + np.cumsum(counts).tolist()

@@ -196,9 +196,6 @@ pub fn spec(
                 .position(|o| &o.name == target)
                 .ok_or_else(|| format!("unknown target output name '{target}'"))?;
             let spec = &outputs[output];
-            if spec.datatype.element_size().is_none() {
-                return Err(format!("batch output '{target}' is TYPE_STRING, which this server cannot scatter"));
-            }
             let mut shape = Vec::with_capacity(spec.dims.len() + 1);
             if batching {
                 shape.push(-1);
@@ -348,7 +345,6 @@ fn scatter_output(
     requests: &[&ValidInferRequest],
     output: &OutputTensor,
 ) -> Result<Vec<OutputTensor>> {
-    let size = output.datatype.element_size().unwrap_or(1);
     let mut offset = 0usize;
     let mut pieces = Vec::with_capacity(requests.len());
     for request in requests {
@@ -364,8 +360,13 @@ fn scatter_output(
                 fmt_shape(&source.shape)
             ))
         })?;
-        let len = elements(&shape) as usize * size;
-        if offset + len > output.data.len() {
+        let count = elements(&shape) as usize;
+        let len = match output.datatype.element_size() {
+            Some(size) => count * size,
+            // BYTES elements are a 4-byte length and the bytes each: walk this piece's.
+            None => string_bytes(output.data.get(offset..).unwrap_or_default(), count).unwrap_or(usize::MAX),
+        };
+        if len == usize::MAX || offset + len > output.data.len() {
             return Err(Error::internal(format!(
                 "output '{}' holds {} bytes, fewer than the batch's requests need",
                 output.name,
@@ -381,6 +382,20 @@ fn scatter_output(
         offset += len;
     }
     Ok(pieces)
+}
+
+/// The bytes `count` BYTES elements take at the start of `data` (each a 4-byte little-endian
+/// length, then that many bytes); `None` when `data` ends first.
+fn string_bytes(data: &[u8], count: usize) -> Option<usize> {
+    let mut at = 0usize;
+    for _ in 0..count {
+        let len = u32::from_le_bytes(data.get(at..at.checked_add(4)?)?.try_into().ok()?) as usize;
+        at = at.checked_add(4)?.checked_add(len)?;
+        if at > data.len() {
+            return None;
+        }
+    }
+    Some(at)
 }
 
 /// The response shape of a scattered output: the config's full shape with each `-1` taken
@@ -477,6 +492,32 @@ mod tests {
         assert_eq!((split[0][1].shape.clone(), floats(&split[0][1])), (vec![1, 1], vec![10.0]));
         assert_eq!(split[1].len(), 1, "the second request asked only for S");
         assert_eq!((split[1][0].name.as_str(), floats(&split[1][0])), ("S", vec![20.0]));
+    }
+
+    #[test]
+    fn string_outputs_scatter_by_their_elements() {
+        let ragged = RaggedSpec {
+            ragged: vec![true],
+            batch_inputs: Vec::new(),
+            scatters: vec![Scatter { output: 0, source: 0, shape: vec![-1, -1] }],
+        };
+        let strings: Vec<u8> = ["a", "bc", "", "def"]
+            .iter()
+            .flat_map(|s| [&(s.len() as u32).to_le_bytes()[..], s.as_bytes()].concat())
+            .collect();
+        let out = OutputTensor { name: "Y".into(), datatype: DataType::Bytes, shape: vec![4], data: strings.into() };
+        let (a, b) = (request(&[1, 1], 1, vec![0]), request(&[1, 3], 1, vec![0]));
+        let pieces = split(&ragged, &[&a, &b], std::slice::from_ref(&out), &[0]).expect("splits");
+        assert_eq!((pieces[0][0].shape.clone(), pieces[0][0].data.as_ref()), (vec![1, 1], &b"\x01\0\0\0a"[..]));
+        assert_eq!(pieces[1][0].shape, vec![1, 3]);
+        assert_eq!(pieces[1][0].data.as_ref(), &out.data[5..]);
+        // Fewer strings than the requests need: an error naming the output.
+        let c = request(&[1, 5], 1, vec![0]);
+        let err = split(&ragged, &[&c], &[out], &[0]).expect_err("too few strings");
+        assert!(err.message.contains("output 'Y'"), "{}", err.message);
+        assert_eq!(string_bytes(&[1, 0, 0], 1), None, "a cut length");
+        assert_eq!(string_bytes(&[9, 0, 0, 0, b'x'], 1), None, "a cut string");
+        assert_eq!(string_bytes(&[], 0), Some(0));
     }
 
     #[test]
