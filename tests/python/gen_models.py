@@ -660,6 +660,80 @@ dynamic_batching {{ max_queue_delay_microseconds: {RAGGED_DELAY_US} }}
     _write(d / "1" / "model.onnx", onnx_ragged_strings())
 
 
+def onnx_ragged_sequence() -> onnx.ModelProto:
+    """A running total per sequence of ragged requests: TOTAL = (START ? 0 : ACC_IN) + the sum
+    of the request's elements (found with INDEX, as in ragged_sum); DOUBLED = 2x, scattered."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.int64), name)  # noqa: E731
+    return _model(
+        [
+            helper.make_node("Concat", ["ZERO", "RAGGED_INPUT"], ["PADDED"], axis=0),
+            helper.make_node("CumSum", ["PADDED", "AXIS"], ["CS"]),
+            helper.make_node("Cast", ["INDEX"], ["IDX"], to=TensorProto.INT64),
+            helper.make_node("Slice", ["IDX", "ONE", "BIG"], ["ENDS"]),
+            helper.make_node("Slice", ["IDX", "NIL", "MINUS_ONE"], ["STARTS"]),
+            helper.make_node("Gather", ["CS", "ENDS"], ["AT_END"], axis=0),
+            helper.make_node("Gather", ["CS", "STARTS"], ["AT_START"], axis=0),
+            helper.make_node("Sub", ["AT_END", "AT_START"], ["SUMS"]),
+            helper.make_node("Reshape", ["SUMS", "COLUMN"], ["SUM"]),
+            helper.make_node("Cast", ["START"], ["STARTF"], to=TensorProto.FLOAT),
+            helper.make_node("Sub", ["ONEF", "STARTF"], ["KEEP"]),
+            helper.make_node("Mul", ["ACC_IN", "KEEP"], ["CARRIED"]),
+            helper.make_node("Add", ["CARRIED", "SUM"], ["TOTAL"]),
+            helper.make_node("Identity", ["TOTAL"], ["ACC_OUT"]),
+            helper.make_node("Mul", ["RAGGED_INPUT", "SCALE"], ["DOUBLED"]),
+        ],
+        [
+            helper.make_tensor_value_info("RAGGED_INPUT", TensorProto.FLOAT, ["total"]),
+            helper.make_tensor_value_info("INDEX", TensorProto.INT32, ["rows_plus_one"]),
+            helper.make_tensor_value_info("START", TensorProto.INT32, ["rows", 1]),
+            helper.make_tensor_value_info("ACC_IN", TensorProto.FLOAT, ["rows", 1]),
+        ],
+        [
+            helper.make_tensor_value_info("TOTAL", TensorProto.FLOAT, ["rows", 1]),
+            helper.make_tensor_value_info("DOUBLED", TensorProto.FLOAT, ["total"]),
+            helper.make_tensor_value_info("ACC_OUT", TensorProto.FLOAT, ["rows", 1]),
+        ],
+        [
+            numpy_helper.from_array(np.zeros((1,), dtype=np.float32), "ZERO"),
+            numpy_helper.from_array(np.array([RAGGED_SCALE], dtype=np.float32), "SCALE"),
+            numpy_helper.from_array(np.array([1.0], dtype=np.float32), "ONEF"),
+            i64("AXIS", 0),
+            i64("ONE", [1]),
+            i64("NIL", [0]),
+            i64("MINUS_ONE", [-1]),
+            i64("BIG", [np.iinfo(np.int64).max]),
+            i64("COLUMN", [-1, 1]),
+        ],
+        name="ragged_sequence",
+    )
+
+
+def write_ragged_sequence(root: Path) -> None:
+    d = root / "ragged_sequence"
+    cfg = f"""name: "ragged_sequence"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ {{ name: "RAGGED_INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }} ]
+output [
+  {{ name: "TOTAL" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "DOUBLED" data_type: TYPE_FP32 dims: [ -1 ] }}
+]
+batch_input [
+  {{ kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "INDEX" data_type: TYPE_INT32 source_input: "RAGGED_INPUT" }}
+]
+batch_output [ {{ kind: BATCH_SCATTER_WITH_INPUT_SHAPE target_name: "DOUBLED" source_input: "RAGGED_INPUT" }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: {SEQUENCE_IDLE_US}
+  oldest {{ max_candidate_sequences: 4 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: {RAGGED_DELAY_US} }}
+  control_input [ {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }} ]
+  state [ {{ input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+}}
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+    _write(d / "config.pbtxt", cfg)
+    _write(d / "1" / "model.onnx", onnx_ragged_sequence())
+
+
 def onnx_ragged_echo() -> onnx.ModelProto:
     """Triton's ``onnx_batch_input`` QA model (gen_qa_ragged_models.py), rebuilt: every input
     is 1-D; each output is its input repeated once per request (``BATCH_AND_SIZE_INPUT`` has
@@ -774,6 +848,7 @@ WRITERS: Dict[str, Callable[[Path], None]] = {
     "sequence_oldest": write_sequence_oldest,
     "ragged_sum": write_ragged_sum,
     "ragged_strings": write_ragged_strings,
+    "ragged_sequence": write_ragged_sequence,
     **{name: _ragged_echo_writer(name) for name in RAGGED_ECHO_KINDS},
     "ragged_item_shape": write_ragged_item_shape,
 }
@@ -1047,6 +1122,15 @@ def verify_model(root: Path, name: str) -> str:
         _check(np.array_equal(s_, [[6], [30]]) and np.array_equal(m_, [[2], [15]]), f"{name}: sums {s_} means {m_}")
         _check(np.array_equal(d_, x * RAGGED_SCALE), f"{name}: doubled")
         return "per-request SUM/MEAN from INDEX and COUNT; DOUBLED = 2x"
+
+    if name == "ragged_sequence":
+        x = np.array([1, 2, 3, 10, 20], dtype=np.float32)  # two sequences' requests of 3 and 2 elements
+        feeds = {"RAGGED_INPUT": x, "INDEX": np.array([0, 3, 5], dtype=np.int32),
+                 "START": np.array([[1], [0]], dtype=np.int32), "ACC_IN": np.array([[100], [7]], dtype=np.float32)}
+        t_, d_, a_ = _session(d / "1" / "model.onnx").run(["TOTAL", "DOUBLED", "ACC_OUT"], feeds)
+        _check(np.array_equal(t_, [[6], [37]]) and np.array_equal(a_, t_), f"{name}: totals {t_}")
+        _check(np.array_equal(d_, x * RAGGED_SCALE), f"{name}: doubled")
+        return "running totals of ragged requests per sequence; DOUBLED = 2x"
 
     if name == "ragged_strings":
         x = np.array([1.5, 2, 30], dtype=np.float32)

@@ -139,6 +139,36 @@ def test_a_string_output_scatters_back_to_each_request(protocol, server):
         assert [float(v) for v in labels.reshape(-1)] == x.reshape(-1).tolist(), f"request {i}: {labels}"
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ragged_requests_of_live_sequences_batch_together(protocol, server):
+    """Ragged inputs under sequence_batching (Triton allows both): sequences whose requests
+    have different lengths run in one batch, each keeps its own running total in its state and
+    gets its own scattered output."""
+    module, probe = _client(protocol, server)
+    before = _stats(probe, "ragged_sequence", protocol)
+    base = 7000 if protocol == "http" else 8000
+
+    def one(i, client):
+        totals = []
+        for step in range(3):
+            x = _values(i, LENGTHS[i] + step)
+            r = client.infer("ragged_sequence", [_ragged_input(module, x)], sequence_id=base + i,
+                             sequence_start=step == 0, sequence_end=step == 2)
+            doubled = r.as_numpy("DOUBLED")
+            assert doubled.shape == x.shape and np.array_equal(doubled, x * gen_models.RAGGED_SCALE)
+            totals.append((float(x.sum()), float(r.as_numpy("TOTAL")[0][0])))
+        return totals
+
+    connect = lambda: _client(protocol, server)[1]  # noqa: E731
+    for i, totals in _at_once(len(LENGTHS), one, connect).items():
+        running = np.cumsum([sent for sent, _ in totals]).tolist()
+        assert [got for _, got in totals] == running, f"sequence {i}: {totals}"
+    inferences, executions = (a - b for a, b in zip(_stats(probe, "ragged_sequence", protocol), before))
+    probe.close()
+    assert inferences == 3 * len(LENGTHS)
+    assert executions < inferences, f"{inferences} requests ran in {executions} executions"
+
+
 def _expected_batch_input(kind: str, counts):
     if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
         return [0.0] + np.cumsum(counts).tolist()

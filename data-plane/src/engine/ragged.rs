@@ -156,11 +156,6 @@ pub fn spec(
     if !configured(config) {
         return Ok(None);
     }
-    if matches!(config.scheduling_choice, Some(inference::model_config::SchedulingChoice::SequenceBatching(_))) {
-        return Err("ragged batching (allow_ragged_batch, batch_input, batch_output) is not supported with \
-                    sequence_batching by this server"
-            .into());
-    }
     let index_of = |name: &str| inputs.iter().position(|i| i.name == name);
     let ragged = inputs.iter().map(|s| config.input.iter().any(|i| i.name == s.name && i.allow_ragged_batch)).collect();
     let mut batch_inputs = Vec::with_capacity(config.batch_input.len());

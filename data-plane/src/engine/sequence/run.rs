@@ -10,6 +10,7 @@ use super::Shared;
 use super::config::{ControlInput, Encoding, SequenceConfig, Signal};
 use super::slots::{Row, SeqId};
 use crate::engine::backend::onnx::OnnxSession;
+use crate::engine::infer::ValidInferRequest;
 use crate::engine::model_spec::{ModelSpec, TensorSpec};
 use crate::engine::stats::{Execution, FailReason, nanos};
 use crate::engine::tensor::{InputTensor, OutputTensor, row_offsets, slice_rows};
@@ -165,21 +166,39 @@ fn execute(
     let (outputs, timings) = session.run(run_spec, &parts, rows.len(), &wanted)?;
     let mut timings = timings;
     timings.input_ns += nanos(run_start.saturating_duration_since(gather));
-    let offsets: Vec<Vec<usize>> = if rows.len() == 1 {
-        Vec::new()
-    } else {
-        outputs.iter().map(|o| row_offsets(o, rows.len())).collect::<Result<_>>()?
+    // A ragged model's request outputs go back as the dynamic batcher's do (scattered by each
+    // request's source input, or by rows); states, one row per sequence, are sliced by rows.
+    let ragged = match &spec.ragged {
+        Some(r) => {
+            let requests: Vec<&ValidInferRequest> = rows.iter().map(|r| &r.item.payload.request).collect();
+            Some(crate::engine::ragged::split(r, &requests, &outputs[..first_state], &wanted[..first_state])?)
+        }
+        None => None,
     };
+    let offsets: Vec<Option<Vec<usize>>> = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| match rows.len() == 1 || (ragged.is_some() && i < first_state) {
+            true => Ok(None),
+            false => row_offsets(o, rows.len()).map(Some),
+        })
+        .collect::<Result<_>>()?;
+    let mut ragged = ragged.map(Vec::into_iter);
     let per_row = rows
         .iter()
         .enumerate()
         .map(|(n, row)| {
-            let pick = |i: usize| match offsets.get(i) {
+            let pick = |i: usize| match &offsets[i] {
                 Some(off) => slice_rows(&outputs[i], off, n, 1),
                 None => outputs[i].clone(),
             };
-            let mine = row.item.payload.request.outputs.iter().filter_map(|o| wanted.iter().position(|w| w == o));
-            let outs = mine.map(pick).collect();
+            let outs = match ragged.as_mut().and_then(Iterator::next) {
+                Some(split) => split,
+                None => {
+                    let request = &row.item.payload.request;
+                    request.outputs.iter().filter_map(|o| wanted.iter().position(|w| w == o)).map(pick).collect()
+                }
+            };
             let state = config
                 .states
                 .iter()
