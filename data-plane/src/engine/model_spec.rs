@@ -569,7 +569,7 @@ mod tests {
         refused(&core, &batch_input_io(), "unknown source input name 'OTHER' for m");
         let sequence = BATCH_INPUT_CONFIG
             .replace("dynamic_batching { max_queue_delay_microseconds: 1000000 }", "sequence_batching { }");
-        refused(&sequence, &batch_input_io(), "not supported with sequence_batching");
+        assert!(load(&sequence, &batch_input_io()).expect("as in Triton").ragged.is_some(), "with sequences too");
         // A graph input no one feeds: neither configured nor a batch input target.
         let dropped = BATCH_INPUT_CONFIG.replace("target_name: \"BATCH_INPUT\"", "target_name: \"NOPE\"");
         refused(&dropped, &batch_input_io(), "missing 'BATCH_INPUT'");
