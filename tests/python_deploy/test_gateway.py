@@ -117,6 +117,15 @@ def test_gateway_serves_http_and_grpc_spreads_load_and_keeps_tenants_apart(make_
     assert code == 404 and "version 9" in body
     code, body = status("/v2/systemsharedmemory/region/r/register", keys["inference"])
     assert code == 501 and "shared memory" in body
+    # Trace and log settings are each worker's: the gateway says so (HTTP and gRPC).
+    for path in ("/v2/trace/setting", "/v2/models/marker/trace/setting", "/v2/logging"):
+        code, body = status(path, keys["inference"])
+        assert code == 501 and "belong to each worker" in body, (path, code, body)
+    gc = grpcclient.InferenceServerClient(grpc_ep)
+    with pytest.raises(InferenceServerException) as e:
+        gc.get_trace_settings(headers={"authorization": f"Bearer {keys['inference']}"})
+    assert "UNIMPLEMENTED" in str(e.value.status()) and "belong to each worker" in str(e.value), e.value
+    gc.close()
     code, body = status("/v2/models/marker/versions/x/infer", keys["inference"])
     assert code == 400 and "'x'" in body
 

@@ -71,6 +71,9 @@ async fn inference(State(g): S, Path(method): Path<String>, request: Request) ->
         "RepositoryModelLoad" | "RepositoryModelUnload" => {
             error_response(Error::permission_denied("model control is managed by the control plane"))
         }
+        "TraceSetting" | "LogSettings" => {
+            error_response(Error::new(ErrorKind::Unsupported, super::http::SETTINGS_PER_WORKER))
+        }
         m if m.contains("SharedMemory") => error_response(Error::new(
             ErrorKind::Unsupported,
             "shared memory needs a direct connection to a worker; through the gateway, send tensors in the request",

@@ -119,6 +119,10 @@ pub(super) fn forwardable(name: &HeaderName) -> bool {
     )
 }
 
+/// Why trace and log settings are refused here.
+pub const SETTINGS_PER_WORKER: &str = "trace and log settings belong to each worker (a platform admin changes them \
+     there); the gateway has none to read or change";
+
 async fn forward_or_refuse(State(g): S, request: Request) -> Response {
     let path = request.uri().path();
     if path.starts_with("/v2/systemsharedmemory") || path.starts_with("/v2/cudasharedmemory") {
@@ -130,6 +134,9 @@ async fn forward_or_refuse(State(g): S, request: Request) -> Response {
     }
     if path.starts_with("/v2/repository/models/") {
         return Error::permission_denied("model control is managed by the control plane").into_response();
+    }
+    if path == "/v2/logging" || path == "/v2/trace/setting" || path.ends_with("/trace/setting") {
+        return Error::new(ErrorKind::Unsupported, SETTINGS_PER_WORKER).into_response();
     }
     let target = match model_path(path) {
         Ok(Some(target)) => target,
