@@ -83,6 +83,35 @@ class Cluster(gateway.Cluster):
         self.worker.wait_log(lambda t: "registered with the control plane" in t, "registration")
         self.worker.wait_listening(["http", "grpc", "metrics"])
 
+    def server_cpu_seconds(self) -> float:
+        """User + system CPU so far of the control plane, the worker and the worker's runners
+        (the worker's children, in whatever process group), live ones read from /proc."""
+        roots = {p.proc.pid for p in self.procs if p.proc and p.name in ("control-plane", "worker")}
+        worker = self.worker.proc.pid if self.worker and self.worker.proc else None
+        total = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # exited meanwhile
+            # After the command name: state, ppid, pgrp, ...; utime and stime are fields 14 and 15.
+            if int(entry) in roots or int(fields[1]) == worker:
+                total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
+    def inferences(self, key: str):
+        """add_sub's inference count on the worker (None if unreadable)."""
+        req = urllib.request.Request(f"http://{self.worker.addrs['http']}/v2/models/add_sub/stats",
+                                     headers={"Authorization": f"Bearer {key}"})
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return int(json.load(r)["model_stats"][0]["inference_count"])
+        except (OSError, ValueError, KeyError, IndexError):
+            return None
+
     def worker_metric(self, name: str) -> Dict[str, float]:
         with urllib.request.urlopen(f"http://{self.worker.addrs['metrics']}/metrics", timeout=5) as r:
             text = r.read().decode()
@@ -109,7 +138,19 @@ def client_cpus(args) -> List[str]:
     return ["taskset", "-c", "1"] if args.pin else []
 
 
-def measure(args, url: str, key: str, proto: str, tmp: Path, label: str) -> gateway.Run:
+def measure(args, cluster: "Cluster", url: str, key: str, proto: str, tmp: Path, label: str) -> gateway.Run:
+    """One perf_analyzer run, with the servers' CPU time per inference over it (the worker,
+    its runners and the control plane, which stores the records): a measure the machine's
+    round-to-round speed flips move far less than throughput."""
+    n0, cpu0 = cluster.inferences(key), cluster.server_cpu_seconds()
+    run = run_pa(args, url, key, proto, tmp, label)
+    n1, cpu1 = cluster.inferences(key), cluster.server_cpu_seconds()
+    if n0 is not None and n1 is not None and n1 > n0:
+        run.gw_cpu_us = (cpu1 - cpu0) / (n1 - n0) * 1e6
+    return run
+
+
+def run_pa(args, url: str, key: str, proto: str, tmp: Path, label: str) -> gateway.Run:
     csv_path = tmp / "pa.csv"
     csv_path.unlink(missing_ok=True)
     cmd = compare.pa_command(args, url, proto, SCENARIO, csv_path, args.stability, args.max_trials)
@@ -142,14 +183,19 @@ def summary_cells(proto: str, runs: List[gateway.Run]) -> List[str]:
     best = (best_off / best_on - 1) * 100 if best_off and best_on else None
     goal = "—" if best is None else ("met" if best <= GOAL_PCT else "MISSED")
     pct = lambda v: gateway.fmt(v, 1, sign=True) + " %" if v is not None else "—"  # noqa: E731
+    cpu_off = med([r.gw_cpu_us for r in off if r.gw_cpu_us is not None])
+    cpu_on = med([r.gw_cpu_us for r in on if r.gw_cpu_us is not None])
+    cpu = (cpu_on / cpu_off - 1) * 100 if cpu_off and cpu_on else None
     return [SCENARIO.name, proto, gateway.fmt(med([r.infer_per_sec for r in off])),
             gateway.fmt(med([r.p50_us for r in off])), gateway.fmt(med([r.infer_per_sec for r in on])),
             gateway.fmt(med([r.p50_us for r in on])), gateway.fmt(added, sign=True), pct(overhead),
-            gateway.fmt(best_off), gateway.fmt(best_on), pct(best), goal]
+            gateway.fmt(best_off), gateway.fmt(best_on), pct(best), goal,
+            gateway.fmt(cpu_off, 1), gateway.fmt(cpu_on, 1), pct(cpu)]
 
 
 COLUMNS = ["Scenario", "Proto", "off infer/s", "off p50 µs", "on infer/s", "on p50 µs", "added p50 µs",
-           "overhead (median)", "best off infer/s", "best on infer/s", "overhead (best)", "goal ≤ 5 %"]
+           "overhead (median)", "best off infer/s", "best on infer/s", "overhead (best)", "goal ≤ 5 %",
+           "off server CPU µs/inf", "on server CPU µs/inf", "CPU overhead"]
 
 
 def render(cells: List[List[str]]) -> str:
@@ -211,10 +257,11 @@ def main(argv=None) -> int:
                 for mode in (MODES if rnd % 2 == 0 else tuple(reversed(MODES))):
                     cluster.set_capture(keys["tenant-admin"], mode == "on")
                     label = f"{mode} {proto} round {rnd + 1}/{args.rounds}"
-                    run = measure(args, ends[proto], keys["inference"], proto, tmp, label)
+                    run = measure(args, cluster, ends[proto], keys["inference"], proto, tmp, label)
                     cluster.check_alive(label)
                     runs.append(run)
-                    progress(f"capture {label}: {run.infer_per_sec:,.0f} infer/s, p50 {gateway.fmt(run.p50_us)} µs")
+                    progress(f"capture {label}: {run.infer_per_sec:,.0f} infer/s, p50 {gateway.fmt(run.p50_us)} µs, "
+                             f"server CPU {gateway.fmt(run.gw_cpu_us, 1)} µs/inference")
         time.sleep(3)  # the last batches ship (usage ship interval, 2 s by default)
         stats = cluster.worker_metric("tessera_capture_")
         files = cluster.api("GET", f"/v1/tenants/{gateway.TENANT}/deployments/add_sub/captures?limit=200",
