@@ -357,17 +357,17 @@ fn scatter_output(
         })?;
         let count = elements(&shape) as usize;
         let len = match output.datatype.element_size() {
-            Some(size) => count * size,
+            Some(size) => count.checked_mul(size),
             // BYTES elements are a 4-byte length and the bytes each: walk this piece's.
-            None => string_bytes(output.data.get(offset..).unwrap_or_default(), count).unwrap_or(usize::MAX),
+            None => string_bytes(output.data.get(offset..).unwrap_or_default(), count),
         };
-        if len == usize::MAX || offset + len > output.data.len() {
+        let Some(len) = len.filter(|len| offset.saturating_add(*len) <= output.data.len()) else {
             return Err(Error::internal(format!(
                 "output '{}' holds {} bytes, fewer than the batch's requests need",
                 output.name,
                 output.data.len()
             )));
-        }
+        };
         pieces.push(OutputTensor {
             name: output.name.clone(),
             datatype: output.datatype,
