@@ -88,19 +88,7 @@ class Cluster(gateway.Cluster):
         (the worker's children, in whatever process group), live ones read from /proc."""
         roots = {p.proc.pid for p in self.procs if p.proc and p.name in ("control-plane", "worker")}
         worker = self.worker.proc.pid if self.worker and self.worker.proc else None
-        total = 0
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue  # exited meanwhile
-            # After the command name: state, ppid, pgrp, ...; utime and stime are fields 14 and 15.
-            if int(entry) in roots or int(fields[1]) == worker:
-                total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+        return compare.cpu_seconds_of(lambda pid, ppid, _pgrp: pid in roots or ppid == worker)
 
     def inferences(self, key: str):
         """add_sub's inference count on the worker (None if unreadable)."""

@@ -244,6 +244,23 @@ def free_ports(n: int) -> List[int]:
             s.close()
 
 
+def cpu_seconds_of(chosen) -> float:
+    """User + system CPU so far of the live processes `chosen(pid, ppid, pgrp)` picks, from /proc."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited meanwhile
+        # After the command name: state, ppid, pgrp, ...; utime and stime are fields 14 and 15.
+        if chosen(int(entry), int(fields[1]), int(fields[2])):
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def http_ok(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1) as r:
@@ -299,19 +316,7 @@ class Server:
         Python backend stubs included)."""
         if not self.proc:
             return 0.0
-        total = 0
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue  # exited meanwhile
-            # After the command name: state, ppid, pgrp, ...; utime and stime are fields 14 and 15.
-            if int(fields[2]) == self.proc.pid:
-                total += int(fields[11]) + int(fields[12])
-        return total / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds_of(lambda _pid, _ppid, pgrp: pgrp == self.proc.pid)
 
     def inferences(self, model: str) -> Optional[int]:
         """The model's inference count from the statistics extension (None if unreadable)."""

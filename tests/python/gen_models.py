@@ -567,6 +567,33 @@ RAGGED_DELAY_US = 200_000
 RAGGED_SCALE = 2.0
 
 
+def _ragged_sums():
+    """Nodes and initializers computing SUMS[i], the sum of request i's elements of the flat
+    RAGGED_INPUT, from INDEX = [0, c1, c1+c2, ...] (accumulated element counts with zero):
+    cs = cumsum([0, x]); SUMS[i] = cs[INDEX[i+1]] - cs[INDEX[i]]. COLUMN reshapes to [-1, 1]."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.int64), name)  # noqa: E731
+    nodes = [
+        helper.make_node("Concat", ["ZERO", "RAGGED_INPUT"], ["PADDED"], axis=0),
+        helper.make_node("CumSum", ["PADDED", "AXIS"], ["CS"]),
+        helper.make_node("Cast", ["INDEX"], ["IDX"], to=TensorProto.INT64),
+        helper.make_node("Slice", ["IDX", "ONE", "BIG"], ["ENDS"]),
+        helper.make_node("Slice", ["IDX", "NIL", "MINUS_ONE"], ["STARTS"]),
+        helper.make_node("Gather", ["CS", "ENDS"], ["AT_END"], axis=0),
+        helper.make_node("Gather", ["CS", "STARTS"], ["AT_START"], axis=0),
+        helper.make_node("Sub", ["AT_END", "AT_START"], ["SUMS"]),
+    ]
+    initializers = [
+        numpy_helper.from_array(np.zeros((1,), dtype=np.float32), "ZERO"),
+        i64("AXIS", 0),
+        i64("ONE", [1]),
+        i64("NIL", [0]),
+        i64("MINUS_ONE", [-1]),
+        i64("BIG", [np.iinfo(np.int64).max]),
+        i64("COLUMN", [-1, 1]),
+    ]
+    return nodes, initializers
+
+
 def onnx_ragged_sum() -> onnx.ModelProto:
     """Per-request sums and means of a ragged input, and the input doubled.
 
@@ -574,17 +601,9 @@ def onnx_ragged_sum() -> onnx.ModelProto:
     counts with zero) and COUNT = [c1, c2, ...]: cs = cumsum([0, x]); SUM[i] = cs[INDEX[i+1]] -
     cs[INDEX[i]]; MEAN = SUM / COUNT; DOUBLED = 2x (scattered back by each request's shape).
     """
-    i64 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.int64), name)  # noqa: E731
+    sums, initializers = _ragged_sums()
     return _model(
-        [
-            helper.make_node("Concat", ["ZERO", "RAGGED_INPUT"], ["PADDED"], axis=0),
-            helper.make_node("CumSum", ["PADDED", "AXIS"], ["CS"]),
-            helper.make_node("Cast", ["INDEX"], ["IDX"], to=TensorProto.INT64),
-            helper.make_node("Slice", ["IDX", "ONE", "BIG"], ["ENDS"]),
-            helper.make_node("Slice", ["IDX", "NIL", "MINUS_ONE"], ["STARTS"]),
-            helper.make_node("Gather", ["CS", "ENDS"], ["AT_END"], axis=0),
-            helper.make_node("Gather", ["CS", "STARTS"], ["AT_START"], axis=0),
-            helper.make_node("Sub", ["AT_END", "AT_START"], ["SUMS"]),
+        sums + [
             helper.make_node("Div", ["SUMS", "COUNT"], ["MEANS"]),
             helper.make_node("Reshape", ["SUMS", "COLUMN"], ["SUM"]),
             helper.make_node("Reshape", ["MEANS", "COLUMN"], ["MEAN"]),
@@ -601,15 +620,8 @@ def onnx_ragged_sum() -> onnx.ModelProto:
             helper.make_tensor_value_info("DOUBLED", TensorProto.FLOAT, ["total"]),
         ],
         [
-            numpy_helper.from_array(np.zeros((1,), dtype=np.float32), "ZERO"),
             numpy_helper.from_array(np.array([RAGGED_SCALE], dtype=np.float32), "SCALE"),
-            i64("AXIS", 0),
-            i64("ONE", [1]),
-            i64("NIL", [0]),
-            i64("MINUS_ONE", [-1]),
-            i64("BIG", [np.iinfo(np.int64).max]),
-            i64("COLUMN", [-1, 1]),
-        ],
+        ] + initializers,
         name="ragged_sum",
     )
 
@@ -663,17 +675,9 @@ dynamic_batching {{ max_queue_delay_microseconds: {RAGGED_DELAY_US} }}
 def onnx_ragged_sequence() -> onnx.ModelProto:
     """A running total per sequence of ragged requests: TOTAL = (START ? 0 : ACC_IN) + the sum
     of the request's elements (found with INDEX, as in ragged_sum); DOUBLED = 2x, scattered."""
-    i64 = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.int64), name)  # noqa: E731
+    sums, initializers = _ragged_sums()
     return _model(
-        [
-            helper.make_node("Concat", ["ZERO", "RAGGED_INPUT"], ["PADDED"], axis=0),
-            helper.make_node("CumSum", ["PADDED", "AXIS"], ["CS"]),
-            helper.make_node("Cast", ["INDEX"], ["IDX"], to=TensorProto.INT64),
-            helper.make_node("Slice", ["IDX", "ONE", "BIG"], ["ENDS"]),
-            helper.make_node("Slice", ["IDX", "NIL", "MINUS_ONE"], ["STARTS"]),
-            helper.make_node("Gather", ["CS", "ENDS"], ["AT_END"], axis=0),
-            helper.make_node("Gather", ["CS", "STARTS"], ["AT_START"], axis=0),
-            helper.make_node("Sub", ["AT_END", "AT_START"], ["SUMS"]),
+        sums + [
             helper.make_node("Reshape", ["SUMS", "COLUMN"], ["SUM"]),
             helper.make_node("Cast", ["START"], ["STARTF"], to=TensorProto.FLOAT),
             helper.make_node("Sub", ["ONEF", "STARTF"], ["KEEP"]),
@@ -694,16 +698,9 @@ def onnx_ragged_sequence() -> onnx.ModelProto:
             helper.make_tensor_value_info("ACC_OUT", TensorProto.FLOAT, ["rows", 1]),
         ],
         [
-            numpy_helper.from_array(np.zeros((1,), dtype=np.float32), "ZERO"),
             numpy_helper.from_array(np.array([RAGGED_SCALE], dtype=np.float32), "SCALE"),
             numpy_helper.from_array(np.array([1.0], dtype=np.float32), "ONEF"),
-            i64("AXIS", 0),
-            i64("ONE", [1]),
-            i64("NIL", [0]),
-            i64("MINUS_ONE", [-1]),
-            i64("BIG", [np.iinfo(np.int64).max]),
-            i64("COLUMN", [-1, 1]),
-        ],
+        ] + initializers,
         name="ragged_sequence",
     )
 
