@@ -835,7 +835,15 @@ async fn captured_requests_ship_in_batches_and_only_for_capturing_deployments() 
         assert_eq!(output0.expect("OUTPUT0")["shape"], json!([1, 16]));
     }
     assert!(fake.captures.lock().iter().all(|b| !b.worker_id.is_empty() && b.tenant_id == TENANT_A));
-    let metrics = metrics_text(&bound).await;
+    // The fake holds the batch before the worker reads its answer and counts it stored.
+    let mut metrics = metrics_text(&bound).await;
+    for _ in 0..100 {
+        if metrics.contains("tessera_capture_stored_total 2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        metrics = metrics_text(&bound).await;
+    }
     assert!(metrics.contains("tessera_capture_stored_total 2"), "{metrics}");
     assert!(metrics.contains("tessera_capture_dropped_total{reason=\"queue_full\"} 0"), "{metrics}");
 
