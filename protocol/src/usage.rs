@@ -12,6 +12,10 @@ pub const LATENCY_BUCKETS_US: &[u64] = &[
 /// bucket follows.
 pub const BATCH_SIZE_BUCKETS: &[u64] = &[1, 2, 4, 8, 16, 32, 64, 128, 256];
 
+/// Slice profile of the usage records a gateway reports: requests it refused under a tenant's
+/// limits, which never reached a slice.
+pub const GATEWAY_PROFILE: &str = "gateway";
+
 /// Index of the bucket `value` falls in (the overflow bucket is `bounds.len()`).
 pub fn bucket_index(bounds: &[u64], value: u64) -> usize {
     bounds.partition_point(|&b| b < value)

@@ -122,6 +122,7 @@ fn usage_table(entries: &[Value]) -> Table {
         ("gpu_seconds", "GPU S"),
         ("bytes_in", "BYTES IN"),
         ("bytes_out", "BYTES OUT"),
+        ("throttled", "THROTTLED"),
     ];
     let header: Vec<&str> = grouped.iter().chain(&measures).map(|(_, title)| *title).collect();
     let mut table = Table::with_header(&header);
@@ -244,12 +245,14 @@ mod tests {
         let entries = [json!({
             "model": "resnet", "version": null, "slice_profile": null, "start": null, "requests": 10, "failures": 1,
             "inferences": 12, "compute_seconds": 0.5, "slice_seconds": 60.0, "gpu_seconds": 0.0,
-            "bytes_in": 100, "bytes_out": 200
+            "bytes_in": 100, "bytes_out": 200, "throttled": 3
         })];
         let text = usage_table(&entries).render();
         let mut lines = text.lines();
         assert!(lines.next().is_some_and(|h| h.starts_with("MODEL   REQUESTS")), "{text}");
         assert!(lines.next().is_some_and(|r| r.starts_with("resnet  10") && r.contains("60.000")), "{text}");
+        assert!(text.lines().next().is_some_and(|h| h.trim_end().ends_with("THROTTLED")), "{text}");
+        assert!(text.lines().nth(1).is_some_and(|r| r.trim_end().ends_with(" 3")), "{text}");
     }
 
     #[test]

@@ -261,6 +261,23 @@ def test_rate_limit_answers_429_with_retry_after_at_the_configured_rate(make_clu
             grpc_codes.add(str(e.status()))
     assert "StatusCode.RESOURCE_EXHAUSTED" in grpc_codes
 
+    # Every refusal reaches the tenant's usage as throttled, under the model, beside what was served.
+    refused = metric_sum(f"http://{gw.addrs['metrics']}/metrics", "tessera_gateway_throttled_total",
+                         tenant=tenant_id(cluster, "acme"))
+    assert refused > 0
+
+    def usage():
+        return cluster.api("GET", "/v1/tenants/acme/usage?group_by=model,profile", keys["tenant-admin"])["usage"]
+
+    def shipped():
+        return sum(e["throttled"] for e in usage()) == refused
+    wait_until(shipped, 20, f"{refused:.0f} throttled requests in the usage API")
+    rows = {(e["model"], e["slice_profile"]): e for e in usage()}
+    assert rows[("marker", "gateway")]["throttled"] == refused
+    assert rows[("marker", "gateway")]["requests"] == 0
+    served = [e for (model, profile), e in rows.items() if model == "marker" and profile != "gateway"]
+    assert served and all(e["throttled"] == 0 for e in served) and sum(e["requests"] for e in served) > 0
+
 
 def test_a_rollout_through_the_gateway_fails_no_request(make_cluster):
     cluster = make_cluster(2)

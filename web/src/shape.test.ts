@@ -87,6 +87,7 @@ describe('metrics', () => {
     failures,
     request_rate: (requests + failures) / 60,
     error_rate: failures / 60,
+    throttled: 0,
     p50_us: p50,
     p95_us: p50 === null ? null : p50 * 2,
     p99_us: p50 === null ? null : p50 * 3,
@@ -236,6 +237,7 @@ describe('canary', () => {
       failures,
       request_rate: (requests + failures) / 60,
       error_rate: failures / 60,
+      throttled: 0,
       p50_us: p50,
       p95_us: p95,
     });

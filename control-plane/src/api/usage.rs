@@ -103,6 +103,10 @@ pub struct UsageEntry {
     pub bytes_in: i64,
     /// Response bytes.
     pub bytes_out: i64,
+    /// Requests a gateway refused under the tenant's rate or concurrency limit (429 /
+    /// `RESOURCE_EXHAUSTED`); not in `requests` or `failures`. Gateways report them under the
+    /// model the client named, version 0 when it named none, and slice profile `gateway`.
+    pub throttled: i64,
 }
 
 /// Usage by group.
@@ -147,6 +151,8 @@ pub struct MetricsPoint {
     pub request_rate: f64,
     /// Failed requests per second over the step.
     pub error_rate: f64,
+    /// Requests a gateway refused under the tenant's limits in the step (not in the rates).
+    pub throttled: i64,
     /// Median latency, microseconds: linear interpolation inside the histogram bucket holding
     /// the rank (the largest finite bound for the overflow bucket); null without requests.
     pub p50_us: Option<u64>,
@@ -210,6 +216,7 @@ impl From<UsageGroup> for UsageEntry {
             gpu_compute_seconds: g.gpu_compute_us as f64 / 1e6,
             bytes_in: g.bytes_in,
             bytes_out: g.bytes_out,
+            throttled: g.throttled,
         }
     }
 }
@@ -272,6 +279,7 @@ pub async fn handle_metrics(
             failures: p.failures,
             request_rate: p.request_rate,
             error_rate: p.error_rate,
+            throttled: p.throttled,
             p50_us: p.p50_us,
             p95_us: p.p95_us,
             p99_us: p.p99_us,

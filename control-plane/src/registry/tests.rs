@@ -786,6 +786,7 @@ fn usage(key: &str, tenant: Uuid, minute: i64, requests: i64, slice_us: i64) -> 
         latency_counts: sqlx::types::Json(vec![requests, 1, 0]),
         latency_sum_us: 100,
         batch_size_counts: sqlx::types::Json(vec![0, requests]),
+        throttled: 0,
     }
 }
 

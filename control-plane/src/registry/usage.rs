@@ -61,6 +61,8 @@ pub struct UsageRecordRow {
     pub latency_sum_us: i64,
     /// Batch-size bucket counts.
     pub batch_size_counts: Json<Vec<i64>>,
+    /// Requests a gateway refused under the tenant's limits.
+    pub throttled: i64,
 }
 
 /// Usage summed over workers per (model, version, profile, period start).
@@ -90,6 +92,8 @@ pub struct UsageTotalsRow {
     pub bytes_in: i64,
     /// Response bytes.
     pub bytes_out: i64,
+    /// Requests a gateway refused under the tenant's limits.
+    pub throttled: i64,
 }
 
 /// Which usage a read covers: `[from, to)` by period start, optionally one model and version.
@@ -125,6 +129,7 @@ impl UsageRecordRow {
         self.slice_us += other.slice_us;
         self.bytes_in += other.bytes_in;
         self.bytes_out += other.bytes_out;
+        self.throttled += other.throttled;
         self.latency_sum_us += other.latency_sum_us;
         add_counts(&mut self.latency_counts.0, &other.latency_counts.0);
         add_counts(&mut self.batch_size_counts.0, &other.batch_size_counts.0);
@@ -146,7 +151,7 @@ macro_rules! select_usage {
         concat!(
             "SELECT key, worker_id, tenant_id, model_name, version, slice_profile, period_start, period_seconds, ",
             "requests, failures, inferences, executions, compute_us, slice_us, bytes_in, bytes_out, latency_counts, ",
-            "latency_sum_us, batch_size_counts FROM usage_records ",
+            "latency_sum_us, batch_size_counts, throttled FROM usage_records ",
             $rest
         )
     };
@@ -200,7 +205,8 @@ impl Conn {
              CAST(SUM(requests) AS BIGINT) AS requests, CAST(SUM(failures) AS BIGINT) AS failures, \
              CAST(SUM(inferences) AS BIGINT) AS inferences, CAST(SUM(executions) AS BIGINT) AS executions, \
              CAST(SUM(compute_us) AS BIGINT) AS compute_us, CAST(SUM(slice_us) AS BIGINT) AS slice_us, \
-             CAST(SUM(bytes_in) AS BIGINT) AS bytes_in, CAST(SUM(bytes_out) AS BIGINT) AS bytes_out \
+             CAST(SUM(bytes_in) AS BIGINT) AS bytes_in, CAST(SUM(bytes_out) AS BIGINT) AS bytes_out, \
+             CAST(SUM(throttled) AS BIGINT) AS throttled \
              FROM usage_records WHERE tenant_id = $1 AND period_start >= $2 AND period_start < $3 \
              AND ($4 IS NULL OR model_name = $4) AND ($5 IS NULL OR version = $5) \
              GROUP BY model_name, version, slice_profile, period_start \
@@ -235,8 +241,8 @@ impl Conn {
             sqlx::query(
             "INSERT INTO usage_records (key, worker_id, tenant_id, model_name, version, slice_profile, period_start, \
              period_seconds, requests, failures, inferences, executions, compute_us, slice_us, bytes_in, bytes_out, \
-             latency_counts, latency_sum_us, batch_size_counts, received_at) \
-             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20 \
+             latency_counts, latency_sum_us, batch_size_counts, received_at, throttled) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21 \
              WHERE NOT EXISTS (SELECT 1 FROM usage_folded_keys WHERE key = $1) \
              ON CONFLICT (key) DO NOTHING"
         )
@@ -260,6 +266,7 @@ impl Conn {
         .bind(r.latency_sum_us)
         .bind(&r.batch_size_counts)
         .bind(received_at)
+        .bind(r.throttled)
         .execute(c)
         })?;
         Ok(n > 0)
@@ -338,6 +345,7 @@ impl Registry {
                         latency_counts: Json(Vec::new()),
                         latency_sum_us: 0,
                         batch_size_counts: Json(Vec::new()),
+                        throttled: 0,
                     };
                     e.insert(existing.unwrap_or(empty))
                 }

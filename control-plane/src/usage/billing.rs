@@ -275,6 +275,7 @@ mod tests {
             slice_us: slice_secs * 1_000_000,
             bytes_in: 0,
             bytes_out: 0,
+            throttled: 0,
         }
     }
 

@@ -80,6 +80,7 @@ pub fn check_record(r: &UsageRecord) -> Result<(UsageRecordRow, Uuid)> {
         latency_counts: Json(counts("latency_counts", &r.latency_counts)?),
         latency_sum_us: int("latency_sum_us", r.latency_sum_us)?,
         batch_size_counts: Json(counts("batch_size_counts", &r.batch_size_counts)?),
+        throttled: int("throttled", r.throttled)?,
     };
     Ok((row, tenant_id))
 }
@@ -165,6 +166,7 @@ mod tests {
             latency_counts: vec![1; LATENCY_BUCKETS_US.len() + 1],
             latency_sum_us: 1000,
             batch_size_counts: vec![0; BATCH_SIZE_BUCKETS.len() + 1],
+            throttled: 0,
         }
     }
 
@@ -184,6 +186,7 @@ mod tests {
         fails(UsageRecord { compute_seconds: -1.0, ..record("negative", t, 60) });
         fails(UsageRecord { slice_seconds: f64::NAN, ..record("nan", t, 60) });
         fails(UsageRecord { requests: u64::MAX, ..record("huge", t, 60) });
+        fails(UsageRecord { throttled: u64::MAX, ..record("huge-throttled", t, 60) });
         fails(UsageRecord { tenant_id: "acme".into(), ..record("no-uuid", t, 60) });
         fails(UsageRecord { version: -1, ..record("neg-version", t, 60) });
         fails(record("hour:forged", t, 60));

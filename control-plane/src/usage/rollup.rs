@@ -101,6 +101,8 @@ pub struct UsageGroup {
     pub bytes_in: i64,
     /// Response bytes.
     pub bytes_out: i64,
+    /// Requests a gateway refused under the tenant's limits.
+    pub throttled: i64,
 }
 
 type GroupKey = (Option<i64>, Option<String>, Option<i64>, Option<String>);
@@ -132,6 +134,7 @@ pub fn group_usage(rows: &[UsageTotalsRow], g: GroupBy) -> Vec<UsageGroup> {
         }
         e.bytes_in += r.bytes_in;
         e.bytes_out += r.bytes_out;
+        e.throttled += r.throttled;
     }
     groups.into_values().collect()
 }
@@ -149,6 +152,8 @@ pub struct Point {
     pub request_rate: f64,
     /// Failed requests per second over the step.
     pub error_rate: f64,
+    /// Requests a gateway refused under the tenant's limits.
+    pub throttled: i64,
     /// Latency percentiles, microseconds (`None` without requests).
     pub p50_us: Option<u64>,
     /// 95th percentile.
@@ -159,23 +164,34 @@ pub struct Point {
     pub mean_batch_size: Option<f64>,
 }
 
+/// The records of one step, merged.
+#[derive(Default)]
+struct Merged {
+    requests: i64,
+    failures: i64,
+    throttled: i64,
+    latency: Vec<i64>,
+    batches: Vec<i64>,
+}
+
 /// One point per step in `[from, to)` (`from` aligned down to the step), with the records
 /// whose period starts in it merged; steps without records are zero.
 pub fn points(rows: &[UsageRecordRow], from: i64, to: i64, step: i64) -> Vec<Point> {
     let first = from.div_euclid(step) * step;
-    let mut merged: BTreeMap<i64, (i64, i64, Vec<i64>, Vec<i64>)> = BTreeMap::new();
+    let mut merged: BTreeMap<i64, Merged> = BTreeMap::new();
     for r in rows {
         let start = r.period_start.div_euclid(step) * step;
         let e = merged.entry(start).or_default();
-        e.0 += r.requests;
-        e.1 += r.failures;
-        add_counts(&mut e.2, &r.latency_counts.0);
-        add_counts(&mut e.3, &r.batch_size_counts.0);
+        e.requests += r.requests;
+        e.failures += r.failures;
+        e.throttled += r.throttled;
+        add_counts(&mut e.latency, &r.latency_counts.0);
+        add_counts(&mut e.batches, &r.batch_size_counts.0);
     }
     let mut out = Vec::new();
     let mut start = first;
     while start < to {
-        let (requests, failures, latency, batches) = merged.remove(&start).unwrap_or_default();
+        let Merged { requests, failures, throttled, latency, batches } = merged.remove(&start).unwrap_or_default();
         let seconds = step as f64;
         out.push(Point {
             start,
@@ -183,6 +199,7 @@ pub fn points(rows: &[UsageRecordRow], from: i64, to: i64, step: i64) -> Vec<Poi
             failures,
             request_rate: (requests + failures) as f64 / seconds,
             error_rate: failures as f64 / seconds,
+            throttled,
             p50_us: quantile(&latency, LATENCY_BUCKETS_US, 0.50),
             p95_us: quantile(&latency, LATENCY_BUCKETS_US, 0.95),
             p99_us: quantile(&latency, LATENCY_BUCKETS_US, 0.99),
@@ -250,7 +267,39 @@ mod tests {
             slice_us: 100,
             bytes_in: 5,
             bytes_out: 6,
+            throttled: 0,
         }
+    }
+
+    /// What a gateway reports: only refused requests, under the model the client named.
+    fn refused(model: &str, start: i64, throttled: i64) -> UsageTotalsRow {
+        UsageTotalsRow {
+            requests: 0,
+            failures: 0,
+            inferences: 0,
+            executions: 0,
+            compute_us: 0,
+            slice_us: 0,
+            bytes_in: 0,
+            bytes_out: 0,
+            throttled,
+            ..totals(model, 0, tessera_protocol::usage::GATEWAY_PROFILE, start, 0)
+        }
+    }
+
+    #[test]
+    fn throttled_requests_sum_beside_the_served_ones() {
+        let rows = [totals("a", 1, "cpu", 60, 3), refused("a", 60, 4), refused("b", 120, 2)];
+        let by_model = group_usage(&rows, GroupBy { model: true, ..GroupBy::default() });
+        assert_eq!(
+            by_model.iter().map(|g| (g.model.as_deref(), g.requests, g.throttled)).collect::<Vec<_>>(),
+            [(Some("a"), 3, 4), (Some("b"), 0, 2)]
+        );
+        let mut gateway = record(120, 0, 0, 0);
+        gateway.throttled = 5;
+        let p = points(&[record(60, 6, 0, 0), gateway], 60, 180, 60);
+        assert_eq!(p.iter().map(|p| (p.requests, p.throttled)).collect::<Vec<_>>(), [(6, 0), (0, 5)]);
+        assert_eq!(p[1].request_rate, 0.0, "a refused request is not a request served");
     }
 
     #[test]
@@ -326,6 +375,7 @@ mod tests {
             latency_counts: Json(latency),
             latency_sum_us: 0,
             batch_size_counts: Json(batches),
+            throttled: 0,
         }
     }
 

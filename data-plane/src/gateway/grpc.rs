@@ -97,11 +97,12 @@ async fn health_check(State(g): S, request: Request) -> Response {
 }
 
 async fn repository_index(g: &Gateway, headers: &HeaderMap) -> Response {
-    let admission = match g.admit(authorization(headers)).await {
-        Ok(a) => a,
+    // The index is the gateway's own table: it spends none of the tenant's limits.
+    let caller = match g.authenticate(authorization(headers)).await {
+        Ok(c) => c,
         Err(e) => return error_response(e),
     };
-    let models = admission
+    let models = caller
         .model_names()
         .into_iter()
         .map(|(name, m)| {
@@ -124,7 +125,7 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
 type Failed = (Error, Option<(String, String)>);
 
 async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Result<Response, Failed> {
-    let admission = g.admit(authorization(request.headers())).await.map_err(|e| (e, None))?;
+    let caller = g.authenticate(authorization(request.headers())).await.map_err(|e| (e, None))?;
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, g.max_request_bytes).await.map_err(|e| {
         let e = Error::new(
@@ -134,10 +135,11 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
         (e, None)
     })?;
     let target = target_of(&body, &parts.headers, g.max_request_bytes).map_err(|e| (e, None))?;
-    let tenant = admission.tenant.clone();
+    let tenant = caller.tenant.clone();
     let failed = |e: Error| (e, Some((tenant.clone(), target.name.clone())));
-    let model = admission.model(&target.name).map_err(failed)?;
-    let identity = g.identity_header(&admission.principal).map_err(failed)?;
+    let model = caller.model(&target.name).map_err(failed)?;
+    let slot = g.admit(&caller, model, &target.name, target.version).map_err(failed)?;
+    let identity = g.identity_header(&caller.principal).map_err(failed)?;
     let headers = upstream_headers(&parts.headers, identity);
     let path = parts.uri.path().to_string();
     let send = |upstream: &Arc<super::routes::Upstream>| {
@@ -157,11 +159,11 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
     let code =
         answer.response.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map_or("0", |c| code_label(c));
     g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "grpc", code, started.elapsed());
-    Ok(stream_back(answer.response, (answer.in_flight, admission.slot)))
+    Ok(stream_back(answer.response, (answer.in_flight, slot)))
 }
 
 async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error> {
-    let admission = g.admit(authorization(request.headers())).await?;
+    let caller = g.authenticate(authorization(request.headers())).await?;
     let (parts, body) = request.into_parts();
     let mut data = body.into_data_stream();
     // Read until the first message is whole: it names the model.
@@ -189,15 +191,17 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
     };
     let prefix = prefix.freeze();
     let target = target_of(&prefix[..first_len], &parts.headers, g.max_request_bytes)?;
-    let model = admission.model(&target.name)?;
+    let model = caller.model(&target.name)?;
+    // A stream holds one of its tenant's concurrency slots (and takes one token) for its life.
+    let slot = g.admit(&caller, model, &target.name, target.version)?;
     // A stream is routed by its first request's sequence, if any: its later requests follow it.
-    let sequence = target.sequence.as_ref().map(|id| super::sticky::sequence_key(&admission.tenant, &target.name, id));
+    let sequence = target.sequence.as_ref().map(|id| super::sticky::sequence_key(&caller.tenant, &target.name, id));
     let replica = model
         .pick_for(target.version, &[], Instant::now(), super::routes::random(), sequence)
         .ok_or_else(|| Error::unavailable(format!("model '{}' has no ready replica", target.name)).retry_after(1))?;
     let upstream = replica.upstream.clone();
     let in_flight = upstream.start();
-    let identity = g.identity_header(&admission.principal)?;
+    let identity = g.identity_header(&caller.principal)?;
     let rest = data.map(|chunk| chunk.map(Frame::data).map_err(|e| -> BoxError { Box::new(e) }));
     let frames = futures::stream::once(async move { Ok::<_, BoxError>(Frame::data(prefix)) }).chain(rest);
     let mut req = http::Request::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
@@ -207,7 +211,7 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
     match g.upstream.grpc.request(req).await {
         Ok(response) => {
             upstream.record(super::routes::Outcome::Answered, Instant::now());
-            Ok(stream_back(response, (in_flight, admission.slot)))
+            Ok(stream_back(response, (in_flight, slot)))
         }
         Err(e) => {
             let outcome =

@@ -52,11 +52,12 @@ async fn server_metadata() -> Response {
 }
 
 async fn repository_index(State(g): S, headers: HeaderMap) -> Response {
-    let admission = match g.admit(authorization(&headers)).await {
-        Ok(a) => a,
+    // The index is the gateway's own table: it spends none of the tenant's limits.
+    let caller = match g.authenticate(authorization(&headers)).await {
+        Ok(c) => c,
         Err(e) => return e.into_response(),
     };
-    let models: Vec<_> = admission
+    let models: Vec<_> = caller
         .model_names()
         .into_iter()
         .map(|(name, m)| {
@@ -163,11 +164,12 @@ async fn forward(
     target: &ModelPath,
     started: Instant,
 ) -> Result<Response, (Error, Option<String>)> {
-    let admission = g.admit(authorization(request.headers())).await.map_err(|e| (e, None))?;
-    let tenant = admission.tenant.clone();
+    let caller = g.authenticate(authorization(request.headers())).await.map_err(|e| (e, None))?;
+    let tenant = caller.tenant.clone();
     let with_tenant = |e: Error| (e, Some(tenant.clone()));
-    let model = admission.model(&target.name).map_err(with_tenant)?;
-    let identity = g.identity_header(&admission.principal).map_err(with_tenant)?;
+    let model = caller.model(&target.name).map_err(with_tenant)?;
+    let slot = g.admit(&caller, model, &target.name, target.version).map_err(with_tenant)?;
+    let identity = g.identity_header(&caller.principal).map_err(with_tenant)?;
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, g.max_request_bytes).await.map_err(|e| {
         with_tenant(Error::new(
@@ -205,7 +207,7 @@ async fn forward(
     head.headers.retain_forwardable();
     // The guards live until the body is done: least-outstanding and the tenant's concurrency
     // count the whole response.
-    let guards = (answer.in_flight, admission.slot);
+    let guards = (answer.in_flight, slot);
     let body = incoming.map_frame(move |frame| {
         let _ = &guards;
         frame

@@ -6,7 +6,8 @@
 //!
 //! In modules: [`routes`] (the table, balancing and outlier state), [`limits`] (token buckets),
 //! [`watch`] (the route stream), [`forward`] (upstream clients and retries), [`http`] and
-//! [`grpc`] (the two front ends) and [`metrics`].
+//! [`grpc`] (the two front ends), [`metrics`] and [`usage`] (throttled requests, shipped to the
+//! control plane as usage).
 
 pub mod forward;
 pub mod grpc;
@@ -15,6 +16,7 @@ pub mod limits;
 pub mod metrics;
 pub mod routes;
 pub mod sticky;
+pub mod usage;
 pub mod watch;
 
 use std::collections::HashMap;
@@ -91,6 +93,9 @@ pub struct GatewayArgs {
     /// Largest request body accepted, bytes.
     #[arg(long, env = "TESSERA_GATEWAY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
+    /// Milliseconds between shipments of throttled-request counts to the control plane.
+    #[arg(long, env = "TESSERA_USAGE_SHIP_INTERVAL_MS", default_value_t = crate::worker::config::DEFAULT_USAGE_SHIP_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub usage_ship_interval_ms: u64,
 }
 
 /// The gateway's default thread count: a quarter of the cores, at least one. A proxy's work is
@@ -125,19 +130,19 @@ pub struct Gateway {
     pub upstream: forward::Clients,
     /// Largest request body accepted.
     pub max_request_bytes: usize,
+    /// Requests refused under a tenant's limits, until they are shipped as usage.
+    pub throttled_usage: Arc<usage::ThrottledUsage>,
     live: AtomicBool,
 }
 
-/// A request that passed authentication and its tenant's limits.
-pub struct Admission {
+/// A caller the gateway authenticated, with the route table its request is served from.
+pub struct Caller {
     /// Who asked.
     pub principal: Principal,
     /// The route table the request is served from.
     pub routes: Arc<Routes>,
     /// The tenant's id (the `tenant` label of metrics, as on workers).
     pub tenant: String,
-    /// Holds the tenant's concurrency slot until the response is done.
-    pub slot: Admitted,
 }
 
 impl Gateway {
@@ -156,6 +161,7 @@ impl Gateway {
             metrics: metrics::GatewayMetrics::default(),
             upstream,
             max_request_bytes,
+            throttled_usage: Arc::default(),
             live: AtomicBool::new(true),
         }
     }
@@ -218,35 +224,41 @@ impl Gateway {
         self.is_live() && self.updated.lock().is_some()
     }
 
-    /// Authenticates a request's `Authorization` value and applies its tenant's limits.
-    pub async fn admit(&self, authorization: Option<&str>) -> Result<Admission, Error> {
+    /// Authenticates a request's `Authorization` value.
+    pub async fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, Error> {
         let Some(auth) = &self.auth else { return Err(Error::unavailable("the gateway has no credential source")) };
         let principal = auth.authenticate(authorization).await?;
-        let routes = self.routes();
-        let Some(tenant) = routes.tenants.get(&principal.tenant_id) else {
-            // No deployment at all: nothing to limit, and every model is unknown.
-            return Ok(Admission {
-                tenant: principal.tenant_id.clone(),
-                principal,
-                routes,
-                slot: limits::Admitted::none(),
-            });
+        Ok(Caller { tenant: principal.tenant_id.clone(), principal, routes: self.routes() })
+    }
+
+    /// Applies the caller's tenant limits to one request for `model` (a model the caller's
+    /// tenant has: unknown models are refused before, without spending the tenant's limits). A
+    /// refusal is counted in the metrics and, as throttled usage, under the model and the
+    /// version the client named (0 when none, or one the model does not have).
+    pub fn admit(
+        &self,
+        caller: &Caller,
+        model: &ModelRoutes,
+        name: &str,
+        version: Option<i64>,
+    ) -> Result<Admitted, Error> {
+        let Some(tenant) = caller.routes.tenants.get(&caller.tenant) else { return Ok(Admitted::none()) };
+        let throttled = match tenant.limiter.admit(Instant::now()) {
+            Ok(slot) => return Ok(slot),
+            Err(throttled) => throttled,
         };
-        let name = tenant.name.clone();
-        match tenant.limiter.admit(Instant::now()) {
-            Ok(slot) => Ok(Admission { tenant: principal.tenant_id.clone(), principal, routes, slot }),
-            Err(throttled) => {
-                self.metrics.throttled(&principal.tenant_id, throttled.reason());
-                let message = match throttled {
-                    limits::Throttled::Rate(_) => format!("tenant '{name}' is over its requests-per-second limit"),
-                    limits::Throttled::Concurrency => {
-                        format!("tenant '{name}' has as many requests in flight as its limit allows")
-                    }
-                };
-                let seconds = u32::try_from(throttled.retry_after_secs()).unwrap_or(u32::MAX);
-                Err(Error::new(ErrorKind::TooManyRequests, message).retry_after(seconds))
+        self.metrics.throttled(&caller.tenant, throttled.reason());
+        let version = version.filter(|v| model.replicas.iter().any(|r| r.version == *v)).unwrap_or(0);
+        self.throttled_usage.count(&caller.tenant, name, version, crate::auth::system_unix_now());
+        let tenant_name = &tenant.name;
+        let message = match throttled {
+            limits::Throttled::Rate(_) => format!("tenant '{tenant_name}' is over its requests-per-second limit"),
+            limits::Throttled::Concurrency => {
+                format!("tenant '{tenant_name}' has as many requests in flight as its limit allows")
             }
-        }
+        };
+        let seconds = u32::try_from(throttled.retry_after_secs()).unwrap_or(u32::MAX);
+        Err(Error::new(ErrorKind::TooManyRequests, message).retry_after(seconds))
     }
 
     /// The signed identity header for `who`.
@@ -271,7 +283,7 @@ impl Gateway {
     }
 }
 
-impl Admission {
+impl Caller {
     /// The model's routes in the caller's tenant, or a 404 naming it.
     pub fn model(&self, name: &str) -> Result<&ModelRoutes, Error> {
         self.routes
@@ -325,6 +337,14 @@ pub async fn run(
     tracing::info!(%gateway_id, http = %addrs.http, grpc = %addrs.grpc, metrics = %addrs.metrics, control_plane = %args.control_plane, "gateway started");
     on_bound(addrs);
 
+    let usage_stop = CancellationToken::new();
+    let shipping = tokio::spawn(usage::ship(
+        gateway.throttled_usage.clone(),
+        client.clone(),
+        gateway_id.clone(),
+        Duration::from_millis(args.usage_ship_interval_ms),
+        usage_stop.clone(),
+    ));
     let tasks = tokio_util::task::TaskTracker::new();
     tasks.spawn(crate::serve::http::serve(http, http::router(gateway.clone()), shutdown.clone(), tls.clone()));
     tasks.spawn(crate::serve::grpc::serve::serve(grpc, grpc::routes(gateway.clone()), shutdown.clone(), tls.clone()));
@@ -343,6 +363,11 @@ pub async fn run(
     tasks.close();
     if tokio::time::timeout(Duration::from_secs(30), tasks.wait()).await.is_err() {
         tracing::warn!("requests in flight did not finish within 30 s; exiting anyway");
+    }
+    // Every refusal is counted by now: ship what is left.
+    usage_stop.cancel();
+    if let Err(e) = shipping.await {
+        tracing::warn!(error = %e, "the throttled usage shipper failed");
     }
     Ok(())
 }

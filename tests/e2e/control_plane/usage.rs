@@ -59,6 +59,22 @@ fn record(
         latency_counts,
         latency_sum_us: 1234,
         batch_size_counts,
+        throttled: 0,
+    }
+}
+
+/// What a gateway reports: `throttled` requests refused under the tenant's limits, nothing else.
+fn throttled(key: &str, tenant: &str, version: i64, minute: i64, refused: u64) -> UsageRecord {
+    UsageRecord {
+        worker_id: "gateway-1".into(),
+        slice_profile: tessera_protocol::usage::GATEWAY_PROFILE.into(),
+        throttled: refused,
+        compute_seconds: 0.0,
+        bytes_in: 0,
+        bytes_out: 0,
+        latency_sum_us: 0,
+        latency_counts: vec![0; LATENCY_BUCKETS_US.len() + 1],
+        ..record(key, tenant, version, minute, 0, 0, 0, 0.0)
     }
 }
 
@@ -102,6 +118,7 @@ async fn reported_usage_is_stored_once_and_shows_in_usage_metrics_and_invoices()
         record("w1/0-100/a", &acme_id, 1, m1, 10, 2, 30, 60.0),
         record("w1/100-200/a", &acme_id, 2, m2, 4, 0, 4, 30.0),
         record("w1/0-100/u", &other_id, 1, m1, 1, 0, 1, 6.0),
+        throttled("gw:gateway-1:b:0", &acme_id, 1, m1, 5),
     ];
     let keys: Vec<String> = batch.iter().map(|r| r.key.clone()).collect();
     let mut agent = client(&app, TOKEN).await;
@@ -127,7 +144,7 @@ async fn reported_usage_is_stored_once_and_shows_in_usage_metrics_and_invoices()
         total,
         json!({ "usage": [{ "model": null, "version": null, "slice_profile": null, "start": null,
             "requests": 14, "failures": 2, "inferences": 34, "compute_seconds": 3.0, "slice_seconds": 90.0,
-            "gpu_seconds": 0.0, "gpu_compute_seconds": 0.0, "bytes_in": 2000, "bytes_out": 4000 }] })
+            "gpu_seconds": 0.0, "gpu_compute_seconds": 0.0, "bytes_in": 2000, "bytes_out": 4000, "throttled": 5 }] })
     );
     let by = app.get(&acme.viewer, &format!("/v1/tenants/acme/usage?{range}&group_by=version,minute")).await;
     let by = by.expect(200)["usage"].clone();
@@ -137,6 +154,7 @@ async fn reported_usage_is_stored_once_and_shows_in_usage_metrics_and_invoices()
         (Some(1), Some(rfc3339(m1).as_str()), None)
     );
     assert_eq!((by[0]["requests"].as_i64(), by[0]["slice_seconds"].as_f64()), (Some(10), Some(60.0)));
+    assert_eq!((by[0]["throttled"].as_i64(), by[1]["throttled"].as_i64()), (Some(5), Some(0)));
     assert_eq!((by[1]["version"].as_i64(), by[1]["requests"].as_i64()), (Some(2), Some(4)));
     let v2 = app.get(&acme.viewer, &format!("/v1/tenants/acme/usage?{range}&model=m&version=2&group_by=model")).await;
     assert_eq!(v2.expect(200)["usage"][0]["model"], "m");
@@ -156,6 +174,7 @@ async fn reported_usage_is_stored_once_and_shows_in_usage_metrics_and_invoices()
         (Some(rfc3339(m1).as_str()), Some(10), Some(2))
     );
     assert_eq!((first["request_rate"].as_f64(), first["error_rate"].as_f64()), (Some(12.0 / 60.0), Some(2.0 / 60.0)));
+    assert_eq!(first["throttled"].as_i64(), Some(5), "refusals beside, not in, the rates");
     // 12 latencies in (500, 1000] us: the median interpolates to the middle; batches of 5 to 8.
     assert_eq!((first["p50_us"].as_u64(), first["p99_us"].as_u64()), (Some(750), Some(995)));
     assert_eq!(first["mean_batch_size"].as_f64(), Some(6.5));
@@ -255,8 +274,8 @@ async fn reported_usage_is_stored_once_and_shows_in_usage_metrics_and_invoices()
             .and_then(|v| v.parse().ok())
             .unwrap_or(-1.0)
     };
-    assert_eq!(value("tessera_usage_records_total{outcome=\"stored\"}"), 3.0);
-    assert_eq!(value("tessera_usage_records_total{outcome=\"duplicate\"}"), 3.0);
+    assert_eq!(value("tessera_usage_records_total{outcome=\"stored\"}"), 4.0);
+    assert_eq!(value("tessera_usage_records_total{outcome=\"duplicate\"}"), 4.0);
     assert!(value("tessera_scheduler_ticks_total{outcome=\"idle\"}") > 0.0, "{text}");
     assert!(text.contains("tessera_scheduler_tick_duration_seconds_bucket"));
 }

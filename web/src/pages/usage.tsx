@@ -147,6 +147,9 @@ export function UsagePage(props: { tenant: string }) {
                     <th class="num">GPU s</th>
                     <th class="num">In</th>
                     <th class="num">Out</th>
+                    <th class="num" title="Requests the gateway refused under the tenant's rate or concurrency limit">
+                      Throttled
+                    </th>
                   </tr>
                 </thead>
                 <tbody>
@@ -163,6 +166,7 @@ export function UsagePage(props: { tenant: string }) {
                       <td class="num">{formatQuantity(r.gpu_seconds, 1)}</td>
                       <td class="num">{formatBytes(r.bytes_in)}</td>
                       <td class="num">{formatBytes(r.bytes_out)}</td>
+                      <td class="num">{formatCount(r.throttled)}</td>
                     </tr>
                   ))}
                 </tbody>
