@@ -282,6 +282,7 @@ impl App {
             role: Role::PlatformAdmin,
             user_id: None,
             expires_at: None,
+            limits: (0, 0),
         };
         self.registry.create_key(actor, platform, new).await?;
         tracing::info!(prefix, "installed the bootstrap platform-admin key");

@@ -61,6 +61,8 @@ wire_enum! {
         ApiKeyCreate = "api_key.create",
         /// An API key was revoked.
         ApiKeyRevoke = "api_key.revoke",
+        /// An API key's own limits were changed.
+        ApiKeyUpdate = "api_key.update",
         /// A user was created.
         UserCreate = "user.create",
         /// A user was disabled (and their keys revoked).

@@ -1,6 +1,6 @@
-//! `tessera keys create|list|revoke`: a tenant's API keys (tenant admins). A new key's secret
-//! is printed once, at creation; listings show the public prefix only. A key is named on the
-//! command line by its id, its prefix (`tsk_…`) or its name.
+//! `tessera keys create|list|limit|revoke`: a tenant's API keys (tenant admins). A new key's
+//! secret is printed once, at creation; listings show the public prefix only. A key is named on
+//! the command line by its id, its prefix (`tsk_…`) or its name.
 
 use anyhow::{Context, bail};
 use serde_json::{Map, Value, json};
@@ -17,8 +17,35 @@ pub enum KeysCommand {
     Create(CreateArgs),
     /// The tenant's keys (revoked and expired ones included), without secrets.
     List(ListArgs),
+    /// Set a key's own limits at the gateways (by id, prefix or name); 0 removes one.
+    Limit(LimitArgs),
     /// Revoke a key (by id, prefix or name): it stops working at once.
     Revoke(RevokeArgs),
+}
+
+/// A key's own limits at the gateways, beside its tenant's.
+#[derive(Debug, Clone, Copy, Default, clap::Args)]
+pub struct KeyLimitArgs {
+    /// Most inference requests per second with this key (0: only the tenant's limit).
+    #[arg(long)]
+    pub requests_per_second: Option<u64>,
+    /// Most inference requests in flight with this key (0: only the tenant's limit).
+    #[arg(long)]
+    pub concurrent_requests: Option<u64>,
+}
+
+/// `tessera keys limit` flags.
+#[derive(Debug, clap::Args)]
+pub struct LimitArgs {
+    /// The key: its id, prefix (`tsk_…`) or name.
+    #[arg(value_name = "KEY")]
+    pub which: String,
+    /// The limits to set; one not given keeps its value.
+    #[command(flatten)]
+    pub limits: KeyLimitArgs,
+    /// Control plane connection.
+    #[command(flatten)]
+    pub connection: ConnectionArgs,
 }
 
 /// What a key may do.
@@ -64,6 +91,9 @@ pub struct CreateArgs {
     /// Expiry, RFC 3339 (e.g. `2027-01-01T00:00:00Z`); absent: never expires.
     #[arg(long)]
     pub expires_at: Option<String>,
+    /// The key's own limits (absent: only the tenant's).
+    #[command(flatten)]
+    pub limits: KeyLimitArgs,
     /// Control plane connection.
     #[command(flatten)]
     pub connection: ConnectionArgs,
@@ -107,8 +137,35 @@ impl CreateArgs {
         if let Some(at) = &self.expires_at {
             body.insert("expires_at".into(), json!(at));
         }
+        if self.limits.requests_per_second.is_some() || self.limits.concurrent_requests.is_some() {
+            body.insert("limits".into(), self.limits.over(&Value::Null));
+        }
         Ok(Value::Object(body))
     }
+}
+
+impl KeyLimitArgs {
+    /// The limits object: what was given, the rest from `current` (a key's `limits`), else 0.
+    fn over(&self, current: &Value) -> Value {
+        let pick = |given: Option<u64>, field: &str| given.unwrap_or_else(|| current[field].as_u64().unwrap_or(0));
+        json!({
+            "requests_per_second": pick(self.requests_per_second, "requests_per_second"),
+            "concurrent_requests": pick(self.concurrent_requests, "concurrent_requests"),
+        })
+    }
+}
+
+/// `50/s, 8 in flight`, one of them, or `-` for a key with none of its own.
+fn key_limits(k: &Value) -> String {
+    let l = &k["limits"];
+    let mut parts = Vec::new();
+    if let Some(n) = l["requests_per_second"].as_u64().filter(|n| *n > 0) {
+        parts.push(format!("{n}/s"));
+    }
+    if let Some(n) = l["concurrent_requests"].as_u64().filter(|n| *n > 0) {
+        parts.push(format!("{n} in flight"));
+    }
+    if parts.is_empty() { "-".into() } else { parts.join(", ") }
 }
 
 fn keys_path(tenant: &str) -> String {
@@ -165,7 +222,7 @@ pub async fn run(command: KeysCommand, output: Output) -> anyhow::Result<()> {
             eprintln!("this secret is shown once: store it now");
             let mut fields = Fields::new();
             fields.add("id", cell(&k["id"])).add("name", cell(&k["name"])).add("role", cell(&k["role"]));
-            fields.add("prefix", cell(&k["prefix"])).add("state", key_state(k));
+            fields.add("prefix", cell(&k["prefix"])).add("state", key_state(k)).add("limits", key_limits(k));
             eprint!("{}", fields.render());
         }
         KeysCommand::List(args) => {
@@ -174,7 +231,7 @@ pub async fn run(command: KeysCommand, output: Output) -> anyhow::Result<()> {
             if output.is_json() {
                 return print_json(&Value::Array(keys));
             }
-            let mut table = Table::new(["ID", "PREFIX", "NAME", "ROLE", "STATE", "LAST USED", "CREATED"]);
+            let mut table = Table::new(["ID", "PREFIX", "NAME", "ROLE", "STATE", "LIMITS", "LAST USED", "CREATED"]);
             for k in &keys {
                 table.row([
                     cell(&k["id"]),
@@ -182,11 +239,32 @@ pub async fn run(command: KeysCommand, output: Output) -> anyhow::Result<()> {
                     cell(&k["name"]),
                     cell(&k["role"]),
                     key_state(k),
+                    key_limits(k),
                     time(&cell(&k["last_used_at"])),
                     time(&cell(&k["created_at"])),
                 ]);
             }
             table.print_or(&format!("no keys in tenant {}", settings.tenant));
+        }
+        KeysCommand::Limit(args) => {
+            if args.limits.requests_per_second.is_none() && args.limits.concurrent_requests.is_none() {
+                bail!("give --requests-per-second, --concurrent-requests or both (0 removes a limit)");
+            }
+            let (settings, api) = args.connection.connect()?;
+            let keys = list(&api, &settings.tenant).await?;
+            let key = pick_key(&keys, &args.which)?;
+            let (id, name) = (cell(&key["id"]), cell(&key["name"]));
+            let body = json!({ "limits": args.limits.over(&key["limits"]) });
+            let path = format!("{}/{}", keys_path(&settings.tenant), segment(&id));
+            let changed: Value = api
+                .call(reqwest::Method::PATCH, &path, &body)
+                .await
+                .map_err(|e| e.advise(""))
+                .with_context(|| format!("limit key {id}"))?;
+            if output.is_json() {
+                return print_json(&changed);
+            }
+            println!("key {name:?} ({id}): {}", key_limits(&changed));
         }
         KeysCommand::Revoke(args) => {
             let (settings, api) = args.connection.connect()?;
@@ -245,6 +323,7 @@ mod tests {
             role: KeyRole::TenantAdmin,
             user_id: None,
             expires_at: Some("2027-01-01T00:00:00Z".into()),
+            limits: KeyLimitArgs::default(),
             connection: ConnectionArgs::default(),
         };
         assert_eq!(
@@ -252,7 +331,25 @@ mod tests {
             json!({"name": "ops", "role": "tenant-admin", "expires_at": "2027-01-01T00:00:00Z"})
         );
         assert!(args("").body().is_err());
+        let limited = CreateArgs {
+            limits: KeyLimitArgs { requests_per_second: Some(50), concurrent_requests: None },
+            ..args("ci")
+        };
+        assert_eq!(
+            limited.body().expect("a body")["limits"],
+            json!({"requests_per_second": 50, "concurrent_requests": 0})
+        );
         assert!(args(&"x".repeat(101)).body().is_err());
+    }
+
+    #[test]
+    fn limits_keep_what_was_not_given_and_read_briefly() {
+        let current = json!({"requests_per_second": 50, "concurrent_requests": 8});
+        let only_rate = KeyLimitArgs { requests_per_second: Some(0), concurrent_requests: None };
+        assert_eq!(only_rate.over(&current), json!({"requests_per_second": 0, "concurrent_requests": 8}));
+        assert_eq!(key_limits(&json!({"limits": current})), "50/s, 8 in flight");
+        assert_eq!(key_limits(&json!({"limits": {"requests_per_second": 0, "concurrent_requests": 2}})), "2 in flight");
+        assert_eq!(key_limits(&json!({"limits": {"requests_per_second": 0, "concurrent_requests": 0}})), "-");
     }
 
     #[test]

@@ -3,6 +3,8 @@ a control plane, workers, a gateway; tritonclient over HTTP and gRPC through it.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import threading
 import time
 import urllib.error
@@ -14,7 +16,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import infer_grpc, infer_http, marker_model, wait_until
+from conftest import infer_grpc, infer_http, marker_model, tessera_bin, wait_until
 
 X = np.zeros((1, 4), dtype=np.float32)
 
@@ -277,6 +279,60 @@ def test_rate_limit_answers_429_with_retry_after_at_the_configured_rate(make_clu
     assert rows[("marker", "gateway")]["requests"] == 0
     served = [e for (model, profile), e in rows.items() if model == "marker" and profile != "gateway"]
     assert served and all(e["throttled"] == 0 for e in served) and sum(e["requests"] for e in served) > 0
+
+
+def test_a_key_with_its_own_limit_is_held_to_it_while_the_tenants_other_keys_are_not(make_cluster):
+    cluster = make_cluster(1)
+    keys = deploy_marker(cluster, "acme", replicas=1, requests_per_second=1000)
+    admin = keys["tenant-admin"]
+    created = cluster.api("POST", "/v1/tenants/acme/api-keys", admin,
+                          {"name": "batch job", "role": "inference", "limits": {"requests_per_second": 20}},
+                          expect=201)
+    limited = created["key"]
+    gw = cluster.start_gateway()
+    gateway_routes(gw, "acme", "marker", 1)
+    capped, free = Load(gw.addrs["http"], limited, threads=2), Load(gw.addrs["http"], keys["inference"], threads=2)
+    time.sleep(1.0)
+    starts, start = (capped.ok, free.ok), time.monotonic()
+    time.sleep(5.0)
+    elapsed = time.monotonic() - start
+    rates = ((capped.ok - starts[0]) / elapsed, (free.ok - starts[1]) / elapsed)
+    capped.finish()
+    free.finish()
+    assert not capped.failures and not free.failures, (capped.failures[:3], free.failures[:3])
+    assert capped.throttled > 0 and free.throttled == 0
+    assert 18 <= rates[0] <= 22, f"the limited key got {rates[0]:.1f}/s against its own 20/s"
+    assert rates[1] > 30, f"the tenant's other key is held only to the tenant's 1000/s, got {rates[1]:.1f}/s"
+    refused = metric_sum(f"http://{gw.addrs['metrics']}/metrics", "tessera_gateway_throttled_total",
+                         tenant=tenant_id(cluster, "acme"), reason="key_rate")
+    assert refused == capped.throttled
+
+    req = urllib.request.Request(f"http://{gw.addrs['http']}/v2/models/marker/infer", data=b"{}", method="POST",
+                                 headers={"Authorization": f"Bearer {limited}"})
+    messages = []
+    for _ in range(60):
+        try:
+            urllib.request.urlopen(req, timeout=5).read()
+        except urllib.error.HTTPError as e:
+            if e.code == 429:
+                messages.append(e.read().decode())
+    assert messages and f"API key {created['api_key']['id']}" in messages[0], messages[:1]
+
+    # The CLI lifts the key's limit; the gateways follow within about a second.
+    cli = subprocess.run([tessera_bin(), "keys", "limit", "batch job", "--requests-per-second", "0",
+                          "--url", cluster.url, "--key", admin, "--tenant", "acme"],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert cli.stdout.strip().endswith(": -"), cli.stdout
+    listed = subprocess.run([tessera_bin(), "-o", "json", "keys", "list", "--url", cluster.url, "--key", admin,
+                             "--tenant", "acme"], capture_output=True, text=True, timeout=60)
+    by_name = {k["name"]: k for k in json.loads(listed.stdout)}
+    assert by_name["batch job"]["limits"] == {"requests_per_second": 0, "concurrent_requests": 0}
+    time.sleep(2.0)
+    burst = Load(gw.addrs["http"], limited, threads=2)
+    time.sleep(2.0)
+    burst.finish()
+    assert burst.throttled == 0 and burst.ok > 40, (burst.ok, burst.throttled)
 
 
 def test_a_rollout_through_the_gateway_fails_no_request(make_cluster):

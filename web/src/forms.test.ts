@@ -88,7 +88,14 @@ describe('price form', () => {
 });
 
 describe('keys and actors', () => {
-  const key = { id: 'k', prefix: 'tsk_ab', name: 'ci', role: 'viewer' as const, created_at: '2026-01-01T00:00:00Z' };
+  const key = {
+    id: 'k',
+    prefix: 'tsk_ab',
+    name: 'ci',
+    role: 'viewer' as const,
+    created_at: '2026-01-01T00:00:00Z',
+    limits: { requests_per_second: 0, concurrent_requests: 0 },
+  };
   it('tells active, expired and revoked keys apart', () => {
     const now = new Date('2026-06-01T00:00:00Z');
     expect(keyState(key, now)).toBe('active');

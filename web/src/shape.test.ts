@@ -5,6 +5,7 @@ import {
   decodeClaims,
   filterAndSortModels,
   invoiceByModel,
+  keyLimits,
   metricsSeries,
   quotaRows,
   rangeQuery,
@@ -138,6 +139,11 @@ describe('invoices and periods', () => {
 });
 
 describe('quotas and audit', () => {
+  it('reads a key\'s own limits briefly, or none', () => {
+    expect(keyLimits({ requests_per_second: 20, concurrent_requests: 4 })).toBe('20/s, 4 in flight');
+    expect(keyLimits({ requests_per_second: 0, concurrent_requests: 2 })).toBe('2 in flight');
+    expect(keyLimits({ requests_per_second: 0, concurrent_requests: 0 })).toBeNull();
+  });
   it('pairs limits with use', () => {
     const rows = quotaRows({
       limits: { models: 10, versions: 100, storage_bytes: 1000, replicas: 0, requests_per_second: 50, concurrent_requests: 0, monthly_spend_cents: 0, slices: { gpu: 1, cpu: 8 } },

@@ -314,6 +314,16 @@ export function keyState(k: S['ApiKey'], now: Date = new Date()): 'revoked' | 'e
   return 'active';
 }
 
+/** An API key's own limits at the gateways, briefly (`20/s, 4 in flight`); `null` when it has
+ *  none and only its tenant's apply. */
+export function keyLimits(l: S['KeyLimits']): string | null {
+  const parts: string[] = [];
+  const [rate, inFlight] = [l.requests_per_second ?? 0, l.concurrent_requests ?? 0];
+  if (rate > 0) parts.push(`${rate}/s`);
+  if (inFlight > 0) parts.push(`${inFlight} in flight`);
+  return parts.length > 0 ? parts.join(', ') : null;
+}
+
 /** Who acted, for people: the user's email and the key's name when known, else the key id's
  *  start (a deleted key), else the email of a single sign-on user, else `system`. */
 export function actorLabel(a: { actor_key_id?: string | null; actor_key_name?: string | null; actor_user_email?: string | null }): string {

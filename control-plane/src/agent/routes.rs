@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use tessera_protocol::agent::{ModelRoute, RouteReplica, RouteTable, TenantRoutes, VersionWeight, WatchRoutesRequest};
+use tessera_protocol::agent::{
+    KeyLimit, ModelRoute, RouteReplica, RouteTable, TenantRoutes, VersionWeight, WatchRoutesRequest,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -19,7 +21,7 @@ use uuid::Uuid;
 
 use super::BoxStream;
 use crate::app::App;
-use crate::registry::{RouteDeploymentRow, RouteReplicaRow, RouteTenantRow, now};
+use crate::registry::{RouteDeploymentRow, RouteKeyRow, RouteReplicaRow, RouteTenantRow, now};
 
 /// How often the table is re-read.
 const POLL: Duration = Duration::from_secs(1);
@@ -108,21 +110,33 @@ async fn seen(app: &App, gateway_id: &str, version: &str) -> crate::error::Resul
 async fn read_table(app: &App) -> crate::error::Result<RouteTable> {
     let mut conn = app.registry.conn().await?;
     let tenants = conn.route_tenants().await?;
+    let keys = conn.route_keys().await?;
     let deployments = conn.route_deployments().await?;
     let replicas = conn.route_replicas().await?;
     let weights = conn.route_weights().await?.into_iter().map(|w| (w.deployment_id, w.weights)).collect();
     let gateways = conn.live_gateways(now(), SEEN_WITHIN).await?;
-    Ok(build_table(tenants, deployments, replicas, weights, gateways))
+    Ok(build_table(Rows { tenants, keys, deployments, replicas }, weights, gateways))
+}
+
+/// What the table is built from.
+struct Rows {
+    tenants: Vec<RouteTenantRow>,
+    keys: Vec<RouteKeyRow>,
+    deployments: Vec<RouteDeploymentRow>,
+    replicas: Vec<RouteReplicaRow>,
 }
 
 /// Groups the rows into the table gateways read.
-fn build_table(
-    tenants: Vec<RouteTenantRow>,
-    deployments: Vec<RouteDeploymentRow>,
-    replicas: Vec<RouteReplicaRow>,
-    mut weights: BTreeMap<Uuid, Vec<(i64, u32)>>,
-    gateways: u32,
-) -> RouteTable {
+fn build_table(rows: Rows, mut weights: BTreeMap<Uuid, Vec<(i64, u32)>>, gateways: u32) -> RouteTable {
+    let Rows { tenants, keys, deployments, replicas } = rows;
+    let mut keys_by_tenant: BTreeMap<Uuid, Vec<KeyLimit>> = BTreeMap::new();
+    for k in keys {
+        keys_by_tenant.entry(k.tenant_id).or_default().push(KeyLimit {
+            key_id: k.key_id.to_string(),
+            requests_per_second: u64::try_from(k.requests_per_second).unwrap_or(0),
+            concurrent_requests: u64::try_from(k.concurrent_requests).unwrap_or(0),
+        });
+    }
     let mut by_deployment: BTreeMap<Uuid, Vec<RouteReplica>> = BTreeMap::new();
     for r in replicas {
         by_deployment.entry(r.deployment_id).or_default().push(RouteReplica {
@@ -158,6 +172,7 @@ fn build_table(
             requests_per_second: u64::try_from(t.requests_per_second).unwrap_or(0),
             concurrent_requests: u64::try_from(t.concurrent_requests).unwrap_or(0),
             models: by_tenant.remove(&t.tenant_id).unwrap_or_default(),
+            keys: keys_by_tenant.remove(&t.tenant_id).unwrap_or_default(),
         })
         .collect();
     RouteTable { tenants, gateways, revocations: None }
@@ -198,7 +213,9 @@ mod tests {
             replica(d1, 2, true, ReplicaState::Draining, "w3"),
         ];
         let weights = BTreeMap::from([(d2, vec![(1, 90), (3, 10)])]);
-        let table = build_table(tenants, deployments, replicas, weights, 3);
+        let key = Uuid::new_v4();
+        let keys = vec![RouteKeyRow { tenant_id: t2, key_id: key, requests_per_second: 5, concurrent_requests: 0 }];
+        let table = build_table(Rows { tenants, keys, deployments, replicas }, weights, 3);
         assert_eq!(table.gateways, 3);
         let a = &table.tenants[0];
         assert_eq!((a.tenant_name.as_str(), a.requests_per_second), ("a", 50));
@@ -209,6 +226,8 @@ mod tests {
         assert_eq!(serving, vec![("w1", true), ("w2", false), ("w3", false)]);
         let b = &table.tenants[1];
         assert_eq!((b.requests_per_second, b.concurrent_requests), (0, 4));
+        assert!(a.keys.is_empty());
+        assert_eq!(b.keys, vec![KeyLimit { key_id: key.to_string(), requests_per_second: 5, concurrent_requests: 0 }]);
         assert!(b.models[0].replicas.is_empty(), "a deployment without loaded replicas is still listed");
         let split: Vec<_> = b.models[0].weights.iter().map(|w| (w.version, w.weight)).collect();
         assert_eq!(split, vec![(1, 90), (3, 10)], "the registry's split in effect");

@@ -42,6 +42,53 @@ pub struct ApiKey {
     /// Last used (to the minute).
     #[serde(with = "time::serde::rfc3339::option")]
     pub last_used_at: Option<OffsetDateTime>,
+    /// The key's own limits at the gateways.
+    pub limits: KeyLimits,
+}
+
+/// An API key's own limits at the gateways, applied beside its tenant's quotas
+/// (`requests_per_second`, `concurrent_requests`): a request must pass both. 0 = only the
+/// tenant's limit. Like the tenant's, each of N gateways enforces 1/N of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KeyLimits {
+    /// Most inference requests per second with this key; 0 = no limit of its own.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 1_000_000_000)]
+    pub requests_per_second: i64,
+    /// Most inference requests in flight at once with this key; 0 = no limit of its own.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 1_000_000_000)]
+    pub concurrent_requests: i64,
+}
+
+impl KeyLimits {
+    /// Largest limit accepted.
+    const MAX: i64 = 1_000_000_000;
+
+    fn validate(&self, field: &str) -> Result<(i64, i64)> {
+        for (name, v) in
+            [("requests_per_second", self.requests_per_second), ("concurrent_requests", self.concurrent_requests)]
+        {
+            if !(0..=Self::MAX).contains(&v) {
+                return Err(Error::invalid(
+                    format!("{field}.{name}"),
+                    format!("{field}.{name} must be 0 (no limit of its own) to {}", Self::MAX),
+                ));
+            }
+        }
+        Ok((self.requests_per_second, self.concurrent_requests))
+    }
+}
+
+/// A change to a key: its limits (the only thing about a key that changes; rotate a key by
+/// creating a new one and revoking the old).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(examples(json!({"limits": {"requests_per_second": 50, "concurrent_requests": 8}})))]
+pub struct UpdateApiKey {
+    /// The key's new limits.
+    pub limits: KeyLimits,
 }
 
 impl From<ApiKeyRow> for ApiKey {
@@ -57,6 +104,10 @@ impl From<ApiKeyRow> for ApiKey {
             expires_at: k.expires_at,
             revoked_at: k.revoked_at,
             last_used_at: k.last_used_at,
+            limits: KeyLimits {
+                requests_per_second: k.max_requests_per_second,
+                concurrent_requests: k.max_concurrent_requests,
+            },
         }
     }
 }
@@ -80,6 +131,9 @@ pub struct CreateApiKey {
     /// never expires.
     #[serde(default, with = "time::serde::rfc3339::option")]
     pub expires_at: Option<OffsetDateTime>,
+    /// The key's own limits at the gateways. Absent: only the tenant's.
+    #[serde(default)]
+    pub limits: Option<KeyLimits>,
 }
 
 /// A created key: the only time its secret is shown.
@@ -125,6 +179,7 @@ impl CreateApiKey {
             }
             crate::types::check_time("expires_at", t)?;
         }
+        self.limits.unwrap_or_default().validate("limits")?;
         Ok(())
     }
 }
@@ -155,6 +210,7 @@ pub async fn handle_key_create(
         role: body.role,
         user_id: body.user_id,
         expires_at: body.expires_at,
+        limits: body.limits.unwrap_or_default().validate("limits")?,
     };
     let row = app.registry.create_key(&caller.actor, t.id, new).await?;
     Ok((StatusCode::CREATED, Json(CreatedApiKey { key: generated.key, api_key: row.into() })))
@@ -189,6 +245,23 @@ pub async fn handle_key_get(
 ) -> Result<Json<ApiKey>> {
     let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "read API keys").await?;
     let row = app.registry.conn().await?.key(t.id, parse_key_id(&key_id)?).await?.ok_or(Error::NotFound("api key"))?;
+    Ok(Json(row.into()))
+}
+
+/// Changes a key's own limits (tenant admins). Gateways apply them within about a second.
+#[utoipa::path(patch, path = "/v1/tenants/{tenant}/api-keys/{key_id}", operation_id = "update_api_key", tag = "api-keys",
+    request_body = UpdateApiKey,
+    params(("tenant" = String, Path, description = "Tenant name"), ("key_id" = String, Path, description = "Key id")),
+    responses((status = 200, description = "The key.", body = ApiKey)))]
+pub async fn handle_key_update(
+    State(app): State<AppState>,
+    caller: Caller,
+    Path((tenant, key_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<UpdateApiKey>,
+) -> Result<Json<ApiKey>> {
+    let t = app.tenant_for(&caller.principal, &tenant, Role::TenantAdmin, "change API keys").await?;
+    let limits = body.limits.validate("limits")?;
+    let row = app.registry.set_key_limits(&caller.actor, t.id, parse_key_id(&key_id)?, limits).await?;
     Ok(Json(row.into()))
 }
 

@@ -156,7 +156,7 @@ fn api_router() -> OpenApiRouter<AppState> {
         .routes(routes!(tenants::handle_tenant_get))
         .routes(routes!(tenants::handle_quota_get, tenants::handle_quota_set))
         .routes(routes!(keys::handle_key_create, keys::handle_key_list))
-        .routes(routes!(keys::handle_key_get, keys::handle_key_revoke))
+        .routes(routes!(keys::handle_key_get, keys::handle_key_revoke, keys::handle_key_update))
         .routes(routes!(users::handle_user_create, users::handle_user_list))
         .routes(routes!(users::handle_user_get, users::handle_user_disable))
         .routes(routes!(models::handle_model_create, models::handle_model_list))

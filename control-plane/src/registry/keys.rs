@@ -37,6 +37,10 @@ pub struct ApiKeyRow {
     pub revoked_at: Option<OffsetDateTime>,
     /// Last successful use (updated at most once a minute).
     pub last_used_at: Option<OffsetDateTime>,
+    /// The key's own requests per second at the gateways; 0 = only the tenant's limit.
+    pub max_requests_per_second: i64,
+    /// The key's own requests in flight at the gateways; 0 = only the tenant's limit.
+    pub max_concurrent_requests: i64,
 }
 
 impl ApiKeyRow {
@@ -55,6 +59,8 @@ impl ApiKeyRow {
             "id": self.id, "prefix": self.prefix, "name": self.name, "role": self.role, "user_id": self.user_id,
             "expires_at": self.expires_at.map(|t| t.unix_timestamp()),
             "revoked": self.revoked_at.is_some(),
+            "max_requests_per_second": self.max_requests_per_second,
+            "max_concurrent_requests": self.max_concurrent_requests,
         })
     }
 }
@@ -74,13 +80,15 @@ pub struct NewApiKey {
     pub user_id: Option<Uuid>,
     /// Expiry.
     pub expires_at: Option<OffsetDateTime>,
+    /// The key's own limits at the gateways: requests per second and in flight (0 = none).
+    pub limits: (i64, i64),
 }
 
 macro_rules! select_keys {
     ($rest:literal) => {
         concat!(
             "SELECT id, tenant_id, prefix, secret_hash, name, role, user_id, created_by, created_at, expires_at, revoked_at, ",
-            "last_used_at FROM api_keys ",
+            "last_used_at, max_requests_per_second, max_concurrent_requests FROM api_keys ",
             $rest
         )
     };
@@ -162,7 +170,8 @@ impl Conn {
     async fn insert_key(&mut self, k: &ApiKeyRow) -> Result<()> {
         exec!(self, "key.insert", |c| sqlx::query(
             "INSERT INTO api_keys (id, tenant_id, prefix, secret_hash, name, role, user_id, created_by, created_at, \
-             expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"
+             expires_at, max_requests_per_second, max_concurrent_requests) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
         )
         .bind(k.id)
         .bind(k.tenant_id)
@@ -174,6 +183,8 @@ impl Conn {
         .bind(k.created_by)
         .bind(k.created_at)
         .bind(k.expires_at)
+        .bind(k.max_requests_per_second)
+        .bind(k.max_concurrent_requests)
         .execute(c))
         .map_err(|e| {
             on_unique(e, crate::error::ErrorCode::AlreadyExists, || "an API key with this prefix already exists".into())
@@ -198,6 +209,8 @@ impl Registry {
             expires_at: new.expires_at,
             revoked_at: None,
             last_used_at: None,
+            max_requests_per_second: new.limits.0,
+            max_concurrent_requests: new.limits.1,
         };
         let mut tx = self.begin().await?;
         if let Some(user_id) = new.user_id {
@@ -236,6 +249,40 @@ impl Registry {
         let event = NewAuditEvent {
             tenant_id,
             action: "api_key.revoke",
+            resource_type: "api_key",
+            resource_id: id.to_string(),
+            before: Some(before.summary()),
+            after: Some(after.summary()),
+        };
+        tx.append_audit(actor, event).await?;
+        tx.commit().await?;
+        Ok(after)
+    }
+
+    /// Changes one of a tenant's keys' own limits (requests per second, requests in flight).
+    pub async fn set_key_limits(
+        &self,
+        actor: &Actor,
+        tenant_id: Uuid,
+        id: Uuid,
+        limits: (i64, i64),
+    ) -> Result<ApiKeyRow> {
+        let mut tx = self.begin().await?;
+        let before = tx.key(tenant_id, id).await?.ok_or(Error::NotFound("api key"))?;
+        exec!(tx, "key.limits", |c| sqlx::query(
+            "UPDATE api_keys SET max_requests_per_second = $3, max_concurrent_requests = $4 \
+             WHERE tenant_id = $1 AND id = $2"
+        )
+        .bind(tenant_id)
+        .bind(id)
+        .bind(limits.0)
+        .bind(limits.1)
+        .execute(c))?;
+        let after =
+            ApiKeyRow { max_requests_per_second: limits.0, max_concurrent_requests: limits.1, ..before.clone() };
+        let event = NewAuditEvent {
+            tenant_id,
+            action: "api_key.update",
             resource_type: "api_key",
             resource_id: id.to_string(),
             before: Some(before.summary()),

@@ -60,7 +60,7 @@ pub use keys::{ApiKeyRow, NewApiKey};
 pub use models::{AliasRow, ModelRow, NewVersion, UploadRow, VersionRow};
 pub use prices::PriceRow;
 pub use quotas::{QuotaLimits, QuotaRow, QuotaUsage};
-pub use routes::{RouteDeploymentRow, RouteReplicaRow, RouteTenantRow};
+pub use routes::{RouteDeploymentRow, RouteKeyRow, RouteReplicaRow, RouteTenantRow};
 pub use signing::SigningKeyRow;
 pub use sso::{ConsoleSessionRow, NewConsoleSession, OidcIssuerRow, OidcLoginRow};
 pub use tenants::TenantRow;

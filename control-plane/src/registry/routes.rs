@@ -28,6 +28,19 @@ pub struct RouteTenantRow {
     pub concurrent_requests: i64,
 }
 
+/// An API key with limits of its own.
+#[derive(Debug, Clone, FromRow)]
+pub struct RouteKeyRow {
+    /// Tenant.
+    pub tenant_id: Uuid,
+    /// Key.
+    pub key_id: Uuid,
+    /// Requests per second; 0 = none of its own.
+    pub requests_per_second: i64,
+    /// Requests in flight; 0 = none of its own.
+    pub concurrent_requests: i64,
+}
+
 /// A deployment as routes see it.
 #[derive(Debug, Clone, FromRow)]
 pub struct RouteDeploymentRow {
@@ -71,6 +84,17 @@ impl Conn {
              q.max_concurrent_requests AS concurrent_requests \
              FROM tenants t JOIN tenant_quotas q ON q.tenant_id = t.id \
              WHERE EXISTS (SELECT 1 FROM deployments d WHERE d.tenant_id = t.id) ORDER BY t.id"
+        )
+        .fetch_all(c))
+    }
+
+    /// Unrevoked API keys with limits of their own.
+    pub async fn route_keys(&mut self) -> Result<Vec<RouteKeyRow>> {
+        on_conn!(self, "routes.keys", |c| sqlx::query_as::<_, RouteKeyRow>(
+            "SELECT tenant_id, id AS key_id, max_requests_per_second AS requests_per_second, \
+             max_concurrent_requests AS concurrent_requests FROM api_keys \
+             WHERE revoked_at IS NULL AND (max_requests_per_second > 0 OR max_concurrent_requests > 0) \
+             ORDER BY tenant_id, id"
         )
         .fetch_all(c))
     }

@@ -341,12 +341,14 @@ async fn keys_are_found_by_prefix_and_revoked() {
             role: crate::types::Role::Deployer,
             user_id: None,
             expires_at: None,
+            limits: (25, 4),
         };
         let key = r.create_key(&actor(), a, new.clone()).await.unwrap();
         assert_eq!(r.create_key(&actor(), a, new).await.unwrap_err().code(), "already_exists");
         let mut c = r.conn().await.unwrap();
         let found = c.key_by_prefix("tsk_abc").await.unwrap().unwrap();
         assert_eq!((found.id, found.role()), (key.id, crate::types::Role::Deployer));
+        assert_eq!((found.max_requests_per_second, found.max_concurrent_requests), (25, 4));
         assert!(found.is_active(now()));
         drop(c);
         let revoked = r.revoke_key(&actor(), a, key.id).await.unwrap();
@@ -419,7 +421,15 @@ fn new_user(email: &str, role: crate::types::Role) -> NewUser {
 }
 
 fn user_key(prefix: &str, role: crate::types::Role, user_id: Option<Uuid>) -> NewApiKey {
-    NewApiKey { prefix: prefix.into(), secret_hash: "00".into(), name: prefix.into(), role, user_id, expires_at: None }
+    NewApiKey {
+        prefix: prefix.into(),
+        secret_hash: "00".into(),
+        name: prefix.into(),
+        role,
+        user_id,
+        expires_at: None,
+        limits: (0, 0),
+    }
 }
 
 #[tokio::test]

@@ -294,7 +294,12 @@ impl Authenticator {
             tracing::debug!(sub = %claims.sub, "access token refused: revoked");
             return Err(Error::unauthenticated(REVOKED_TOKEN));
         }
-        Ok(Principal { tenant_id: claims.tenant.to_string(), tenant_name: claims.tenant_name, role: claims.role })
+        Ok(Principal {
+            tenant_id: claims.tenant.to_string(),
+            tenant_name: claims.tenant_name,
+            role: claims.role,
+            key_id: uuid::Uuid::try_parse(&claims.sub).ok(),
+        })
     }
 }
 

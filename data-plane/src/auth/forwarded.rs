@@ -75,7 +75,7 @@ impl IdentityKey {
         }
         let role: Role = role.parse().map_err(|_| refused())?;
         let name = URL_SAFE_NO_PAD.decode(name).ok().and_then(|b| String::from_utf8(b).ok()).ok_or_else(refused)?;
-        Ok(Principal { tenant_id: tenant_id.to_string(), tenant_name: name, role })
+        Ok(Principal { tenant_id: tenant_id.to_string(), tenant_name: name, role, key_id: None })
     }
 }
 
@@ -96,6 +96,7 @@ mod tests {
             tenant_id: "7d9f0a4e-1111-4222-8333-944455556666".into(),
             tenant_name: "acme.io".into(),
             role: Role::Inference,
+            key_id: None,
         }
     }
 

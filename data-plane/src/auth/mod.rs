@@ -19,6 +19,9 @@ pub struct Principal {
     pub tenant_name: String,
     /// Role.
     pub role: Role,
+    /// The API key the credential is (or was exchanged for): what a gateway applies the key's
+    /// own limits by. `None` for identities forwarded by a gateway and callers without one.
+    pub key_id: Option<uuid::Uuid>,
 }
 
 /// An API key the control plane resolved.

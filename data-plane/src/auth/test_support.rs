@@ -47,7 +47,12 @@ impl CredentialSource for StaticSource {
 }
 
 fn principal(tenant: &str, role: Role) -> Principal {
-    Principal { tenant_id: tenant.into(), tenant_name: format!("tenant-{}", &tenant[tenant.len() - 2..]), role }
+    Principal {
+        tenant_id: tenant.into(),
+        tenant_name: format!("tenant-{}", &tenant[tenant.len() - 2..]),
+        role,
+        key_id: None,
+    }
 }
 
 /// An authenticator that knows [`A_INFERENCE`], [`A_VIEWER`], [`B_DEPLOYER`] and

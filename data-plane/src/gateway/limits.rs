@@ -35,6 +35,14 @@ impl Throttled {
         }
     }
 
+    /// The metrics label when an API key's own limit refused.
+    pub fn key_reason(self) -> &'static str {
+        match self {
+            Throttled::Rate(_) => "key_rate",
+            Throttled::Concurrency => "key_concurrency",
+        }
+    }
+
     /// Whole seconds for `Retry-After` (at least 1).
     pub fn retry_after_secs(self) -> u64 {
         match self {
@@ -64,13 +72,6 @@ struct Bucket {
 
 /// A request admitted under the concurrency cap, released when dropped.
 pub struct Admitted(Option<Arc<AtomicU64>>);
-
-impl Admitted {
-    /// An admission that holds no slot (no limit applies).
-    pub fn none() -> Self {
-        Admitted(None)
-    }
-}
 
 impl Drop for Admitted {
     fn drop(&mut self) {

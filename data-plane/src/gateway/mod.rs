@@ -135,6 +135,22 @@ pub struct Gateway {
     live: AtomicBool,
 }
 
+/// Whose limit refused a request.
+enum Scope<'a> {
+    /// The tenant's (its name).
+    Tenant(&'a str),
+    /// The caller's API key's own (its id).
+    Key(uuid::Uuid),
+}
+
+/// The concurrency slots a request holds (its tenant's, and its key's where the key has its
+/// own limits) until its response is done.
+#[derive(Default)]
+pub struct Slots {
+    _tenant: Option<Admitted>,
+    _key: Option<Admitted>,
+}
+
 /// A caller the gateway authenticated, with the route table its request is served from.
 pub struct Caller {
     /// Who asked.
@@ -231,34 +247,59 @@ impl Gateway {
         Ok(Caller { tenant: principal.tenant_id.clone(), principal, routes: self.routes() })
     }
 
-    /// Applies the caller's tenant limits to one request for `model` (a model the caller's
-    /// tenant has: unknown models are refused before, without spending the tenant's limits). A
-    /// refusal is counted in the metrics and, as throttled usage, under the model and the
-    /// version the client named (0 when none, or one the model does not have).
+    /// Applies the limits of the caller's API key (when it has its own) and of its tenant to
+    /// one request for `model` (a model the caller's tenant has: unknown models are refused
+    /// before, spending no limit). A refusal is counted in the metrics and, as throttled usage,
+    /// under the model and the version the client named (0 when none, or one the model does
+    /// not have).
     pub fn admit(
         &self,
         caller: &Caller,
         model: &ModelRoutes,
         name: &str,
         version: Option<i64>,
-    ) -> Result<Admitted, Error> {
-        let Some(tenant) = caller.routes.tenants.get(&caller.tenant) else { return Ok(Admitted::none()) };
-        let throttled = match tenant.limiter.admit(Instant::now()) {
-            Ok(slot) => return Ok(slot),
-            Err(throttled) => throttled,
+    ) -> Result<Slots, Error> {
+        let Some(tenant) = caller.routes.tenants.get(&caller.tenant) else { return Ok(Slots::default()) };
+        let now = Instant::now();
+        // The key's limit first: it is the narrower one, and a request it refuses then spends
+        // none of the tenant's.
+        let key = caller.principal.key_id.and_then(|id| tenant.keys.get(&id).map(|limiter| (id, limiter)));
+        let key_slot = match key {
+            Some((id, limiter)) => match limiter.admit(now) {
+                Ok(slot) => Some(slot),
+                Err(throttled) => return Err(self.refuse(caller, model, name, version, throttled, Scope::Key(id))),
+            },
+            None => None,
         };
-        self.metrics.throttled(&caller.tenant, throttled.reason());
+        match tenant.limiter.admit(now) {
+            Ok(slot) => Ok(Slots { _tenant: Some(slot), _key: key_slot }),
+            Err(throttled) => Err(self.refuse(caller, model, name, version, throttled, Scope::Tenant(&tenant.name))),
+        }
+    }
+
+    /// Counts a refusal and words it.
+    fn refuse(
+        &self,
+        caller: &Caller,
+        model: &ModelRoutes,
+        name: &str,
+        version: Option<i64>,
+        throttled: limits::Throttled,
+        scope: Scope<'_>,
+    ) -> Error {
+        let (reason, whose) = match scope {
+            Scope::Tenant(tenant) => (throttled.reason(), format!("tenant '{tenant}'")),
+            Scope::Key(id) => (throttled.key_reason(), format!("API key {id}")),
+        };
+        self.metrics.throttled(&caller.tenant, reason);
         let version = version.filter(|v| model.replicas.iter().any(|r| r.version == *v)).unwrap_or(0);
         self.throttled_usage.count(&caller.tenant, name, version, crate::auth::system_unix_now());
-        let tenant_name = &tenant.name;
         let message = match throttled {
-            limits::Throttled::Rate(_) => format!("tenant '{tenant_name}' is over its requests-per-second limit"),
-            limits::Throttled::Concurrency => {
-                format!("tenant '{tenant_name}' has as many requests in flight as its limit allows")
-            }
+            limits::Throttled::Rate(_) => format!("{whose} is over its requests-per-second limit"),
+            limits::Throttled::Concurrency => format!("{whose} has as many requests in flight as its limit allows"),
         };
         let seconds = u32::try_from(throttled.retry_after_secs()).unwrap_or(u32::MAX);
-        Err(Error::new(ErrorKind::TooManyRequests, message).retry_after(seconds))
+        Error::new(ErrorKind::TooManyRequests, message).retry_after(seconds)
     }
 
     /// The signed identity header for `who`.
@@ -378,4 +419,106 @@ fn default_id(port: u16) -> String {
     let host: String =
         host.trim().chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')).collect();
     if host.is_empty() || host.starts_with('.') { format!("gateway-{port}") } else { format!("{host}-{port}") }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_protocol::agent::{self, KeyLimit, ModelRoute, RouteReplica, RouteTable, VersionWeight};
+
+    use super::*;
+
+    const LIMITED: uuid::Uuid = uuid::Uuid::from_u128(1);
+    const FREE: uuid::Uuid = uuid::Uuid::from_u128(2);
+
+    /// Tenant `t1` (`tenant_rps` requests/s, 3 in flight) with model `m`, whose key LIMITED has
+    /// `key_rps` requests/s and 1 in flight of its own.
+    fn routes(previous: &Routes, tenant_rps: u64, key_rps: u64) -> Routes {
+        let replica = RouteReplica {
+            replica_id: "r".into(),
+            version: 1,
+            worker_id: "w".into(),
+            http_endpoint: "http://w:8000".into(),
+            grpc_endpoint: "w:8001".into(),
+            serving: true,
+        };
+        let table = RouteTable {
+            tenants: vec![agent::TenantRoutes {
+                tenant_id: "t1".into(),
+                tenant_name: "acme".into(),
+                requests_per_second: tenant_rps,
+                concurrent_requests: 3,
+                models: vec![ModelRoute {
+                    model_name: "m".into(),
+                    deployment_id: "d".into(),
+                    weights: vec![VersionWeight { version: 1, weight: 100 }],
+                    replicas: vec![replica],
+                }],
+                keys: vec![KeyLimit {
+                    key_id: LIMITED.to_string(),
+                    requests_per_second: key_rps,
+                    concurrent_requests: 1,
+                }],
+            }],
+            gateways: 1,
+            revocations: None,
+        };
+        Routes::from_table(&table, previous)
+    }
+
+    fn caller(routes: &Arc<Routes>, key: uuid::Uuid) -> Caller {
+        let principal =
+            Principal { tenant_id: "t1".into(), tenant_name: "acme".into(), role: Role::Inference, key_id: Some(key) };
+        Caller { principal, routes: routes.clone(), tenant: "t1".into() }
+    }
+
+    #[test]
+    fn a_key_with_its_own_limits_is_held_to_them_and_its_refusals_spend_none_of_the_tenants() {
+        let g = Gateway::for_tests();
+        // Concurrency: the key's one slot, while its tenant has three.
+        let routes_ = Arc::new(routes(&Routes::default(), 0, 0));
+        let (limited, free) = (caller(&routes_, LIMITED), caller(&routes_, FREE));
+        let m = limited.model("m").expect("model m");
+        let first = g.admit(&limited, m, "m", None).expect("the key's first request");
+        let e = g.admit(&limited, m, "m", Some(1)).err().expect("over the key's concurrency");
+        assert_eq!(e.kind, ErrorKind::TooManyRequests);
+        assert!(e.message.contains(&format!("API key {LIMITED} has as many requests in flight")), "{}", e.message);
+        let _others = [g.admit(&free, m, "m", None).expect("2 of 3"), g.admit(&free, m, "m", None).expect("3 of 3")];
+        let e = g.admit(&free, m, "m", None).err().expect("over the tenant's concurrency");
+        assert!(e.message.contains("tenant 'acme' has as many"), "{}", e.message);
+        drop(first);
+
+        // Rate: the tenant's bucket holds 20 (100/s), the key's 1 (1/s); the key's refusals take none of the tenant's.
+        let routes_ = Arc::new(routes(&Routes::default(), 100, 1));
+        let (limited, free) = (caller(&routes_, LIMITED), caller(&routes_, FREE));
+        let m = limited.model("m").expect("model m");
+        drop(g.admit(&limited, m, "m", None).expect("the key's first request"));
+        for _ in 0..50 {
+            let e = g.admit(&limited, m, "m", None).err().expect("over the key's rate");
+            assert!(e.message.contains(&format!("API key {LIMITED} is over its requests-per-second")), "{}", e.message);
+        }
+        let admitted = (0..50).filter(|_| g.admit(&free, m, "m", None).is_ok()).count();
+        assert!((19..=20).contains(&admitted), "the tenant's burst less the key's one: {admitted}");
+
+        let text = String::from_utf8(g.metrics.render(&g)).expect("utf-8");
+        for (reason, n) in [("key_concurrency", 1), ("concurrency", 1), ("key_rate", 50), ("rate", 50 - admitted)] {
+            let line = format!("tessera_gateway_throttled_total{{reason=\"{reason}\",tenant=\"t1\"}} {n}\n");
+            assert!(text.contains(&line), "{line} in {text}");
+        }
+        // Refusals become throttled usage: under version 1 where named, else 0.
+        let counted: Vec<(i64, u64)> = g.throttled_usage.take().into_iter().map(|((_, _, v, _), n)| (v, n)).collect();
+        assert_eq!(counted, [(0, 101 - admitted as u64), (1, 1)]);
+    }
+
+    #[test]
+    fn a_key_keeps_its_bucket_across_tables_and_loses_its_limit_when_the_table_drops_it() {
+        let g = Gateway::for_tests();
+        let first = Arc::new(routes(&Routes::default(), 100, 1));
+        let m = first.tenants["t1"].models.get("m").expect("m");
+        drop(g.admit(&caller(&first, LIMITED), m, "m", None).expect("first"));
+        let second = Arc::new(routes(&first, 100, 1));
+        let m = second.tenants["t1"].models.get("m").expect("m");
+        assert!(g.admit(&caller(&second, LIMITED), m, "m", None).is_err(), "the bucket carried over: still empty");
+        let raised = Arc::new(routes(&second, 100, 0));
+        assert!(raised.tenants["t1"].keys[&LIMITED].admit(Instant::now()).is_ok(), "0 = no rate of its own");
+    }
 }

@@ -151,6 +151,8 @@ pub struct TenantRoutes {
     pub models: HashMap<String, ModelRoutes>,
     /// The tenant's rate and concurrency limits (this gateway's share).
     pub limiter: Arc<Limiter>,
+    /// The limits of the tenant's API keys that have their own (this gateway's share), by key id.
+    pub keys: HashMap<uuid::Uuid, Arc<Limiter>>,
 }
 
 /// The whole table, replaced as a unit on every update.
@@ -183,6 +185,15 @@ impl Routes {
                 None => Arc::new(Limiter::default()),
             };
             limiter.configure(t.requests_per_second, t.concurrent_requests, gateways);
+            let old_keys = previous.tenants.get(&t.tenant_id).map(|old| &old.keys);
+            let mut keys = HashMap::with_capacity(t.keys.len());
+            for k in &t.keys {
+                // An id that does not parse names no key a caller can hold.
+                let Ok(id) = uuid::Uuid::try_parse(&k.key_id) else { continue };
+                let key_limiter = old_keys.and_then(|old| old.get(&id)).cloned().unwrap_or_default();
+                key_limiter.configure(k.requests_per_second, k.concurrent_requests, gateways);
+                keys.insert(id, key_limiter);
+            }
             let mut models = HashMap::with_capacity(t.models.len());
             for m in &t.models {
                 let replicas = m
@@ -198,7 +209,7 @@ impl Routes {
                 let weights = m.weights.iter().map(|w| (w.version, w.weight)).collect();
                 models.insert(m.model_name.clone(), ModelRoutes { weights, replicas });
             }
-            tenants.insert(t.tenant_id.clone(), TenantRoutes { name: t.tenant_name.clone(), models, limiter });
+            tenants.insert(t.tenant_id.clone(), TenantRoutes { name: t.tenant_name.clone(), models, limiter, keys });
         }
         Routes { tenants, gateways }
     }
@@ -327,6 +338,7 @@ mod tests {
                 requests_per_second: 100,
                 concurrent_requests: 0,
                 models: vec![ModelRoute { model_name: "m".into(), deployment_id: "d".into(), weights, replicas }],
+                keys: Vec::new(),
             }],
             gateways: 1,
             revocations: None,

@@ -42,7 +42,7 @@ impl ThrottledUsage {
     }
 
     /// Takes every count, leaving none.
-    fn take(&self) -> BTreeMap<Key, u64> {
+    pub(super) fn take(&self) -> BTreeMap<Key, u64> {
         std::mem::take(&mut *self.counts.lock())
     }
 }

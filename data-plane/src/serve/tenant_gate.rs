@@ -102,8 +102,12 @@ mod tests {
         let repository = Repository::open(dir.path()).expect("an empty repository");
         let manager = Arc::new(ModelManager::new(repository, ControlMode::None));
         let state = ServerState::new(manager, false, 1 << 20).with_tenant_limit(1);
-        let caller =
-            |tenant: &str| Principal { tenant_id: tenant.into(), tenant_name: tenant.into(), role: Role::Inference };
+        let caller = |tenant: &str| Principal {
+            tenant_id: tenant.into(),
+            tenant_name: tenant.into(),
+            role: Role::Inference,
+            key_id: None,
+        };
         let infer = async |who: &Principal| {
             let run = async |_: &crate::engine::model::LoadedModel,
                              _: &mut crate::serve::capture::Tap|

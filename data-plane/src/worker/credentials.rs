@@ -132,10 +132,11 @@ fn key_info(response: agent::AuthenticateKeyResponse) -> Result<KeyInfo, SourceE
             .map(Some)
             .map_err(|_| SourceError::Rejected(format!("the control plane sent an invalid {what} id"))),
     };
+    let key_id = id(&response.key_id, "key")?;
     Ok(KeyInfo {
-        key_id: id(&response.key_id, "key")?,
+        key_id,
         user_id: id(&response.user_id, "user")?,
-        principal: Principal { tenant_id: response.tenant_id, tenant_name: response.tenant_name, role },
+        principal: Principal { tenant_id: response.tenant_id, tenant_name: response.tenant_name, role, key_id },
         expires_at: (response.expires_at != 0).then_some(response.expires_at),
     })
 }

@@ -177,6 +177,45 @@ async fn keys_are_listed_without_secrets_revoked_and_expire() {
     assert_eq!(app.get(&short, "/v1/tenants/acme/models").await.status, 401);
 }
 
+#[tokio::test]
+async fn a_key_carries_its_own_limits_which_tenant_admins_change() {
+    let app = TestApp::spawn().await;
+    let t = app.tenant("acme").await;
+    let body = json!({ "name": "batch", "role": "inference", "limits": { "requests_per_second": 20 } });
+    let created = app.post(&t.admin, "/v1/tenants/acme/api-keys", &body).await.expect(201).clone();
+    let id = created["api_key"]["id"].as_str().unwrap().to_string();
+    assert_eq!(created["api_key"]["limits"], json!({ "requests_per_second": 20, "concurrent_requests": 0 }));
+    let plain = app.post(&t.admin, "/v1/tenants/acme/api-keys", &json!({ "name": "x", "role": "viewer" })).await;
+    assert_eq!(plain.expect(201)["api_key"]["limits"], json!({ "requests_per_second": 0, "concurrent_requests": 0 }));
+
+    let path = format!("/v1/tenants/acme/api-keys/{id}");
+    let change = json!({ "limits": { "requests_per_second": 5, "concurrent_requests": 2 } });
+    let changed = app.patch(&t.admin, &path, &change).await.expect(200).clone();
+    assert_eq!(changed["limits"], change["limits"]);
+    assert_eq!(app.get(&t.admin, &path).await.expect(200)["limits"], change["limits"]);
+    assert_eq!(app.patch(&t.deployer, &path, &change).await.status, 403, "tenant admins only");
+    let unknown = "/v1/tenants/acme/api-keys/00000000-0000-7000-8000-000000000000";
+    assert_eq!(app.patch(&t.admin, unknown, &change).await.status, 404);
+    for (bad, field) in [
+        (json!({ "limits": { "requests_per_second": -1 } }), "limits.requests_per_second"),
+        (json!({ "limits": { "concurrent_requests": 2_000_000_000_i64 } }), "limits.concurrent_requests"),
+    ] {
+        let r = app.patch(&t.admin, &path, &bad).await;
+        assert_eq!((r.status, r.body["error"]["field"].as_str()), (422, Some(field)), "{:?}", r.body);
+    }
+    let r = app.patch(&t.admin, &path, &json!({ "limits": { "rps": 1 } })).await;
+    assert_eq!(r.status, 422, "an unknown field is named: {:?}", r.body);
+    let bad_create = json!({ "name": "y", "role": "viewer", "limits": { "requests_per_second": -5 } });
+    let r = app.post(&t.admin, "/v1/tenants/acme/api-keys", &bad_create).await;
+    assert_eq!((r.status, r.body["error"]["field"].as_str()), (422, Some("limits.requests_per_second")));
+
+    let audit = app.get(&t.admin, "/v1/audit?action=api_key.update").await.expect(200).clone();
+    let events = audit["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1, "{audit:#}");
+    assert_eq!(events[0]["before"]["max_requests_per_second"], 20);
+    assert_eq!(events[0]["after"]["max_concurrent_requests"], 2);
+}
+
 /// RFC 3339 time `secs` from now.
 fn time_in(secs: i64) -> String {
     let t = time::OffsetDateTime::now_utc() + time::Duration::seconds(secs);

@@ -323,6 +323,10 @@ impl TestApp {
         self.send(self.req(reqwest::Method::PUT, key, path).json(body)).await
     }
 
+    pub async fn patch(&self, key: &str, path: &str, body: &Value) -> Resp {
+        self.send(self.req(reqwest::Method::PATCH, key, path).json(body)).await
+    }
+
     /// Sends a raw request (any method, any body) for the error tests.
     pub async fn raw(&self, req: reqwest::RequestBuilder) -> Resp {
         self.send(req).await

@@ -25,6 +25,7 @@ fn scoped_routes(tenant: &str, key_id: &str, user_id: &str, hook_id: &str) -> Ve
         (Method::GET, format!("{t}/api-keys"), None),
         (Method::POST, format!("{t}/api-keys"), Some(json!({ "name": "x", "role": "viewer" }))),
         (Method::GET, format!("{t}/api-keys/{key_id}"), None),
+        (Method::PATCH, format!("{t}/api-keys/{key_id}"), Some(json!({ "limits": { "requests_per_second": 1 } }))),
         (Method::DELETE, format!("{t}/api-keys/{key_id}"), None),
         (Method::GET, format!("{t}/users"), None),
         (Method::POST, format!("{t}/users"), Some(json!({ "email": "x@example.com", "name": "x", "role": "viewer" }))),

@@ -7,7 +7,7 @@ import type { components } from '../api/schema';
 import { formatAgo, formatTime } from '../format';
 import { grantableRoles, type Role } from '../roles';
 import type { Session } from '../session';
-import { keyState } from '../shape';
+import { keyLimits, keyState } from '../shape';
 import { Badge, ConfirmDialog, CopyButton, Empty, ErrorBox, Loaded, PageHeader, useLoad } from '../ui';
 
 type ApiKey = components['schemas']['ApiKey'];
@@ -130,11 +130,16 @@ function CreateKeyForm(props: { session: Session; tenant: string; users: User[];
   const [role, setRole] = useState<Role>(roles.includes('inference') ? 'inference' : roles[0]);
   const [userId, setUserId] = useState('');
   const [expires, setExpires] = useState('');
+  const [rate, setRate] = useState('');
   const [busy, setBusy] = useState(false);
   const [error, setError] = useState<string | null>(null);
   const submit = async (e: Event) => {
     e.preventDefault();
     if (name.trim() === '') return setError('Name: give the key a label, e.g. “ci pipeline”.');
+    const perSecond = rate.trim() === '' ? 0 : Number(rate);
+    if (!Number.isInteger(perSecond) || perSecond < 0) {
+      return setError('Requests per second: a whole number, or empty for only the tenant’s limit.');
+    }
     setBusy(true);
     setError(null);
     try {
@@ -143,9 +148,11 @@ function CreateKeyForm(props: { session: Session; tenant: string; users: User[];
         role,
         user_id: userId || undefined,
         expires_at: expires ? new Date(`${expires}T00:00:00Z`).toISOString() : undefined,
+        limits: perSecond > 0 ? { requests_per_second: perSecond, concurrent_requests: 0 } : undefined,
       };
       const res = await ok(api.POST('/v1/tenants/{tenant}/api-keys', { params: { path: { tenant: props.tenant } }, body }));
       setName('');
+      setRate('');
       props.onCreated(res.api_key.name, res.key);
     } catch (err) {
       setError(messageOf(err));
@@ -185,6 +192,10 @@ function CreateKeyForm(props: { session: Session; tenant: string; users: User[];
         <label>
           Expires <input type="date" name="key-expires" value={expires} onInput={(e) => setExpires((e.target as HTMLInputElement).value)} />
         </label>
+        <label title="The key's own requests-per-second limit at the gateway, beside the tenant's; empty: only the tenant's">
+          Requests/s{' '}
+          <input name="key-rate" inputMode="numeric" placeholder="tenant's" size={8} value={rate} onInput={(e) => setRate((e.target as HTMLInputElement).value)} />
+        </label>
         <button type="submit" class="primary" disabled={busy}>
           {busy ? 'Creating…' : 'Create key'}
         </button>
@@ -212,6 +223,7 @@ function KeyTable(props: { keys: ApiKey[]; users: User[]; selfId: string; onRevo
             <th>Created by</th>
             <th>Last used</th>
             <th>Expires</th>
+            <th>Limits</th>
             <th>Actions</th>
           </tr>
         </thead>
@@ -235,6 +247,7 @@ function KeyTable(props: { keys: ApiKey[]; users: User[]; selfId: string; onRevo
                 <td>{k.created_by ? (name.get(k.created_by) ?? <span class="muted">another tenant's key</span>) : <span class="muted">system</span>}</td>
                 <td>{k.last_used_at ? <span title={formatTime(k.last_used_at)}>{formatAgo(k.last_used_at)}</span> : <span class="muted">never</span>}</td>
                 <td>{k.expires_at ? formatTime(k.expires_at) : <span class="muted">never</span>}</td>
+                <td>{keyLimits(k.limits) ?? <span class="muted">tenant's</span>}</td>
                 <td>
                   {state === 'active' && (
                     <button type="button" class="danger" onClick={() => props.onRevoke(k)}>

@@ -69,7 +69,7 @@ impl CredentialSource for FakeSource {
 }
 
 fn principal(role: Role) -> Principal {
-    Principal { tenant_id: TENANT.into(), tenant_name: "acme".into(), role }
+    Principal { tenant_id: TENANT.into(), tenant_name: "acme".into(), role, key_id: None }
 }
 
 /// The id of [`KEY`] and of its user, as the control plane names them.

@@ -48,7 +48,7 @@ impl Drop for Object {
 }
 
 fn tenant(name: &str) -> Principal {
-    Principal { tenant_id: format!("id-{name}"), tenant_name: name.into(), role: Role::Inference }
+    Principal { tenant_id: format!("id-{name}"), tenant_name: name.into(), role: Role::Inference, key_id: None }
 }
 
 fn serve() -> SharedMemory {
