@@ -4,6 +4,7 @@ a control plane, workers, a gateway; tritonclient over HTTP and gRPC through it.
 from __future__ import annotations
 
 import json
+import queue
 import subprocess
 import threading
 import time
@@ -219,6 +220,39 @@ def test_killing_a_worker_under_load_fails_at_most_its_requests_in_flight(make_c
     assert len(load.failures) <= threads, load.failures
     late = [f for f in load.failures if f[0] > killed_at + 1.0]
     assert not late, f"failures after the first second: {late}"
+
+
+def stream_once(endpoint: str, key: str):
+    """One ModelStreamInfer stream carrying one request; returns its answer's OUTPUT0."""
+    answers: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(endpoint)
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)),
+                            headers={"authorization": f"Bearer {key}"})
+        inp = grpcclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(X)
+        client.async_stream_infer("marker", [inp])
+        result, error = answers.get(timeout=15)
+        assert error is None, error
+        return result.as_numpy("OUTPUT0")
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def test_a_stream_toward_an_unreachable_worker_is_opened_on_another_replica(make_cluster):
+    cluster = make_cluster(2)
+    keys = deploy_marker(cluster, "acme", replicas=2)
+    gw = cluster.start_gateway()
+    gateway_routes(gw, "acme", "marker", 2)
+    cluster.workers[1].kill()
+    # Until the control plane notices (seconds), the table still lists the dead worker: each
+    # stream picks it half the time, and must then be opened on the other replica instead.
+    retries = f"http://{gw.addrs['metrics']}/metrics"
+    for _ in range(12):
+        assert (stream_once(gw.addrs["grpc"], keys["inference"]) == X + 1.0).all()
+    assert metric_sum(retries, "tessera_gateway_retries_total", reason="unreachable") >= 1
+    assert metric_sum(retries, "tessera_gateway_ejections_total") >= 1
 
 
 def test_rate_limit_answers_429_with_retry_after_at_the_configured_rate(make_cluster):

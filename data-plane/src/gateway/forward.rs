@@ -114,6 +114,51 @@ impl Clients {
     }
 }
 
+/// A stream's frames, read on by whichever attempt holds them.
+type Frames = std::pin::Pin<Box<dyn futures::Stream<Item = Result<http_body::Frame<Bytes>, BoxError>> + Send>>;
+
+/// A streamed request body that can be offered to one replica after another: every attempt's
+/// body reads from the same source, and the source remembers whether any attempt read from
+/// it. An attempt that failed to connect never read, so the next replica gets the stream
+/// whole; once one has read, the stream is committed to it.
+#[derive(Clone)]
+pub struct SharedStream {
+    frames: Arc<parking_lot::Mutex<Frames>>,
+    read: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SharedStream {
+    /// Shares `frames`.
+    pub fn new(
+        frames: impl futures::Stream<Item = Result<http_body::Frame<Bytes>, BoxError>> + Send + 'static,
+    ) -> Self {
+        Self { frames: Arc::new(parking_lot::Mutex::new(Box::pin(frames))), read: Arc::default() }
+    }
+
+    /// Whether an attempt has read from the stream (it may then have reached a worker).
+    pub fn was_read(&self) -> bool {
+        self.read.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// A body for one attempt.
+    pub fn body(&self) -> GrpcBody {
+        http_body_util::BodyExt::boxed_unsync(self.clone())
+    }
+}
+
+impl http_body::Body for SharedStream {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        self.read.store(true, std::sync::atomic::Ordering::Release);
+        futures::Stream::poll_next(self.frames.lock().as_mut(), cx)
+    }
+}
+
 /// An upstream's answer, with what must live as long as its body.
 pub struct Answer {
     /// The response head and streaming body.
@@ -207,4 +252,29 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         source = s.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_shared_stream_stays_whole_until_an_attempt_reads_it() {
+        let frames = futures::stream::iter(
+            ["a", "b"].map(|s| Ok::<_, BoxError>(http_body::Frame::data(Bytes::from_static(s.as_bytes())))),
+        );
+        let stream = SharedStream::new(frames);
+        // An attempt that failed to connect dropped its body unread.
+        drop(stream.body());
+        assert!(!stream.was_read());
+        let mut second = stream.body();
+        let first = second.frame().await.expect("a frame").expect("data").into_data().expect("bytes");
+        assert_eq!(&first[..], b"a");
+        assert!(stream.was_read(), "committed to the attempt that read");
+        // The rest of the stream follows on whichever body reads next.
+        let rest = stream.body().collect().await.expect("the rest").to_bytes();
+        assert_eq!(&rest[..], b"b");
+    }
 }

@@ -7,7 +7,8 @@
 //!
 //! A unary call is buffered, so it can be sent to another replica under the rule in
 //! [`super::forward`]; a stream (`ModelStreamInfer`) goes to one replica, chosen by its first
-//! message, and holds its tenant's concurrency slot for its whole life.
+//! message (another one when that replica cannot be connected to, before any of the stream was
+//! sent: [`forward::SharedStream`]), and holds its tenant's concurrency slot for its whole life.
 
 use std::io::Read as _;
 use std::sync::Arc;
@@ -196,36 +197,29 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
     let slot = g.admit(&caller, model, &target.name, target.version)?;
     // A stream is routed by its first request's sequence, if any: its later requests follow it.
     let sequence = target.sequence.as_ref().map(|id| super::sticky::sequence_key(&caller.tenant, &target.name, id));
-    let replica = model
-        .pick_for(target.version, &[], Instant::now(), super::routes::random(), sequence)
-        .ok_or_else(|| Error::unavailable(format!("model '{}' has no ready replica", target.name)).retry_after(1))?;
-    let upstream = replica.upstream.clone();
-    let in_flight = upstream.start();
     let identity = g.identity_header(&caller.principal)?;
     let rest = data.map(|chunk| chunk.map(Frame::data).map_err(|e| -> BoxError { Box::new(e) }));
     let frames = futures::stream::once(async move { Ok::<_, BoxError>(Frame::data(prefix)) }).chain(rest);
-    let mut req = http::Request::new(BodyExt::boxed_unsync(StreamBody::new(frames)));
-    *req.method_mut() = http::Method::POST;
-    *req.uri_mut() = upstream_uri(&upstream.grpc, parts.uri.path())?;
-    *req.headers_mut() = upstream_headers(&parts.headers, identity);
-    match g.upstream.grpc.request(req).await {
-        Ok(response) => {
-            upstream.record(super::routes::Outcome::Answered, Instant::now());
-            Ok(stream_back(response, (in_flight, slot)))
+    let stream = forward::SharedStream::new(frames);
+    let headers = upstream_headers(&parts.headers, identity);
+    let path = parts.uri.path().to_string();
+    let send = |upstream: &Arc<super::routes::Upstream>| {
+        // A connect failure sends nothing; anything else may have reached a worker.
+        if stream.was_read() {
+            return Err(Error::unavailable(format!(
+                "the stream for '{}' broke after part of it was sent; open a new one",
+                target.name
+            )));
         }
-        Err(e) => {
-            let outcome =
-                if e.is_connect() { super::routes::Outcome::Unreachable } else { super::routes::Outcome::Failed };
-            if upstream.record(outcome, Instant::now()) {
-                g.metrics.ejected(&upstream.worker_id);
-            }
-            Err(Error::unavailable(format!(
-                "the worker serving '{}' failed: {}",
-                target.name,
-                forward::error_chain(&e)
-            )))
-        }
-    }
+        let mut req = http::Request::new(stream.body());
+        *req.method_mut() = http::Method::POST;
+        *req.uri_mut() = upstream_uri(&upstream.grpc, &path)?;
+        *req.headers_mut() = headers.clone();
+        Ok(g.upstream.grpc.request(req))
+    };
+    // A stream's errors come in its messages, never as a stale route in its head.
+    let answer = forward::send(g, &target.name, model, target.version, sequence, send, |_| false).await?;
+    Ok(stream_back(answer.response, (answer.in_flight, slot)))
 }
 
 /// The model a request names.
