@@ -87,6 +87,14 @@ pub fn is_ensemble(config: &ModelConfig) -> bool {
         || matches!(config.scheduling_choice, Some(SchedulingChoice::EnsembleScheduling(_)))
 }
 
+/// [`is_ensemble`] for a config in its JSON form (as the control plane stores it and sends it to
+/// workers; field names in either protobuf JSON spelling).
+pub fn is_ensemble_json(config: &serde_json::Value) -> bool {
+    config.get("platform").and_then(serde_json::Value::as_str) == Some(ENSEMBLE_PLATFORM)
+        || config.get("ensemble_scheduling").is_some()
+        || config.get("ensembleScheduling").is_some()
+}
+
 /// The `(model name, model version)` each step of an ensemble config runs, in step order
 /// (`-1`: the newest version); empty for any other config.
 pub fn ensemble_steps(config: &ModelConfig) -> Vec<(&str, i64)> {
@@ -252,6 +260,15 @@ fn line_column(text: &str, offset: usize) -> (usize, usize) {
 mod tests {
 
     use serde_json::json;
+
+    #[test]
+    fn ensemble_configs_are_told_apart_in_json_too() {
+        assert!(is_ensemble_json(&json!({ "platform": "ensemble", "name": "e" })));
+        assert!(is_ensemble_json(&json!({ "ensemble_scheduling": { "step": [] } })));
+        assert!(is_ensemble_json(&json!({ "ensembleScheduling": { "step": [] } })));
+        assert!(!is_ensemble_json(&json!({ "platform": "onnxruntime_onnx", "max_batch_size": 8 })));
+        assert!(!is_ensemble_json(&json!({})));
+    }
 
     use super::*;
     use crate::inference::{

@@ -177,7 +177,7 @@ async fn send_if_changed(
     }
     let rows = conn.assignments(worker_id).await?;
     // Only ensembles compose: most sets have none and skip the query.
-    let composing = if rows.iter().any(|r| is_ensemble(&r.config.0)) {
+    let composing = if rows.iter().any(|r| tessera_protocol::model_config::is_ensemble_json(&r.config.0)) {
         conn.assigned_composing(worker_id).await?
     } else {
         Vec::new()
@@ -195,14 +195,6 @@ async fn send_if_changed(
     tracing::debug!(worker_id, generation, count, "sent assignments");
     *sent = Some(generation);
     Ok(true)
-}
-
-/// Whether a stored config (JSON, as the upload check accepted it) is an ensemble's.
-fn is_ensemble(config: &serde_json::Value) -> bool {
-    config.get("platform").and_then(serde_json::Value::as_str)
-        == Some(tessera_protocol::model_config::ENSEMBLE_PLATFORM)
-        || config.get("ensemble_scheduling").is_some()
-        || config.get("ensembleScheduling").is_some()
 }
 
 fn assignment(r: AssignmentRow, composing: &[ComposingRow]) -> Assignment {
@@ -328,15 +320,6 @@ mod tests {
     use tessera_protocol::agent::{LoadFailureKind, ReplicaState, ReplicaStatus, Slice, UnhealthySlice};
 
     use super::*;
-
-    #[test]
-    fn only_ensemble_configs_ask_for_composing_versions() {
-        assert!(is_ensemble(&serde_json::json!({ "platform": "ensemble", "name": "e" })));
-        assert!(is_ensemble(&serde_json::json!({ "ensemble_scheduling": { "step": [] } })));
-        assert!(is_ensemble(&serde_json::json!({ "ensembleScheduling": { "step": [] } })));
-        assert!(!is_ensemble(&serde_json::json!({ "platform": "onnxruntime_onnx", "max_batch_size": 8 })));
-        assert!(!is_ensemble(&serde_json::json!({})));
-    }
 
     #[test]
     fn registration_is_checked() {

@@ -127,8 +127,18 @@ pub fn desired(assignments: &[agent::Assignment]) -> (BTreeMap<VersionKey, Desir
         entry.serving |= a.serving;
         composing.extend(steps.into_iter().map(|(step, built)| (step, built, a)));
     }
+    // A composing version that is itself an ensemble (nested; the list is flattened) waits for
+    // the models of the same ensemble that do the work.
+    let workers_of = |a: &agent::Assignment| -> Vec<VersionKey> {
+        a.composing
+            .iter()
+            .filter(|c| !ensemble_config(&c.config_json))
+            .filter_map(|c| composing_key(a, c).ok().map(|(step, _)| step))
+            .collect()
+    };
     // A replica of the composing version itself decides how it is built, when there is one.
     for (step, (model_name, artifact, config_json), a) in composing {
+        let after = if ensemble_config(&config_json) { workers_of(a) } else { Vec::new() };
         versions.entry(step).or_insert_with(|| DesiredVersion {
             model_name,
             artifact,
@@ -136,10 +146,15 @@ pub fn desired(assignments: &[agent::Assignment]) -> (BTreeMap<VersionKey, Desir
             serving: false,
             tenant_id: a.tenant_id.clone(),
             slice_id: a.slice_id.clone(),
-            after: Vec::new(),
+            after,
         });
     }
     (versions, invalid)
+}
+
+/// Whether a config sent as JSON is an ensemble's (one that does not parse is not).
+fn ensemble_config(config_json: &str) -> bool {
+    serde_json::from_str(config_json).is_ok_and(|c| tessera_protocol::model_config::is_ensemble_json(&c))
 }
 
 /// What a composing model is built from: its name, artifact and config.
@@ -758,6 +773,33 @@ mod tests {
         ensemble.composing[0].model_name = "../x".into();
         let (_, invalid) = desired(&[ensemble]);
         assert!(invalid["e"].contains("invalid composing model name"), "{invalid:?}");
+    }
+
+    #[test]
+    fn a_nested_ensemble_waits_for_the_models_that_do_the_work() {
+        let mut outer = assignment("e", "t", "outer", 1, true);
+        let step = |model: &str, config: &str| agent::ComposingModel {
+            model_name: model.into(),
+            version: 1,
+            artifact: assignment("x", "t", model, 1, false).artifact,
+            config_json: config.into(),
+        };
+        // The control plane flattens: the inner ensemble and its step come beside the outer's own step.
+        outer.composing = vec![
+            step("inner", "{\"platform\": \"ensemble\"}"),
+            step("a", "{\"name\": \"a\"}"),
+            step("b", "{\"name\": \"b\"}"),
+        ];
+        let (want, invalid) = desired(&[outer]);
+        assert!(invalid.is_empty());
+        assert_eq!(want[&vk("t/inner", 1)].after, [vk("t/a", 1), vk("t/b", 1)]);
+        assert!(want[&vk("t/a", 1)].after.is_empty());
+        let installs: Vec<VersionKey> = plan(&want, &BTreeMap::new(), &BTreeMap::new(), Instant::now())
+            .actions
+            .into_iter()
+            .filter_map(|a| if let Action::Install(k, _) = a { Some(k) } else { None })
+            .collect();
+        assert_eq!(installs, [vk("t/a", 1), vk("t/b", 1)], "the inner ensemble waits with the outer one");
     }
 
     #[test]
