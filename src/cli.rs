@@ -83,7 +83,7 @@ pub enum Command {
     /// `promote`, `rollback`.
     #[command(subcommand)]
     Deployments(crate::client::deployments::DeploymentsCommand),
-    /// The tenant's API keys: `create` (the secret is printed once), `list`, `revoke`.
+    /// The tenant's API keys: `create` (the secret is printed once), `list`, `limit`, `revoke`.
     #[command(subcommand)]
     Keys(crate::client::keys::KeysCommand),
     /// The tenant's webhooks: `list`, `create` (the secret is printed once), `get`, `update`,
