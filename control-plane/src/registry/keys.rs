@@ -191,6 +191,26 @@ impl Conn {
         })?;
         Ok(())
     }
+
+    /// Audits `action` on a key: `before` (none for a new key) to `after`.
+    async fn audit_key(
+        &mut self,
+        actor: &Actor,
+        action: &'static str,
+        before: Option<&ApiKeyRow>,
+        after: &ApiKeyRow,
+    ) -> Result<()> {
+        let event = NewAuditEvent {
+            tenant_id: after.tenant_id,
+            action,
+            resource_type: "api_key",
+            resource_id: after.id.to_string(),
+            before: before.map(ApiKeyRow::summary),
+            after: Some(after.summary()),
+        };
+        self.append_audit(actor, event).await?;
+        Ok(())
+    }
 }
 
 impl Registry {
@@ -217,15 +237,7 @@ impl Registry {
             tx.check_key_owner(tenant_id, user_id, new.role).await?;
         }
         tx.insert_key(&key).await?;
-        let event = NewAuditEvent {
-            tenant_id,
-            action: "api_key.create",
-            resource_type: "api_key",
-            resource_id: key.id.to_string(),
-            before: None,
-            after: Some(key.summary()),
-        };
-        tx.append_audit(actor, event).await?;
+        tx.audit_key(actor, "api_key.create", None, &key).await?;
         tx.commit().await?;
         Ok(key)
     }
@@ -246,15 +258,7 @@ impl Registry {
         .bind(at)
         .execute(c))?;
         let after = ApiKeyRow { revoked_at: Some(at), ..before.clone() };
-        let event = NewAuditEvent {
-            tenant_id,
-            action: "api_key.revoke",
-            resource_type: "api_key",
-            resource_id: id.to_string(),
-            before: Some(before.summary()),
-            after: Some(after.summary()),
-        };
-        tx.append_audit(actor, event).await?;
+        tx.audit_key(actor, "api_key.revoke", Some(&before), &after).await?;
         tx.commit().await?;
         Ok(after)
     }
@@ -280,15 +284,7 @@ impl Registry {
         .execute(c))?;
         let after =
             ApiKeyRow { max_requests_per_second: limits.0, max_concurrent_requests: limits.1, ..before.clone() };
-        let event = NewAuditEvent {
-            tenant_id,
-            action: "api_key.update",
-            resource_type: "api_key",
-            resource_id: id.to_string(),
-            before: Some(before.summary()),
-            after: Some(after.summary()),
-        };
-        tx.append_audit(actor, event).await?;
+        tx.audit_key(actor, "api_key.update", Some(&before), &after).await?;
         tx.commit().await?;
         Ok(after)
     }

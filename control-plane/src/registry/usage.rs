@@ -21,7 +21,7 @@ pub const MINUTE: i64 = 60;
 pub const HOUR: i64 = 3600;
 
 /// One usage record: as a worker reported it, or an hourly row folded from such records.
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
 pub struct UsageRecordRow {
     /// Idempotency key.
     pub key: String,
@@ -66,7 +66,7 @@ pub struct UsageRecordRow {
 }
 
 /// Usage summed over workers per (model, version, profile, period start).
-#[derive(Debug, Clone, PartialEq, Eq, FromRow)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, FromRow)]
 pub struct UsageTotalsRow {
     /// Model name.
     pub model_name: String,
@@ -325,27 +325,16 @@ impl Registry {
                     ))
                     .bind(e.key())
                     .fetch_optional(c))?;
+                    // Every counter zero, no worker: the minutes are added below.
                     let empty = UsageRecordRow {
                         key: e.key().clone(),
-                        worker_id: String::new(),
                         tenant_id: m.tenant_id,
                         model_name: m.model_name.clone(),
                         version: m.version,
                         slice_profile: m.slice_profile.clone(),
                         period_start: start,
                         period_seconds: HOUR,
-                        requests: 0,
-                        failures: 0,
-                        inferences: 0,
-                        executions: 0,
-                        compute_us: 0,
-                        slice_us: 0,
-                        bytes_in: 0,
-                        bytes_out: 0,
-                        latency_counts: Json(Vec::new()),
-                        latency_sum_us: 0,
-                        batch_size_counts: Json(Vec::new()),
-                        throttled: 0,
+                        ..UsageRecordRow::default()
                     };
                     e.insert(existing.unwrap_or(empty))
                 }

@@ -274,16 +274,11 @@ mod tests {
     /// What a gateway reports: only refused requests, under the model the client named.
     fn refused(model: &str, start: i64, throttled: i64) -> UsageTotalsRow {
         UsageTotalsRow {
-            requests: 0,
-            failures: 0,
-            inferences: 0,
-            executions: 0,
-            compute_us: 0,
-            slice_us: 0,
-            bytes_in: 0,
-            bytes_out: 0,
+            model_name: model.into(),
+            slice_profile: tessera_protocol::usage::GATEWAY_PROFILE.into(),
+            period_start: start,
             throttled,
-            ..totals(model, 0, tessera_protocol::usage::GATEWAY_PROFILE, start, 0)
+            ..UsageTotalsRow::default()
         }
     }
 
