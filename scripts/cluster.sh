@@ -112,7 +112,7 @@ start_control_plane() {
     AWS_ACCESS_KEY_ID=tessera AWS_SECRET_ACCESS_KEY=tessera-secret \
     "$TESSERA_BIN" control-plane --listen "127.0.0.1:$port" --agent-listen "127.0.0.1:$agent" \
     --database-url "$DB_URL" --object-store s3://tessera-artifacts/cluster --bootstrap-admin-key "$ADMIN_KEY" \
-    --api-key-pepper "$PEPPER" --worker-token "$WORKER_TOKEN" \
+    --api-key-pepper "$PEPPER" --worker-token "$WORKER_TOKEN" --gateway-token "$GATEWAY_TOKEN" \
     --audit-signing-key-file "$DIR/audit-signing-key.pem" \
     --heartbeat-interval-ms 300 --worker-lost-after-ms 2000 --drain-ms 1000 --scheduler-interval-ms 200
 }
@@ -150,6 +150,7 @@ cmd_start() {
   ADMIN_KEY="$(new_key)"
   PEPPER="$(python3 -c 'import secrets; print(secrets.token_hex(24))')"
   WORKER_TOKEN="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
+  GATEWAY_TOKEN="$(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')"
 
   # Two control-plane replicas, one after the other so that the first is the leader at first.
   # As the chart runs them: the agent service on a port of its own, behind its own Service.
@@ -181,7 +182,7 @@ cmd_start() {
   if "$TESSERA_BIN" gateway --help >/dev/null 2>&1; then
     gw_http="$(free_port)" gw_grpc="$(free_port)" gw_metrics="$(free_port)"
     spawn gateway env RUST_LOG=info NO_COLOR=1 "$TESSERA_BIN" gateway \
-      --control-plane "http://127.0.0.1:$AGENT_SERVICE_PORT" --worker-token "$WORKER_TOKEN" \
+      --control-plane "http://127.0.0.1:$AGENT_SERVICE_PORT" --gateway-token "$GATEWAY_TOKEN" \
       --gateway-id gateway-0 --http-port "$gw_http" --grpc-port "$gw_grpc" --metrics-port "$gw_metrics"
     wait_log "$DIR/logs/gateway.log" 'listening' 60
     gw="http://127.0.0.1:$gw_http"
@@ -203,6 +204,7 @@ state = {
     "api": "http://127.0.0.1:$CP_SERVICE_PORT",
     "admin_key": "$ADMIN_KEY",
     "worker_token": "$WORKER_TOKEN",
+    "gateway_token": "$GATEWAY_TOKEN",
     "database_url": "$DB_URL",
     "agent": "http://127.0.0.1:$AGENT_SERVICE_PORT",
     "s3": {"endpoint": "http://127.0.0.1:$S3_PORT", "bucket": "tessera-artifacts", "prefix": "cluster/"},

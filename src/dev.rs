@@ -93,6 +93,9 @@ struct Secrets {
     platform_admin_key: String,
     worker_token: String,
     api_key_pepper: String,
+    /// What the gateway presents to the control plane (absent from earlier `secrets.json`).
+    #[serde(default)]
+    gateway_token: String,
 }
 
 /// The demo tenant's keys, kept in `dev-credentials.json`.
@@ -128,13 +131,18 @@ fn write_json<T: Serialize>(path: &Path, value: &T) -> anyhow::Result<()> {
 impl Secrets {
     fn load_or_create(dir: &Path) -> anyhow::Result<Self> {
         let path = dir.join("secrets.json");
-        if let Some(secrets) = read_json(&path)? {
+        if let Some(mut secrets) = read_json::<Secrets>(&path)? {
+            if secrets.gateway_token.is_empty() {
+                secrets.gateway_token = random_hex(32);
+                write_json(&path, &secrets)?;
+            }
             return Ok(secrets);
         }
         let secrets = Secrets {
             platform_admin_key: tessera_control_plane::auth::keys::generate().key,
             worker_token: random_hex(32),
             api_key_pepper: random_hex(32),
+            gateway_token: random_hex(32),
         };
         write_json(&path, &secrets)?;
         Ok(secrets)
@@ -171,6 +179,8 @@ fn control_plane_config(
         secrets.api_key_pepper.clone(),
         "--worker-token".into(),
         secrets.worker_token.clone(),
+        "--gateway-token".into(),
+        secrets.gateway_token.clone(),
         "--audit-signing-key-file".into(),
         audit_key,
     ];
@@ -261,7 +271,8 @@ fn gateway_args(args: &DevArgs, control_plane: SocketAddr, secrets: &Secrets, tl
         control_plane: format!("{}://{control_plane}", scheme(tls.is_some())),
         tls: TlsArgs { tls_cert: tls.map(|t| t.pair.cert.clone()), tls_key: tls.map(|t| t.pair.key.clone()) },
         ca: CaArgs { ca_cert: tls.map(|t| t.ca.clone()) },
-        worker_token: WorkerToken::new(secrets.worker_token.clone()),
+        gateway_token: Some(WorkerToken::new(secrets.gateway_token.clone())),
+        worker_token: None,
         gateway_id: Some("dev-gateway".into()),
         ports: PortArgs {
             http_port: p.gateway_http_port,
@@ -699,6 +710,8 @@ mod tests {
         let first = Secrets::load_or_create(dir.path()).expect("create");
         let again = Secrets::load_or_create(dir.path()).expect("reload");
         assert_eq!(first.worker_token, again.worker_token);
+        assert_eq!(first.gateway_token, again.gateway_token);
+        assert_ne!(first.gateway_token, first.worker_token);
         assert!(tessera_control_plane::auth::keys::prefix_of(&first.platform_admin_key).is_some());
         #[cfg(unix)]
         {
@@ -706,6 +719,18 @@ mod tests {
             let mode = std::fs::metadata(dir.path().join("secrets.json")).expect("stat").permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn secrets_from_before_the_gateway_token_gain_one_that_is_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old = r#"{"platform_admin_key": "k", "worker_token": "w", "api_key_pepper": "p"}"#;
+        std::fs::write(dir.path().join("secrets.json"), old).expect("write");
+        let first = Secrets::load_or_create(dir.path()).expect("upgrade");
+        assert_eq!(first.worker_token, "w");
+        assert_eq!(first.gateway_token.len(), 64);
+        let again = Secrets::load_or_create(dir.path()).expect("reload");
+        assert_eq!(first.gateway_token, again.gateway_token);
     }
 
     #[test]

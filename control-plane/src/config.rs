@@ -112,6 +112,11 @@ pub struct ControlPlaneArgs {
     /// without it every agent call is refused.
     #[arg(long, env = "TESSERA_WORKER_TOKEN")]
     pub worker_token: Option<Secret>,
+    /// Shared secret gateways present on agent calls: it allows only what a gateway needs (the
+    /// route stream, key lookups, token keys, throttled counts), never a worker's session or
+    /// artifacts. Without it, gateways present the worker token.
+    #[arg(long, env = "TESSERA_GATEWAY_TOKEN")]
+    pub gateway_token: Option<Secret>,
     /// How often workers send heartbeats, in milliseconds.
     #[arg(long, env = "TESSERA_HEARTBEAT_INTERVAL_MS", default_value_t = 1000)]
     pub heartbeat_interval_ms: u64,
@@ -246,6 +251,8 @@ pub struct Config {
     pub presign_ttl: Duration,
     /// Worker credential; `None` refuses every agent call.
     pub worker_token: Option<Secret>,
+    /// Gateway credential; `None` lets gateways use the worker credential.
+    pub gateway_token: Option<Secret>,
     /// Heartbeat interval asked of workers.
     pub heartbeat_interval: Duration,
     /// Silence after which a worker is lost.
@@ -344,6 +351,7 @@ impl ControlPlaneArgs {
             bootstrap_admin_key: self.bootstrap_admin_key.filter(|k| !k.expose().is_empty()),
             presign_ttl: Duration::from_secs(self.presign_ttl_secs.max(1)),
             worker_token: self.worker_token.filter(|k| !k.expose().is_empty()),
+            gateway_token: self.gateway_token.filter(|k| !k.expose().is_empty()),
             heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms.clamp(50, 60_000)),
             worker_lost_after: Duration::from_millis(self.worker_lost_after_ms.max(100)),
             drain: Duration::from_millis(self.drain_ms),

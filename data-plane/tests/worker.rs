@@ -105,7 +105,7 @@ async fn run_session(fake: Arc<Fake>, mut inbound: tonic::Streaming<agent::Worke
                 match message.kind {
                     Some(worker_message::Kind::Register(r)) => {
                         let worker_id = r.worker_id.clone();
-                        let registered = agent::Registered { worker_id, heartbeat_interval_ms: 100 };
+                        let registered = agent::Registered { worker_id, heartbeat_interval_ms: 100, ..Default::default() };
                         fake.registered.send_replace(Some(r));
                         send(&tx, control_message::Kind::Registered(registered)).await;
                         let set = wanted.borrow_and_update().clone();

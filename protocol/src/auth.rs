@@ -123,9 +123,32 @@ pub mod api_key {
     }
 }
 
+/// The key a gateway signs the identities it forwards to workers with, derived from the token
+/// it presents to the control plane (HMAC-SHA256 of a fixed label), so the token itself never
+/// signs anything a worker receives. Gateways holding the workers' own token derive it from
+/// that; gateways holding a gateway token derive it from theirs, and the control plane, which
+/// knows both, sends workers the key (never the token) when they register.
+pub fn forwarded_identity_key(token: &str) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    // HMAC takes keys of any length, so `new_from_slice` cannot fail.
+    let Ok(mut mac) = Hmac::<sha2::Sha256>::new_from_slice(token.as_bytes()) else {
+        unreachable!("HMAC accepts any key length")
+    };
+    mac.update(b"tessera forwarded identity v1");
+    mac.finalize().into_bytes().into()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn forwarded_identity_keys_differ_by_token_and_are_stable() {
+        let a = forwarded_identity_key("worker-token");
+        assert_eq!(a, forwarded_identity_key("worker-token"));
+        assert_ne!(a, forwarded_identity_key("gateway-token"));
+        assert_ne!(&a[..12], &b"worker-token"[..], "the token is not the key");
+    }
 
     #[test]
     fn roles_are_ordered_and_round_trip() {

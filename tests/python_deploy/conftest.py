@@ -176,6 +176,8 @@ class Cluster:
         self.workdir = workdir
         self.admin_key = new_key()
         self.worker_token = secrets.token_urlsafe(24)
+        # Gateways hold their own token, as the chart deploys them (not the workers').
+        self.gateway_token = secrets.token_urlsafe(24)
         self.cp_port = free_port()
         self.url = f"http://127.0.0.1:{self.cp_port}"
         self.db_admin = db_admin or os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
@@ -207,6 +209,7 @@ class Cluster:
             "--object-store", str(self.workdir / "artifacts"),
             "--bootstrap-admin-key", self.admin_key,
             f"--worker-token={self.worker_token}",
+            f"--gateway-token={self.gateway_token}",
             *CONTROL_PLANE_TIMINGS,
             *getattr(self, "cp_extra", []),
         ]
@@ -249,13 +252,16 @@ class Cluster:
         self.workers[index] = w
         return index
 
-    def start_gateway(self, *extra: str) -> "Proc":
-        """Starts a gateway on loopback ports; returns it once it has a route table."""
+    def start_gateway(self, *extra: str, wait_ready: bool = True) -> "Proc":
+        """Starts a gateway on loopback ports (with the gateway token unless `extra` gives a
+        token); returns it once it has a route table, or once it listens without `wait_ready`."""
         index = len(self.gateways)
+        token = [] if any(a.startswith(("--worker-token", "--gateway-token")) for a in extra) else [
+            f"--gateway-token={self.gateway_token}"]
         cmd = [
             tessera_bin(), "gateway",
             "--control-plane", self.agent_url,
-            f"--worker-token={self.worker_token}",
+            *token,
             "--gateway-id", f"gw{index}",
             "--address", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
@@ -264,6 +270,8 @@ class Cluster:
         g = Proc(f"gateway{index}", cmd, self.workdir / f"gateway{index}.log")
         g.wait_for(lambda: all(p in g.addrs for p in ("http", "grpc", "metrics")), "gateway listening")
         self.gateways.append(g)
+        if not wait_ready:
+            return g
 
         def ready():
             try:

@@ -3,6 +3,9 @@ a control plane, workers, a gateway; tritonclient over HTTP and gRPC through it.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import queue
 import subprocess
@@ -147,19 +150,47 @@ def test_gateway_serves_http_and_grpc_spreads_load_and_keeps_tenants_apart(make_
     assert ok >= 200
 
 
-def test_workers_trust_only_identities_signed_with_the_agent_token(make_cluster):
+def signed_identity(token: str, role: str, tenant_id: str, tenant_name: str) -> str:
+    """A forwarded identity as a gateway holding `token` signs it (`data-plane/src/auth/forwarded.rs`)."""
+    key = hmac.new(token.encode(), b"tessera forwarded identity v1", hashlib.sha256).digest()
+    b64 = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()  # noqa: E731
+    body = f"v1.{int(time.time()) + 30}.{role}.{tenant_id}.{b64(tenant_name.encode())}"
+    return f"{body}.{b64(hmac.new(key, body.encode(), hashlib.sha256).digest())}"
+
+
+def identity_status(worker: str, identity: str) -> int:
+    req = urllib.request.Request(worker + "/v2/models/marker", headers={"tessera-identity": identity})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_workers_trust_only_identities_signed_with_the_gateways_key(make_cluster):
     cluster = make_cluster(1)
     keys = deploy_marker(cluster, "acme", replicas=1)
     d = cluster.deployment("acme", keys["tenant-admin"], "marker")
     worker = d["replica_status"][0]["http_endpoint"]
     tenant_id = cluster.api("GET", "/v1/tenants/acme", cluster.admin_key)["id"]
     forged = f"v1.{int(time.time()) + 30}.platform-admin.{tenant_id}.YWNtZQ.AAAA"
-    req = urllib.request.Request(worker + "/v2/models/marker", headers={"tessera-identity": forged})
-    with pytest.raises(urllib.error.HTTPError) as e:
-        urllib.request.urlopen(req, timeout=5)
-    assert e.value.code == 401
+    assert identity_status(worker, forged) == 401
+    # The control plane has a gateway token: the worker checks with the key it was sent, and no
+    # longer with the one of its own token (which gateways do not hold).
+    assert identity_status(worker, signed_identity(cluster.gateway_token, "inference", tenant_id, "acme")) == 200
+    assert identity_status(worker, signed_identity(cluster.worker_token, "inference", tenant_id, "acme")) == 401
     # The tenant's own key still reaches the worker directly.
     assert infer_http(worker, keys["inference"], "marker", X)[0][0] == 1.0
+
+
+def test_a_gateway_holding_the_worker_token_is_refused_where_gateways_have_their_own(make_cluster):
+    cluster = make_cluster(1)
+    gw = cluster.start_gateway(f"--worker-token={cluster.worker_token}", wait_ready=False)
+    wait_until(lambda: gw.saw("cannot open the route stream"), 10, "the route stream refused")
+    assert gw.saw("--gateway-token"), "the refusal names the gateway token"
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(f"http://{gw.addrs['http']}/v2/health/ready", timeout=2)
+    assert e.value.code == 503, "no route table: not ready"
 
 
 class Load:

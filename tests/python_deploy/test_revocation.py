@@ -65,6 +65,7 @@ def start_replica(cluster) -> tuple[Proc, str]:
         "--object-store", str(cluster.workdir / "artifacts"),
         "--bootstrap-admin-key", cluster.admin_key,
         f"--worker-token={cluster.worker_token}",
+        f"--gateway-token={cluster.gateway_token}",
         *CONTROL_PLANE_TIMINGS,
     ]
     replica = Proc("control-plane-2", cmd, cluster.workdir / "control-plane-2.log")

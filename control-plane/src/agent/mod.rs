@@ -3,8 +3,10 @@
 //! inference endpoints, the token keys, artifact downloads, usage reports, capture batches, and
 //! gateways' route streams.
 //!
-//! Every call must carry `authorization: Bearer <worker token>` (`--worker-token`), checked in
-//! constant time by an interceptor before any method runs.
+//! Every call must carry `authorization: Bearer <token>`, checked in constant time by an
+//! interceptor before any method runs: the worker token (`--worker-token`) allows every call;
+//! the gateway token (`--gateway-token`), when the control plane has one, allows only what a
+//! gateway needs ([`AgentCaller::Gateway`]), and gateways must then present it.
 
 mod routes;
 mod session;
@@ -44,7 +46,7 @@ pub struct AgentService {
 /// The agent service as axum routes (`/tessera.agent.v1.WorkerAgent/*`), to merge with the
 /// REST router on one listener. Sessions end when `shutdown` is cancelled.
 pub fn routes(app: Arc<App>, shutdown: CancellationToken) -> axum::Router {
-    let check = WorkerTokenCheck::new(app.config.worker_token.as_ref());
+    let check = AgentTokenCheck::new(app.config.worker_token.as_ref(), app.config.gateway_token.as_ref());
     let server = WorkerAgentServer::new(AgentService { app, shutdown });
     let service = tonic::service::interceptor::InterceptedService::new(server, move |req| check.check(req));
     let path = format!("/{}/{{*rest}}", WorkerAgentServer::<AgentService>::NAME);
@@ -67,28 +69,39 @@ pub fn elsewhere_routes() -> axum::Router {
     )
 }
 
-/// Compares presented worker tokens with the configured one in constant time: both are
-/// MACed with a per-process random key and the MACs compared by `verify_slice`, so neither
-/// the content nor the length of the token leaks through timing.
-#[derive(Clone)]
-struct WorkerTokenCheck {
-    key: Arc<[u8; 32]>,
-    expected: Option<Arc<Vec<u8>>>,
+/// Whose token an agent call carried; the interceptor puts it in the request's extensions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AgentCaller {
+    /// The worker token: every call.
+    Worker,
+    /// The gateway token: `AuthenticateKey`, `GetTokenKeys`, `WatchRoutes` and `ReportUsage` of
+    /// refused requests only.
+    Gateway,
 }
 
-impl WorkerTokenCheck {
-    fn new(token: Option<&Secret>) -> Self {
+/// Compares presented tokens with the configured ones in constant time: each is MACed with a
+/// per-process random key and the MACs compared by `verify_slice`, so neither the content nor
+/// the length of a token leaks through timing (both are always compared).
+#[derive(Clone)]
+struct AgentTokenCheck {
+    key: Arc<[u8; 32]>,
+    worker: Option<Arc<Vec<u8>>>,
+    gateway: Option<Arc<Vec<u8>>>,
+}
+
+impl AgentTokenCheck {
+    fn new(worker: Option<&Secret>, gateway: Option<&Secret>) -> Self {
         let mut key = [0u8; 32];
         rand::rng().fill_bytes(&mut key);
         let key = Arc::new(key);
-        let expected = token.map(|t| Arc::new(mac(&key, t.expose().as_bytes()).finalize().into_bytes().to_vec()));
-        WorkerTokenCheck { key, expected }
+        let expected = |t: &Secret| Arc::new(mac(&key, t.expose().as_bytes()).finalize().into_bytes().to_vec());
+        AgentTokenCheck { worker: worker.map(expected), gateway: gateway.map(expected), key }
     }
 
-    fn check(&self, req: Request<()>) -> Result<Request<()>, Status> {
-        let Some(expected) = &self.expected else {
+    fn check(&self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if self.worker.is_none() {
             return Err(Status::unauthenticated("this control plane has no --worker-token; agent calls are refused"));
-        };
+        }
         let presented = req
             .metadata()
             .get("authorization")
@@ -96,8 +109,33 @@ impl WorkerTokenCheck {
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim().to_string());
-        let ok = presented.is_some_and(|p| mac(&self.key, p.as_bytes()).verify_slice(expected).is_ok());
-        if ok { Ok(req) } else { Err(Status::unauthenticated("missing or invalid worker token")) }
+        let Some(presented) = presented else {
+            return Err(Status::unauthenticated("missing or invalid worker or gateway token"));
+        };
+        let matches = |expected: &Option<Arc<Vec<u8>>>| {
+            expected.as_ref().is_some_and(|e| mac(&self.key, presented.as_bytes()).verify_slice(e).is_ok())
+        };
+        let (worker, gateway) = (matches(&self.worker), matches(&self.gateway));
+        let caller = match (worker, gateway) {
+            (true, _) => AgentCaller::Worker,
+            (false, true) => AgentCaller::Gateway,
+            (false, false) => return Err(Status::unauthenticated("missing or invalid worker or gateway token")),
+        };
+        req.extensions_mut().insert(caller);
+        Ok(req)
+    }
+}
+
+/// The caller the interceptor found; a request that did not pass it is refused.
+fn caller_of<T>(request: &Request<T>) -> Result<AgentCaller, Status> {
+    request.extensions().get::<AgentCaller>().copied().ok_or_else(|| Status::unauthenticated("no agent credential"))
+}
+
+/// Refuses a gateway's token for a worker's call.
+fn workers_only<T>(request: &Request<T>, what: &str) -> Result<(), Status> {
+    match caller_of(request)? {
+        AgentCaller::Worker => Ok(()),
+        AgentCaller::Gateway => Err(Status::permission_denied(format!("a gateway token may not {what}"))),
     }
 }
 
@@ -118,6 +156,7 @@ impl WorkerAgent for AgentService {
         &self,
         request: Request<Streaming<WorkerMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        workers_only(&request, "open a worker session")?;
         let stream = session::start(self.app.clone(), request.into_inner(), self.shutdown.clone()).await?;
         Ok(Response::new(stream))
     }
@@ -126,6 +165,7 @@ impl WorkerAgent for AgentService {
         &self,
         request: Request<AuthenticateKeyRequest>,
     ) -> Result<Response<AuthenticateKeyResponse>, Status> {
+        caller_of(&request)?;
         let key = request.into_inner().api_key;
         // NOT_FOUND, not UNAUTHENTICATED: that code means the worker's own token was refused,
         // and a worker must not evict the keys it cached because of its own misconfiguration.
@@ -149,8 +189,9 @@ impl WorkerAgent for AgentService {
 
     async fn get_token_keys(
         &self,
-        _request: Request<GetTokenKeysRequest>,
+        request: Request<GetTokenKeysRequest>,
     ) -> Result<Response<GetTokenKeysResponse>, Status> {
+        caller_of(&request)?;
         // Another replica may have rotated; a failed reload still answers with the keys held.
         if let Err(e) = self.app.tokens.reload().await {
             tracing::warn!(error = %e, "could not reload token keys for a worker");
@@ -167,6 +208,7 @@ impl WorkerAgent for AgentService {
         &self,
         request: Request<FetchArtifactRequest>,
     ) -> Result<Response<Self::FetchArtifactStream>, Status> {
+        workers_only(&request, "fetch artifacts")?;
         let key = request.into_inner().key;
         // Only registered artifacts: the worker token must not read arbitrary objects.
         if key.is_empty() || !self.app.registry.conn().await?.is_artifact(&key).await? {
@@ -181,7 +223,19 @@ impl WorkerAgent for AgentService {
         &self,
         request: Request<ReportUsageRequest>,
     ) -> Result<Response<ReportUsageResponse>, Status> {
+        let caller = caller_of(&request)?;
         let records = request.into_inner().records;
+        if caller == AgentCaller::Gateway
+            && let Some(r) = records.iter().find(|r| !tessera_protocol::usage::is_gateway_record(r))
+        {
+            return Err(Status::permission_denied(format!(
+                "a gateway token may report only refused requests (profile '{}', keys under '{}', no served \
+                 counters); record '{}' is not one",
+                tessera_protocol::usage::GATEWAY_PROFILE,
+                tessera_protocol::usage::GATEWAY_KEY_PREFIX,
+                r.key
+            )));
+        }
         let acknowledged = crate::usage::ingest(&self.app.registry, &records).await?;
         Ok(Response::new(ReportUsageResponse { acknowledged }))
     }
@@ -190,6 +244,7 @@ impl WorkerAgent for AgentService {
         &self,
         request: Request<ReportCaptureRequest>,
     ) -> Result<Response<ReportCaptureResponse>, Status> {
+        workers_only(&request, "store captured requests")?;
         let key = crate::capture::ingest(&self.app.registry, &self.app.store, request.into_inner()).await?;
         Ok(Response::new(ReportCaptureResponse { key }))
     }
@@ -198,6 +253,13 @@ impl WorkerAgent for AgentService {
         &self,
         request: Request<WatchRoutesRequest>,
     ) -> Result<Response<Self::WatchRoutesStream>, Status> {
+        // With a gateway token configured, only it may follow the routes: the worker token is
+        // for workers.
+        if caller_of(&request)? == AgentCaller::Worker && self.app.config.gateway_token.is_some() {
+            return Err(Status::permission_denied(
+                "this control plane has a gateway token: gateways present it (--gateway-token), not the worker token",
+            ));
+        }
         let stream = routes::start(self.app.clone(), request.into_inner(), self.shutdown.clone())?;
         Ok(Response::new(stream))
     }
@@ -213,21 +275,36 @@ mod tests {
         req
     }
 
+    fn caller(check: &AgentTokenCheck, value: &str) -> Result<AgentCaller, tonic::Code> {
+        check.check(with_auth(value)).map(|r| caller_of(&r).expect("marked")).map_err(|e| e.code())
+    }
+
     #[test]
     fn worker_tokens_are_checked() {
-        let check = WorkerTokenCheck::new(Some(&Secret::new("s3cret")));
-        assert!(check.check(with_auth("Bearer s3cret")).is_ok());
-        assert!(check.check(with_auth("bearer s3cret")).is_ok());
+        let check = AgentTokenCheck::new(Some(&Secret::new("s3cret")), None);
+        assert_eq!(caller(&check, "Bearer s3cret"), Ok(AgentCaller::Worker));
+        assert_eq!(caller(&check, "bearer s3cret"), Ok(AgentCaller::Worker));
         for bad in ["Bearer s3cre", "Bearer s3cret2", "Basic s3cret", "s3cret", "Bearer "] {
-            let e = check.check(with_auth(bad)).unwrap_err();
-            assert_eq!(e.code(), tonic::Code::Unauthenticated, "{bad}");
+            assert_eq!(caller(&check, bad), Err(tonic::Code::Unauthenticated), "{bad}");
         }
         assert_eq!(check.check(Request::new(())).unwrap_err().code(), tonic::Code::Unauthenticated);
     }
 
     #[test]
+    fn a_gateway_token_is_told_from_the_worker_token() {
+        let check = AgentTokenCheck::new(Some(&Secret::new("w0rker")), Some(&Secret::new("g4teway")));
+        assert_eq!(caller(&check, "Bearer w0rker"), Ok(AgentCaller::Worker));
+        assert_eq!(caller(&check, "Bearer g4teway"), Ok(AgentCaller::Gateway));
+        assert_eq!(caller(&check, "Bearer g4tewa"), Err(tonic::Code::Unauthenticated));
+        let denied = workers_only(&check.check(with_auth("Bearer g4teway")).unwrap(), "fetch artifacts").unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(denied.message().contains("fetch artifacts"), "{}", denied.message());
+        assert!(workers_only(&Request::new(()), "x").is_err(), "an unchecked request has no caller");
+    }
+
+    #[test]
     fn without_a_configured_token_every_call_is_refused() {
-        let e = WorkerTokenCheck::new(None).check(with_auth("Bearer anything")).unwrap_err();
+        let e = AgentTokenCheck::new(None, Some(&Secret::new("g"))).check(with_auth("Bearer g")).unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unauthenticated);
         assert!(e.message().contains("--worker-token"));
     }

@@ -99,6 +99,13 @@ async fn run(
     let registered = control_message::Kind::Registered(Registered {
         worker_id: worker_id.clone(),
         heartbeat_interval_ms: interval_ms,
+        // Workers check what gateways forward with the key of the gateways' token, not the token.
+        gateway_identity_key: app
+            .config
+            .gateway_token
+            .as_ref()
+            .map(|t| tessera_protocol::auth::forwarded_identity_key(t.expose()).to_vec())
+            .unwrap_or_default(),
     });
     if tx.send(Ok(ControlMessage { kind: Some(registered) })).await.is_err() {
         return;

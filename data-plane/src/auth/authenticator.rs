@@ -66,8 +66,9 @@ pub struct Authenticator {
     jwks: Arc<JwksCache>,
     /// Unix seconds now (key expiry, token `iat`); replaced in tests to move the clock.
     unix_now: fn() -> i64,
-    /// Checks identities a gateway forwards, when this server accepts them.
-    forwarded: Option<IdentityKey>,
+    /// Checks identities a gateway forwards, when this server accepts them (replaced when the
+    /// control plane names the gateways' key).
+    forwarded: Option<RwLock<IdentityKey>>,
     /// The last revocation list the control plane sent.
     revocations: Arc<Revocations>,
 }
@@ -136,10 +137,19 @@ impl Authenticator {
         }
     }
 
-    /// Also accepts identities forwarded by gateways holding the same agent token.
+    /// Also accepts identities forwarded by gateways, signed with `key` (until
+    /// [`Self::replace_forwarded_identity`]).
     pub fn with_forwarded_identity(mut self, key: IdentityKey) -> Self {
-        self.forwarded = Some(key);
+        self.forwarded = Some(RwLock::new(key));
         self
+    }
+
+    /// Checks forwarded identities with `key` from now on, and with no other (the control plane
+    /// named the key its gateways sign with). No effect where forwarded identities are refused.
+    pub fn replace_forwarded_identity(&self, key: IdentityKey) {
+        if let Some(held) = &self.forwarded {
+            *held.write() = key;
+        }
     }
 
     /// Resolves a request's caller: a forwarded identity (`tessera-identity`) when one is
@@ -150,7 +160,7 @@ impl Authenticator {
         identity: Option<&str>,
     ) -> Result<Principal, Error> {
         match (identity, &self.forwarded) {
-            (Some(value), Some(key)) => key.verify(value, (self.unix_now)()),
+            (Some(value), Some(key)) => key.read().verify(value, (self.unix_now)()),
             (Some(_), None) => Err(Error::unauthenticated("this server does not accept forwarded identities")),
             (None, _) => self.authenticate(authorization).await,
         }

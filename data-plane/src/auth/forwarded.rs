@@ -1,6 +1,8 @@
 //! The identity a gateway forwards to a worker: the principal it authenticated, signed with a
-//! key both derive from the agent (worker) token, so a worker trusts it without checking the
-//! caller's credential again, and no client (who never holds that token) can make one.
+//! key derived from the token the gateway presents to the control plane (the workers' agent
+//! token, or a gateway token whose key the control plane sends workers), so a worker trusts it
+//! without checking the caller's credential again, and no client (who never holds either
+//! token) can make one.
 //!
 //! Header value: `v1.<expires unix seconds>.<role>.<tenant id>.<base64url tenant name>.<base64url
 //! HMAC-SHA256 of everything before the last dot>`. A value lives a minute: the gateway signs
@@ -34,12 +36,16 @@ impl std::fmt::Debug for IdentityKey {
 }
 
 impl IdentityKey {
-    /// The key derived from the agent token (HMAC of a fixed label), so the token itself never
-    /// signs anything a worker receives.
-    pub fn from_agent_token(token: &str) -> Self {
-        let mut mac = new_mac(token.as_bytes());
-        mac.update(b"tessera forwarded identity v1");
-        Self(mac.finalize().into_bytes().into())
+    /// The key derived from a token a gateway presents to the control plane (the workers'
+    /// agent token, or a gateway token): [`tessera_protocol::auth::forwarded_identity_key`].
+    pub fn from_token(token: &str) -> Self {
+        Self(tessera_protocol::auth::forwarded_identity_key(token))
+    }
+
+    /// A key as the control plane sends it to workers (`Registered.gateway_identity_key`);
+    /// `None` unless it is 32 bytes.
+    pub fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        bytes.try_into().ok().map(Self)
     }
 
     /// A header value vouching for `who` until `expires_at` (unix seconds).
@@ -102,7 +108,7 @@ mod tests {
 
     #[test]
     fn a_signed_identity_verifies_and_round_trips() {
-        let key = IdentityKey::from_agent_token("agent-token");
+        let key = IdentityKey::from_token("agent-token");
         let value = key.sign(&alice(), 1_000);
         assert_eq!(key.verify(&value, 990).expect("genuine"), alice());
         assert_eq!(key.verify(&value, 1_000 + LEEWAY_SECS).expect("within leeway"), alice());
@@ -110,10 +116,13 @@ mod tests {
 
     #[test]
     fn forged_expired_and_malformed_identities_are_refused() {
-        let key = IdentityKey::from_agent_token("agent-token");
+        let key = IdentityKey::from_token("agent-token");
         let value = key.sign(&alice(), 1_000);
-        let other = IdentityKey::from_agent_token("another-token");
+        let other = IdentityKey::from_token("another-token");
         assert!(other.verify(&value, 990).is_err(), "another key");
+        let sent = IdentityKey::from_bytes(&tessera_protocol::auth::forwarded_identity_key("agent-token"));
+        assert_eq!(sent.expect("32 bytes").verify(&value, 990).expect("the same key, sent as bytes"), alice());
+        assert!(IdentityKey::from_bytes(&[1; 31]).is_none());
         assert!(key.verify(&value, 1_000 + LEEWAY_SECS + 1).is_err(), "expired");
         let far = key.sign(&alice(), 10_000);
         assert!(key.verify(&far, 990).is_err(), "expiry too far ahead");

@@ -48,11 +48,15 @@ pub struct GatewayArgs {
     /// Control plane URL (its agent service), e.g. `http://cp:8080`.
     #[arg(long, env = "TESSERA_CONTROL_PLANE", value_parser = crate::worker::config::parse_control_plane)]
     pub control_plane: String,
-    /// The agent token workers use (`--worker-token` of the control plane): gateways present it
-    /// to the control plane and sign the identities they forward to workers with a key derived
-    /// from it.
-    #[arg(long, env = "TESSERA_WORKER_TOKEN", hide_env_values = true)]
-    pub worker_token: WorkerToken,
+    /// The control plane's gateway token (its `--gateway-token`): the gateway presents it to the
+    /// control plane, which lets it call only what a gateway needs, and signs the identities it
+    /// forwards with a key derived from it, which the control plane sends workers.
+    #[arg(long, env = "TESSERA_GATEWAY_TOKEN", hide_env_values = true, required_unless_present = "worker_token")]
+    pub gateway_token: Option<WorkerToken>,
+    /// Instead of a gateway token, the agent token workers use (`--worker-token` of the control
+    /// plane), for control planes without a gateway token: it can do all a worker can.
+    #[arg(long, env = "TESSERA_WORKER_TOKEN", hide_env_values = true, conflicts_with = "gateway_token")]
+    pub worker_token: Option<WorkerToken>,
     /// Stable id of this gateway (default: the host name and port).
     #[arg(long, env = "TESSERA_GATEWAY_ID", value_parser = crate::worker::config::parse_worker_id)]
     pub gateway_id: Option<String>,
@@ -186,12 +190,7 @@ impl Gateway {
     #[cfg(test)]
     pub fn for_tests() -> Self {
         let tls = tessera_protocol::tls::client_config(None).unwrap_or_else(|e| panic!("client TLS config: {e}"));
-        Self::new(
-            None,
-            IdentityKey::from_agent_token("test"),
-            DEFAULT_MAX_REQUEST_BYTES,
-            forward::Clients::new(tls, false),
-        )
+        Self::new(None, IdentityKey::from_token("test"), DEFAULT_MAX_REQUEST_BYTES, forward::Clients::new(tls, false))
     }
 
     /// The current route table.
@@ -355,10 +354,16 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     crate::serve::net::busy_poll::enable(Duration::from_micros(args.busy_poll_us));
     let tls = args.tls.acceptor()?;
-    let client = crate::worker::client::connect(&args.control_plane, &args.worker_token, args.ca.ca_cert.as_deref())?;
+    let token = args
+        .gateway_token
+        .as_ref()
+        .or(args.worker_token.as_ref())
+        .context("a gateway needs --gateway-token (or the workers' --worker-token)")?;
+    let client = crate::worker::client::connect(&args.control_plane, token, args.ca.ca_cert.as_deref())?;
     let credentials = Arc::new(crate::worker::credentials::ControlPlaneCredentials::new(client.clone()));
     let auth = Arc::new(Authenticator::new(credentials, Duration::from_secs(args.key_cache_secs)));
-    let identity = IdentityKey::from_agent_token(args.worker_token.expose());
+    // Workers check with the same key: derived from their own token, or sent by the control plane.
+    let identity = IdentityKey::from_token(token.expose());
     // Workers serving TLS are reached over https, trusting the same CA as the control plane.
     let upstream =
         forward::Clients::new(tessera_protocol::tls::client_config(args.ca.ca_cert.as_deref())?, args.upstream_http2);

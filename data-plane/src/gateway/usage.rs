@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tessera_protocol::agent::UsageRecord;
-use tessera_protocol::usage::{BATCH_SIZE_BUCKETS, GATEWAY_PROFILE, LATENCY_BUCKETS_US};
+use tessera_protocol::usage::{BATCH_SIZE_BUCKETS, GATEWAY_KEY_PREFIX, GATEWAY_PROFILE, LATENCY_BUCKETS_US};
 use tokio_util::sync::CancellationToken;
 
 use crate::worker::usage::ship::{SendError, UsageSink};
@@ -55,7 +55,8 @@ struct Keys {
 
 impl Keys {
     fn new(gateway_id: &str) -> Self {
-        Keys { prefix: format!("gw:{gateway_id}:{}:", uuid::Uuid::now_v7().simple()), next: 0 }
+        let boot = uuid::Uuid::now_v7().simple();
+        Keys { prefix: format!("{GATEWAY_KEY_PREFIX}{gateway_id}:{boot}:"), next: 0 }
     }
 
     fn records(&mut self, gateway_id: &str, counts: BTreeMap<Key, u64>) -> Vec<UsageRecord> {
@@ -205,6 +206,8 @@ mod tests {
         let seen: Vec<_> = records.iter().map(|r| (r.tenant_id.as_str(), r.version, r.minute, r.throttled)).collect();
         assert_eq!(seen, [("t", 0, 120, 3), ("t", 0, 180, 1), ("t", 2, 120, 1), ("u", 0, 120, 1)]);
         assert!(records.iter().all(|r| r.slice_profile == GATEWAY_PROFILE && r.requests == 0 && r.worker_id == "gw0"));
+        // What a gateway's token is allowed to report.
+        assert!(records.iter().all(tessera_protocol::usage::is_gateway_record));
         assert!(records.iter().all(|r| r.latency_counts.len() == LATENCY_BUCKETS_US.len() + 1));
         let distinct: std::collections::HashSet<_> = records.iter().map(|r| &r.key).collect();
         assert_eq!(distinct.len(), 4, "every record has its own key");

@@ -108,10 +108,11 @@ pub async fn run(
         credentials::ControlPlaneCredentials::new(client.clone())
             .with_saved_token_keys(config.data_dir.join("token-keys.json")),
     );
-    // Gateways hold the same agent token: what they forward signed with it is trusted.
-    let identity_key = crate::auth::IdentityKey::from_agent_token(config.worker_token.expose());
+    // Until the control plane names its gateways' key (`Registered`), identities signed with the
+    // key of the worker token are trusted: gateways that hold that token sign with it.
+    let own_identity = crate::auth::IdentityKey::from_token(config.worker_token.expose());
     let authenticator =
-        Arc::new(Authenticator::new(credentials, config.key_cache_ttl).with_forwarded_identity(identity_key));
+        Arc::new(Authenticator::new(credentials, config.key_cache_ttl).with_forwarded_identity(own_identity.clone()));
     let usage_dir = config.data_dir.join(USAGE_DIR);
     let meter =
         Arc::new(Meter::open(&usage_dir).with_context(|| format!("open the usage spool in {}", usage_dir.display()))?);
@@ -204,6 +205,7 @@ pub async fn run(
         unhealthy: health.subscribe(),
         assigned: assigned_tx,
         auth: authenticator,
+        own_identity,
     };
     session::run(client, reports, reconciler, shutdown.clone()).await;
     monitor_stop.cancel();

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::AgentClient;
 use super::reconcile::{Reconciler, WorkerStatus};
-use crate::auth::Authenticator;
+use crate::auth::{Authenticator, IdentityKey};
 
 /// First reconnect delay.
 const BACKOFF_START: Duration = Duration::from_millis(200);
@@ -47,8 +47,12 @@ pub struct Reports {
     /// Set to the generation of the first assignment set the control plane sends (after
     /// registering): the worker is ready once that set is installed.
     pub assigned: watch::Sender<Option<u64>>,
-    /// Enforces the revocation lists the control plane sends.
+    /// Enforces the revocation lists the control plane sends, and checks forwarded identities
+    /// with the gateways' key it names.
     pub auth: Arc<Authenticator>,
+    /// The forwarded-identity key derived from this worker's own token: the one checked when the
+    /// control plane names no gateway key (its gateways hold the worker token).
+    pub own_identity: IdentityKey,
 }
 
 /// Why a session ended.
@@ -188,9 +192,19 @@ async fn handle(
                 0 => DEFAULT_HEARTBEAT,
                 ms => Duration::from_millis(u64::from(ms)),
             };
+            let gateway_token = !r.gateway_identity_key.is_empty();
+            match IdentityKey::from_bytes(&r.gateway_identity_key) {
+                Some(key) => reports.auth.replace_forwarded_identity(key),
+                None if gateway_token => {
+                    // Keep the key held: a malformed one would refuse every gateway request.
+                    tracing::warn!(bytes = r.gateway_identity_key.len(), "control plane sent a malformed gateway key");
+                }
+                None => reports.auth.replace_forwarded_identity(reports.own_identity.clone()),
+            }
             tracing::info!(
                 worker_id = %register.worker_id,
                 heartbeat_ms = interval.as_millis(),
+                gateway_token,
                 "registered with the control plane"
             );
             Some(interval)

@@ -5,6 +5,7 @@
 //! `postgres://postgres@127.0.0.1:5432/postgres`); each test creates `cp_e2e_<uuid>` there
 //! and drops it afterwards, even when the test panics.
 
+mod agent_tokens;
 mod archives;
 mod audit;
 mod auth;

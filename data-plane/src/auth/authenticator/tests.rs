@@ -542,3 +542,27 @@ async fn the_revocation_metrics_show_the_list_and_its_staleness() {
     auth.apply_revocations(RevocationList::default());
     assert!(render().contains("tessera_revocation_list_stale_seconds 0"), "{}", render());
 }
+
+#[tokio::test]
+async fn forwarded_identities_are_checked_with_the_key_named_last() {
+    let (_, auth) = setup();
+    let now = system_unix_now();
+    let own = IdentityKey::from_token("worker-token");
+    let gateways = IdentityKey::from_token("gateway-token");
+    let signed_own = own.sign(&principal(Role::Inference), now + 30);
+    let signed_gateway = gateways.sign(&principal(Role::Inference), now + 30);
+    let refused = auth.authenticate_request(None, Some(&signed_own)).await.expect_err("not accepted by default");
+    assert_eq!(refused.kind, ErrorKind::Unauthenticated);
+    // Without forwarded identities accepted, replacing the key changes nothing.
+    auth.replace_forwarded_identity(own.clone());
+    assert!(auth.authenticate_request(None, Some(&signed_own)).await.is_err());
+
+    let (_, auth) = setup();
+    let auth = auth.with_forwarded_identity(own.clone());
+    assert_eq!(auth.authenticate_request(None, Some(&signed_own)).await.expect("own key"), principal(Role::Inference));
+    assert!(auth.authenticate_request(None, Some(&signed_gateway)).await.is_err(), "not yet the gateways' key");
+    // The control plane named the gateways' key: it, and only it, counts from now on.
+    auth.replace_forwarded_identity(gateways);
+    assert!(auth.authenticate_request(None, Some(&signed_gateway)).await.is_ok());
+    assert!(auth.authenticate_request(None, Some(&signed_own)).await.is_err(), "the worker token's key no longer");
+}

@@ -75,17 +75,22 @@ capabilities:
   {{- end }}
 {{- end -}}
 
-{{/* Env of the worker token and log format, shared by workers and gateways. */}}
+{{/* Env of the control plane's URL and the log format, shared by workers and gateways. */}}
 {{- define "tessera.agentEnv" -}}
 - name: TESSERA_CONTROL_PLANE
   value: {{ include "tessera.controlPlaneURL" . | quote }}
-- name: TESSERA_WORKER_TOKEN
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "tessera.secretName" . }}
-      key: worker-token
 - name: TESSERA_LOG_FORMAT
   value: {{ .Values.logFormat | quote }}
+{{- end -}}
+
+{{/* One token from the chart's Secret as an env var: (list $root "ENV_NAME" "secret-key"). */}}
+{{- define "tessera.tokenEnv" -}}
+{{- $root := index . 0 -}}
+- name: {{ index . 1 }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tessera.secretName" $root }}
+      key: {{ index . 2 }}
 {{- end -}}
 
 {{- define "tessera.secretVolume" -}}
