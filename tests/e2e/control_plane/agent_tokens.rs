@@ -6,18 +6,41 @@
 use futures::SinkExt;
 use futures::channel::mpsc;
 use tessera_protocol::agent::{
-    AuthenticateKeyRequest, FetchArtifactRequest, GetTokenKeysRequest, Register, ReportCaptureRequest,
+    AuthenticateKeyRequest, FetchArtifactRequest, GetTokenKeysRequest, Register, Registered, ReportCaptureRequest,
     ReportUsageRequest, Slice, UsageRecord, WatchRoutesRequest, WorkerMessage, control_message, worker_message,
 };
 use tessera_protocol::usage::{BATCH_SIZE_BUCKETS, GATEWAY_KEY_PREFIX, GATEWAY_PROFILE, LATENCY_BUCKETS_US};
 
-use super::deployments::{TOKEN, client};
+use super::deployments::{Client, TOKEN, client};
 use super::{Opts, TestApp};
 
 const GATEWAY_TOKEN: &str = "gateway-secret-for-tests";
 
 fn refused(record: UsageRecord) -> ReportUsageRequest {
     ReportUsageRequest { records: vec![record] }
+}
+
+/// A worker's `Register`: one CPU slice, endpoints nobody calls.
+pub(super) fn registration(worker_id: &str) -> WorkerMessage {
+    let slice = Slice { id: "cpu-0".into(), profile: "cpu".into(), kind: 1, memory_bytes: 1 << 30, ..Slice::default() };
+    let register = Register {
+        worker_id: worker_id.into(),
+        http_endpoint: "http://127.0.0.1:1".into(),
+        grpc_endpoint: "127.0.0.1:2".into(),
+        slices: vec![slice],
+        ..Register::default()
+    };
+    WorkerMessage { kind: Some(worker_message::Kind::Register(register)) }
+}
+
+/// Opens a session as worker `w-1`; answers the control plane's `Registered`.
+async fn registered(worker: &mut Client) -> Registered {
+    let (mut tx, rx) = mpsc::channel(1);
+    tx.send(registration("w-1")).await.expect("queue");
+    let mut session = worker.session(rx).await.expect("a session").into_inner();
+    let first = session.message().await.expect("a message").expect("not closed").kind;
+    let Some(control_message::Kind::Registered(registered)) = first else { panic!("registered first: {first:?}") };
+    registered
 }
 
 #[tokio::test]
@@ -81,19 +104,7 @@ async fn a_gateway_token_calls_only_what_a_gateway_needs() {
     assert_eq!(wrong.code(), tonic::Code::Unauthenticated);
 
     // A worker registers and is told the gateways' key: derived from their token, not it.
-    let (mut tx, rx) = mpsc::channel(1);
-    let slice = Slice { id: "cpu-0".into(), profile: "cpu".into(), kind: 1, memory_bytes: 1 << 30, ..Slice::default() };
-    let register = Register {
-        worker_id: "w-1".into(),
-        http_endpoint: "http://127.0.0.1:1".into(),
-        grpc_endpoint: "127.0.0.1:2".into(),
-        slices: vec![slice],
-        ..Register::default()
-    };
-    tx.send(WorkerMessage { kind: Some(worker_message::Kind::Register(register)) }).await.expect("queue");
-    let mut session = worker.session(rx).await.expect("a session").into_inner();
-    let first = session.message().await.expect("a message").expect("not closed").kind;
-    let Some(control_message::Kind::Registered(registered)) = first else { panic!("registered first: {first:?}") };
+    let registered = registered(&mut worker).await;
     let expected = tessera_protocol::auth::forwarded_identity_key(GATEWAY_TOKEN);
     assert_eq!(registered.gateway_identity_key, expected.to_vec());
     assert!(!registered.gateway_identity_key.windows(8).any(|w| GATEWAY_TOKEN.as_bytes().windows(8).any(|t| t == w)));
@@ -105,18 +116,6 @@ async fn without_a_gateway_token_gateways_use_the_worker_token_and_workers_their
     let mut worker = client(&app, TOKEN).await;
     let request = WatchRoutesRequest { gateway_id: "gw-1".into(), version: "test".into() };
     worker.watch_routes(request).await.expect("routes for the worker token").into_inner();
-    let (mut tx, rx) = mpsc::channel(1);
-    let slice = Slice { id: "cpu-0".into(), profile: "cpu".into(), kind: 1, memory_bytes: 1 << 30, ..Slice::default() };
-    let register = Register {
-        worker_id: "w-1".into(),
-        http_endpoint: "http://127.0.0.1:1".into(),
-        grpc_endpoint: "127.0.0.1:2".into(),
-        slices: vec![slice],
-        ..Register::default()
-    };
-    tx.send(WorkerMessage { kind: Some(worker_message::Kind::Register(register)) }).await.expect("queue");
-    let mut session = worker.session(rx).await.expect("a session").into_inner();
-    let first = session.message().await.expect("a message").expect("not closed").kind;
-    let Some(control_message::Kind::Registered(registered)) = first else { panic!("registered first: {first:?}") };
+    let registered = registered(&mut worker).await;
     assert!(registered.gateway_identity_key.is_empty(), "no gateway key to send");
 }

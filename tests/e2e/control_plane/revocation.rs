@@ -8,10 +8,7 @@ use std::time::Duration;
 use futures::SinkExt;
 use futures::channel::mpsc;
 use serde_json::json;
-use tessera_protocol::agent::{
-    AuthenticateKeyRequest, Register, Revocations, RouteTable, Slice, WatchRoutesRequest, WorkerMessage,
-    control_message, worker_message,
-};
+use tessera_protocol::agent::{AuthenticateKeyRequest, Revocations, RouteTable, WatchRoutesRequest, control_message};
 
 use super::deployments::{TOKEN, client};
 use super::{Opts, TestApp};
@@ -100,15 +97,7 @@ async fn revoked_keys_and_disabled_users_lose_their_tokens_and_streams_carry_the
 
     // A worker gets the whole list right after registering.
     let (mut tx, rx) = mpsc::channel(4);
-    let slice = Slice { id: "cpu-0".into(), profile: "cpu".into(), kind: 1, memory_bytes: 1 << 30, ..Slice::default() };
-    let register = Register {
-        worker_id: "w-1".into(),
-        http_endpoint: "http://127.0.0.1:1".into(),
-        grpc_endpoint: "127.0.0.1:2".into(),
-        slices: vec![slice],
-        ..Register::default()
-    };
-    tx.send(WorkerMessage { kind: Some(worker_message::Kind::Register(register)) }).await.expect("queue register");
+    tx.send(super::agent_tokens::registration("w-1")).await.expect("queue register");
     let mut session = agent.session(rx).await.expect("a session").into_inner();
     let mut kinds = Vec::new();
     while kinds.len() < 2 {
