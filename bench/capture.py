@@ -69,19 +69,28 @@ class Cluster(gateway.Cluster):
             "--database-url", f"sqlite://{self.tmp / 'registry.db'}?mode=rwc",
             "--object-store", str(self.tmp / "artifacts"),
             "--bootstrap-admin-key", self.admin_key, f"--worker-token={self.worker_token}",
-            *gateway.CONTROL_PLANE_TIMINGS,
+            # Fewer heartbeats while instructions are counted (background work counts too).
+            *(["--heartbeat-interval-ms", "3000", "--worker-lost-after-ms", "60000", "--scheduler-interval-ms", "200"]
+              if self.args.callgrind else gateway.CONTROL_PLANE_TIMINGS),
         ], self.tmp / "control-plane.log"))
         cp.wait_listening(["http"])
         self.url = f"http://{cp.addrs['http']}"
+        # Under callgrind the models run in the worker (their instructions count too) and nothing
+        # spins while idle (busy polling would count as work).
+        counted = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.tmp / 'callgrind.out'}",
+                   "--dump-line=no", "--separate-threads=yes"] if self.args.callgrind else []
+        isolation = "in-process" if self.args.callgrind else self.args.isolation
+        idle = ["--busy-poll-us", "0"] if self.args.callgrind else []
         self.worker = self._start(gateway.Proc("worker", [
-            *server_cpus(self.args), bin_, "worker", "--control-plane", self.url, f"--worker-token={self.worker_token}",
-            "--data-dir", str(self.tmp / "worker"),
+            *server_cpus(self.args), *counted, bin_, "worker", "--control-plane", self.url,
+            f"--worker-token={self.worker_token}", "--data-dir", str(self.tmp / "worker"),
             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--advertise-host", "127.0.0.1",
-            "--cpu-slices", str(self.args.cpu_slices), "--isolation", self.args.isolation,
+            "--cpu-slices", str(self.args.cpu_slices), "--isolation", isolation, *idle,
         ], self.tmp / "worker.log"))
-        self.worker.wait_log(lambda t: "registered with the control plane" in t, "registration")
-        self.worker.wait_listening(["http", "grpc", "metrics"])
+        wait_s = 600.0 if self.args.callgrind else 60.0
+        self.worker.wait_log(lambda t: "registered with the control plane" in t, "registration", wait_s)
+        self.worker.wait_listening(["http", "grpc", "metrics"], wait_s)
 
     def server_cpu_seconds(self) -> float:
         """User + system CPU so far of the control plane, the worker and the worker's runners
@@ -159,6 +168,93 @@ def run_pa(args, url: str, key: str, proto: str, tmp: Path, label: str) -> gatew
                        num("p50 latency"), num("p99 latency"), None, note, gateway.redact(cmd, key))
 
 
+def instructions_per_request(cluster: "Cluster", key: str, url: str, proto: str, n: int, mode: str):
+    """Callgrind's instruction counts of the worker process per add_sub request over `n`
+    sequential requests, counted from a zeroed counter until the captured records are stored:
+    (every thread: request path, models, background work; the capture encoder's thread alone).
+    Deterministic where timings on a shared machine are not: it is what capture costs the
+    worker, whatever else runs beside it."""
+    import numpy as np
+    mod = __import__("tritonclient.http" if proto == "http" else "tritonclient.grpc", fromlist=["_"])
+    client = mod.InferenceServerClient(url, network_timeout=600.0) if proto == "http" else mod.InferenceServerClient(url)
+    a = np.ones((1, 16), dtype=np.float32)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        t = mod.InferInput(name, [1, 16], "FP32")
+        t.set_data_from_numpy(a)
+        inputs.append(t)
+    headers = {"authorization": f"Bearer {key}"}
+    pid = cluster.worker.proc.pid
+
+    def all_stored(what: str):
+        """Waits until every sampled record is stored (nothing of one count spills into the next):
+        a fixed pause first, the same with capture off and on, so the scrapes that check (counted
+        too) are as few in both modes."""
+        time.sleep(6)
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            m = cluster.worker_metric("tessera_capture_")
+            if m.get("tessera_capture_stored_total", 0.0) >= m.get("tessera_capture_sampled_total", 0.0):
+                return
+            time.sleep(1)
+        raise BenchError(f"capture {what}: sampled records were not all stored within 300 s")
+
+    for _ in range(50):  # warm: connections, caches, the capture settings taken
+        client.infer("add_sub", inputs, headers=headers)
+    all_stored("warm-up")
+    zero = subprocess.run(["callgrind_control", "--zero", str(pid)], capture_output=True, text=True, timeout=300)
+    if zero.returncode != 0:
+        raise BenchError(f"callgrind_control --zero failed: {zero.stdout}{zero.stderr}")
+    for _ in range(n):
+        client.infer("add_sub", inputs, headers=headers)
+    all_stored(mode)
+    dumps = set(cluster.tmp.glob("callgrind.out*"))
+    dump = subprocess.run(["callgrind_control", f"--dump={mode}-{proto}", str(pid)], capture_output=True,
+                          text=True, timeout=300)
+    if dump.returncode != 0:
+        raise BenchError(f"callgrind_control --dump failed: {dump.stdout}{dump.stderr}")
+    client.close()
+    new = sorted(set(cluster.tmp.glob("callgrind.out*")) - dumps)
+    if not new:
+        raise BenchError("callgrind wrote no dump")
+    # One file per thread: the capture encoder's thread (the one that ran `Batcher::add`) is
+    # counted apart, so the table shows what the request path itself pays.
+    total, encoder = 0, 0
+    for path in new:
+        text = path.read_text(errors="replace")
+        ir = next((int(line.split()[1]) for line in text.splitlines() if line.startswith(("totals:", "summary:"))), 0)
+        total += ir
+        if "capture::batch::Batcher::add" in text:
+            encoder += ir
+    return total / n, encoder / n
+
+
+def callgrind_main(args, cluster: "Cluster", keys, ends, protocols) -> List[List[str]]:
+    """Off, on, off, on per protocol; the table's rows."""
+    rows = []
+    for proto in protocols:
+        counts: Dict[str, List[float]] = {"off": [], "on": []}
+        encoder: List[float] = []
+        for mode in ("off", "on") * 3:
+            cluster.set_capture(keys["tenant-admin"], mode == "on")
+            ir, enc = instructions_per_request(cluster, keys["inference"], ends[proto], proto, args.callgrind, mode)
+            counts[mode].append(ir - enc)
+            if mode == "on":
+                encoder.append(enc)
+            progress(f"callgrind {mode} {proto}: {ir:,.0f} instructions per request over {args.callgrind} "
+                     f"({enc:,.0f} in the capture encoder's thread)")
+        off, on, enc = gateway.median(counts["off"]), gateway.median(counts["on"]), gateway.median(encoder)
+        path_pct, all_pct = (on / off - 1) * 100, ((on + enc) / off - 1) * 100
+        rows.append([SCENARIO.name, proto, " / ".join(f"{v:,.0f}" for v in counts["off"]),
+                     " / ".join(f"{v:,.0f}" for v in counts["on"]), f"{on - off:+,.0f}", f"{path_pct:+.1f} %",
+                     "met" if path_pct <= GOAL_PCT else "MISSED", f"{enc:,.0f}", f"{all_pct:+.1f} %"])
+    return rows
+
+
+CALLGRIND_COLUMNS = ["Scenario", "Proto", "off instructions/request", "on, outside the encoder", "added",
+                     "request-side overhead", "goal ≤ 5 %", "encoder instructions/record", "whole worker overhead"]
+
+
 def summary_cells(proto: str, runs: List[gateway.Run]) -> List[str]:
     off = [r for r in runs if r.protocol == proto and r.path == "off"]
     on = [r for r in runs if r.protocol == proto and r.path == "on"]
@@ -186,11 +282,11 @@ COLUMNS = ["Scenario", "Proto", "off infer/s", "off p50 µs", "on infer/s", "on 
            "off server CPU µs/inf", "on server CPU µs/inf", "CPU overhead"]
 
 
-def render(cells: List[List[str]]) -> str:
-    widths = [max(len(c[i]) for c in [COLUMNS, *cells]) for i in range(len(COLUMNS))]
+def render(cells: List[List[str]], columns: List[str] = COLUMNS) -> str:
+    widths = [max(len(c[i]) for c in [columns, *cells]) for i in range(len(columns))]
     line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths))  # noqa: E731
-    text = "\n".join([line(COLUMNS), *(line(c) for c in cells)])
-    md = "\n".join(["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS),
+    text = "\n".join([line(columns), *(line(c) for c in cells)])
+    md = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
                     *("| " + " | ".join(c) + " |" for c in cells)])
     return text + "\n\n" + md
 
@@ -218,6 +314,10 @@ def parse_args(argv=None):
     ap.add_argument("--stability", type=int, default=20, help="--stability-percentage (default 20)")
     ap.add_argument("--max-trials", type=int, default=6)
     ap.add_argument("--pa-timeout", type=int, default=120)
+    ap.add_argument("--callgrind", type=int, default=0, metavar="N",
+                    help="instead of timing with perf_analyzer, count the worker's instructions per request under "
+                         "valgrind's callgrind over N sequential requests, off and on three times (the models in the "
+                         "worker, busy polling off); about 5 minutes for N=500")
     return ap.parse_args(argv)
 
 
@@ -238,8 +338,17 @@ def main(argv=None) -> int:
         cluster.start()
         keys = cluster.create_tenant()
         cluster.push_and_deploy(keys["tenant-admin"], repo, "add_sub")
-        ends = cluster.wait_deployed(keys["tenant-admin"], "add_sub")
+        ends = cluster.wait_deployed(keys["tenant-admin"], "add_sub", 600.0 if args.callgrind else 90.0)
         progress(f"add_sub ready on the worker: {ends}")
+        if args.callgrind:
+            rows = callgrind_main(args, cluster, keys, ends, protocols)
+            print(f"Tessera capture cost in instructions, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, commit "
+                  f"{compare.git_describe()}\nset-up: control plane on SQLite, one worker under callgrind "
+                  f"(--isolation in-process, --busy-poll-us 0), add_sub; capture on = {json.dumps(CAPTURE_ON)}; "
+                  f"{args.callgrind} sequential tritonclient requests per count, counted from a zeroed counter "
+                  "until the records are stored; median of three counts per mode, alternating\n\n"
+                  + render(rows, CALLGRIND_COLUMNS))
+            return 0
         for proto in protocols:
             for rnd in range(args.rounds):
                 for mode in (MODES if rnd % 2 == 0 else tuple(reversed(MODES))):

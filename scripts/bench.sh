@@ -40,7 +40,9 @@
 #                   and gRPC with the deployment's capture off and on (sample
 #                   rate 1.0, inputs, outputs, metadata), alternating, three
 #                   rounds (--rounds N); prints off vs on infer/s and p50, the
-#                   overhead and the goal (<= 5 %) (about 2 minutes)
+#                   overhead and the goal (<= 5 %) (about 2 minutes);
+#                   with --callgrind N, instructions per request counted under
+#                   valgrind's callgrind instead of timed (about 5 minutes for 500)
 #   anything else goes to bench/compare.py, or with --gateway to
 #   bench/gateway.py, with --capture to bench/capture.py (see
 #   `scripts/bench.sh [--gateway|--capture] --help`).
