@@ -230,7 +230,7 @@ def instructions_per_request(cluster: "Cluster", key: str, url: str, proto: str,
 
 
 def callgrind_main(args, cluster: "Cluster", keys, ends, protocols) -> List[List[str]]:
-    """Off, on, off, on per protocol; the table's rows."""
+    """Capture off and on, three times each, alternating, per protocol; the table's rows."""
     rows = []
     for proto in protocols:
         counts: Dict[str, List[float]] = {"off": [], "on": []}
@@ -348,6 +348,8 @@ def main(argv=None) -> int:
                   f"{args.callgrind} sequential tritonclient requests per count, counted from a zeroed counter "
                   "until the records are stored; median of three counts per mode, alternating\n\n"
                   + render(rows, CALLGRIND_COLUMNS))
+            cluster.stop()  # idempotent: the `finally` below stops nothing twice
+            shutil.rmtree(tmp, ignore_errors=True)  # the dumps too (tens of MB)
             return 0
         for proto in protocols:
             for rnd in range(args.rounds):

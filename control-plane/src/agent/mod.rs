@@ -108,15 +108,15 @@ impl AgentTokenCheck {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-            .map(|(_, token)| token.trim().to_string());
+            // The presented token is MACed once; each configured one is compared against it.
+            .map(|(_, token)| mac(&self.key, token.trim().as_bytes()));
         let Some(presented) = presented else {
             return Err(Status::unauthenticated("missing or invalid worker or gateway token"));
         };
         let matches = |expected: &Option<Arc<Vec<u8>>>| {
-            expected.as_ref().is_some_and(|e| mac(&self.key, presented.as_bytes()).verify_slice(e).is_ok())
+            expected.as_ref().is_some_and(|e| presented.clone().verify_slice(e).is_ok())
         };
-        let (worker, gateway) = (matches(&self.worker), matches(&self.gateway));
-        let caller = match (worker, gateway) {
+        let caller = match (matches(&self.worker), matches(&self.gateway)) {
             (true, _) => AgentCaller::Worker,
             (false, true) => AgentCaller::Gateway,
             (false, false) => return Err(Status::unauthenticated("missing or invalid worker or gateway token")),
