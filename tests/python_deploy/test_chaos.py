@@ -107,11 +107,16 @@ def test_a_worker_killed_under_load_fails_only_its_in_flight_requests_and_bills_
     lost = Counter(s.model for s in failed)
 
     def caught_up():
+        # Backlogs first: once every spool is acknowledged (the clients have stopped), the usage
+        # read after it holds everything. Read the other way round, a range shipped between the
+        # two reads would arrive "later".
+        if not backlog_empty(cluster):
+            return None
         usage = stored_usage(cluster, "acme", admin)
         return usage if all(
             m in usage and usage[m]["requests"] >= seen.ok[m] and usage[m]["failures"] >= seen.bad[m]
             and usage[m]["inferences"] >= seen.rows[m] for m in models
-        ) and backlog_empty(cluster) else None
+        ) else None
 
     # Request counts alone can be met early: a lost request billed at the kill stands in for an
     # answered one whose record is still on its way, so rows are waited for too.

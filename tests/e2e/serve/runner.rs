@@ -76,9 +76,19 @@ async fn models_run_in_a_runner_that_is_replaced_when_killed_with_statistics_kep
     let kill = std::process::Command::new("kill").args(["-9", &old_pid.to_string()]).status().expect("kill");
     assert!(kill.success());
     let killed = Instant::now();
-    // A request sent while it restarts (the worker has seen the runner's socket close) waits
-    // for the new runner and succeeds.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A request sent while it restarts waits for the new runner and succeeds. It goes once the
+    // worker has counted the death: one written before the kernel closed the dying runner's
+    // socket is lost with it (503, retry), as tests/python_deploy/test_isolation.py checks.
+    let metrics_url = format!("{}/metrics", s.metrics);
+    let counted = "tessera_runner_restarts_total{tenant=\"serve\",slice=\"local\",reason=\"killed\"} 1";
+    loop {
+        let text = reqwest::get(&metrics_url).await.expect("metrics").text().await.expect("text");
+        if text.contains(counted) {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(10), "the worker never saw its runner die:\n{text}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let (status, body) = infer(&s).await;
     assert_eq!(status, 200, "{body}");
     let recovery = killed.elapsed();
@@ -88,7 +98,7 @@ async fn models_run_in_a_runner_that_is_replaced_when_killed_with_statistics_kep
     assert_ne!(now[0].0, *old_pid, "a new runner took over");
     assert_eq!(successes(&s).await, 5, "what the dead runner counted is kept");
 
-    let metrics = reqwest::get(format!("{}/metrics", s.metrics)).await.expect("m").text().await.expect("t");
+    let metrics = reqwest::get(&metrics_url).await.expect("m").text().await.expect("t");
     for line in [
         "tessera_runner_restarts_total{tenant=\"serve\",slice=\"local\",reason=\"killed\"} 1",
         "tessera_runner_up{tenant=\"serve\",slice=\"local\"} 1",
