@@ -168,12 +168,14 @@ def run_pa(args, url: str, key: str, proto: str, tmp: Path, label: str) -> gatew
                        num("p50 latency"), num("p99 latency"), None, note, gateway.redact(cmd, key))
 
 
-def instructions_per_request(cluster: "Cluster", key: str, url: str, proto: str, n: int, mode: str):
+def instructions_per_request(cluster: "Cluster", key: str, url: str, proto: str, n: int, mode: str,
+                             keep: "Path | None" = None):
     """Callgrind's instruction counts of the worker process per add_sub request over `n`
-    sequential requests, counted from a zeroed counter until the captured records are stored:
-    (every thread: request path, models, background work; the capture encoder's thread alone).
-    Deterministic where timings on a shared machine are not: it is what capture costs the
-    worker, whatever else runs beside it."""
+    sequential requests: (every thread but the capture encoder's from a zeroed counter until
+    the last answer: request path, models, background work; the encoder's thread from then until
+    the captured records are stored). The request side is dumped before the wait for storage, so
+    the /metrics scrapes that wait makes are not counted. Deterministic where timings on a
+    shared machine are not: it is what capture costs the worker, whatever else runs beside it."""
     import numpy as np
     mod = __import__("tritonclient.http" if proto == "http" else "tritonclient.grpc", fromlist=["_"])
     client = mod.InferenceServerClient(url, network_timeout=600.0) if proto == "http" else mod.InferenceServerClient(url)
@@ -187,10 +189,7 @@ def instructions_per_request(cluster: "Cluster", key: str, url: str, proto: str,
     pid = cluster.worker.proc.pid
 
     def all_stored(what: str):
-        """Waits until every sampled record is stored (nothing of one count spills into the next):
-        a fixed pause first, the same with capture off and on, so the scrapes that check (counted
-        too) are as few in both modes."""
-        time.sleep(6)
+        """Waits until every sampled record is stored (nothing of one count spills into the next)."""
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             m = cluster.worker_metric("tessera_capture_")
@@ -198,6 +197,36 @@ def instructions_per_request(cluster: "Cluster", key: str, url: str, proto: str,
                 return
             time.sleep(1)
         raise BenchError(f"capture {what}: sampled records were not all stored within 300 s")
+
+    def dump(label: str) -> List[Path]:
+        """Dumps (and zeroes) every thread's counts; the files it wrote."""
+        before = set(cluster.tmp.glob("callgrind.out*"))
+        done = subprocess.run(["callgrind_control", f"--dump={label}", str(pid)], capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            raise BenchError(f"callgrind_control --dump failed: {done.stdout}{done.stderr}")
+        new = sorted(set(cluster.tmp.glob("callgrind.out*")) - before)
+        if not new:
+            raise BenchError("callgrind wrote no dump")
+        if keep:
+            keep.mkdir(parents=True, exist_ok=True)
+            for path in new:
+                shutil.copy(path, keep / f"{path.name}.{label}.{time.monotonic_ns()}")
+        return new
+
+    def split(paths: List[Path]):
+        """(instructions of every thread but the encoder's, the encoder thread's)."""
+        others, encoder = 0, 0
+        for path in paths:
+            text = path.read_text(errors="replace")
+            ir = next((int(line.split()[1]) for line in text.splitlines()
+                       if line.startswith(("totals:", "summary:"))), 0)
+            # The capture encoder's thread is the one that ran `Batcher::add`.
+            if "capture::batch::Batcher::add" in text:
+                encoder += ir
+            else:
+                others += ir
+        return others, encoder
 
     for _ in range(50):  # warm: connections, caches, the capture settings taken
         client.infer("add_sub", inputs, headers=headers)
@@ -207,26 +236,11 @@ def instructions_per_request(cluster: "Cluster", key: str, url: str, proto: str,
         raise BenchError(f"callgrind_control --zero failed: {zero.stdout}{zero.stderr}")
     for _ in range(n):
         client.infer("add_sub", inputs, headers=headers)
+    request_side, encoder = split(dump(f"{mode}-{proto}-requests"))
     all_stored(mode)
-    dumps = set(cluster.tmp.glob("callgrind.out*"))
-    dump = subprocess.run(["callgrind_control", f"--dump={mode}-{proto}", str(pid)], capture_output=True,
-                          text=True, timeout=300)
-    if dump.returncode != 0:
-        raise BenchError(f"callgrind_control --dump failed: {dump.stdout}{dump.stderr}")
+    encoder += split(dump(f"{mode}-{proto}-stored"))[1]
     client.close()
-    new = sorted(set(cluster.tmp.glob("callgrind.out*")) - dumps)
-    if not new:
-        raise BenchError("callgrind wrote no dump")
-    # One file per thread: the capture encoder's thread (the one that ran `Batcher::add`) is
-    # counted apart, so the table shows what the request path itself pays.
-    total, encoder = 0, 0
-    for path in new:
-        text = path.read_text(errors="replace")
-        ir = next((int(line.split()[1]) for line in text.splitlines() if line.startswith(("totals:", "summary:"))), 0)
-        total += ir
-        if "capture::batch::Batcher::add" in text:
-            encoder += ir
-    return total / n, encoder / n
+    return request_side / n, encoder / n
 
 
 def callgrind_main(args, cluster: "Cluster", keys, ends, protocols) -> List[List[str]]:
@@ -237,12 +251,13 @@ def callgrind_main(args, cluster: "Cluster", keys, ends, protocols) -> List[List
         encoder: List[float] = []
         for mode in ("off", "on") * 3:
             cluster.set_capture(keys["tenant-admin"], mode == "on")
-            ir, enc = instructions_per_request(cluster, keys["inference"], ends[proto], proto, args.callgrind, mode)
-            counts[mode].append(ir - enc)
+            ir, enc = instructions_per_request(cluster, keys["inference"], ends[proto], proto, args.callgrind, mode,
+                                               args.callgrind_keep)
+            counts[mode].append(ir)
             if mode == "on":
                 encoder.append(enc)
             progress(f"callgrind {mode} {proto}: {ir:,.0f} instructions per request over {args.callgrind} "
-                     f"({enc:,.0f} in the capture encoder's thread)")
+                     f"outside the capture encoder's thread, {enc:,.0f} in it")
         off, on, enc = gateway.median(counts["off"]), gateway.median(counts["on"]), gateway.median(encoder)
         path_pct, all_pct = (on / off - 1) * 100, ((on + enc) / off - 1) * 100
         rows.append([SCENARIO.name, proto, " / ".join(f"{v:,.0f}" for v in counts["off"]),
@@ -318,6 +333,9 @@ def parse_args(argv=None):
                     help="instead of timing with perf_analyzer, count the worker's instructions per request under "
                          "valgrind's callgrind over N sequential requests, off and on three times (the models in the "
                          "worker, busy polling off); about 5 minutes for N=500")
+    ap.add_argument("--callgrind-keep", type=Path, metavar="DIR",
+                    help="with --callgrind, also copy each dump (one file per thread) into DIR, named after its "
+                         "count (for callgrind_annotate)")
     return ap.parse_args(argv)
 
 
@@ -346,7 +364,8 @@ def main(argv=None) -> int:
                   f"{compare.git_describe()}\nset-up: control plane on SQLite, one worker under callgrind "
                   f"(--isolation in-process, --busy-poll-us 0), add_sub; capture on = {json.dumps(CAPTURE_ON)}; "
                   f"{args.callgrind} sequential tritonclient requests per count, counted from a zeroed counter "
-                  "until the records are stored; median of three counts per mode, alternating\n\n"
+                  "until the last answer (the encoder's thread until the records are stored); median of three "
+                  "counts per mode, alternating\n\n"
                   + render(rows, CALLGRIND_COLUMNS))
             cluster.stop()  # idempotent: the `finally` below stops nothing twice
             shutil.rmtree(tmp, ignore_errors=True)  # the dumps too (tens of MB)
