@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
-use serde_json::{Map, Value, json};
+use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
 use tessera_protocol::DataType;
 
 use crate::engine::infer::{InferRequest, InferResponse, ParamValue, Parameters};
@@ -246,24 +247,22 @@ impl CaptureRecord {
     }
 
     fn encode_at(&self, id: &str, detail: Detail) -> Vec<u8> {
-        let mut line = Vec::with_capacity(512);
-        let mut head = json!({
-            "request_id": id,
-            "tenant_id": self.tenant_id,
-            "deployment_id": &*self.deployment_id,
-            "model": self.model,
-            "version": self.version,
-            "received_at_ms": self.received_at_ms(),
-            "duration_us": u64::try_from(self.duration.as_micros()).unwrap_or(u64::MAX),
-            "status": if self.error.is_some() { "error" } else { "ok" },
-            "truncated": detail != Detail::Full,
-        });
-        if let Some(error) = &self.error {
-            head["error"] = json!(error);
-        }
-        let text = head.to_string();
+        let mut line = Vec::with_capacity(self.estimated_len());
+        let head = Head {
+            request_id: id,
+            tenant_id: &self.tenant_id,
+            deployment_id: &self.deployment_id,
+            model: &self.model,
+            version: self.version,
+            received_at_ms: self.received_at_ms(),
+            duration_us: u64::try_from(self.duration.as_micros()).unwrap_or(u64::MAX),
+            status: if self.error.is_some() { "error" } else { "ok" },
+            truncated: detail != Detail::Full,
+            error: self.error.as_deref(),
+        };
+        write_json(&mut line, &head);
         // The head's closing brace is replaced by the request and response objects.
-        line.extend_from_slice(&text.as_bytes()[..text.len() - 1]);
+        line.pop();
         if detail != Detail::Bare {
             line.extend_from_slice(b",\"request\":");
             self.write_request(&mut line, id, detail == Detail::Full);
@@ -276,12 +275,20 @@ impl CaptureRecord {
         line
     }
 
+    /// Room for the whole line, so the buffer is not regrown while it is written: the head,
+    /// and for numbers as text up to 6 bytes per tensor byte (an FP32 as `-1.2345678e-12,`).
+    fn estimated_len(&self) -> usize {
+        let tensors = |ts: &[OutputTensor]| ts.iter().map(|t| 64 + t.name.len() + 6 * t.data.len()).sum::<usize>();
+        let outputs = self.response.as_ref().map_or(0, |r| tensors(&r.outputs));
+        512 + self.request_id.len() + self.error.as_ref().map_or(0, String::len) + tensors(&self.inputs) + outputs
+    }
+
     fn write_request(&self, out: &mut Vec<u8>, id: &str, data: bool) {
-        out.push(b'{');
-        push_entry(out, "id", &json!(id));
+        out.extend_from_slice(b"{\"id\":");
+        write_json(out, id);
         if self.settings.metadata {
-            out.push(b',');
-            push_entry(out, "parameters", &Value::Object(parameters_json(&self.parameters)));
+            out.extend_from_slice(b",\"parameters\":");
+            write_json(out, &ParametersJson(&self.parameters));
         }
         if self.settings.inputs {
             out.extend_from_slice(b",\"inputs\":");
@@ -291,10 +298,10 @@ impl CaptureRecord {
     }
 
     fn write_response(&self, out: &mut Vec<u8>, response: &InferResponse, data: bool) {
-        out.push(b'{');
-        push_entry(out, "model_name", &json!(response.model_name));
-        out.push(b',');
-        push_entry(out, "model_version", &json!(response.model_version));
+        out.extend_from_slice(b"{\"model_name\":");
+        write_json(out, &response.model_name);
+        out.extend_from_slice(b",\"model_version\":");
+        write_json(out, &response.model_version);
         if self.settings.outputs {
             out.extend_from_slice(b",\"outputs\":");
             write_tensors(out, &response.outputs, data);
@@ -303,10 +310,58 @@ impl CaptureRecord {
     }
 }
 
-fn push_entry(out: &mut Vec<u8>, key: &str, value: &Value) {
-    out.extend_from_slice(json!(key).to_string().as_bytes());
-    out.push(b':');
-    out.extend_from_slice(value.to_string().as_bytes());
+/// A record's own fields, written straight from borrowed values (no JSON tree is built).
+#[derive(Serialize)]
+struct Head<'a> {
+    request_id: &'a str,
+    tenant_id: &'a str,
+    deployment_id: &'a str,
+    model: &'a str,
+    version: i64,
+    received_at_ms: i64,
+    duration_us: u64,
+    status: &'static str,
+    truncated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+/// A tensor written without its data (`data_base64` when the data has no JSON form).
+#[derive(Serialize)]
+struct TensorHead<'a> {
+    name: &'a str,
+    datatype: &'a str,
+    shape: &'a [i64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data_base64: Option<String>,
+}
+
+/// Request parameters as a JSON object (a non-finite double as `null`, as serde_json has it).
+struct ParametersJson<'a>(&'a Parameters);
+
+impl Serialize for ParametersJson<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in self.0 {
+            match v {
+                ParamValue::Bool(b) => map.serialize_entry(k, b)?,
+                ParamValue::Int(i) => map.serialize_entry(k, i)?,
+                ParamValue::Uint(u) => map.serialize_entry(k, u)?,
+                ParamValue::Double(d) => map.serialize_entry(k, d)?,
+                ParamValue::Str(s) => map.serialize_entry(k, s)?,
+            }
+        }
+        map.end()
+    }
+}
+
+/// Appends `value` as JSON. Writing into a `Vec` cannot fail and these values always
+/// serialize (string keys, finite or `null` numbers); a failure would leave a truncated line
+/// that the control plane's check refuses, so it is only logged.
+fn write_json<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) {
+    if let Err(e) = serde_json::to_writer(&mut *out, value) {
+        tracing::error!(error = %e, "capture record field did not encode");
+    }
 }
 
 /// Tensors as KServe v2 JSON; FP16/BF16 (no JSON form) and anything that fails to encode as
@@ -325,34 +380,16 @@ fn write_tensors(out: &mut Vec<u8>, tensors: &[OutputTensor], data: bool) {
             continue;
         }
         out.truncate(at);
-        let mut head = json!({ "name": t.name, "datatype": t.datatype.as_wire(), "shape": t.shape });
-        if data {
-            head["data_base64"] = json!(base64::engine::general_purpose::STANDARD.encode(&t.data));
-        }
-        out.extend_from_slice(head.to_string().as_bytes());
+        let data_base64 = data.then(|| base64::engine::general_purpose::STANDARD.encode(&t.data));
+        write_json(out, &TensorHead { name: &t.name, datatype: t.datatype.as_wire(), shape: &t.shape, data_base64 });
     }
     out.push(b']');
-}
-
-fn parameters_json(params: &Parameters) -> Map<String, Value> {
-    params
-        .iter()
-        .map(|(k, v)| {
-            let v = match v {
-                ParamValue::Bool(b) => json!(b),
-                ParamValue::Int(i) => json!(i),
-                ParamValue::Uint(u) => json!(u),
-                ParamValue::Double(d) => json!(d),
-                ParamValue::Str(s) => json!(s),
-            };
-            (k.clone(), v)
-        })
-        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::engine::tensor::InputTensor;

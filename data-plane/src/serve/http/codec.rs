@@ -519,17 +519,24 @@ fn write_header(out: &mut Vec<u8>, r: &InferResponse, places: &[Place<'_>]) -> s
 }
 
 fn write_output(out: &mut Vec<u8>, t: &OutputTensor, place: Place<'_>) -> serde_json::Result<()> {
-    out.push(b'{');
-    write_entry(out, "name", &t.name)?;
-    out.push(b',');
-    write_entry(out, "datatype", t.datatype.as_wire())?;
-    out.push(b',');
-    write_entry(out, "shape", &t.shape)?;
-    out.push(b',');
+    out.extend_from_slice(b"{\"name\":");
+    serde_json::to_writer(&mut *out, &t.name)?;
+    // Wire names are plain ASCII: nothing to escape.
+    out.extend_from_slice(b",\"datatype\":\"");
+    out.extend_from_slice(t.datatype.as_wire().as_bytes());
+    out.extend_from_slice(b"\",\"shape\":[");
+    let mut digits = itoa::Buffer::new();
+    for (i, d) in t.shape.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(digits.format(*d).as_bytes());
+    }
+    out.extend_from_slice(b"],");
     match place {
         Place::Binary => {
-            out.extend_from_slice(b"\"parameters\":{");
-            write_entry(out, "binary_data_size", &t.data.len())?;
+            out.extend_from_slice(b"\"parameters\":{\"binary_data_size\":");
+            out.extend_from_slice(digits.format(t.data.len()).as_bytes());
             out.push(b'}');
         }
         Place::Shm(at) => {
@@ -559,10 +566,13 @@ pub(crate) fn write_json_tensor(out: &mut Vec<u8>, t: &OutputTensor) -> serde_js
     write_output(out, t, Place::Json)
 }
 
-/// Writes `"key":value`.
+/// Writes `"key":value`. Keys are this module's constants (plain ASCII, nothing to escape):
+/// only the value goes through serde_json.
 fn write_entry<T: Serialize + ?Sized>(out: &mut Vec<u8>, key: &str, value: &T) -> serde_json::Result<()> {
-    serde_json::to_writer(&mut *out, key)?;
-    out.push(b':');
+    debug_assert!(key.bytes().all(|b| b.is_ascii_graphic() && b != b'"' && b != b'\\'), "{key}");
+    out.push(b'"');
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
     serde_json::to_writer(&mut *out, value)
 }
 
@@ -706,6 +716,31 @@ mod tests {
         assert!(split_body(&body, Some("x")).is_err());
         let (h, t) = split_body(&Bytes::from_static(b"{}abc"), Some("2")).expect("split");
         assert_eq!((h.len(), t.len()), (2, 3));
+    }
+
+    #[test]
+    fn output_headers_escape_names_and_write_every_dimension() {
+        let response = InferResponse {
+            model_name: "m\"1".into(),
+            model_version: "1".into(),
+            id: String::new(),
+            outputs: vec![OutputTensor {
+                name: "out \"x\" \\ \u{e9}\n".into(),
+                datatype: DataType::Int8,
+                shape: vec![2, 0, -1, i64::MAX],
+                data: Bytes::from_static(&[1, 2]),
+            }],
+        };
+        for place in [Place::Json, Place::Binary] {
+            let enc = encode_response(&response, &[place]).expect("encode");
+            let body = enc.body.concat();
+            let json: serde_json::Value =
+                serde_json::from_slice(&body[..enc.header_length.unwrap_or(body.len())]).expect("json");
+            assert_eq!(json["model_name"], "m\"1");
+            assert_eq!(json["outputs"][0]["name"], "out \"x\" \\ \u{e9}\n");
+            assert_eq!(json["outputs"][0]["datatype"], "INT8");
+            assert_eq!(json["outputs"][0]["shape"], serde_json::json!([2, 0, -1, i64::MAX]));
+        }
     }
 
     #[test]

@@ -7,7 +7,6 @@
 
 use std::borrow::Cow;
 
-use serde::Serialize;
 use serde_json::value::RawValue;
 use tessera_protocol::DataType;
 
@@ -218,8 +217,8 @@ fn push_value(value: f64, datatype: DataType, out: &mut Vec<u8>) {
 pub fn write_floats(out: &mut Vec<u8>, datatype: DataType, data: &[u8]) -> serde_json::Result<()> {
     out.push(b'[');
     match datatype {
-        DataType::Fp32 => write_all(out, data.chunks_exact(4).map(|c| f32::from_le_bytes(array(c))))?,
-        DataType::Fp64 => write_all(out, data.chunks_exact(8).map(|c| f64::from_le_bytes(array(c))))?,
+        DataType::Fp32 => write_all(out, data.chunks_exact(4).map(|c| f32::from_le_bytes(array(c)))),
+        DataType::Fp64 => write_all(out, data.chunks_exact(8).map(|c| f64::from_le_bytes(array(c)))),
         other => return Err(serde::ser::Error::custom(format!("{other} is not a floating-point JSON type"))),
     }
     out.push(b']');
@@ -230,22 +229,21 @@ fn array<const N: usize>(chunk: &[u8]) -> [u8; N] {
     chunk.try_into().expect("chunks_exact yields slices of the array's length")
 }
 
-fn write_all<T: Serialize + Into<f64> + Copy>(
-    out: &mut Vec<u8>,
-    values: impl Iterator<Item = T>,
-) -> serde_json::Result<()> {
+fn write_all<T: zmij::Float + Into<f64> + Copy>(out: &mut Vec<u8>, values: impl Iterator<Item = T>) {
+    // One formatting buffer for the whole array; the digits are serde_json's own (it formats
+    // finite floats with this crate), without a serializer per value.
+    let mut digits = zmij::Buffer::new();
     for (i, v) in values.enumerate() {
         if i > 0 {
             out.push(b',');
         }
         let wide: f64 = v.into();
         if wide.is_finite() {
-            serde_json::to_writer(&mut *out, &v)?;
+            out.extend_from_slice(digits.format_finite(v).as_bytes());
         } else {
             out.extend_from_slice(token(wide).as_bytes());
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -319,5 +317,30 @@ mod tests {
         let mut out = Vec::new();
         write_floats(&mut out, DataType::Fp64, &data).expect("fp64");
         assert_eq!(String::from_utf8(out).expect("utf-8"), "[-Infinity,2.5]");
+    }
+
+    #[test]
+    fn finite_floats_are_written_as_serde_json_writes_them() {
+        // Bit patterns spread over every exponent (an xorshift walk), plus edge values.
+        let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut singles: Vec<f32> =
+            (0..5000).map(|_| f32::from_bits(next() as u32)).filter(|v| v.is_finite()).collect();
+        singles.extend([0.0, -0.0, f32::MIN, f32::MAX, f32::MIN_POSITIVE, 1e-45, 16777217.0, 0.1, 3.0]);
+        let mut doubles: Vec<f64> = (0..5000).map(|_| f64::from_bits(next())).filter(|v| v.is_finite()).collect();
+        doubles.extend([0.0, -0.0, f64::MIN, f64::MAX, f64::MIN_POSITIVE, 5e-324, 0.1, 1e21, 1e-7]);
+        let mut out = Vec::new();
+        let data: Vec<u8> = singles.iter().flat_map(|v| v.to_le_bytes()).collect();
+        write_floats(&mut out, DataType::Fp32, &data).expect("fp32");
+        assert_eq!(String::from_utf8(out).expect("utf-8"), serde_json::to_string(&singles).expect("json"));
+        let mut out = Vec::new();
+        let data: Vec<u8> = doubles.iter().flat_map(|v| v.to_le_bytes()).collect();
+        write_floats(&mut out, DataType::Fp64, &data).expect("fp64");
+        assert_eq!(String::from_utf8(out).expect("utf-8"), serde_json::to_string(&doubles).expect("json"));
     }
 }
