@@ -238,7 +238,7 @@ impl CaptureRecord {
             &self.request_id
         };
         for detail in [Detail::Full, Detail::NoData, Detail::Bare] {
-            let line = self.encode_at(id, detail);
+            let line = self.encode_at(id, detail, max);
             if line.len() <= max {
                 return Some(line);
             }
@@ -246,8 +246,9 @@ impl CaptureRecord {
         None
     }
 
-    fn encode_at(&self, id: &str, detail: Detail) -> Vec<u8> {
-        let mut line = Vec::with_capacity(self.estimated_len());
+    fn encode_at(&self, id: &str, detail: Detail, max: usize) -> Vec<u8> {
+        // A line past the cap is thrown away, so no more room than the cap is taken for it.
+        let mut line = Vec::with_capacity(self.estimated_len(detail).min(max.saturating_add(1)));
         let head = Head {
             request_id: id,
             tenant_id: &self.tenant_id,
@@ -275,10 +276,14 @@ impl CaptureRecord {
         line
     }
 
-    /// Room for the whole line, so the buffer is not regrown while it is written: the head,
-    /// and for numbers as text up to 6 bytes per tensor byte (an FP32 as `-1.2345678e-12,`).
-    fn estimated_len(&self) -> usize {
-        let tensors = |ts: &[OutputTensor]| ts.iter().map(|t| 64 + t.name.len() + 6 * t.data.len()).sum::<usize>();
+    /// Room for the whole line at `detail`, so the buffer is not regrown while it is written:
+    /// the head, and with data up to 6 bytes of text per tensor byte (an FP32 as
+    /// `-1.2345678e-12,`, a BOOL as `false,`).
+    fn estimated_len(&self, detail: Detail) -> usize {
+        let per_byte = if detail == Detail::Full { 6 } else { 0 };
+        let tensors = |ts: &[OutputTensor]| {
+            ts.iter().map(|t| 64 + t.name.len() + 8 * t.shape.len() + per_byte * t.data.len()).sum::<usize>()
+        };
         let outputs = self.response.as_ref().map_or(0, |r| tensors(&r.outputs));
         512 + self.request_id.len() + self.error.as_ref().map_or(0, String::len) + tensors(&self.inputs) + outputs
     }
