@@ -112,7 +112,7 @@ start_control_plane() {
     AWS_ACCESS_KEY_ID=tessera AWS_SECRET_ACCESS_KEY=tessera-secret \
     "$TESSERA_BIN" control-plane --listen "127.0.0.1:$port" --agent-listen "127.0.0.1:$agent" \
     --database-url "$DB_URL" --object-store s3://tessera-artifacts/cluster --bootstrap-admin-key "$ADMIN_KEY" \
-    --api-key-pepper "$PEPPER" --worker-token "$WORKER_TOKEN" --gateway-token "$GATEWAY_TOKEN" \
+    --api-key-pepper="$PEPPER" --worker-token="$WORKER_TOKEN" --gateway-token="$GATEWAY_TOKEN" \
     --audit-signing-key-file "$DIR/audit-signing-key.pem" \
     --heartbeat-interval-ms 300 --worker-lost-after-ms 2000 --drain-ms 1000 --scheduler-interval-ms 200
 }
@@ -124,7 +124,7 @@ start_worker() {
   local i="$1" http="$2" grpc="$3" metrics="$4"
   spawn "worker-$i" env RUST_LOG=info NO_COLOR=1 FAKE_NVML_GPUS="${GPU_LAYOUTS[$i]}" \
     "$TESSERA_BIN" worker --control-plane "http://127.0.0.1:$AGENT_SERVICE_PORT" \
-    --worker-token "$WORKER_TOKEN" --worker-id "worker-$i" --data-dir "$DIR/worker-$i" \
+    --worker-token="$WORKER_TOKEN" --worker-id "worker-$i" --data-dir "$DIR/worker-$i" \
     --http-address 127.0.0.1 --grpc-address 127.0.0.1 --metrics-address 127.0.0.1 \
     --http-port "$http" --grpc-port "$grpc" --metrics-port "$metrics" --advertise-host 127.0.0.1 \
     --cpu-slices 2 --nvml-library "$DIR/nvml/libnvidia-ml.so.1" --key-cache-secs 1
@@ -182,7 +182,7 @@ cmd_start() {
   if "$TESSERA_BIN" gateway --help >/dev/null 2>&1; then
     gw_http="$(free_port)" gw_grpc="$(free_port)" gw_metrics="$(free_port)"
     spawn gateway env RUST_LOG=info NO_COLOR=1 "$TESSERA_BIN" gateway \
-      --control-plane "http://127.0.0.1:$AGENT_SERVICE_PORT" --gateway-token "$GATEWAY_TOKEN" \
+      --control-plane "http://127.0.0.1:$AGENT_SERVICE_PORT" --gateway-token="$GATEWAY_TOKEN" \
       --gateway-id gateway-0 --http-port "$gw_http" --grpc-port "$gw_grpc" --metrics-port "$gw_metrics"
     wait_log "$DIR/logs/gateway.log" 'listening' 60
     gw="http://127.0.0.1:$gw_http"

@@ -346,6 +346,15 @@ mod tests {
     }
 
     #[test]
+    fn a_token_beginning_with_a_dash_is_given_with_an_equals_sign() {
+        // URL-safe random tokens begin with '-' one time in 64: scripts pass `--flag=value`.
+        let base = ["w", "--control-plane", "http://cp:8080"];
+        assert!(Cli::try_parse_from(base.iter().copied().chain(["--worker-token", "-_x"])).is_err());
+        let cli = Cli::try_parse_from(base.iter().copied().chain(["--worker-token=-_x"])).expect("parses");
+        assert_eq!(cli.args.into_config().expect("config").worker_token.expose(), "-_x");
+    }
+
+    #[test]
     fn defaults_follow_the_contract() {
         let cli = Cli::try_parse_from(["w", "--control-plane", "http://cp:8080/", "--worker-token", "s3cret"])
             .expect("minimal flags parse");
