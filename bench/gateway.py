@@ -17,13 +17,16 @@ What it does, in order:
      config.pbtxt included), deploys each with one replica and waits until it is ready and the
      gateway routes it; checks add_sub's and mlp's answers over HTTP and gRPC on the worker
      and through the gateway;
-  4. for add_sub concurrency 1 and mlp concurrency 16, over HTTP and gRPC, --rounds times,
+  4. starts `tessera bench relay` in front of the worker's HTTP and gRPC ports: a plain TCP
+     relay on the gateway's runtime settings (one thread, the same busy-polling) with no HTTP,
+     authentication or routing, so what it adds is what one proxy hop costs on this machine;
+  5. for add_sub concurrency 1 and mlp concurrency 16, over HTTP and gRPC, --rounds times,
      runs perf_analyzer (with the key in an `authorization` header) against the worker's
-     endpoint and against the gateway back to back, the order alternating between rounds.
+     endpoint, the relay and the gateway back to back, the order rotating between rounds.
      Shared machines drift within minutes, so "added p50" is the median over rounds of
      gateway p50 - direct p50 in the same round and "throughput" the median of
-     gateway / direct - 1;
-  5. prints one table (aligned text, then the same as markdown) on stdout with the goal of
+     gateway / direct - 1 (the relay's columns likewise);
+  6. prints one table (aligned text, then the same as markdown) on stdout with the goal of
      issue 20 item 7: at most 30 µs added at p50 (concurrency 1 scenarios, where p50 is the
      per-request cost) and at most 15 % throughput lost at concurrency 16.
 
@@ -71,7 +74,7 @@ TENANT = "bench"
 MODELS = ("add_sub", "mlp")
 SCENARIOS = [Scenario("add_sub c1", "add_sub", 1, 1, ()), Scenario("mlp c16", "mlp", 1, 16, ())]
 PROTOCOLS = ("http", "grpc")
-PATHS = ("direct", "gateway")
+PATHS = ("direct", "relay", "gateway")
 # The goal (issue 20 item 7).
 GOAL_ADDED_P50_US = 30.0
 GOAL_LOSS_PCT = 15.0
@@ -218,6 +221,7 @@ class Cluster:
         self.procs: List[Proc] = []
         self.worker: Optional[Proc] = None
         self.gateway: Optional[Proc] = None
+        self.relays: Dict[str, Proc] = {}
 
     def _start(self, proc: Proc) -> Proc:
         proc.secrets = (self.admin_key, self.worker_token)
@@ -252,6 +256,16 @@ class Cluster:
             *self.args.gateway_arg,
         ], self.tmp / "gateway.log"))
         self.gateway.wait_listening(["http", "grpc", "metrics"])
+
+    def relay(self, to: str) -> str:
+        """The address of a `tessera bench relay` to `to` (host:port), started on first use."""
+        if to not in self.relays:
+            proc = self._start(Proc(f"relay to {to}", [
+                self.args.tessera, "bench", "relay", "--listen", "127.0.0.1:0", "--to", to,
+            ], self.tmp / f"relay-{len(self.relays)}.log"))
+            proc.wait_listening(["tcp"])
+            self.relays[to] = proc
+        return self.relays[to].addrs["tcp"]
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -445,7 +459,7 @@ def redact(cmd: List[str], key: str) -> str:
 # ---------------------------------------------------------------------------
 
 COLUMNS = ["Scenario", "Proto", "direct infer/s", "direct p50 µs", "gateway infer/s", "gateway p50 µs",
-           "added p50 µs", "throughput", "gw CPU µs", "goal"]
+           "added p50 µs", "throughput", "relay added p50 µs", "relay throughput", "gw CPU µs", "goal"]
 RIGHT = set(COLUMNS) - {"Scenario", "Proto", "goal"}
 
 
@@ -466,16 +480,18 @@ class Summary:
     protocol: str
     direct: List[Run] = field(default_factory=list)
     gateway: List[Run] = field(default_factory=list)
+    relay: List[Run] = field(default_factory=list)
 
-    def paired(self):
+    def paired(self, path: str = "gateway"):
         by_round = {r.round: r for r in self.direct}
-        return [(by_round[g.round], g) for g in self.gateway if g.round in by_round]
+        return [(by_round[g.round], g) for g in getattr(self, path) if g.round in by_round]
 
-    def added_p50(self) -> Optional[float]:
-        return median(g.p50_us - d.p50_us for d, g in self.paired() if g.p50_us is not None and d.p50_us is not None)
+    def added_p50(self, path: str = "gateway") -> Optional[float]:
+        return median(g.p50_us - d.p50_us for d, g in self.paired(path)
+                      if g.p50_us is not None and d.p50_us is not None)
 
-    def change_pct(self) -> Optional[float]:
-        return median((g.infer_per_sec / d.infer_per_sec - 1) * 100 for d, g in self.paired() if d.infer_per_sec)
+    def change_pct(self, path: str = "gateway") -> Optional[float]:
+        return median((g.infer_per_sec / d.infer_per_sec - 1) * 100 for d, g in self.paired(path) if d.infer_per_sec)
 
     def goal(self) -> str:
         checks = []
@@ -492,11 +508,13 @@ class Summary:
         return "; ".join(checks) or "—"
 
     def cells(self) -> List[str]:
-        notes = " ".join(sorted({r.note for r in self.direct + self.gateway if r.note}))
+        notes = " ".join(sorted({r.note for r in self.direct + self.gateway + self.relay if r.note}))
         return [self.scenario.name + (" " + notes if notes else ""), self.protocol,
                 fmt(median(r.infer_per_sec for r in self.direct)), fmt(median(r.p50_us for r in self.direct)),
                 fmt(median(r.infer_per_sec for r in self.gateway)), fmt(median(r.p50_us for r in self.gateway)),
                 fmt(self.added_p50(), sign=True), fmt(self.change_pct(), 1, sign=True) + " %",
+                fmt(self.added_p50("relay"), sign=True),
+                fmt(self.change_pct("relay"), 1, sign=True) + " %" if self.relay else "—",
                 fmt(median(r.gw_cpu_us for r in self.gateway)), self.goal()]
 
 
@@ -535,6 +553,8 @@ def parse_args(argv=None):
     ap.add_argument("--gateway-arg", action="append", default=[], metavar="ARG",
                     help="an extra flag for the gateway, e.g. --gateway-arg=--busy-poll-us=0 (repeatable)")
     ap.add_argument("--gateway-threads", type=int, default=0, help="the gateway's --threads (default: its own default)")
+    ap.add_argument("--no-relay", action="store_true",
+                    help="leave out the plain TCP relay (`tessera bench relay`), e.g. for a binary without it")
     ap.add_argument("--isolation", choices=("runner", "in-process"), default="runner",
                     help="the worker's --isolation (default runner, the worker's own default)")
     ap.add_argument("--requests-per-second", type=int, default=1_000_000,
@@ -593,7 +613,8 @@ def main(argv=None) -> int:
     cluster = Cluster(args, tmp)
     runs: List[Run] = []
     load_before = os.getloadavg()
-    total = len(scenarios) * len(protocols) * args.rounds * 2
+    paths = [p for p in PATHS if not (args.no_relay and p == "relay")]
+    total = len(scenarios) * len(protocols) * args.rounds * len(paths)
     step = 0
     rc = 0
     try:
@@ -621,10 +642,12 @@ def main(argv=None) -> int:
         for sc in scenarios:
             for proto in protocols:
                 for rnd in range(args.rounds):
-                    order = PATHS if rnd % 2 == 0 else tuple(reversed(PATHS))
+                    # Each path goes first, middle and last in turn.
+                    order = paths[rnd % len(paths):] + paths[:rnd % len(paths)]
                     for path in order:
                         step += 1
-                        url = direct[sc.model][proto] if path == "direct" else gw[proto]
+                        url = {"direct": direct[sc.model][proto], "gateway": gw[proto]}.get(path) \
+                            or cluster.relay(direct[sc.model][proto])
                         label = f"{path} {proto} {sc.name}"
                         progress(f"({step}/{total}) {label} ({url}), round {rnd + 1}/{args.rounds}")
                         run = measure(args, cluster, url, keys["inference"], proto, sc, path, rnd, tmp, label)
@@ -662,7 +685,7 @@ def main(argv=None) -> int:
             s = Summary(sc, proto)
             for r in runs:
                 if r.scenario == sc.name and r.protocol == proto:
-                    (s.direct if r.path == "direct" else s.gateway).append(r)
+                    getattr(s, r.path).append(r)
             summaries.append(s)
     cells = [s.cells() for s in summaries]
     load_after = os.getloadavg()
@@ -681,9 +704,11 @@ def main(argv=None) -> int:
         + (f"time_windows {args.window_ms} ms" if args.pa_mode == "time" else f"count_windows {args.window_requests} requests")
         + f", stable within {args.stability}% over 3 windows, HTTP binary tensors / gRPC, sync, API key in an "
         "authorization header; direct = the worker's endpoint from the deployment's replica_status",
-        f"every number is the median of {args.rounds} round(s), direct and gateway back to back in each "
-        "(alternating order); added p50 = median of gateway p50 - direct p50 in the same round; throughput = "
-        "median of gateway / direct - 1 in the same round; gw CPU = gateway process CPU per forwarded request",
+        f"every number is the median of {args.rounds} round(s), direct, relay and gateway back to back in each "
+        "(rotating order); added p50 = median of gateway p50 - direct p50 in the same round; throughput = "
+        "median of gateway / direct - 1 in the same round; relay = the same for `tessera bench relay`, a plain TCP "
+        "relay on the gateway's runtime settings (what one proxy hop costs here); gw CPU = gateway process CPU per "
+        "forwarded request",
         f"goal (issue 20 item 7): ≤ {GOAL_ADDED_P50_US:.0f} µs added at p50 (concurrency 1 rows) and "
         f"≤ {GOAL_LOSS_PCT:.0f} % throughput loss at concurrency {GOAL_LOSS_CONCURRENCY}",
     ]

@@ -29,11 +29,13 @@
 #                   bench/gateway.py starts a control plane (SQLite), one
 #                   worker and one gateway, deploys add_sub and mlp, and runs
 #                   add_sub c1 and mlp c16 over HTTP and gRPC against the
-#                   worker directly and through the gateway, alternating, three
-#                   rounds (--rounds N); prints direct vs gateway infer/s and
-#                   p50, the p50 added, the throughput change and the goal
-#                   (<= 30 us added at p50, <= 15 % throughput lost at
-#                   concurrency 16) (about 3 minutes)
+#                   worker directly, through a plain TCP relay (`tessera bench
+#                   relay`: what one proxy hop costs here) and through the
+#                   gateway, rotating, three rounds (--rounds N); prints
+#                   direct vs gateway infer/s and p50, the p50 added, the
+#                   throughput change, the relay's, and the goal (<= 30 us
+#                   added at p50, <= 15 % throughput lost at concurrency 16)
+#                   (about 5 minutes)
 #   --capture       instead of the above, only what request/response capture
 #                   costs: bench/capture.py starts a control plane (SQLite) and
 #                   one worker, deploys add_sub, and runs add_sub c1 over HTTP

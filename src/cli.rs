@@ -108,6 +108,8 @@ impl Command {
             Command::Gateway(args) => {
                 Some(args.threads.map_or_else(tessera_data_plane::gateway::default_threads, usize::from))
             }
+            // One thread, as the gateway's default on a small machine: the relay is its floor.
+            Command::Bench(BenchCommand::Relay(_)) => Some(1),
             _ => None,
         }
     }
@@ -238,6 +240,8 @@ pub enum BenchCommand {
     Grpc(crate::loadgen::LoadArgs),
     /// Time the control plane's replica placement on simulated workers.
     Placement(PlacementBenchArgs),
+    /// A plain TCP relay on the gateway's runtime settings: what one proxy hop costs here.
+    Relay(tessera_data_plane::tools::relay::RelayArgs),
 }
 
 /// Flags of `tessera bench placement`.
@@ -306,6 +310,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Bench(BenchCommand::Http(args)) => crate::loadgen::run(crate::loadgen::Protocol::Http, args).await,
         Command::Bench(BenchCommand::Grpc(args)) => crate::loadgen::run(crate::loadgen::Protocol::Grpc, args).await,
+        Command::Bench(BenchCommand::Relay(args)) => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(cancel_on_signal(shutdown.clone()));
+            tessera_data_plane::tools::relay::run(args, shutdown, |_| {}).await
+        }
         Command::Bench(BenchCommand::Placement(args)) => {
             let (placed, took) =
                 tessera_control_plane::scheduler::bench::placement(args.workers, args.slices, args.replicas);
