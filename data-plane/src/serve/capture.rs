@@ -88,7 +88,7 @@ struct Kept {
     request_id: String,
     parameters: Parameters,
     inputs: Vec<OutputTensor>,
-    response: Option<InferResponse>,
+    outputs: Option<Vec<OutputTensor>>,
 }
 
 impl Tap {
@@ -104,7 +104,7 @@ impl Tap {
             request_id: String::new(),
             parameters: Parameters::new(),
             inputs: Vec::new(),
-            response: None,
+            outputs: None,
         };
         Tap { kept: Some(kept) }
     }
@@ -130,14 +130,11 @@ impl Tap {
         }
     }
 
-    /// Notes the engine's answer (before outputs go to shared memory).
+    /// Notes the engine's answer (before outputs go to shared memory): its outputs when they
+    /// are kept (its model name and version are the record's own).
     pub fn response(&mut self, response: &InferResponse) {
         let Some(kept) = &mut self.kept else { return };
-        let mut kept_response = response.clone();
-        if !kept.settings.outputs {
-            kept_response.outputs.clear();
-        }
-        kept.response = Some(kept_response);
+        kept.outputs = Some(if kept.settings.outputs { response.outputs.clone() } else { Vec::new() });
     }
 
     /// The record of a finished request, when it was sampled.
@@ -154,7 +151,7 @@ impl Tap {
             request_id: kept.request_id,
             parameters: kept.parameters,
             inputs: kept.inputs,
-            response: kept.response,
+            outputs: kept.outputs,
             settings: kept.settings,
         })
     }
@@ -201,8 +198,8 @@ pub struct CaptureRecord {
     pub parameters: Parameters,
     /// Input tensors (when inputs are kept).
     pub inputs: Vec<OutputTensor>,
-    /// The answer (outputs only when outputs are kept); `None` for a failure.
-    pub response: Option<InferResponse>,
+    /// The answer's outputs (empty unless outputs are kept); `None` for a failure.
+    pub outputs: Option<Vec<OutputTensor>>,
     /// What was asked to be kept.
     pub settings: CaptureSettings,
 }
@@ -267,9 +264,9 @@ impl CaptureRecord {
         if detail != Detail::Bare {
             line.extend_from_slice(b",\"request\":");
             self.write_request(&mut line, id, detail == Detail::Full);
-            if let Some(response) = &self.response {
+            if let Some(outputs) = &self.outputs {
                 line.extend_from_slice(b",\"response\":");
-                self.write_response(&mut line, response, detail == Detail::Full);
+                self.write_response(&mut line, outputs, detail == Detail::Full);
             }
         }
         line.extend_from_slice(b"}\n");
@@ -284,7 +281,7 @@ impl CaptureRecord {
         let tensors = |ts: &[OutputTensor]| {
             ts.iter().map(|t| 64 + t.name.len() + 8 * t.shape.len() + per_byte * t.data.len()).sum::<usize>()
         };
-        let outputs = self.response.as_ref().map_or(0, |r| tensors(&r.outputs));
+        let outputs = self.outputs.as_deref().map_or(0, tensors);
         512 + self.request_id.len() + self.error.as_ref().map_or(0, String::len) + tensors(&self.inputs) + outputs
     }
 
@@ -302,14 +299,17 @@ impl CaptureRecord {
         out.push(b'}');
     }
 
-    fn write_response(&self, out: &mut Vec<u8>, response: &InferResponse, data: bool) {
+    /// The response as KServe v2 JSON: the model and version that ran (the engine answers with
+    /// the same ones), then the outputs.
+    fn write_response(&self, out: &mut Vec<u8>, outputs: &[OutputTensor], data: bool) {
         out.extend_from_slice(b"{\"model_name\":");
-        write_json(out, &response.model_name);
-        out.extend_from_slice(b",\"model_version\":");
-        write_json(out, &response.model_version);
+        write_json(out, &self.model);
+        out.extend_from_slice(b",\"model_version\":\"");
+        out.extend_from_slice(itoa::Buffer::new().format(self.version).as_bytes());
+        out.push(b'"');
         if self.settings.outputs {
             out.extend_from_slice(b",\"outputs\":");
-            write_tensors(out, &response.outputs, data);
+            write_tensors(out, outputs, data);
         }
         out.push(b'}');
     }
@@ -518,6 +518,8 @@ mod tests {
             v["request"]["inputs"][0],
             json!({"name": "INPUT0", "datatype": "INT32", "shape": [4], "data": [1, 2, 3, 4]})
         );
+        assert_eq!(v["response"]["model_name"], "add_sub");
+        assert_eq!(v["response"]["model_version"], "1", "a string, as KServe v2 JSON has it");
         assert_eq!(v["response"]["outputs"][0]["data"], json!([5, 6, 7, 8]));
     }
 
