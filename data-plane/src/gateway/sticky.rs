@@ -108,12 +108,15 @@ pub fn http_sequence_id(headers: &HeaderMap, body: &[u8]) -> Option<SequenceId> 
     header.parameters.get("sequence_id").and_then(SequenceId::from_json)
 }
 
-/// The sequence id of a gRPC `ModelInferRequest` message (already decompressed).
+/// The sequence id of a gRPC `ModelInferRequest` message (already decompressed). Only the
+/// message's top-level fields are walked and only its `parameters` entries are decoded: the
+/// tensors (`raw_input_contents`, often megabytes) are skipped by their length, never read.
 pub fn grpc_sequence_id(message: &[u8]) -> Option<SequenceId> {
-    if !contains(message, KEY) {
+    let parameters = parameter_entries(message)?;
+    if parameters.is_empty() {
         return None;
     }
-    let request = ModelInferRequest::decode(message).ok()?;
+    let request = ModelInferRequest::decode(parameters.as_slice()).ok()?;
     match request.parameters.get("sequence_id")?.parameter_choice.as_ref()? {
         ParameterChoice::Int64Param(n) => u64::try_from(*n).ok().filter(|n| *n != 0).map(SequenceId::Num),
         ParameterChoice::Uint64Param(n) => Some(*n).filter(|n| *n != 0).map(SequenceId::Num),
@@ -122,8 +125,51 @@ pub fn grpc_sequence_id(message: &[u8]) -> Option<SequenceId> {
     }
 }
 
+/// `ModelInferRequest.parameters`' field number.
+const PARAMETERS_FIELD: u64 = 4;
+
+/// The encoded `parameters` entries of a `ModelInferRequest` (tags included, so the bytes decode
+/// as a request holding only them) that mention `sequence_id`; `None` when the message is
+/// malformed (the worker then answers the client's mistake).
+fn parameter_entries(mut message: &[u8]) -> Option<Vec<u8>> {
+    let mut entries = Vec::new();
+    while !message.is_empty() {
+        let start = message;
+        let key = read_varint(&mut message)?;
+        let skip = match key & 7 {
+            0 => {
+                read_varint(&mut message)?;
+                0
+            }
+            1 => 8,
+            2 => usize::try_from(read_varint(&mut message)?).ok()?,
+            5 => 4,
+            _ => return None, // groups: not in this message
+        };
+        let field = message.get(..skip)?;
+        message = &message[skip..];
+        if key >> 3 == PARAMETERS_FIELD && key & 7 == 2 && contains(field, KEY) {
+            entries.extend_from_slice(&start[..start.len() - message.len()]);
+        }
+    }
+    Some(entries)
+}
+
+/// A protobuf base-128 varint, advancing `buf` past it.
+fn read_varint(buf: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for (i, byte) in buf.iter().take(10).enumerate() {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            *buf = &buf[i + 1..];
+            return Some(value);
+        }
+    }
+    None
+}
+
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+    memchr::memmem::find(haystack, needle).is_some()
 }
 
 #[cfg(test)]
@@ -153,6 +199,31 @@ mod tests {
         assert_eq!(grpc_sequence_id(&request.encode_to_vec()), Some(SequenceId::Num(9)));
         request.parameters.clear();
         assert_eq!(grpc_sequence_id(&request.encode_to_vec()), None);
+    }
+
+    #[test]
+    fn grpc_ids_are_found_among_other_fields_and_never_in_tensor_bytes() {
+        let param = |c| InferParameter { parameter_choice: Some(c) };
+        let mut request = ModelInferRequest {
+            model_name: "m".into(),
+            model_version: "2".into(),
+            id: "req-1".into(),
+            raw_input_contents: vec![vec![7; 70_000].into(), b"sequence_id".to_vec().into()],
+            ..Default::default()
+        };
+        request.parameters.insert("priority".into(), param(ParameterChoice::Int64Param(3)));
+        // The marker inside a tensor or another parameter's value is not a sequence id.
+        request.parameters.insert("note".into(), param(ParameterChoice::StringParam("sequence_id".into())));
+        assert_eq!(grpc_sequence_id(&request.encode_to_vec()), None);
+        request.parameters.insert("sequence_id".into(), param(ParameterChoice::Uint64Param(11)));
+        let encoded = request.encode_to_vec();
+        assert_eq!(grpc_sequence_id(&encoded), Some(SequenceId::Num(11)));
+        // Cut anywhere, the message is malformed and yields no id rather than a panic.
+        for cut in [1, 2, 5, encoded.len() / 2, encoded.len() - 1] {
+            assert_eq!(grpc_sequence_id(&encoded[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(grpc_sequence_id(&[0xff; 11]), None);
+        assert_eq!(grpc_sequence_id(&[0x0b]), None, "a group's wire type");
     }
 
     #[test]
