@@ -149,13 +149,20 @@ struct ConfigTensor<'a> {
 /// names the ONNX file in messages.
 pub fn signature(artifact: &str, io: &GraphIo, config: Option<&ModelConfig>, config_field: &str) -> Result<Signature> {
     let refuse = |message: String| Error::invalid("body", format!("{artifact}: {message}"));
+    let default = ModelConfig::default();
+    let config = config.unwrap_or(&default);
+    // The sequence batcher's control and state tensors and `batch_input` targets are the
+    // worker's to fill: a client never sends or sees them, and the config does not list them.
+    let provided = tessera_protocol::model_config::server_provided_tensors(config);
+    let io = &GraphIo {
+        inputs: io.inputs.iter().filter(|v| !provided.contains(&v.name)).cloned().collect(),
+        outputs: io.outputs.iter().filter(|v| !provided.contains(&v.name)).cloned().collect(),
+    };
     if io.inputs.is_empty() {
         return Err(refuse("the graph has no inputs a request could feed".into()));
     }
     let inputs = io.inputs.iter().map(|v| graph_tensor("input", v)).collect::<std::result::Result<Vec<_>, _>>();
     let inputs = inputs.map_err(refuse)?;
-    let default = ModelConfig::default();
-    let config = config.unwrap_or(&default);
     let listed_outputs: Vec<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
     // With outputs listed, the others are never asked for: only the listed ones must be tensors.
     let outputs = io
@@ -482,5 +489,47 @@ mod tests {
                 .unwrap();
         let s = signature("model.onnx", &mlp(), Some(&parsed), "config.pbtxt").unwrap();
         assert_eq!((s.max_batch_size, s.inputs[0].shape.as_slice()), (0, &[2, 4][..]));
+    }
+
+    #[test]
+    fn tensors_the_worker_fills_are_neither_asked_of_the_config_nor_shown_to_clients() {
+        // Triton's simple_sequence: START and READY are control inputs, ACC_IN/ACC_OUT its state.
+        let i32_ = |n: &str| tensor(n, 6, &[None, Some(1)]);
+        let graph = io(
+            vec![i32_("INPUT"), i32_("START"), i32_("READY"), i32_("ACC_IN")],
+            vec![i32_("OUTPUT"), i32_("ACC_OUT")],
+        );
+        let config = r#"max_batch_size: 8
+            input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+            output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+            sequence_batching {
+              control_input [
+                { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+                { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] }
+              ]
+              state [ { input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+            }"#;
+        let parsed = tessera_protocol::model_config::from_pbtxt(config).expect("config parses");
+        let s = signature("model.onnx", &graph, Some(&parsed), "config.pbtxt").expect("Triton's config is taken");
+        assert_eq!(s.inputs, [sig("INPUT", DataType::Int32, &[-1, 1])]);
+        assert_eq!(s.outputs, [sig("OUTPUT", DataType::Int32, &[-1, 1])]);
+        // Without inputs listed, the client's are the graph's less the provided ones.
+        let parsed = tessera_protocol::model_config::from_pbtxt(
+            &config.replace(r#"input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]"#, ""),
+        )
+        .expect("config parses");
+        let s = signature("model.onnx", &graph, Some(&parsed), "config.pbtxt").expect("auto-completed");
+        assert_eq!(s.inputs, [sig("INPUT", DataType::Int32, &[-1, 1])]);
+        // A graph input no control of the config names is still a missing input.
+        let (field, message) = refused(&graph, Some(&config.replace(r#"name: "READY""#, r#"name: "GO""#)));
+        assert_eq!(field, "config.pbtxt");
+        assert!(message.contains("input 'READY' is missing from the config's inputs"), "{message}");
+        // A graph whose every input the server fills leaves a client nothing to send.
+        let only_controls = io(vec![i32_("START")], vec![i32_("OUTPUT")]);
+        let (_, message) = refused(
+            &only_controls,
+            Some(&config.replace(r#"input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]"#, "")),
+        );
+        assert!(message.contains("no inputs a request could feed"), "{message}");
     }
 }

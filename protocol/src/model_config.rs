@@ -122,6 +122,21 @@ pub fn model_filename<'a>(config: &'a ModelConfig, fallback: &'a str) -> Result<
     Ok(name)
 }
 
+/// The model tensors the server fills or consumes itself, never a client: the sequence
+/// batcher's control inputs and state inputs and outputs (`sequence_batching`), and the inputs
+/// `batch_input` computes. A config lists them there, not under `input` or `output`; workers
+/// leave them out of what clients send and see, and uploads do not ask the config to list them.
+pub fn server_provided_tensors(config: &ModelConfig) -> Vec<String> {
+    use crate::inference::model_config::SchedulingChoice;
+    let mut names = Vec::new();
+    if let Some(SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice {
+        names.extend(sb.control_input.iter().map(|c| c.name.clone()));
+        names.extend(sb.state.iter().flat_map(|s| [s.input_name.clone(), s.output_name.clone()]));
+    }
+    names.extend(config.batch_input.iter().flat_map(|b| b.target_name.iter().cloned()));
+    names
+}
+
 /// Rewrites `field [ {...} ]` as `field: [ {...} ]`.
 ///
 /// The text-format spec (and protobuf's C++ parser, which Triton uses) lets a
@@ -473,5 +488,20 @@ parameters {
             let err = model_filename(&with(bad), "model.onnx").expect_err(bad);
             assert!(err.contains("default_model_filename"), "{err}");
         }
+    }
+
+    #[test]
+    fn the_server_provides_sequence_controls_states_and_batch_inputs() {
+        let config = from_pbtxt(
+            r#"max_batch_size: 4
+            sequence_batching {
+              control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+              state [ { input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+            }
+            batch_input [ { kind: BATCH_ELEMENT_COUNT target_name: [ "COUNT" ] data_type: TYPE_FP32 source_input: [ "X" ] } ]"#,
+        )
+        .expect("config parses");
+        assert_eq!(server_provided_tensors(&config), ["START", "S_IN", "S_OUT", "COUNT"]);
+        assert!(server_provided_tensors(&ModelConfig::default()).is_empty());
     }
 }

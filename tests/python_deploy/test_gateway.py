@@ -6,13 +6,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import io
 import json
 import queue
 import subprocess
+import sys
+import tarfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,6 +25,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import infer_grpc, infer_http, marker_model, tessera_bin, wait_until
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+import gen_models  # noqa: E402  (tests/python's model generator: the simple_sequence accumulator)
 
 X = np.zeros((1, 4), dtype=np.float32)
 
@@ -460,3 +467,55 @@ def test_a_90_10_canary_split_holds_within_5_percent_over_2000_requests(make_clu
     v1 = metric_sum(m, "tessera_gateway_requests_total", tenant=acme, model="marker", version="1", code="200")
     v2 = metric_sum(m, "tessera_gateway_requests_total", tenant=acme, model="marker", version="2", code="200")
     assert v1 + v2 >= 2000 and v2 > 0
+
+
+def model_dir_tar(root: Path, name: str) -> bytes:
+    """A Triton model directory under `root` as the archive `?format=tar` takes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(root / name, arcname=name)
+    return buf.getvalue()
+
+
+def test_every_step_of_a_sequence_reaches_the_replica_holding_its_state(make_cluster, tmp_path):
+    cluster = make_cluster(2)
+    keys = cluster.create_tenant("acme")
+    admin, inference = keys["tenant-admin"], keys["inference"]
+    gen_models.write_simple_sequence(tmp_path)
+    cluster.api("POST", "/v1/tenants/acme/models", admin, {"name": "simple_sequence"}, expect=201)
+    cluster.api("POST", "/v1/tenants/acme/models/simple_sequence/versions?format=tar", admin,
+                data=model_dir_tar(tmp_path, "simple_sequence"),
+                headers={"Content-Type": "application/octet-stream"}, expect=201)
+    cluster.api("POST", "/v1/tenants/acme/deployments", admin,
+                {"name": "simple_sequence", "model": "simple_sequence", "version": 1, "replicas": 2}, expect=201)
+    cluster.wait_ready("acme", admin, "simple_sequence")
+    gw = cluster.start_gateway()
+    gateway_routes(gw, "acme", "simple_sequence", 2)
+
+    # Eight sequences per protocol, numeric and string ids, stepped in turn: a step that reached
+    # the other replica would find no sequence there (no START) and fail. (Eight: a replica has
+    # max_batch_size x instances = 8 sequence slots; a ninth would wait for one to free.)
+    auth = {"Authorization": f"Bearer {inference}"}
+    http = httpclient.InferenceServerClient(gw.addrs["http"])
+    grpc = grpcclient.InferenceServerClient(gw.addrs["grpc"])
+    steps = [3, 1, 4, 1, 5, 9]
+    for client, module, headers, ids in (
+        (http, httpclient, auth, [1000 + i for i in range(4)] + [f"h-{i}" for i in range(4)]),
+        (grpc, grpcclient, {k.lower(): v for k, v in auth.items()}, [2000 + i for i in range(4)] + [f"g-{i}" for i in range(4)]),
+    ):
+        sums = {seq: [] for seq in ids}
+        for i, v in enumerate(steps):
+            for n, seq in enumerate(ids):
+                x = module.InferInput("INPUT", [1, 1], "INT32")
+                x.set_data_from_numpy(np.array([[v * (n + 1)]], dtype=np.int32))
+                r = client.infer("simple_sequence", [x], headers=headers, sequence_id=seq,
+                                 sequence_start=(i == 0), sequence_end=(i == len(steps) - 1))
+                sums[seq].append(int(r.as_numpy("OUTPUT")[0][0]))
+        for n, seq in enumerate(ids):
+            assert sums[seq] == list(np.cumsum(steps) * (n + 1)), f"sequence {seq!r} over {module.__name__}"
+    http.close()
+    grpc.close()
+    # Rendezvous hashing spread the 16 sequences over both replicas (all on one: 2 in 2^16).
+    for w in cluster.workers:
+        served = metric_sum(f"http://{w.addrs['metrics']}/metrics", "nv_inference_request_success")
+        assert served >= len(steps), f"{w.name} served {served} of {16 * len(steps)} sequence steps"

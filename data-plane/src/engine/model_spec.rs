@@ -107,8 +107,7 @@ pub fn complete_and_check(
     }
     // Control and state tensors are the sequence batcher's, and batch inputs the ragged
     // batcher's, not the client's.
-    let mut provided = crate::engine::sequence::config::provided_tensors(&config);
-    provided.extend(ragged::batch_input_targets(&config).map(str::to_string));
+    let provided = tessera_protocol::model_config::server_provided_tensors(&config);
     let model_inputs = io.inputs.clone();
     let client_io;
     let io = if provided.is_empty() {

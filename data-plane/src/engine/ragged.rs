@@ -61,11 +61,6 @@ pub fn configured(config: &ModelConfig) -> bool {
         || config.input.iter().any(|i| i.allow_ragged_batch)
 }
 
-/// Names of the model inputs the server fills from `batch_input` (not the client's to send).
-pub fn batch_input_targets(config: &ModelConfig) -> impl Iterator<Item = &str> {
-    config.batch_input.iter().flat_map(|b| b.target_name.iter().map(String::as_str))
-}
-
 /// Whether `output` is the target of a `batch_output` (its dims need not match the model's).
 pub fn is_batch_output(config: &ModelConfig, output: &str) -> bool {
     config.batch_output.iter().any(|b| b.target_name.iter().any(|t| t == output))

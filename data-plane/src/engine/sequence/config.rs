@@ -126,16 +126,6 @@ pub fn sequence_batching(config: &ModelConfig) -> Option<&ModelSequenceBatching>
     }
 }
 
-/// The model tensors the sequence batcher provides or consumes itself (control inputs, state
-/// inputs and outputs): the config lists them under `sequence_batching`, not under `input` or
-/// `output`, and clients never send or see them.
-pub fn provided_tensors(config: &ModelConfig) -> Vec<String> {
-    let Some(sb) = sequence_batching(config) else { return Vec::new() };
-    let controls = sb.control_input.iter().map(|c| c.name.clone());
-    let states = sb.state.iter().flat_map(|s| [s.input_name.clone(), s.output_name.clone()]);
-    controls.chain(states).collect()
-}
-
 impl SequenceConfig {
     /// Reads and checks the `sequence_batching` of a completed config; `instances` is the
     /// number of model instances (the direct strategy has a slot per batch row per instance);
