@@ -34,6 +34,12 @@ What it does, in order:
 gateway runs: on a machine whose cores the client, the worker and the gateway share, it is
 what the gateway takes from the other two.
 
+With --callgrind N it times nothing: the gateway and the relays run under valgrind's callgrind
+(busy polling off, since spinning would count as work), and for each protocol it counts their
+instructions per add_sub request over N sequential tritonclient requests, three counts each from
+a zeroed counter, and prints that table instead. Instructions do not move with the machine's
+speed: they show what the gateway's own code costs per request, beside a bare hop's.
+
 Progress goes to stderr. Stops every process it started on exit, SIGTERM, SIGHUP or Ctrl-C.
 Exits 0 when the table was printed (goals met or not), 1 if a step or perf_analyzer failed, 2
 if a process did not start.
@@ -249,21 +255,35 @@ class Cluster:
         ], self.tmp / "worker.log"))
         self.worker.wait_log(lambda t: "registered with the control plane" in t, "registration")
         self.gateway = self._start(Proc("gateway", [
-            bin_, "gateway", "--control-plane", self.url, f"--worker-token={self.worker_token}",
-            "--gateway-id", "bench", "--address", "127.0.0.1",
+            *self.counted("gateway"), bin_, "gateway", "--control-plane", self.url,
+            f"--worker-token={self.worker_token}", "--gateway-id", "bench", "--address", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
             *([f"--threads={self.args.gateway_threads}"] if self.args.gateway_threads else []),
-            *self.args.gateway_arg,
+            *self.args.gateway_arg, *self.idle(),
         ], self.tmp / "gateway.log"))
-        self.gateway.wait_listening(["http", "grpc", "metrics"])
+        self.gateway.wait_listening(["http", "grpc", "metrics"], self.start_timeout())
+
+    def counted(self, name: str) -> List[str]:
+        """valgrind's callgrind and no busy polling (it would count as work), under --callgrind."""
+        if not self.args.callgrind:
+            return []
+        return ["valgrind", "--tool=callgrind", f"--callgrind-out-file={self.tmp / f'callgrind-{name}.out'}",
+                "--dump-line=no"]
+
+    def idle(self) -> List[str]:
+        return ["--busy-poll-us=0"] if self.args.callgrind else []
+
+    def start_timeout(self) -> float:
+        return 600.0 if self.args.callgrind else 60.0
 
     def relay(self, to: str) -> str:
         """The address of a `tessera bench relay` to `to` (host:port), started on first use."""
         if to not in self.relays:
             proc = self._start(Proc(f"relay to {to}", [
-                self.args.tessera, "bench", "relay", "--listen", "127.0.0.1:0", "--to", to,
+                *self.counted(f"relay-{len(self.relays)}"), self.args.tessera, "bench", "relay",
+                "--listen", "127.0.0.1:0", "--to", to, *self.idle(),
             ], self.tmp / f"relay-{len(self.relays)}.log"))
-            proc.wait_listening(["tcp"])
+            proc.wait_listening(["tcp"], self.start_timeout())
             self.relays[to] = proc
         return self.relays[to].addrs["tcp"]
 
@@ -450,6 +470,85 @@ def measure(args, cluster: Cluster, url: str, key: str, proto: str, sc: Scenario
                gw_cpu, note, redact(cmd, key))
 
 
+def instructions_per_request(proc: Proc, url: str, proto: str, key: str, n: int) -> float:
+    """Callgrind's instructions of `proc` (every thread) per add_sub request over `n` sequential
+    tritonclient requests through it, counted from a zeroed counter to the last answer."""
+    import numpy as np
+    mod = __import__("tritonclient.http" if proto == "http" else "tritonclient.grpc", fromlist=["_"])
+    client = mod.InferenceServerClient(url, network_timeout=600.0) if proto == "http" else mod.InferenceServerClient(url)
+    inputs = []
+    for name in ("INPUT0", "INPUT1"):
+        t = mod.InferInput(name, [1, 16], "FP32")
+        t.set_data_from_numpy(np.ones((1, 16), dtype=np.float32))
+        inputs.append(t)
+    headers = {"authorization": f"Bearer {key}"}
+
+    def control(*flags: str) -> None:
+        done = subprocess.run(["callgrind_control", *flags, str(proc.proc.pid)], capture_output=True, text=True,
+                              timeout=300)
+        if done.returncode != 0:
+            raise BenchError(f"callgrind_control {' '.join(flags)} failed: {done.stdout}{done.stderr}")
+
+    try:
+        for _ in range(50):  # warm: connections, the key cache, the route
+            client.infer("add_sub", inputs, headers=dict(headers))
+        before = set(proc.log.parent.glob("callgrind-*.out*"))
+        control("--zero")
+        for _ in range(n):
+            client.infer("add_sub", inputs, headers=dict(headers))
+        control("--dump=requests")
+    finally:
+        client.close()
+    dumps = sorted(set(proc.log.parent.glob("callgrind-*.out*")) - before)
+    if not dumps:
+        raise BenchError(f"callgrind wrote no dump for {proc.name}")
+    total = 0
+    for path in dumps:
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith(("totals:", "summary:")):
+                total += int(line.split()[1])
+                break
+    return total / n
+
+
+def callgrind_table(args, cluster: "Cluster", key: str, direct: Dict[str, str], gw: Dict[str, str],
+                    protocols: List[str]) -> List[List[str]]:
+    """Per protocol: gateway and relay instructions per request, three counts each, alternating."""
+    rows = []
+    for proto in protocols:
+        relay = cluster.relay(direct[proto])
+        counts: Dict[str, List[float]] = {"gateway": [], "relay": []}
+        for path in ("gateway", "relay") * 3:
+            proc = cluster.gateway if path == "gateway" else cluster.relays[direct[proto]]
+            url = gw[proto] if path == "gateway" else relay
+            ir = instructions_per_request(proc, url, proto, key, args.callgrind)
+            counts[path].append(ir)
+            progress(f"callgrind {path} {proto}: {ir:,.0f} instructions per request over {args.callgrind}")
+        g, r = median(counts["gateway"]), median(counts["relay"])
+        rows.append(["add_sub c1", proto, " / ".join(f"{v:,.0f}" for v in counts["gateway"]),
+                     " / ".join(f"{v:,.0f}" for v in counts["relay"]), f"{g - r:+,.0f}"])
+    return rows
+
+
+CALLGRIND_COLUMNS = ["Scenario", "Proto", "gateway instructions/request (3 counts)",
+                     "relay instructions/request (3 counts)", "gateway − relay (medians)"]
+
+
+def render_callgrind(args, rows: List[List[str]]) -> str:
+    """The --callgrind table: a header, aligned text, then markdown."""
+    header = (f"Tessera gateway instructions per request, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, commit "
+              f"{compare.git_describe()}\nset-up: control plane on SQLite, one worker (--isolation {args.isolation}), "
+              "the gateway and `tessera bench relay` under valgrind's callgrind with --busy-poll-us=0; "
+              f"{args.callgrind} sequential tritonclient add_sub requests per count, every thread of the process "
+              "counted from a zeroed counter")
+    cells = [CALLGRIND_COLUMNS] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(CALLGRIND_COLUMNS))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells)
+    markdown = "\n".join(["| " + " | ".join(CALLGRIND_COLUMNS) + " |", "|" + "|".join(":---" for _ in CALLGRIND_COLUMNS) + "|"]
+                         + ["| " + " | ".join(r) + " |" for r in rows])
+    return f"{header}\n\n{text}\n\n{markdown}"
+
+
 def redact(cmd: List[str], key: str) -> str:
     return shlex.join(cmd).replace(key, "$KEY")
 
@@ -573,6 +672,9 @@ def parse_args(argv=None):
     ap.add_argument("--pa-timeout", type=int, default=120, help="seconds before one perf_analyzer run is abandoned")
     ap.add_argument("--workdir", help="keep the repository, database and logs here (default: a temporary folder)")
     ap.add_argument("--json", help="also write every run (with its command) to this JSON file")
+    ap.add_argument("--callgrind", type=int, default=0, metavar="N",
+                    help="instead of timing, count the gateway's and the relay's instructions per add_sub request "
+                         "under valgrind's callgrind over N sequential requests (three counts each)")
     return ap.parse_args(argv)
 
 
@@ -617,6 +719,7 @@ def main(argv=None) -> int:
     total = len(scenarios) * len(protocols) * args.rounds * len(paths)
     step = 0
     rc = 0
+    callgrind_rows: Optional[List[List[str]]] = None
     try:
         progress(f"gateway overhead: {total} measurements; worker --cpu-slices {args.cpu_slices} "
                  f"--isolation {args.isolation}; work dir {tmp}")
@@ -635,7 +738,11 @@ def main(argv=None) -> int:
             progress("note: the models' replicas report different worker endpoints: " + json.dumps(direct))
         gw = {"http": cluster.gateway.addrs["http"], "grpc": cluster.gateway.addrs["grpc"]}
         progress(f"gateway: http {gw['http']}, grpc {gw['grpc']}, metrics {cluster.gateway.addrs['metrics']}")
-        check_answers({"direct": direct["add_sub"], "gateway": gw}, keys["inference"], repo)
+        check_answers({"direct": direct["add_sub"], "gateway": gw}, keys["inference"], repo,
+                      cluster.start_timeout())
+        if args.callgrind:
+            callgrind_rows = callgrind_table(args, cluster, keys["inference"], direct["add_sub"], gw, protocols)
+            scenarios = []  # nothing timed
         if direct["mlp"] != direct["add_sub"]:
             check_answers({"direct": direct["mlp"]}, keys["inference"], repo)
 
@@ -676,6 +783,12 @@ def main(argv=None) -> int:
             # A failed run's logs are the only way to see why: kept.
             progress(f"logs kept in {tmp}")
         else:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return rc
+
+    if callgrind_rows is not None:
+        print(render_callgrind(args, callgrind_rows))
+        if not keep:
             shutil.rmtree(tmp, ignore_errors=True)
         return rc
 
