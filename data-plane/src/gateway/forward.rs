@@ -192,6 +192,8 @@ where
     {
         return Err(Error::not_found(format!("Request for unknown model: '{model_name}' version {v} is not deployed")));
     }
+    // Counted until the answer's head is back: busy polling stops once several are in flight.
+    let _counted = crate::engine::in_flight::InFlight::start();
     let mut tried = Vec::with_capacity(MAX_ATTEMPTS);
     let mut last_stale = None;
     let mut last_error = None;

@@ -352,7 +352,7 @@ pub async fn run(
     shutdown: CancellationToken,
     on_bound: impl FnOnce(GatewayAddrs),
 ) -> anyhow::Result<()> {
-    crate::serve::net::busy_poll::enable(Duration::from_micros(args.busy_poll_us));
+    crate::serve::net::busy_poll::enable_for_proxy(Duration::from_micros(args.busy_poll_us));
     let tls = args.tls.acceptor()?;
     let token = args
         .gateway_token

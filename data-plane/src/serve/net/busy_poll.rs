@@ -30,6 +30,10 @@ pub struct BusyPoll {
     /// Level-triggered readability of every accepted connection (closed ones leave it).
     epoll: Epoll,
     window: Duration,
+    /// Requests in flight up to which a thread still spins: 0 on a server (any request in flight
+    /// has work for the CPU), 1 on a proxy (its one request waits on a worker's answer, which a
+    /// spin catches without a wake-up; with more, the load is the worker's and the CPU is too).
+    allowed_in_flight: usize,
     /// Held by the one thread spinning.
     spinning: AtomicBool,
 }
@@ -48,10 +52,10 @@ pub enum Spin {
 }
 
 impl BusyPoll {
-    /// A poller spinning up to `window`.
-    pub fn new(window: Duration) -> nix::Result<Self> {
+    /// A poller spinning up to `window` while at most `allowed_in_flight` requests are in flight.
+    pub fn new(window: Duration, allowed_in_flight: usize) -> nix::Result<Self> {
         let epoll = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC)?;
-        Ok(Self { epoll, window, spinning: AtomicBool::new(false) })
+        Ok(Self { epoll, window, allowed_in_flight, spinning: AtomicBool::new(false) })
     }
 
     /// Adds an accepted connection to the set watched.
@@ -59,10 +63,11 @@ impl BusyPoll {
         self.epoll.add(connection, EpollEvent::new(EpollFlags::EPOLLIN, 0))
     }
 
-    /// Polls the watched connections until one is readable, a request goes in flight (per
-    /// `in_flight`) or the window passes.
+    /// Polls the watched connections until one is readable, more requests than allowed go in
+    /// flight (per `in_flight`) or the window passes.
     pub fn spin(&self, in_flight: &AtomicUsize) -> Spin {
-        if in_flight.load(Ordering::Relaxed) > 0 || self.spinning.swap(true, Ordering::Acquire) {
+        let busy = || in_flight.load(Ordering::Relaxed) > self.allowed_in_flight;
+        if busy() || self.spinning.swap(true, Ordering::Acquire) {
             return Spin::Skipped;
         }
         let end = Instant::now() + self.window;
@@ -73,7 +78,7 @@ impl BusyPoll {
                 // Readable, or the poller broke: either way stop spinning.
                 Ok(_) | Err(_) => break Spin::Readable,
             }
-            if in_flight.load(Ordering::Relaxed) > 0 {
+            if busy() {
                 break Spin::Busy;
             }
             if Instant::now() >= end {
@@ -87,12 +92,23 @@ impl BusyPoll {
     }
 }
 
-/// Turns busy-polling on for this process with `window` (zero: off). Later calls are ignored.
+/// Turns busy-polling on for this server process with `window` (zero: off): threads spin only
+/// while no request is in flight. Later calls are ignored.
 pub fn enable(window: Duration) {
+    enable_with(window, 0);
+}
+
+/// Turns busy-polling on for a proxy (the gateway): threads also spin while one forwarded
+/// request awaits its answer, and stop once more are in flight. Later calls are ignored.
+pub fn enable_for_proxy(window: Duration) {
+    enable_with(window, 1);
+}
+
+fn enable_with(window: Duration, allowed_in_flight: usize) {
     if window.is_zero() || ACTIVE.get().is_some() {
         return;
     }
-    match BusyPoll::new(window) {
+    match BusyPoll::new(window, allowed_in_flight) {
         Ok(poll) => {
             if ACTIVE.set(poll).is_ok() {
                 tracing::debug!(window_us = window.as_micros() as u64, "busy-polling connections before sleeping");
@@ -140,7 +156,7 @@ mod tests {
 
     #[test]
     fn spinning_ends_when_a_watched_connection_has_data() {
-        let poll = BusyPoll::new(Duration::from_secs(30)).expect("epoll");
+        let poll = BusyPoll::new(Duration::from_secs(30), 0).expect("epoll");
         let (mut client, server) = pair();
         poll.watch(&server).expect("watch");
         client.write_all(b"x").expect("write");
@@ -151,7 +167,7 @@ mod tests {
 
     #[test]
     fn spinning_gives_up_after_the_window() {
-        let poll = BusyPoll::new(Duration::from_millis(5)).expect("epoll");
+        let poll = BusyPoll::new(Duration::from_millis(5), 0).expect("epoll");
         let (_client, server) = pair();
         poll.watch(&server).expect("watch");
         let started = Instant::now();
@@ -161,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_request_in_flight_stops_or_skips_spinning() {
-        let poll = BusyPoll::new(Duration::from_secs(30)).expect("epoll");
+        let poll = BusyPoll::new(Duration::from_secs(30), 0).expect("epoll");
         let in_flight = AtomicUsize::new(1);
         assert_eq!(poll.spin(&in_flight), Spin::Skipped);
         // One going in flight mid-spin (another thread took a request) ends it.
@@ -179,15 +195,24 @@ mod tests {
     }
 
     #[test]
+    fn a_proxy_spins_while_one_request_awaits_its_answer_and_not_with_more() {
+        let poll = BusyPoll::new(Duration::from_millis(5), 1).expect("epoll");
+        let (_client, server) = pair();
+        poll.watch(&server).expect("watch");
+        assert_eq!(poll.spin(&AtomicUsize::new(1)), Spin::TimedOut);
+        assert_eq!(poll.spin(&AtomicUsize::new(2)), Spin::Skipped);
+    }
+
+    #[test]
     fn one_thread_spins_at_a_time() {
-        let poll = BusyPoll::new(Duration::from_secs(30)).expect("epoll");
+        let poll = BusyPoll::new(Duration::from_secs(30), 0).expect("epoll");
         poll.spinning.store(true, Ordering::Relaxed);
         assert_eq!(poll.spin(&AtomicUsize::new(0)), Spin::Skipped);
     }
 
     #[test]
     fn a_closed_connection_leaves_the_watched_set() {
-        let poll = BusyPoll::new(Duration::from_millis(5)).expect("epoll");
+        let poll = BusyPoll::new(Duration::from_millis(5), 0).expect("epoll");
         let (client, server) = pair();
         poll.watch(&server).expect("watch");
         drop(server);
