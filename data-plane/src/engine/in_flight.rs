@@ -1,7 +1,8 @@
 //! The process-wide count of requests handed to a model and not yet answered.
 //!
 //! The engine counts (the batcher per request, the runner client for a request out to a
-//! runner); the network layer reads the count to decide whether an idle thread may busy-poll
+//! runner), and so does the gateway (a request forwarded to a worker until its answer's head is
+//! back); the network layer reads the count to decide whether an idle thread may busy-poll
 //! its connections (`serve::net::busy_poll`) or re-poll a connection in place
 //! (`serve::net::rewake`). The count lives here so the engine needs nothing from the network.
 

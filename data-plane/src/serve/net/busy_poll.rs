@@ -8,6 +8,8 @@
 //! up to a short window. The window is bounded, only one thread spins at a time, it yields its
 //! CPU to any other runnable thread on each turn, and it stops as soon as any request is in
 //! flight, so a loaded server (whose CPU goes to executions and other clients) does not spin.
+//! A proxy (the gateway) also spins while one forwarded request awaits its worker's answer, so
+//! that answer finds it awake too, and stops once more are in flight.
 
 use std::os::fd::AsFd;
 use std::sync::OnceLock;
