@@ -1,5 +1,6 @@
-//! Sending a request to a replica: pooled HTTP/1.1 connections for the HTTP front end, one
-//! multiplexed HTTP/2 connection per worker for gRPC, and the retry rule shared by both.
+//! Sending a request to a replica: pooled HTTP/1.1 connections for the HTTP front end, HTTP/2
+//! connections for gRPC (unary calls through [`super::grpc_upstream`], streams through hyper's
+//! client), and the retry rule shared by all.
 //!
 //! A request is sent again, to another replica, only when none of it can have run there: the
 //! worker could not be connected to, or it answered that it does not hold the model (its
@@ -67,8 +68,10 @@ impl tower::Service<http::Uri> for WatchedConnector {
 pub struct Clients {
     /// HTTP/1.1, pooled keep-alive connections.
     pub http: Client<Connector, Full<Bytes>>,
-    /// HTTP/2 only (gRPC), one connection per worker.
+    /// HTTP/2 only, one connection per worker, for gRPC streams.
     pub grpc: Client<Connector, GrpcBody>,
+    /// HTTP/2, one connection per worker, for unary gRPC calls.
+    pub grpc_unary: super::grpc_upstream::GrpcUpstreams,
 }
 
 impl Clients {
@@ -85,6 +88,7 @@ impl Clients {
             .https_or_http()
             .enable_http1()
             .wrap_connector(connector.clone());
+        let grpc_unary = super::grpc_upstream::GrpcUpstreams::new(tls.clone());
         let http2 =
             HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http2().wrap_connector(connector);
         let http = if http_over_h2 {
@@ -110,7 +114,7 @@ impl Clients {
             .http2_keep_alive_timeout(Duration::from_secs(5))
             .http2_adaptive_window(true)
             .build(http2);
-        Self { http, grpc }
+        Self { http, grpc, grpc_unary }
     }
 }
 
@@ -159,10 +163,28 @@ impl http_body::Body for SharedStream {
     }
 }
 
+/// A failed attempt to send a request to a replica.
+pub trait Failure: std::error::Error {
+    /// Whether none of the request reached the worker, so another replica may be tried.
+    fn nothing_sent(&self) -> bool;
+}
+
+impl Failure for hyper_util::client::legacy::Error {
+    fn nothing_sent(&self) -> bool {
+        self.is_connect()
+    }
+}
+
+impl Failure for super::grpc_upstream::CallError {
+    fn nothing_sent(&self) -> bool {
+        matches!(self, Self::Unsent(_))
+    }
+}
+
 /// An upstream's answer, with what must live as long as its body.
-pub struct Answer {
+pub struct Answer<B = Incoming> {
     /// The response head and streaming body.
-    pub response: Response<Incoming>,
+    pub response: Response<B>,
     /// The version of the replica that answered.
     pub version: i64,
     /// Counts the request against the upstream until the body is done.
@@ -174,18 +196,19 @@ pub struct Answer {
 /// does not hold the model. A request of a sequence (`sequence`: its routing key) goes to the
 /// sequence's replica.
 #[allow(clippy::too_many_arguments)]
-pub async fn send<F, Fut>(
+pub async fn send<F, Fut, B, E>(
     gateway: &Gateway,
     model_name: &str,
     model: &ModelRoutes,
     version: Option<i64>,
     sequence: Option<u64>,
     mut send: F,
-    stale: fn(&Response<Incoming>) -> bool,
-) -> Result<Answer, Error>
+    stale: fn(&Response<B>) -> bool,
+) -> Result<Answer<B>, Error>
 where
     F: FnMut(&Arc<Upstream>) -> Result<Fut, Error>,
-    Fut: Future<Output = Result<Response<Incoming>, hyper_util::client::legacy::Error>>,
+    Fut: Future<Output = Result<Response<B>, E>>,
+    E: Failure,
 {
     if let Some(v) = version
         && !model.replicas.iter().any(|r| r.version == v)
@@ -214,7 +237,7 @@ where
                 return Ok(answer);
             }
             Err(e) => {
-                let unreachable = e.is_connect();
+                let unreachable = e.nothing_sent();
                 let outcome = if unreachable { Outcome::Unreachable } else { Outcome::Failed };
                 if upstream.record(outcome, Instant::now()) {
                     gateway.metrics.ejected(&upstream.worker_id);

@@ -33,7 +33,7 @@ use tonic::Status;
 use tracing::Instrument as _;
 
 use super::Gateway;
-use super::forward::{self, BoxError, GrpcBody};
+use super::forward::{self, BoxError};
 use crate::auth::forwarded;
 use crate::error::{Error, ErrorKind};
 
@@ -145,14 +145,9 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
     let path = parts.uri.path().to_string();
     let send = |upstream: &Arc<super::routes::Upstream>| {
         let uri = upstream_uri(&upstream.grpc, &path)?;
-        let body: GrpcBody = http_body_util::Full::new(body.clone()).map_err(|never| match never {}).boxed_unsync();
-        let mut req = http::Request::new(body);
-        *req.method_mut() = http::Method::POST;
-        *req.uri_mut() = uri;
-        *req.headers_mut() = headers.clone();
-        Ok(g.upstream.grpc.request(req))
+        Ok(g.upstream.grpc_unary.call(uri, &headers, body.clone()))
     };
-    let stale = |r: &http::Response<hyper::body::Incoming>| r.headers().get("grpc-status").is_some_and(|s| s == "5");
+    let stale = |r: &http::Response<_>| r.headers().get("grpc-status").is_some_and(|s| s == "5");
     let sequence = target.sequence.as_ref().map(|id| super::sticky::sequence_key(&tenant, &target.name, id));
     let span = crate::spans::forward("grpc", &tenant, &target.name, target.version);
     let sending = forward::send(g, &target.name, model, target.version, sequence, send, stale);
@@ -330,7 +325,8 @@ fn upstream_uri(base: &str, path: &str) -> Result<Uri, Error> {
 fn upstream_headers(client: &HeaderMap, identity: HeaderValue) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(client.len() + 1);
     for (name, value) in client {
-        if name == header::TE || super::http::forwardable(name) {
+        // h2 refuses any `te` but `trailers` (the one gRPC sends).
+        if (name == header::TE && value == "trailers") || super::http::forwardable(name) {
             headers.append(name.clone(), value.clone());
         }
     }
@@ -339,7 +335,12 @@ fn upstream_headers(client: &HeaderMap, identity: HeaderValue) -> HeaderMap {
 }
 
 /// The upstream response with its body streamed back; `guards` live until the body is done.
-fn stream_back<G: Send + Sync + 'static>(response: http::Response<hyper::body::Incoming>, guards: G) -> Response {
+fn stream_back<B, G>(response: http::Response<B>, guards: G) -> Response
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    G: Send + Sync + 'static,
+{
     let (head, incoming) = response.into_parts();
     let body = incoming.map_frame(move |frame| {
         let _ = &guards;

@@ -5,12 +5,14 @@
 //! forwards the request with the caller's identity signed for the worker.
 //!
 //! In modules: [`routes`] (the table, balancing and outlier state), [`limits`] (token buckets),
-//! [`watch`] (the route stream), [`forward`] (upstream clients and retries), [`http`] and
+//! [`watch`] (the route stream), [`forward`] (upstream clients and retries; unary gRPC calls
+//! through [`grpc_upstream`]), [`http`] and
 //! [`grpc`] (the two front ends), [`metrics`] and [`usage`] (throttled requests, shipped to the
 //! control plane as usage).
 
 pub mod forward;
 pub mod grpc;
+pub mod grpc_upstream;
 pub mod http;
 pub mod limits;
 pub mod metrics;
