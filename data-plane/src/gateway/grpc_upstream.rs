@@ -162,7 +162,12 @@ fn forget(slots: &Slots, address: &str, slot: &Arc<Slot>) {
 
 /// Opens HTTP/2 on `io` and drives the connection on its own task until it closes or misses a
 /// ping, then drops its slot.
-async fn handshake<T>(io: T, address: String, slots: Weak<Slots>, slot: Weak<Slot>) -> Result<SendRequest<Bytes>, CallError>
+async fn handshake<T>(
+    io: T,
+    address: String,
+    slots: Weak<Slots>,
+    slot: Weak<Slot>,
+) -> Result<SendRequest<Bytes>, CallError>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {

@@ -163,7 +163,8 @@ async fn workers_serving_tls_are_called_over_https_trusting_the_given_ca() {
     let address = format!("localhost:{port}");
 
     let trusting = GrpcUpstreams::new(tessera_protocol::tls::client_config(Some(&files.ca)).expect("client config"));
-    let answer = trusting.call(uri("https", &address), &headers(), Bytes::from_static(b"sealed")).await.expect("answered");
+    let answer =
+        trusting.call(uri("https", &address), &headers(), Bytes::from_static(b"sealed")).await.expect("answered");
     assert_eq!(read(answer).await.0, b"sealed");
 
     let e = plain().call(uri("https", &address), &headers(), Bytes::from_static(b"x")).await.expect_err("untrusted");
