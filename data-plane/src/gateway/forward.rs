@@ -3,8 +3,9 @@
 //! client), and the retry rule shared by all.
 //!
 //! A request is sent again, to another replica, only when none of it can have run there: the
-//! worker could not be connected to, or it answered that it does not hold the model (its
-//! route was stale: the replica was just moved or unloaded). Anything else, including a
+//! worker could not be connected to, it refused a gRPC call unread (HTTP/2 `REFUSED_STREAM`),
+//! or it answered that it does not hold the model (its route was stale: the replica was just
+//! moved or unloaded). Anything else, including a
 //! connection that broke after the request was sent, is answered as it came.
 
 use std::future::Future;
@@ -29,7 +30,11 @@ use crate::error::Error;
 /// Replicas tried for one request at most.
 const MAX_ATTEMPTS: usize = 3;
 /// How long connecting to a worker may take before the next replica is tried.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// HTTP/2 connections to workers are pinged this often...
+pub(super) const PING_EVERY: Duration = Duration::from_secs(10);
+/// ...and closed when a ping goes unanswered this long.
+pub(super) const PING_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Error type of streamed upstream bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -110,8 +115,8 @@ impl Clients {
             .http2_only(true)
             .timer(TokioTimer::new())
             .pool_timer(TokioTimer::new())
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .http2_keep_alive_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(PING_EVERY)
+            .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_adaptive_window(true)
             .build(http2);
         Self { http, grpc, grpc_unary }

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use bytes::Bytes;
 use h2::client::SendRequest;
@@ -25,18 +24,15 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-/// How long connecting (TCP and TLS) to a worker may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// A keep-alive ping goes out this often on every connection...
-const PING_EVERY: Duration = Duration::from_secs(10);
-/// ...and a connection whose worker does not answer one within this is closed.
-const PING_TIMEOUT: Duration = Duration::from_secs(5);
+use super::forward::{CONNECT_TIMEOUT, PING_EVERY, PING_TIMEOUT};
+
 /// Flow-control windows: large enough that a tensor of a few MiB needs no window update on
 /// the way (hyper's defaults for a fixed window).
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
 
-/// One connection slot per worker address; callers arriving while it connects wait for it.
+/// One connection slot per worker (keyed by the URI's authority); callers arriving while it
+/// connects wait for it.
 type Slot = tokio::sync::OnceCell<SendRequest<Bytes>>;
 type Slots = Mutex<HashMap<String, Arc<Slot>>>;
 
@@ -67,28 +63,31 @@ impl GrpcUpstreams {
     /// Sends a unary call (`body`: its framed message) to `uri` and returns the answer's head;
     /// the body streams on with its trailers.
     pub async fn call(&self, uri: Uri, headers: &HeaderMap, body: Bytes) -> Result<Response<AnswerBody>, CallError> {
-        let address = address_of(&uri)?;
-        // A connection found closed before the call went out is replaced once.
-        let mut reused = true;
+        let Some(key) = uri.authority().map(|a| a.as_str()) else {
+            return Err(CallError::Unsent(format!("the worker address {uri} names no host")));
+        };
+        let mut replaced = false;
         loop {
-            let (slot, fresh) = self.slot(&address, &uri).await?;
-            let sender = slot.get().cloned().ok_or_else(|| CallError::Unsent("no connection".into()))?;
+            let (slot, sender, fresh) = self.connection(key, &uri).await?;
             let mut sender = match sender.ready().await {
                 Ok(sender) => sender,
                 Err(e) => {
-                    self.forget(&address, &slot);
-                    if reused && !fresh {
-                        reused = false;
+                    self.forget(key, &slot);
+                    // A kept connection found closed before the call went out is replaced once.
+                    if !fresh && !replaced {
+                        replaced = true;
                         continue;
                     }
-                    return Err(CallError::Unsent(format!("the connection to {address} closed: {e}")));
+                    return Err(CallError::Unsent(format!("the connection to {key} closed: {e}")));
                 }
             };
-            let mut request = Request::post(uri.clone()).body(()).map_err(|e| CallError::Unsent(e.to_string()))?;
+            let mut request = Request::new(());
+            *request.method_mut() = http::Method::POST;
+            *request.uri_mut() = uri.clone();
             *request.headers_mut() = headers.clone();
             let (answer, mut send) = sender.send_request(request, body.is_empty()).map_err(|e| {
-                self.forget(&address, &slot);
-                CallError::Unsent(format!("the connection to {address} could not take the call: {e}"))
+                self.forget(key, &slot);
+                CallError::Unsent(format!("the connection to {key} could not take the call: {e}"))
             })?;
             if !body.is_empty() {
                 // Queued with the HEADERS: the connection task writes both together.
@@ -99,33 +98,36 @@ impl GrpcUpstreams {
         }
     }
 
-    /// The slot for `address`, connected; whether this call made the connection.
-    async fn slot(&self, address: &str, uri: &Uri) -> Result<(Arc<Slot>, bool), CallError> {
+    /// The connection for `key`, made if there is none; its slot, and whether this call made it.
+    async fn connection(&self, key: &str, uri: &Uri) -> Result<(Arc<Slot>, SendRequest<Bytes>, bool), CallError> {
         let slot = {
             let mut slots = self.slots.lock();
-            match slots.get(address) {
+            match slots.get(key) {
                 Some(slot) => slot.clone(),
-                None => slots.entry(address.to_string()).or_default().clone(),
+                None => slots.entry(key.to_string()).or_default().clone(),
             }
         };
         let mut fresh = false;
-        slot.get_or_try_init(|| {
-            fresh = true;
-            // Boxed: connecting (TLS state, HTTP/2 handshake) is large, and every call's
-            // future, moved by value on its way to the executor, would carry it inline.
-            Box::pin(self.connect(address.to_string(), uri, Arc::downgrade(&slot)))
-        })
-        .await?;
-        Ok((slot, fresh))
+        let sender = slot
+            .get_or_try_init(|| {
+                fresh = true;
+                // Boxed: connecting (TLS state, HTTP/2 handshake) is large, and every call's
+                // future, moved by value on its way to the executor, would carry it inline.
+                Box::pin(self.connect(key.to_string(), uri, Arc::downgrade(&slot)))
+            })
+            .await?
+            .clone();
+        Ok((slot, sender, fresh))
     }
 
-    /// Drops `slot` from the table (if it is still the one for `address`), so the next call
+    /// Drops `slot` from the table (if it is still the one for `key`), so the next call
     /// connects anew.
-    fn forget(&self, address: &str, slot: &Arc<Slot>) {
-        forget(&self.slots, address, slot);
+    fn forget(&self, key: &str, slot: &Arc<Slot>) {
+        forget(&self.slots, key, slot);
     }
 
-    async fn connect(&self, address: String, uri: &Uri, slot: Weak<Slot>) -> Result<SendRequest<Bytes>, CallError> {
+    async fn connect(&self, key: String, uri: &Uri, slot: Weak<Slot>) -> Result<SendRequest<Bytes>, CallError> {
+        let address = address_of(uri)?;
         let unsent = |what: &str, e: &dyn std::fmt::Display| CallError::Unsent(format!("{what} {address}: {e}"));
         let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&address))
             .await
@@ -146,17 +148,17 @@ impl GrpcUpstreams {
             if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
                 return Err(unsent("HTTP/2 (ALPN h2) is not offered by", &"the worker's TLS listener"));
             }
-            handshake(tls, address, slots, slot).await
+            handshake(tls, key, slots, slot).await
         } else {
-            handshake(tcp, address, slots, slot).await
+            handshake(tcp, key, slots, slot).await
         }
     }
 }
 
-fn forget(slots: &Slots, address: &str, slot: &Arc<Slot>) {
+fn forget(slots: &Slots, key: &str, slot: &Arc<Slot>) {
     let mut slots = slots.lock();
-    if slots.get(address).is_some_and(|s| Arc::ptr_eq(s, slot)) {
-        slots.remove(address);
+    if slots.get(key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+        slots.remove(key);
     }
 }
 

@@ -1,4 +1,5 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use http_body_util::BodyExt;
 use tokio::net::TcpListener;
