@@ -1,6 +1,6 @@
-//! Sending a request to a replica: pooled HTTP/1.1 connections for the HTTP front end, HTTP/2
-//! connections for gRPC (unary calls through [`super::grpc_upstream`], streams through hyper's
-//! client), and the retry rule shared by all.
+//! Sending a request to a replica: pooled HTTP/1.1 connections for the HTTP front end
+//! ([`super::http_upstream`]), HTTP/2 connections for gRPC (unary calls through
+//! [`super::grpc_upstream`], streams through hyper's client), and the retry rule shared by all.
 //!
 //! A request is sent again, to another replica, only when none of it can have run there: the
 //! worker could not be connected to, it refused a gRPC call unread (HTTP/2 `REFUSED_STREAM`),
@@ -24,6 +24,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use super::Gateway;
+use super::http_upstream::UpstreamBody;
 use super::routes::{InFlight, ModelRoutes, Outcome, Upstream, random};
 use crate::error::Error;
 
@@ -69,10 +70,19 @@ impl tower::Service<http::Uri> for WatchedConnector {
     }
 }
 
+/// How HTTP requests reach workers.
+pub enum HttpClient {
+    /// HTTP/1.1 keep-alive connections, pooled per worker.
+    Http1(super::http_upstream::HttpUpstreams),
+    /// HTTP/2, one multiplexed connection per worker (boxed: the client is large, and the
+    /// HTTP/1.1 default small).
+    Http2(Box<Client<Connector, Full<Bytes>>>),
+}
+
 /// The upstream clients.
 pub struct Clients {
-    /// HTTP/1.1, pooled keep-alive connections.
-    pub http: Client<Connector, Full<Bytes>>,
+    /// For the HTTP front end.
+    pub http: HttpClient,
     /// HTTP/2 only, one connection per worker, for gRPC streams.
     pub grpc: Client<Connector, GrpcBody>,
     /// HTTP/2, one connection per worker, for unary gRPC calls.
@@ -88,28 +98,22 @@ impl Clients {
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.enforce_http(false);
         let connector = WatchedConnector(connector);
-        let http1 = HttpsConnectorBuilder::new()
-            .with_tls_config(tls.clone())
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(connector.clone());
         let grpc_unary = super::grpc_upstream::GrpcUpstreams::new(tls.clone());
+        let http1 = super::http_upstream::HttpUpstreams::new(tls.clone());
         let http2 =
             HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http2().wrap_connector(connector);
         let http = if http_over_h2 {
             // One multiplexed connection per worker: requests in flight together share writes.
-            Client::builder(TokioExecutor::new())
-                .http2_only(true)
-                .timer(TokioTimer::new())
-                .pool_timer(TokioTimer::new())
-                .http2_adaptive_window(true)
-                .build(http2.clone())
+            HttpClient::Http2(Box::new(
+                Client::builder(TokioExecutor::new())
+                    .http2_only(true)
+                    .timer(TokioTimer::new())
+                    .pool_timer(TokioTimer::new())
+                    .http2_adaptive_window(true)
+                    .build(http2.clone()),
+            ))
         } else {
-            Client::builder(TokioExecutor::new())
-                .pool_timer(TokioTimer::new())
-                .pool_idle_timeout(Duration::from_secs(60))
-                .pool_max_idle_per_host(1024)
-                .build(http1)
+            HttpClient::Http1(http1)
         };
         let grpc = Client::builder(TokioExecutor::new())
             .http2_only(true)
@@ -120,6 +124,57 @@ impl Clients {
             .http2_adaptive_window(true)
             .build(http2);
         Self { http, grpc, grpc_unary }
+    }
+
+    /// Sends an HTTP request (its URI the path and query) to `upstream`.
+    pub async fn send_http(
+        &self,
+        upstream: &Arc<Upstream>,
+        mut request: http::Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, CallError> {
+        match &self.http {
+            HttpClient::Http1(pool) => pool.send(upstream, request).await,
+            HttpClient::Http2(client) => {
+                let path_and_query = request.uri().path_and_query().map_or("/", |p| p.as_str());
+                *request.uri_mut() = format!("{}{path_and_query}", upstream.http)
+                    .parse()
+                    .map_err(|e| CallError::Unsent(format!("bad worker address {}: {e}", upstream.http)))?;
+                match client.request(request).await {
+                    Ok(response) => Ok(response.map(UpstreamBody::unpooled)),
+                    Err(e) if e.is_connect() => Err(CallError::Unsent(error_chain(&e))),
+                    Err(e) => Err(CallError::Broken(Box::new(e))),
+                }
+            }
+        }
+    }
+}
+
+/// Why a request to a worker failed, and whether any of it can have reached the worker.
+#[derive(Debug)]
+pub enum CallError {
+    /// Nothing of the request was sent (no connection, a connection closed before the request
+    /// went out, or a gRPC call the worker refused unread).
+    Unsent(String),
+    /// The request was sent, or may have been, and then failed: it may have run.
+    Broken(BoxError),
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unsent(why) => f.write_str(why),
+            Self::Broken(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for CallError {
+    // Transparent: the chain goes on with the failure's own causes.
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Unsent(_) => None,
+            Self::Broken(e) => e.source(),
+        }
     }
 }
 
@@ -180,7 +235,7 @@ impl Failure for hyper_util::client::legacy::Error {
     }
 }
 
-impl Failure for super::grpc_upstream::CallError {
+impl Failure for CallError {
     fn nothing_sent(&self) -> bool {
         matches!(self, Self::Unsent(_))
     }

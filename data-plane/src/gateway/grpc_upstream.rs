@@ -22,9 +22,9 @@ use http::{HeaderMap, Request, Response, Uri};
 use http_body::Frame;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
+use tokio_util::either::Either;
 
-use super::forward::{CONNECT_TIMEOUT, PING_EVERY, PING_TIMEOUT};
+use super::forward::{CallError, PING_EVERY, PING_TIMEOUT};
 
 /// Flow-control windows: large enough that a tensor of a few MiB needs no window update on
 /// the way (hyper's defaults for a fixed window).
@@ -35,17 +35,6 @@ const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
 /// connects wait for it.
 type Slot = tokio::sync::OnceCell<SendRequest<Bytes>>;
 type Slots = Mutex<HashMap<String, Arc<Slot>>>;
-
-/// Why a call failed, and whether any of it can have reached the worker.
-#[derive(Debug, thiserror::Error)]
-pub enum CallError {
-    /// Nothing of the call was sent (no connection, or the worker refused the stream unread).
-    #[error("{0}")]
-    Unsent(String),
-    /// The call was sent, or may have been, and then failed: it may have run.
-    #[error("{0}")]
-    Broken(h2::Error),
-}
 
 /// The gateway's HTTP/2 connections for unary gRPC calls, keyed by worker address.
 pub struct GrpcUpstreams {
@@ -127,31 +116,14 @@ impl GrpcUpstreams {
     }
 
     async fn connect(&self, key: String, uri: &Uri, slot: Weak<Slot>) -> Result<SendRequest<Bytes>, CallError> {
-        let address = address_of(uri)?;
-        let unsent = |what: &str, e: &dyn std::fmt::Display| CallError::Unsent(format!("{what} {address}: {e}"));
-        let tcp = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(&address))
-            .await
-            .map_err(|e| unsent("connecting to", &e))?
-            .map_err(|e| unsent("connecting to", &e))?;
-        let _ = tcp.set_nodelay(true);
-        // Watched by the busy-poller, as hyper's connections are: see `forward::WatchedConnector`.
-        crate::serve::net::busy_poll::watch(&tcp);
         let slots = Arc::downgrade(&self.slots);
-        if uri.scheme() == Some(&http::uri::Scheme::HTTPS) {
-            let host = host_of(uri);
-            let name = rustls::pki_types::ServerName::try_from(host.to_string())
-                .map_err(|e| unsent("a server name for", &e))?;
-            let tls = tokio::time::timeout(CONNECT_TIMEOUT, self.tls.connect(name, tcp))
-                .await
-                .map_err(|e| unsent("TLS with", &e))?
-                .map_err(|e| unsent("TLS with", &e))?;
-            if tls.get_ref().1.alpn_protocol() != Some(b"h2") {
-                return Err(unsent("HTTP/2 (ALPN h2) is not offered by", &"the worker's TLS listener"));
-            }
-            handshake(tls, key, slots, slot).await
-        } else {
-            handshake(tcp, key, slots, slot).await
+        let (io, address) = super::dial::dial(uri, &self.tls).await?;
+        if let Either::Right(tls) = &io
+            && tls.get_ref().1.alpn_protocol() != Some(b"h2")
+        {
+            return Err(CallError::Unsent(format!("HTTP/2 (ALPN h2) is not offered by {address}'s TLS listener")));
         }
+        handshake(io, key, slots, slot).await
     }
 }
 
@@ -214,24 +186,8 @@ fn broken(e: h2::Error) -> CallError {
     if e.reason() == Some(h2::Reason::REFUSED_STREAM) {
         CallError::Unsent(format!("the worker refused the call unread: {e}"))
     } else {
-        CallError::Broken(e)
+        CallError::Broken(Box::new(e))
     }
-}
-
-/// `host:port` of a worker's URI (port 80 or 443 when it names none).
-fn address_of(uri: &Uri) -> Result<String, CallError> {
-    let Some(authority) = uri.authority() else {
-        return Err(CallError::Unsent(format!("the worker address {uri} names no host")));
-    };
-    let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
-    let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
-    Ok(format!("{}:{port}", authority.host()))
-}
-
-/// The host of `uri` as a TLS server name (an IPv6 address without its brackets).
-fn host_of(uri: &Uri) -> &str {
-    let host = uri.host().unwrap_or_default();
-    host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host)
 }
 
 /// A unary answer's body: its messages, then its trailers (gRPC's status), with each chunk's

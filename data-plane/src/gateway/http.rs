@@ -177,8 +177,9 @@ async fn forward(
             format!("request body over the gateway's limit of {} bytes or unreadable: {e}", g.max_request_bytes),
         ))
     })?;
-    let path_and_query = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut headers = HeaderMap::with_capacity(parts.headers.len() + 1);
+    // Workers are sent the origin form (path and query), whatever form the client used.
+    let origin = parts.uri.path_and_query().cloned().map_or_else(|| Uri::from_static("/"), Uri::from);
+    let mut headers = HeaderMap::with_capacity(parts.headers.len() + 2);
     for (name, value) in &parts.headers {
         if forwardable(name) {
             headers.append(name.clone(), value.clone());
@@ -186,18 +187,16 @@ async fn forward(
     }
     headers.insert(forwarded::HEADER, identity);
     let send = |upstream: &Arc<super::routes::Upstream>| {
-        let uri: Uri = format!("{}{path_and_query}", upstream.http)
-            .parse()
-            .map_err(|e| Error::internal(format!("bad upstream address {}: {e}", upstream.http)))?;
         let mut upstream_request = http::Request::new(Full::new(body.clone()));
         *upstream_request.method_mut() = parts.method.clone();
-        *upstream_request.uri_mut() = uri;
+        *upstream_request.uri_mut() = origin.clone();
         *upstream_request.headers_mut() = headers.clone();
-        Ok(g.upstream.http.request(upstream_request))
+        let upstream = upstream.clone();
+        Ok(async move { g.upstream.send_http(&upstream, upstream_request).await })
     };
     let sequence = super::sticky::http_sequence_id(&parts.headers, &body)
         .map(|id| super::sticky::sequence_key(&tenant, &target.name, &id));
-    let not_held = |r: &http::Response<hyper::body::Incoming>| r.status() == StatusCode::NOT_FOUND;
+    let not_held = |r: &http::Response<super::http_upstream::UpstreamBody>| r.status() == StatusCode::NOT_FOUND;
     let span = crate::spans::forward("http", &tenant, &target.name, target.version);
     let sending = forward::send(g, &target.name, model, target.version, sequence, send, not_held);
     let answer = sending.instrument(span).await.map_err(with_tenant)?;

@@ -10,10 +10,12 @@
 //! [`grpc`] (the two front ends), [`metrics`] and [`usage`] (throttled requests, shipped to the
 //! control plane as usage).
 
+pub mod dial;
 pub mod forward;
 pub mod grpc;
 pub mod grpc_upstream;
 pub mod http;
+pub mod http_upstream;
 pub mod limits;
 pub mod metrics;
 pub mod routes;

@@ -27,6 +27,8 @@ pub struct Upstream {
     pub http: String,
     /// gRPC base URI, e.g. `http://10.0.0.5:8001`.
     pub grpc: String,
+    /// Idle HTTP/1.1 connections to it.
+    pub(super) http1: super::http_upstream::Pool,
     outstanding: AtomicU32,
     health: Mutex<Health>,
 }
@@ -50,14 +52,16 @@ pub enum Outcome {
 }
 
 impl Upstream {
-    fn new(worker_id: &str, http: &str, grpc: &str) -> Self {
+    pub(super) fn new(worker_id: &str, http: &str, grpc: &str) -> Self {
         // A worker serving TLS registers an https HTTP endpoint; its gRPC address (no scheme)
         // speaks TLS too.
         let scheme = if http.starts_with("https://") { "https" } else { "http" };
         let grpc = if grpc.contains("://") { grpc.to_string() } else { format!("{scheme}://{grpc}") };
+        let http = http.trim_end_matches('/');
         Self {
             worker_id: worker_id.to_string(),
-            http: http.trim_end_matches('/').to_string(),
+            http1: super::http_upstream::Pool::new(http),
+            http: http.to_string(),
             grpc: grpc.trim_end_matches('/').to_string(),
             outstanding: AtomicU32::new(0),
             health: Mutex::new(Health::default()),

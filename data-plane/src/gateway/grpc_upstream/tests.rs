@@ -171,12 +171,3 @@ async fn workers_serving_tls_are_called_over_https_trusting_the_given_ca() {
     let e = plain().call(uri("https", &address), &headers(), Bytes::from_static(b"x")).await.expect_err("untrusted");
     assert!(matches!(e, CallError::Unsent(_)) && e.to_string().contains("TLS"), "{e}");
 }
-
-#[test]
-fn worker_addresses_take_default_ports_and_bare_ipv6_names() {
-    let address = |u: &str| address_of(&u.parse().expect("uri")).expect("address");
-    assert_eq!(address("http://10.0.0.5:8001/x"), "10.0.0.5:8001");
-    assert_eq!(address("https://w1/x"), "w1:443");
-    assert_eq!(address("http://[::1]/x"), "[::1]:80");
-    assert_eq!(host_of(&"https://[::1]:8001/x".parse().expect("uri")), "::1");
-}

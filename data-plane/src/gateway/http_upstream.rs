@@ -1,0 +1,212 @@
+//! HTTP/1.1 requests to workers, over connections pooled per worker and driven with hyper's
+//! connection API directly.
+//!
+//! hyper-util's pooled client costs each request a pool lookup by address, a checkout guard,
+//! and a spawned task that waits for the connection to be ready again before pooling it. Here a
+//! worker's idle connections live with its [`Upstream`], a request takes the one used last, and
+//! a connection goes back when its answer has been read to the end. One whose answer was
+//! dropped half-read is closed, since HTTP/1.1 cannot take another request on it.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, Uri, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+
+use super::forward::CallError;
+use super::routes::Upstream;
+
+/// An idle connection unused this long is closed when the pool is next touched.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Idle connections kept per worker at most.
+const MAX_IDLE: usize = 1024;
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// The idle HTTP/1.1 connections to one worker.
+#[derive(Debug)]
+pub struct Pool {
+    idle: Mutex<VecDeque<Idle>>,
+    /// The worker's `Host` header, or why its address has none.
+    host: Result<HeaderValue, String>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    sender: Sender,
+    since: Instant,
+}
+
+impl Pool {
+    /// An empty pool for the worker at `base` (`http://host:port`).
+    pub fn new(base: &str) -> Self {
+        let host = base
+            .parse::<Uri>()
+            .ok()
+            .and_then(|uri| uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()))
+            .ok_or_else(|| format!("the worker address {base} names no host"));
+        Self { idle: Mutex::default(), host }
+    }
+
+    /// The connection given back last that is still open.
+    fn take(&self) -> Option<Sender> {
+        let mut idle = self.idle.lock();
+        while let Some(i) = idle.pop_back() {
+            if !i.sender.is_closed() {
+                return Some(i.sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps `sender` for the next request, closing connections idle too long.
+    fn give_back(&self, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = self.idle.lock();
+        while idle.front().is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT) {
+            idle.pop_front();
+        }
+        if idle.len() < MAX_IDLE {
+            idle.push_back(Idle { sender, since: now });
+        }
+    }
+
+    /// Idle connections held (for tests).
+    #[cfg(test)]
+    fn idle(&self) -> usize {
+        self.idle.lock().len()
+    }
+}
+
+/// Makes HTTP/1.1 connections to workers (TLS for `https://` ones) and sends requests on them.
+pub struct HttpUpstreams {
+    tls: tokio_rustls::TlsConnector,
+}
+
+impl HttpUpstreams {
+    /// Connections trusting `tls` for `https://` workers.
+    pub fn new(mut tls: rustls::ClientConfig) -> Self {
+        tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Self { tls: tokio_rustls::TlsConnector::from(Arc::new(tls)) }
+    }
+
+    /// Sends `request` (its URI the path and query) to `upstream` on an idle connection or a
+    /// new one. A kept connection found closed before the request went out is passed over.
+    pub async fn send(
+        &self,
+        upstream: &Arc<Upstream>,
+        mut request: Request<Full<Bytes>>,
+    ) -> Result<Response<UpstreamBody>, CallError> {
+        let pool = &upstream.http1;
+        let host = pool.host.clone().map_err(CallError::Unsent)?;
+        request.headers_mut().insert(header::HOST, host);
+        loop {
+            let (mut sender, fresh) = match pool.take() {
+                Some(sender) => (sender, false),
+                // Boxed: connecting (TLS state, the handshake) would make every request's
+                // future larger, and futures are moved by value on their way to the executor.
+                None => (Box::pin(self.connect(&upstream.http)).await?, true),
+            };
+            if let Err(e) = sender.ready().await {
+                if fresh {
+                    return Err(CallError::Unsent(format!("the new connection to {} closed: {e}", upstream.http)));
+                }
+                continue;
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => {
+                    let pooled = Some((sender, upstream.clone()));
+                    return Ok(response.map(|inner| UpstreamBody { inner, pooled, ended: false }));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Not written: the connection closed under it. Try the next one.
+                    Some(back) if !fresh => request = back,
+                    Some(_) => return Err(CallError::Unsent(format!("the connection to {} closed", upstream.http))),
+                    None => return Err(CallError::Broken(Box::new(e.into_error()))),
+                },
+            }
+        }
+    }
+
+    async fn connect(&self, base: &str) -> Result<Sender, CallError> {
+        let uri: Uri = base.parse().map_err(|e| CallError::Unsent(format!("bad worker address {base}: {e}")))?;
+        let (io, address) = super::dial::dial(&uri, &self.tls).await?;
+        handshake(io, address).await
+    }
+}
+
+/// Opens HTTP/1.1 on `io` and drives the connection on its own task until it closes.
+async fn handshake(io: super::dial::Io, address: String) -> Result<Sender, CallError> {
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| CallError::Unsent(format!("HTTP/1.1 with {address}: {e}")))?;
+    tokio::spawn(async move {
+        match connection.await {
+            Ok(()) => tracing::debug!(%address, "worker connection closed"),
+            Err(e) => tracing::debug!(%address, error = %e, "worker connection failed"),
+        }
+    });
+    Ok(sender)
+}
+
+/// A worker's answer body. Read to its end, it gives its HTTP/1.1 connection back to the
+/// worker's pool when dropped.
+#[derive(Debug)]
+pub struct UpstreamBody {
+    inner: Incoming,
+    pooled: Option<(Sender, Arc<Upstream>)>,
+    ended: bool,
+}
+
+impl UpstreamBody {
+    /// A body with no connection to give back (HTTP/2 answers).
+    pub fn unpooled(inner: Incoming) -> Self {
+        Self { inner, pooled: None, ended: false }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if frame.is_none() {
+            self.ended = true;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended || self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        if let Some((sender, upstream)) = self.pooled.take()
+            && self.is_end_stream()
+        {
+            upstream.http1.give_back(sender);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
