@@ -60,6 +60,7 @@ impl Pool {
     /// The connection given back last that is still open.
     fn take(&self) -> Option<Sender> {
         let mut idle = self.idle.lock();
+        expire(&mut idle, Instant::now());
         while let Some(i) = idle.pop_back() {
             if !i.sender.is_closed() {
                 return Some(i.sender);
@@ -68,16 +69,14 @@ impl Pool {
         None
     }
 
-    /// Keeps `sender` for the next request, closing connections idle too long.
+    /// Keeps `sender` for the next request.
     fn give_back(&self, sender: Sender) {
         if sender.is_closed() {
             return;
         }
         let now = Instant::now();
         let mut idle = self.idle.lock();
-        while idle.front().is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT) {
-            idle.pop_front();
-        }
+        expire(&mut idle, now);
         if idle.len() < MAX_IDLE {
             idle.push_back(Idle { sender, since: now });
         }
@@ -87,6 +86,13 @@ impl Pool {
     #[cfg(test)]
     fn idle(&self) -> usize {
         self.idle.lock().len()
+    }
+}
+
+/// Closes the connections idle longer than [`IDLE_TIMEOUT`] (the oldest are at the front).
+fn expire(idle: &mut VecDeque<Idle>, now: Instant) {
+    while idle.front().is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT) {
+        idle.pop_front();
     }
 }
 

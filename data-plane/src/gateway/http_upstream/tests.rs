@@ -167,3 +167,20 @@ async fn workers_serving_tls_are_reached_over_https_trusting_the_given_ca() {
     let e = plain().send(&fresh, request(b"x")).await.expect_err("untrusted");
     assert!(matches!(e, CallError::Unsent(_)) && e.to_string().contains("TLS"), "{e}");
 }
+
+#[tokio::test]
+async fn connections_idle_too_long_are_closed_instead_of_used() {
+    let w = worker(Behaviour::Echo { times: 1 }, None, "127.0.0.1").await;
+    let upstreams = plain();
+    let answer = upstreams.send(&w.upstream, request(b"one")).await.expect("answered");
+    assert_eq!(read(answer).await, b"one");
+    {
+        let mut idle = w.upstream.http1.idle.lock();
+        let long_ago = Instant::now().checked_sub(IDLE_TIMEOUT + Duration::from_secs(1)).expect("a past instant");
+        idle.front_mut().expect("one idle connection").since = long_ago;
+    }
+    let answer = upstreams.send(&w.upstream, request(b"two")).await.expect("answered");
+    assert_eq!(read(answer).await, b"two");
+    assert_eq!(w.connections.load(Ordering::SeqCst), 2, "the stale connection was not used");
+    assert_eq!(w.upstream.http1.idle(), 1, "only the new one is kept");
+}
