@@ -127,7 +127,7 @@ type Failed = (Error, Option<(String, String)>);
 
 async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Result<Response, Failed> {
     let caller = g.authenticate(authorization(request.headers())).await.map_err(|e| (e, None))?;
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, g.max_request_bytes).await.map_err(|e| {
         let e = Error::new(
             ErrorKind::TooLarge,
@@ -141,7 +141,7 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
     let model = caller.model(&target.name).map_err(failed)?;
     let slot = g.admit(&caller, model, &target.name, target.version).map_err(failed)?;
     let identity = g.identity_header(&caller.principal).map_err(failed)?;
-    let headers = upstream_headers(&parts.headers, identity);
+    let headers = upstream_headers(std::mem::take(&mut parts.headers), identity);
     let path = parts.uri.path().to_string();
     let send = |upstream: &Arc<super::routes::Upstream>| {
         let uri = upstream_uri(&upstream.grpc, &path)?;
@@ -160,7 +160,7 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
 
 async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error> {
     let caller = g.authenticate(authorization(request.headers())).await?;
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let mut data = body.into_data_stream();
     // Read until the first message is whole: it names the model.
     let mut prefix = BytesMut::new();
@@ -196,7 +196,7 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
     let rest = data.map(|chunk| chunk.map(Frame::data).map_err(|e| -> BoxError { Box::new(e) }));
     let frames = futures::stream::once(async move { Ok::<_, BoxError>(Frame::data(prefix)) }).chain(rest);
     let stream = forward::SharedStream::new(frames);
-    let headers = upstream_headers(&parts.headers, identity);
+    let headers = upstream_headers(std::mem::take(&mut parts.headers), identity);
     let path = parts.uri.path().to_string();
     let send = |upstream: &Arc<super::routes::Upstream>| {
         // A connect failure sends nothing; anything else may have reached a worker.
@@ -322,13 +322,12 @@ fn upstream_uri(base: &str, path: &str) -> Result<Uri, Error> {
 
 /// The client's headers minus the connection's own and the credential (the HTTP front end's
 /// rule, keeping `te: trailers`, which gRPC requires), plus the identity.
-fn upstream_headers(client: &HeaderMap, identity: HeaderValue) -> HeaderMap {
-    let mut headers = HeaderMap::with_capacity(client.len() + 1);
-    for (name, value) in client {
-        // h2 refuses any `te` but `trailers` (the one gRPC sends).
-        if (name == header::TE && value == "trailers") || super::http::forwardable(name) {
-            headers.append(name.clone(), value.clone());
-        }
+fn upstream_headers(mut headers: HeaderMap, identity: HeaderValue) -> HeaderMap {
+    // h2 refuses any `te` but `trailers` (the one gRPC sends), which alone is kept.
+    let trailers = headers.get_all(header::TE).iter().any(|v| v == "trailers");
+    super::http::strip_unforwardable(&mut headers);
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
     }
     headers.insert(forwarded::HEADER, identity);
     headers
@@ -410,6 +409,24 @@ mod tests {
         out.extend_from_slice(&(body.len() as u32).to_be_bytes());
         out.extend_from_slice(&body);
         out
+    }
+
+    #[test]
+    fn upstream_headers_keep_te_trailers_and_swap_the_credential_for_the_identity() {
+        let mut client = HeaderMap::new();
+        client.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer key"));
+        client.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        client.append(header::TE, HeaderValue::from_static("gzip"));
+        client.append(header::TE, HeaderValue::from_static("trailers"));
+        let headers = upstream_headers(client, HeaderValue::from_static("signed"));
+        assert_eq!(headers.get_all(header::TE).iter().collect::<Vec<_>>(), [&HeaderValue::from_static("trailers")]);
+        assert!(headers.get(header::AUTHORIZATION).is_none());
+        assert_eq!(headers.get(forwarded::HEADER), Some(&HeaderValue::from_static("signed")));
+        assert_eq!(headers.get(header::CONTENT_TYPE), Some(&HeaderValue::from_static("application/grpc")));
+
+        let mut without = HeaderMap::new();
+        without.insert(header::TE, HeaderValue::from_static("deflate"));
+        assert!(upstream_headers(without, HeaderValue::from_static("signed")).get(header::TE).is_none());
     }
 
     #[test]

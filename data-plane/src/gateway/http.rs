@@ -120,6 +120,30 @@ pub(super) fn forwardable(name: &HeaderName) -> bool {
     )
 }
 
+/// Takes out of `headers` what is not forwarded (see [`forwardable`]), in place: a client's
+/// request usually has only a few such headers, and removing them costs less than copying the
+/// rest into a new map.
+pub(super) fn strip_unforwardable(headers: &mut HeaderMap) {
+    let mut doomed: [Option<HeaderName>; 8] = Default::default();
+    let mut found = 0;
+    for name in headers.keys() {
+        if !forwardable(name) {
+            if found == doomed.len() {
+                // Unusually many: remove these and look again.
+                break;
+            }
+            doomed[found] = Some(name.clone());
+            found += 1;
+        }
+    }
+    for name in doomed.iter_mut().filter_map(Option::take) {
+        headers.remove(name);
+    }
+    if found == doomed.len() {
+        strip_unforwardable(headers);
+    }
+}
+
 /// Why trace and log settings are refused here.
 pub const SETTINGS_PER_WORKER: &str = "trace and log settings belong to each worker (a platform admin changes them \
      there); the gateway has none to read or change";
@@ -170,7 +194,7 @@ async fn forward(
     let model = caller.model(&target.name).map_err(with_tenant)?;
     let slot = g.admit(&caller, model, &target.name, target.version).map_err(with_tenant)?;
     let identity = g.identity_header(&caller.principal).map_err(with_tenant)?;
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, g.max_request_bytes).await.map_err(|e| {
         with_tenant(Error::new(
             ErrorKind::TooLarge,
@@ -179,12 +203,8 @@ async fn forward(
     })?;
     // Workers are sent the origin form (path and query), whatever form the client used.
     let origin = parts.uri.path_and_query().cloned().map_or_else(|| Uri::from_static("/"), Uri::from);
-    let mut headers = HeaderMap::with_capacity(parts.headers.len() + 2);
-    for (name, value) in &parts.headers {
-        if forwardable(name) {
-            headers.append(name.clone(), value.clone());
-        }
-    }
+    let mut headers = std::mem::take(&mut parts.headers);
+    strip_unforwardable(&mut headers);
     headers.insert(forwarded::HEADER, identity);
     let send = |upstream: &Arc<super::routes::Upstream>| {
         let mut upstream_request = http::Request::new(Full::new(body.clone()));
@@ -194,7 +214,7 @@ async fn forward(
         let upstream = upstream.clone();
         Ok(async move { g.upstream.send_http(&upstream, upstream_request).await })
     };
-    let sequence = super::sticky::http_sequence_id(&parts.headers, &body)
+    let sequence = super::sticky::http_sequence_id(&headers, &body)
         .map(|id| super::sticky::sequence_key(&tenant, &target.name, &id));
     let not_held = |r: &http::Response<super::http_upstream::UpstreamBody>| r.status() == StatusCode::NOT_FOUND;
     let span = crate::spans::forward("http", &tenant, &target.name, target.version);
@@ -221,8 +241,13 @@ trait RetainForwardable {
 
 impl RetainForwardable for HeaderMap {
     fn retain_forwardable(&mut self) {
-        for name in ["connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "proxy-connection"] {
-            self.remove(name);
+        const HOP_BY_HOP: [&str; 6] =
+            ["connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "proxy-connection"];
+        // Workers seldom send any: look first, as each removal by name parses and hashes it.
+        if self.keys().any(|name| HOP_BY_HOP.contains(&name.as_str())) {
+            for name in HOP_BY_HOP {
+                self.remove(name);
+            }
         }
     }
 }
@@ -243,6 +268,60 @@ mod tests {
         for bad in ["/v2/models/m/versions/x/infer", "/v2/models/m/versions/0", "/v2/models/%ff/infer"] {
             assert_eq!(model_path(bad).expect_err(bad).kind, ErrorKind::InvalidArg, "{bad}");
         }
+    }
+
+    #[test]
+    fn unforwardable_headers_are_stripped_in_place_however_many() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("host", "gw:8000"),
+            ("content-type", "application/json"),
+            ("authorization", "Bearer k"),
+            ("inference-header-content-length", "42"),
+            ("tessera-identity", "forged"),
+            ("content-length", "100"),
+        ] {
+            headers.append(HeaderName::from_static(name), value.parse().expect("value"));
+        }
+        headers.append(header::CONNECTION, "keep-alive".parse().expect("value"));
+        headers.append(header::CONNECTION, "upgrade".parse().expect("value"));
+        strip_unforwardable(&mut headers);
+        let mut left: Vec<_> = headers.keys().map(|n| n.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["content-type", "inference-header-content-length"]);
+
+        // More than one pass's worth.
+        let mut many = HeaderMap::new();
+        for name in [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "proxy-authenticate",
+            "proxy-authorization",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "upgrade",
+            "host",
+            "content-length",
+            "authorization",
+            "tessera-identity",
+            "accept",
+        ] {
+            many.insert(HeaderName::from_static(name), "x".parse().expect("value"));
+        }
+        strip_unforwardable(&mut many);
+        assert_eq!(many.keys().map(|n| n.as_str()).collect::<Vec<_>>(), ["accept"]);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_of_answers_are_dropped() {
+        let mut answer = HeaderMap::new();
+        answer.insert(header::CONTENT_TYPE, "application/json".parse().expect("value"));
+        answer.insert(header::CONNECTION, "close".parse().expect("value"));
+        answer.insert(header::TRANSFER_ENCODING, "chunked".parse().expect("value"));
+        answer.retain_forwardable();
+        assert_eq!(answer.keys().map(|n| n.as_str()).collect::<Vec<_>>(), ["content-type"]);
     }
 
     #[test]
