@@ -25,8 +25,11 @@ use parking_lot::Mutex;
 use super::forward::CallError;
 use super::routes::Upstream;
 
-/// An idle connection unused this long is closed when the pool is next touched.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// An idle connection unused this long is closed when the pool is next touched: well within
+/// the time a worker lets a keep-alive connection wait for its next request, since a request
+/// sent just as the worker closes the connection would fail after being written, and could
+/// not be retried.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(crate::serve::http::HEADER_READ_TIMEOUT.as_secs() * 2 / 3);
 /// Idle connections kept per worker at most.
 const MAX_IDLE: usize = 1024;
 

@@ -24,6 +24,7 @@ use bytes::Bytes;
 pub use caller::Caller;
 use handlers::*;
 use logging::*;
+pub(crate) use serve::HEADER_READ_TIMEOUT;
 pub use serve::serve;
 use shared_memory::*;
 use trace::*;

@@ -21,7 +21,7 @@ use crate::serve::net::tls::TlsAcceptor;
 /// cannot hold connections open. It also bounds how long an idle keep-alive connection waits
 /// for its next request. hyper's own default once a timer is set; a constant because the
 /// listener flags are outside the HTTP module.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long a request body may go without sending more of itself: a body shorter than its
 /// `Content-Length` (or an HTTP/2 stream that stops sending data) then fails its request
