@@ -124,23 +124,16 @@ pub(super) fn forwardable(name: &HeaderName) -> bool {
 /// request usually has only a few such headers, and removing them costs less than copying the
 /// rest into a new map.
 pub(super) fn strip_unforwardable(headers: &mut HeaderMap) {
-    let mut doomed: [Option<HeaderName>; 8] = Default::default();
-    let mut found = 0;
-    for name in headers.keys() {
-        if !forwardable(name) {
-            if found == doomed.len() {
-                // Unusually many: remove these and look again.
-                break;
-            }
-            doomed[found] = Some(name.clone());
-            found += 1;
-        }
-    }
-    for name in doomed.iter_mut().filter_map(Option::take) {
+    remove_where(headers, |name| !forwardable(name));
+}
+
+/// Removes every header whose name `doomed` picks (all its values).
+fn remove_where(headers: &mut HeaderMap, doomed: impl Fn(&HeaderName) -> bool) {
+    // Collected first, as the map cannot be changed while its names are walked; none found,
+    // nothing is allocated.
+    let names: Vec<HeaderName> = headers.keys().filter(|name| doomed(name)).cloned().collect();
+    for name in names {
         headers.remove(name);
-    }
-    if found == doomed.len() {
-        strip_unforwardable(headers);
     }
 }
 
@@ -243,12 +236,7 @@ impl RetainForwardable for HeaderMap {
     fn retain_forwardable(&mut self) {
         const HOP_BY_HOP: [&str; 6] =
             ["connection", "keep-alive", "transfer-encoding", "upgrade", "trailer", "proxy-connection"];
-        // Workers seldom send any: look first, as each removal by name parses and hashes it.
-        if self.keys().any(|name| HOP_BY_HOP.contains(&name.as_str())) {
-            for name in HOP_BY_HOP {
-                self.remove(name);
-            }
-        }
+        remove_where(self, |name| HOP_BY_HOP.contains(&name.as_str()));
     }
 }
 

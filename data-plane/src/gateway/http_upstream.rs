@@ -22,7 +22,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 
-use super::forward::CallError;
+use super::forward::{CONNECT_TIMEOUT, CallError};
 use super::routes::Upstream;
 
 /// An idle connection unused this long is closed when the pool is next touched: well within
@@ -39,8 +39,15 @@ type Sender = SendRequest<Full<Bytes>>;
 #[derive(Debug)]
 pub struct Pool {
     idle: Mutex<VecDeque<Idle>>,
-    /// The worker's `Host` header, or why its address has none.
-    host: Result<HeaderValue, String>,
+    /// Where the worker is, read once from its address, or why the address names no host.
+    target: Result<Target, String>,
+}
+
+/// A worker's address and the `Host` header its requests carry.
+#[derive(Debug)]
+struct Target {
+    uri: Uri,
+    host: HeaderValue,
 }
 
 #[derive(Debug)]
@@ -52,12 +59,15 @@ struct Idle {
 impl Pool {
     /// An empty pool for the worker at `base` (`http://host:port`).
     pub fn new(base: &str) -> Self {
-        let host = base
+        let target = base
             .parse::<Uri>()
             .ok()
-            .and_then(|uri| uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()))
+            .and_then(|uri| {
+                let host = HeaderValue::from_str(uri.authority()?.as_str()).ok()?;
+                Some(Target { uri, host })
+            })
             .ok_or_else(|| format!("the worker address {base} names no host"));
-        Self { idle: Mutex::default(), host }
+        Self { idle: Mutex::default(), target }
     }
 
     /// The connection given back last that is still open.
@@ -119,18 +129,24 @@ impl HttpUpstreams {
         mut request: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, CallError> {
         let pool = &upstream.http1;
-        let host = pool.host.clone().map_err(CallError::Unsent)?;
-        request.headers_mut().insert(header::HOST, host);
+        let target = pool.target.as_ref().map_err(|why| CallError::Unsent(why.clone()))?;
+        request.headers_mut().insert(header::HOST, target.host.clone());
         loop {
             let (mut sender, fresh) = match pool.take() {
                 Some(sender) => (sender, false),
                 // Boxed: connecting (TLS state, the handshake) would make every request's
                 // future larger, and futures are moved by value on their way to the executor.
-                None => (Box::pin(self.connect(&upstream.http)).await?, true),
+                None => (Box::pin(self.connect(&target.uri)).await?, true),
             };
-            if let Err(e) = sender.ready().await {
+            // Bounded, so a connection stuck on its previous exchange cannot hold the request.
+            let not_ready = match tokio::time::timeout(CONNECT_TIMEOUT, sender.ready()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(format!("closed: {e}")),
+                Err(_) => Some(format!("not ready within {CONNECT_TIMEOUT:?}")),
+            };
+            if let Some(why) = not_ready {
                 if fresh {
-                    return Err(CallError::Unsent(format!("the new connection to {} closed: {e}", upstream.http)));
+                    return Err(CallError::Unsent(format!("the new connection to {} {why}", upstream.http)));
                 }
                 continue;
             }
@@ -149,9 +165,8 @@ impl HttpUpstreams {
         }
     }
 
-    async fn connect(&self, base: &str) -> Result<Sender, CallError> {
-        let uri: Uri = base.parse().map_err(|e| CallError::Unsent(format!("bad worker address {base}: {e}")))?;
-        let (io, address) = super::dial::dial(&uri, &self.tls).await?;
+    async fn connect(&self, uri: &Uri) -> Result<Sender, CallError> {
+        let (io, address) = super::dial::dial(uri, &self.tls).await?;
         handshake(io, address).await
     }
 }

@@ -20,6 +20,8 @@ pub mod limits;
 pub mod metrics;
 pub mod routes;
 pub mod sticky;
+#[cfg(test)]
+mod test_workers;
 pub mod usage;
 pub mod watch;
 

@@ -22,23 +22,8 @@ struct Worker {
 }
 
 async fn worker(behaviour: Behaviour, tls: Option<tokio_rustls::TlsAcceptor>) -> Worker {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let address = listener.local_addr().expect("address").to_string();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let counted = connections.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            let tls = tls.clone();
-            tokio::spawn(async move {
-                match tls {
-                    Some(tls) => serve(tls.accept(tcp).await.expect("tls"), behaviour).await,
-                    None => serve(tcp, behaviour).await,
-                }
-            });
-        }
-    });
-    Worker { address, connections }
+    let listening = super::super::test_workers::listen(tls, move |io| serve(io, behaviour)).await;
+    Worker { address: format!("127.0.0.1:{}", listening.port), connections: listening.connections }
 }
 
 async fn serve<T: AsyncRead + AsyncWrite + Unpin>(io: T, behaviour: Behaviour) {
@@ -152,18 +137,12 @@ async fn only_failures_that_sent_nothing_are_unsent() {
 
 #[tokio::test]
 async fn workers_serving_tls_are_called_over_https_trusting_the_given_ca() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cert = tessera_protocol::tls::local::generate(&["localhost"], Duration::from_secs(3600)).expect("certificate");
-    let files = tessera_protocol::tls::local::LocalFiles::in_dir(dir.path());
-    std::fs::write(&files.ca, &cert.ca_pem).expect("ca");
-    std::fs::write(&files.pair.cert, &cert.cert_pem).expect("cert");
-    std::fs::write(&files.pair.key, &cert.key_pem).expect("key");
-    let server = tessera_protocol::tls::server_config(&files.pair).expect("server config");
-    let w = worker(Behaviour::Echo { times: 1 }, Some(tokio_rustls::TlsAcceptor::from(Arc::new(server)))).await;
+    let tls = super::super::test_workers::tls();
+    let w = worker(Behaviour::Echo { times: 1 }, Some(tls.acceptor)).await;
     let port = w.address.rsplit(':').next().expect("port");
     let address = format!("localhost:{port}");
 
-    let trusting = GrpcUpstreams::new(tessera_protocol::tls::client_config(Some(&files.ca)).expect("client config"));
+    let trusting = GrpcUpstreams::new(tls.trusting);
     let answer =
         trusting.call(uri("https", &address), &headers(), Bytes::from_static(b"sealed")).await.expect("answered");
     assert_eq!(read(answer).await.0, b"sealed");

@@ -25,25 +25,10 @@ struct Worker {
 }
 
 async fn worker(behaviour: Behaviour, tls: Option<tokio_rustls::TlsAcceptor>, host: &str) -> Worker {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let port = listener.local_addr().expect("address").port();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let counted = connections.clone();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            counted.fetch_add(1, Ordering::SeqCst);
-            let tls = tls.clone();
-            tokio::spawn(async move {
-                match tls {
-                    Some(tls) => serve(tls.accept(tcp).await.expect("tls"), behaviour).await,
-                    None => serve(tcp, behaviour).await,
-                }
-            });
-        }
-    });
+    let listening = super::super::test_workers::listen(tls, move |io| serve(io, behaviour)).await;
     let scheme = if host == "localhost" { "https" } else { "http" };
-    let base = format!("{scheme}://{host}:{port}");
-    Worker { upstream: Arc::new(Upstream::new("w", &base, &base)), connections }
+    let base = format!("{scheme}://{host}:{}", listening.port);
+    Worker { upstream: Arc::new(Upstream::new("w", &base, &base)), connections: listening.connections }
 }
 
 async fn serve<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static>(
@@ -149,17 +134,10 @@ async fn failures_say_whether_the_request_can_have_run() {
 
 #[tokio::test]
 async fn workers_serving_tls_are_reached_over_https_trusting_the_given_ca() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let cert = tessera_protocol::tls::local::generate(&["localhost"], Duration::from_secs(3600)).expect("certificate");
-    let files = tessera_protocol::tls::local::LocalFiles::in_dir(dir.path());
-    std::fs::write(&files.ca, &cert.ca_pem).expect("ca");
-    std::fs::write(&files.pair.cert, &cert.cert_pem).expect("cert");
-    std::fs::write(&files.pair.key, &cert.key_pem).expect("key");
-    let server = tessera_protocol::tls::server_config(&files.pair).expect("server config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
-    let w = worker(Behaviour::Echo { times: 1 }, Some(acceptor), "localhost").await;
+    let tls = super::super::test_workers::tls();
+    let w = worker(Behaviour::Echo { times: 1 }, Some(tls.acceptor), "localhost").await;
 
-    let trusting = HttpUpstreams::new(tessera_protocol::tls::client_config(Some(&files.ca)).expect("client config"));
+    let trusting = HttpUpstreams::new(tls.trusting);
     let answer = trusting.send(&w.upstream, request(b"sealed")).await.expect("answered");
     assert_eq!(read(answer).await, b"sealed");
 
