@@ -34,11 +34,13 @@ What it does, in order:
 gateway runs: on a machine whose cores the client, the worker and the gateway share, it is
 what the gateway takes from the other two.
 
-With --callgrind N it times nothing: the gateway and the relays run under valgrind's callgrind
-(busy polling off, since spinning would count as work), and for each protocol it counts their
-instructions per add_sub request over N sequential tritonclient requests, three counts each from
-a zeroed counter, and prints that table instead. Instructions do not move with the machine's
-speed: they show what the gateway's own code costs per request, beside a bare hop's.
+With --callgrind N it times nothing: the worker, the gateway and the relays run under valgrind's
+callgrind (busy polling off, since spinning would count as work; a worker's runner processes run
+natively), and for each protocol it counts their instructions per add_sub request over N
+sequential tritonclient requests, three counts each from a zeroed counter, and prints that table
+instead. Instructions do not move with the machine's speed: they show what the gateway's own
+code costs per request, beside a bare hop's, and what the worker's process spends on a request
+sent to it directly and on one the gateway forwards.
 
 Progress goes to stderr. Stops every process it started on exit, SIGTERM, SIGHUP or Ctrl-C.
 Exits 0 when the table was printed (goals met or not), 1 if a step or perf_analyzer failed, 2
@@ -247,13 +249,14 @@ class Cluster:
         cp.wait_listening(["http"])
         self.url = f"http://{cp.addrs['http']}"
         self.worker = self._start(Proc("worker", [
-            bin_, "worker", "--control-plane", self.url, f"--worker-token={self.worker_token}",
+            *self.counted("worker"), bin_, "worker", "--control-plane", self.url, f"--worker-token={self.worker_token}",
             "--data-dir", str(self.tmp / "worker"),
             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
             "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", "--advertise-host", "127.0.0.1",
-            "--cpu-slices", str(self.args.cpu_slices), "--isolation", self.args.isolation,
+            "--cpu-slices", str(self.args.cpu_slices), "--isolation", self.args.isolation, *self.idle(),
         ], self.tmp / "worker.log"))
-        self.worker.wait_log(lambda t: "registered with the control plane" in t, "registration")
+        self.worker.wait_log(lambda t: "registered with the control plane" in t, "registration",
+                             self.start_timeout())
         self.gateway = self._start(Proc("gateway", [
             *self.counted("gateway"), bin_, "gateway", "--control-plane", self.url,
             f"--worker-token={self.worker_token}", "--gateway-id", "bench", "--address", "127.0.0.1",
@@ -470,9 +473,16 @@ def measure(args, cluster: Cluster, url: str, key: str, proto: str, sc: Scenario
                gw_cpu, note, redact(cmd, key))
 
 
-def instructions_per_request(proc: Proc, url: str, proto: str, key: str, n: int) -> float:
-    """Callgrind's instructions of `proc` (every thread) per add_sub request over `n` sequential
-    tritonclient requests through it, counted from a zeroed counter to the last answer."""
+def callgrind_dumps(proc: Proc) -> set:
+    """The callgrind files `proc` has written so far (named as Cluster.counted says)."""
+    out = Path(next(a for a in proc.cmd if a.startswith("--callgrind-out-file=")).split("=", 1)[1])
+    return set(out.parent.glob(out.name + "*"))
+
+
+def instructions_per_request(procs: List[Proc], url: str, proto: str, key: str, n: int) -> List[float]:
+    """Callgrind's instructions of each of `procs` (every thread) per add_sub request over `n`
+    sequential tritonclient requests sent to `url`, counted from a zeroed counter to the last
+    answer."""
     import numpy as np
     mod = __import__("tritonclient.http" if proto == "http" else "tritonclient.grpc", fromlist=["_"])
     client = mod.InferenceServerClient(url, network_timeout=600.0) if proto == "http" else mod.InferenceServerClient(url)
@@ -483,7 +493,7 @@ def instructions_per_request(proc: Proc, url: str, proto: str, key: str, n: int)
         inputs.append(t)
     headers = {"authorization": f"Bearer {key}"}
 
-    def control(*flags: str) -> None:
+    def control(proc: Proc, *flags: str) -> None:
         done = subprocess.run(["callgrind_control", *flags, str(proc.proc.pid)], capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
@@ -492,53 +502,71 @@ def instructions_per_request(proc: Proc, url: str, proto: str, key: str, n: int)
     try:
         for _ in range(50):  # warm: connections, the key cache, the route
             client.infer("add_sub", inputs, headers=dict(headers))
-        before = set(proc.log.parent.glob("callgrind-*.out*"))
-        control("--zero")
+        before = [callgrind_dumps(p) for p in procs]
+        for p in procs:
+            control(p, "--zero")
         for _ in range(n):
             client.infer("add_sub", inputs, headers=dict(headers))
-        control("--dump=requests")
+        for p in procs:
+            control(p, "--dump=requests")
     finally:
         client.close()
-    dumps = sorted(set(proc.log.parent.glob("callgrind-*.out*")) - before)
-    if not dumps:
-        raise BenchError(f"callgrind wrote no dump for {proc.name}")
-    total = 0
-    for path in dumps:
-        for line in path.read_text(errors="replace").splitlines():
-            if line.startswith(("totals:", "summary:")):
-                total += int(line.split()[1])
-                break
-    return total / n
+    counts = []
+    for p, old in zip(procs, before):
+        new = sorted(callgrind_dumps(p) - old)
+        if not new:
+            raise BenchError(f"callgrind wrote no dump for {p.name}")
+        total = 0
+        for path in new:
+            for line in path.read_text(errors="replace").splitlines():
+                if line.startswith(("totals:", "summary:")):
+                    total += int(line.split()[1])
+                    break
+        counts.append(total / n)
+    return counts
 
 
 def callgrind_table(args, cluster: "Cluster", key: str, direct: Dict[str, str], gw: Dict[str, str],
                     protocols: List[str]) -> List[List[str]]:
-    """Per protocol: gateway and relay instructions per request, three counts each, alternating."""
+    """Per protocol: gateway and relay instructions per request, and the worker's sent directly
+    and through the gateway, three counts each, alternating."""
     rows = []
     for proto in protocols:
         relay = cluster.relay(direct[proto])
-        counts: Dict[str, List[float]] = {"gateway": [], "relay": []}
-        for path in ("gateway", "relay") * 3:
+        counts: Dict[str, List[float]] = {"gateway": [], "relay": [], "worker direct": [], "worker gateway": []}
+        for path in ("direct", "gateway", "relay") * 3:
+            if path == "direct":
+                (w,) = instructions_per_request([cluster.worker], direct[proto], proto, key, args.callgrind)
+                counts["worker direct"].append(w)
+                progress(f"callgrind worker {proto} (direct): {w:,.0f} instructions per request")
+                continue
             proc = cluster.gateway if path == "gateway" else cluster.relays[direct[proto]]
             url = gw[proto] if path == "gateway" else relay
-            ir = instructions_per_request(proc, url, proto, key, args.callgrind)
+            procs = [proc, cluster.worker] if path == "gateway" else [proc]
+            ir, *worker = instructions_per_request(procs, url, proto, key, args.callgrind)
             counts[path].append(ir)
             progress(f"callgrind {path} {proto}: {ir:,.0f} instructions per request over {args.callgrind}")
+            if worker:
+                counts["worker gateway"].append(worker[0])
+                progress(f"callgrind worker {proto} (through the gateway): {worker[0]:,.0f} instructions per request")
         g, r = median(counts["gateway"]), median(counts["relay"])
-        rows.append(["add_sub c1", proto, " / ".join(f"{v:,.0f}" for v in counts["gateway"]),
-                     " / ".join(f"{v:,.0f}" for v in counts["relay"]), f"{g - r:+,.0f}"])
+        three = {k: " / ".join(f"{v:,.0f}" for v in vs) for k, vs in counts.items()}
+        rows.append(["add_sub c1", proto, three["gateway"], three["relay"], f"{g - r:+,.0f}",
+                     three["worker direct"], three["worker gateway"]])
     return rows
 
 
 CALLGRIND_COLUMNS = ["Scenario", "Proto", "gateway instructions/request (3 counts)",
-                     "relay instructions/request (3 counts)", "gateway − relay (medians)"]
+                     "relay instructions/request (3 counts)", "gateway − relay (medians)",
+                     "worker, direct (3 counts)", "worker, through the gateway (3 counts)"]
 
 
 def render_callgrind(args, rows: List[List[str]]) -> str:
     """The --callgrind table: a header, aligned text, then markdown."""
     header = (f"Tessera gateway instructions per request, {time.strftime('%Y-%m-%d %H:%M:%S %Z')}, commit "
-              f"{compare.git_describe()}\nset-up: control plane on SQLite, one worker (--isolation {args.isolation}), "
-              "the gateway and `tessera bench relay` under valgrind's callgrind with --busy-poll-us=0; "
+              f"{compare.git_describe()}\nset-up: control plane on SQLite; one worker (--isolation {args.isolation}; "
+              "its runners native), the gateway and `tessera bench relay` under valgrind's callgrind with "
+              "--busy-poll-us=0; "
               f"{args.callgrind} sequential tritonclient add_sub requests per count, every thread of the process "
               "counted from a zeroed counter")
     cells = [CALLGRIND_COLUMNS] + rows

@@ -35,9 +35,10 @@
 #                   direct vs gateway infer/s and p50, the p50 added, the
 #                   throughput change, the relay's, and the goal (<= 30 us
 #                   added at p50, <= 15 % throughput lost at concurrency 16)
-#                   (about 5 minutes); with --callgrind N, the gateway's and
-#                   the relay's instructions per add_sub request counted under
-#                   valgrind's callgrind instead of timed (under a minute for 300)
+#                   (about 5 minutes); with --callgrind N, the gateway's, the
+#                   relay's and the worker's (direct and through the gateway)
+#                   instructions per add_sub request counted under valgrind's
+#                   callgrind instead of timed (under 2 minutes for 300)
 #   --capture       instead of the above, only what request/response capture
 #                   costs: bench/capture.py starts a control plane (SQLite) and
 #                   one worker, deploys add_sub, and runs add_sub c1 over HTTP

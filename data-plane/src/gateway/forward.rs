@@ -1,6 +1,7 @@
-//! Sending a request to a replica: pooled HTTP/1.1 connections for the HTTP front end
-//! ([`super::http_upstream`]), HTTP/2 connections for gRPC (unary calls through
-//! [`super::grpc_upstream`], streams through hyper's client), and the retry rule shared by all.
+//! Sending a request to a replica: pooled HTTP/1.1 connections for HTTP requests and unary gRPC
+//! calls ([`super::http_upstream`]; with `--upstream-http2`, HTTP/2 connections instead, unary
+//! gRPC calls through [`super::grpc_upstream`]), gRPC streams over HTTP/2 through hyper's client,
+//! and the retry rule shared by all.
 //!
 //! A request is sent again, to another replica, only when none of it can have run there: the
 //! worker could not be connected to, it refused a gRPC call unread (HTTP/2 `REFUSED_STREAM`),
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::Response;
+use http::{HeaderMap, Response, Uri};
 use http_body_util::Full;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
@@ -24,7 +25,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use super::Gateway;
-use super::http_upstream::UpstreamBody;
+use super::http_upstream::{Listener, UpstreamBody};
 use super::routes::{InFlight, ModelRoutes, Outcome, Upstream, random};
 use crate::error::Error;
 
@@ -70,51 +71,56 @@ impl tower::Service<http::Uri> for WatchedConnector {
     }
 }
 
-/// How HTTP requests reach workers.
-pub enum HttpClient {
-    /// HTTP/1.1 keep-alive connections, pooled per worker.
-    Http1(super::http_upstream::HttpUpstreams),
-    /// HTTP/2, one multiplexed connection per worker (boxed: the client is large, and the
-    /// HTTP/1.1 default small).
-    Http2(Box<Client<Connector, Full<Bytes>>>),
+/// HTTP/2 to workers instead of pooled HTTP/1.1 (`--upstream-http2`).
+struct Http2 {
+    /// For the HTTP front end.
+    http: Client<Connector, Full<Bytes>>,
+    /// For unary gRPC calls.
+    grpc_unary: super::grpc_upstream::GrpcUpstreams,
 }
+
+/// A unary gRPC call's answer body, from either kind of connection.
+pub type UnaryBody = http_body_util::Either<UpstreamBody, super::grpc_upstream::AnswerBody>;
 
 /// The upstream clients.
 pub struct Clients {
-    /// For the HTTP front end.
-    pub http: HttpClient,
+    /// HTTP/1.1 keep-alive connections, pooled per worker and listener: the default for HTTP
+    /// requests and unary gRPC calls.
+    http1: super::http_upstream::HttpUpstreams,
+    /// With `--upstream-http2`, used instead of `http1` (boxed: rarely there, and large).
+    http2: Option<Box<Http2>>,
     /// HTTP/2 only, one connection per worker, for gRPC streams.
     pub grpc: Client<Connector, GrpcBody>,
-    /// HTTP/2, one connection per worker, for unary gRPC calls.
-    pub grpc_unary: super::grpc_upstream::GrpcUpstreams,
 }
 
 impl Clients {
     /// Clients with Nagle off and a short connect timeout; https trusts the system's roots and
-    /// `tls` (a client config from [`tessera_protocol::tls::client_config`]).
-    pub fn new(tls: rustls::ClientConfig, http_over_h2: bool) -> Self {
+    /// `tls` (a client config from [`tessera_protocol::tls::client_config`]); `over_h2`: one
+    /// multiplexed HTTP/2 connection per worker instead of pooled HTTP/1.1 ones.
+    pub fn new(tls: rustls::ClientConfig, over_h2: bool) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
         connector.enforce_http(false);
         let connector = WatchedConnector(connector);
-        let grpc_unary = super::grpc_upstream::GrpcUpstreams::new(tls.clone());
         let http1 = super::http_upstream::HttpUpstreams::new(tls.clone());
-        let http2 =
-            HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http2().wrap_connector(connector);
-        let http = if http_over_h2 {
-            // One multiplexed connection per worker: requests in flight together share writes.
-            HttpClient::Http2(Box::new(
-                Client::builder(TokioExecutor::new())
+        let h2_connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls.clone())
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(connector);
+        let http2 = over_h2.then(|| {
+            Box::new(Http2 {
+                // Requests in flight together share writes.
+                http: Client::builder(TokioExecutor::new())
                     .http2_only(true)
                     .timer(TokioTimer::new())
                     .pool_timer(TokioTimer::new())
                     .http2_adaptive_window(true)
-                    .build(http2.clone()),
-            ))
-        } else {
-            HttpClient::Http1(http1)
-        };
+                    .build(h2_connector.clone()),
+                grpc_unary: super::grpc_upstream::GrpcUpstreams::new(tls),
+            })
+        });
         let grpc = Client::builder(TokioExecutor::new())
             .http2_only(true)
             .timer(TokioTimer::new())
@@ -122,8 +128,8 @@ impl Clients {
             .http2_keep_alive_interval(PING_EVERY)
             .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_adaptive_window(true)
-            .build(http2);
-        Self { http, grpc, grpc_unary }
+            .build(h2_connector);
+        Self { http1, http2, grpc }
     }
 
     /// Sends an HTTP request (its URI the path and query) to `upstream`.
@@ -132,20 +138,40 @@ impl Clients {
         upstream: &Arc<Upstream>,
         mut request: http::Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, CallError> {
-        match &self.http {
-            HttpClient::Http1(pool) => pool.send(upstream, request).await,
-            HttpClient::Http2(client) => {
-                let path_and_query = request.uri().path_and_query().map_or("/", |p| p.as_str());
-                *request.uri_mut() = format!("{}{path_and_query}", upstream.http)
-                    .parse()
-                    .map_err(|e| CallError::Unsent(format!("bad worker address {}: {e}", upstream.http)))?;
-                match client.request(request).await {
-                    Ok(response) => Ok(response.map(UpstreamBody::unpooled)),
-                    Err(e) if e.is_connect() => Err(CallError::Unsent(error_chain(&e))),
-                    Err(e) => Err(CallError::Broken(Box::new(e))),
-                }
-            }
+        let Some(h2) = &self.http2 else { return self.http1.send(upstream, Listener::Http, request).await };
+        let path_and_query = request.uri().path_and_query().map_or("/", |p| p.as_str());
+        *request.uri_mut() = format!("{}{path_and_query}", upstream.http)
+            .parse()
+            .map_err(|e| CallError::Unsent(format!("bad worker address {}: {e}", upstream.http)))?;
+        match h2.http.request(request).await {
+            Ok(response) => Ok(response.map(UpstreamBody::unpooled)),
+            Err(e) if e.is_connect() => Err(CallError::Unsent(error_chain(&e))),
+            Err(e) => Err(CallError::Broken(Box::new(e))),
         }
+    }
+
+    /// Sends a unary gRPC call (`path`: its method's path; `body`: its framed message) to
+    /// `upstream`'s gRPC listener.
+    pub async fn send_unary_grpc(
+        &self,
+        upstream: &Arc<Upstream>,
+        path: &Uri,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response<UnaryBody>, CallError> {
+        let Some(h2) = &self.http2 else {
+            let mut request = http::Request::new(Full::new(body));
+            *request.method_mut() = http::Method::POST;
+            *request.uri_mut() = path.clone();
+            *request.headers_mut() = headers.clone();
+            let answer = self.http1.send(upstream, Listener::Grpc, request).await?;
+            return Ok(answer.map(http_body_util::Either::Left));
+        };
+        let uri = format!("{}{path}", upstream.grpc)
+            .parse()
+            .map_err(|e| CallError::Unsent(format!("bad worker address {}: {e}", upstream.grpc)))?;
+        let answer = h2.grpc_unary.call(uri, headers, body).await?;
+        Ok(answer.map(http_body_util::Either::Right))
     }
 }
 

@@ -34,6 +34,7 @@ use tracing::Instrument as _;
 
 use super::Gateway;
 use super::forward::{self, BoxError};
+use super::http::RetainForwardable as _;
 use crate::auth::forwarded;
 use crate::error::{Error, ErrorKind};
 
@@ -142,10 +143,10 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
     let slot = g.admit(&caller, model, &target.name, target.version).map_err(failed)?;
     let identity = g.identity_header(&caller.principal).map_err(failed)?;
     let headers = upstream_headers(std::mem::take(&mut parts.headers), identity);
-    let path = parts.uri.path().to_string();
+    let path = parts.uri.path_and_query().cloned().map_or_else(|| Uri::from_static("/"), Uri::from);
     let send = |upstream: &Arc<super::routes::Upstream>| {
-        let uri = upstream_uri(&upstream.grpc, &path)?;
-        Ok(g.upstream.grpc_unary.call(uri, &headers, body.clone()))
+        let (upstream, path, headers, body) = (upstream.clone(), &path, &headers, body.clone());
+        Ok(async move { g.upstream.send_unary_grpc(&upstream, path, headers, body).await })
     };
     let stale = |r: &http::Response<_>| r.headers().get("grpc-status").is_some_and(|s| s == "5");
     let sequence = target.sequence.as_ref().map(|id| super::sticky::sequence_key(&tenant, &target.name, id));
@@ -155,7 +156,10 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
     let code =
         answer.response.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map_or("0", |c| code_label(c));
     g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "grpc", code, started.elapsed());
-    Ok(stream_back(answer.response, (answer.in_flight, slot)))
+    let mut response = answer.response;
+    // An HTTP/1.1 answer's framing headers (`transfer-encoding`, `trailer`) are not HTTP/2's.
+    response.headers_mut().retain_forwardable();
+    Ok(stream_back(response, (answer.in_flight, slot)))
 }
 
 async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error> {

@@ -228,7 +228,8 @@ async fn forward(
 }
 
 /// Drops the connection-level headers of an upstream response.
-trait RetainForwardable {
+pub(super) trait RetainForwardable {
+    /// Removes the hop-by-hop headers.
     fn retain_forwardable(&mut self);
 }
 

@@ -1,5 +1,7 @@
-//! HTTP/1.1 requests to workers, over connections pooled per worker and driven with hyper's
-//! connection API directly.
+//! HTTP/1.1 requests to workers, over connections pooled per worker and listener and driven
+//! with hyper's connection API directly: HTTP requests to a worker's HTTP listener, and unary
+//! gRPC calls to its gRPC listener, whose answers end with the call's status as chunked
+//! trailers (see `serve::grpc::serve`).
 //!
 //! hyper-util's pooled client costs each request a pool lookup by address, a checkout guard,
 //! and a spawned task that waits for the connection to be ready again before pooling it. Here a
@@ -35,7 +37,16 @@ const MAX_IDLE: usize = 1024;
 
 type Sender = SendRequest<Full<Bytes>>;
 
-/// The idle HTTP/1.1 connections to one worker.
+/// Which of a worker's listeners a connection goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// KServe v2 over HTTP.
+    Http,
+    /// KServe v2 over gRPC (unary calls).
+    Grpc,
+}
+
+/// The idle HTTP/1.1 connections to one worker's listener.
 #[derive(Debug)]
 pub struct Pool {
     idle: Mutex<VecDeque<Idle>>,
@@ -57,7 +68,7 @@ struct Idle {
 }
 
 impl Pool {
-    /// An empty pool for the worker at `base` (`http://host:port`).
+    /// An empty pool for the listener at `base` (`http://host:port`).
     pub fn new(base: &str) -> Self {
         let target = base
             .parse::<Uri>()
@@ -121,14 +132,16 @@ impl HttpUpstreams {
         Self { tls: tokio_rustls::TlsConnector::from(Arc::new(tls)) }
     }
 
-    /// Sends `request` (its URI the path and query) to `upstream` on an idle connection or a
-    /// new one. A kept connection found closed before the request went out is passed over.
+    /// Sends `request` (its URI the path and query) to `upstream`'s `listener` on an idle
+    /// connection or a new one. A kept connection found closed before the request went out is
+    /// passed over.
     pub async fn send(
         &self,
         upstream: &Arc<Upstream>,
+        listener: Listener,
         mut request: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, CallError> {
-        let pool = &upstream.http1;
+        let pool = upstream.pool(listener);
         let target = pool.target.as_ref().map_err(|why| CallError::Unsent(why.clone()))?;
         request.headers_mut().insert(header::HOST, target.host.clone());
         loop {
@@ -146,19 +159,19 @@ impl HttpUpstreams {
             };
             if let Some(why) = not_ready {
                 if fresh {
-                    return Err(CallError::Unsent(format!("the new connection to {} {why}", upstream.http)));
+                    return Err(CallError::Unsent(format!("the new connection to {} {why}", target.uri)));
                 }
                 continue;
             }
             match sender.try_send_request(request).await {
                 Ok(response) => {
-                    let pooled = Some((sender, upstream.clone()));
+                    let pooled = Some((sender, upstream.clone(), listener));
                     return Ok(response.map(|inner| UpstreamBody { inner, pooled, ended: false }));
                 }
                 Err(mut e) => match e.take_message() {
                     // Not written: the connection closed under it. Try the next one.
                     Some(back) if !fresh => request = back,
-                    Some(_) => return Err(CallError::Unsent(format!("the connection to {} closed", upstream.http))),
+                    Some(_) => return Err(CallError::Unsent(format!("the connection to {} closed", target.uri))),
                     None => return Err(CallError::Broken(Box::new(e.into_error()))),
                 },
             }
@@ -190,7 +203,7 @@ async fn handshake(io: super::dial::Io, address: String) -> Result<Sender, CallE
 #[derive(Debug)]
 pub struct UpstreamBody {
     inner: Incoming,
-    pooled: Option<(Sender, Arc<Upstream>)>,
+    pooled: Option<(Sender, Arc<Upstream>, Listener)>,
     ended: bool,
 }
 
@@ -207,7 +220,8 @@ impl Body for UpstreamBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if frame.is_none() {
+        // Trailers end a body: a reader (hyper's HTTP/2 server sending them on) may stop there.
+        if frame.as_ref().is_none_or(|f| f.as_ref().is_ok_and(Frame::is_trailers)) {
             self.ended = true;
         }
         Poll::Ready(frame)
@@ -224,10 +238,10 @@ impl Body for UpstreamBody {
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
-        if let Some((sender, upstream)) = self.pooled.take()
+        if let Some((sender, upstream, listener)) = self.pooled.take()
             && self.is_end_stream()
         {
-            upstream.http1.give_back(sender);
+            upstream.pool(listener).give_back(sender);
         }
     }
 }

@@ -27,8 +27,10 @@ pub struct Upstream {
     pub http: String,
     /// gRPC base URI, e.g. `http://10.0.0.5:8001`.
     pub grpc: String,
-    /// Idle HTTP/1.1 connections to it.
-    pub(super) http1: super::http_upstream::Pool,
+    /// Idle HTTP/1.1 connections to its HTTP listener...
+    http1: super::http_upstream::Pool,
+    /// ...and to its gRPC listener (unary calls).
+    grpc1: super::http_upstream::Pool,
     outstanding: AtomicU32,
     health: Mutex<Health>,
 }
@@ -57,14 +59,23 @@ impl Upstream {
         // speaks TLS too.
         let scheme = if http.starts_with("https://") { "https" } else { "http" };
         let grpc = if grpc.contains("://") { grpc.to_string() } else { format!("{scheme}://{grpc}") };
-        let http = http.trim_end_matches('/');
+        let (http, grpc) = (http.trim_end_matches('/'), grpc.trim_end_matches('/'));
         Self {
             worker_id: worker_id.to_string(),
             http1: super::http_upstream::Pool::new(http),
+            grpc1: super::http_upstream::Pool::new(grpc),
             http: http.to_string(),
-            grpc: grpc.trim_end_matches('/').to_string(),
+            grpc: grpc.to_string(),
             outstanding: AtomicU32::new(0),
             health: Mutex::new(Health::default()),
+        }
+    }
+
+    /// The idle HTTP/1.1 connections to one of its listeners.
+    pub(super) fn pool(&self, listener: super::http_upstream::Listener) -> &super::http_upstream::Pool {
+        match listener {
+            super::http_upstream::Listener::Http => &self.http1,
+            super::http_upstream::Listener::Grpc => &self.grpc1,
         }
     }
 

@@ -1,7 +1,14 @@
-//! The gRPC endpoint's connections: HTTP/2 only, each over a buffered [`Socket`] (under TLS when
-//! the listener has a certificate), serving tonic's routes as tonic's own server would (see [`crate::serve::net::accept`] for why it is our own): the
-//! caller's address in each request's extensions, a client's `grpc-timeout` enforced, and the
-//! crate's codes for requests tonic's codec refuses.
+//! The gRPC endpoint's connections, each over a buffered [`Socket`] (under TLS when the listener
+//! has a certificate), serving tonic's routes as tonic's own server would (see
+//! [`crate::serve::net::accept`] for why it is our own): the caller's address in each request's
+//! extensions, a client's `grpc-timeout` enforced, and the crate's codes for requests tonic's
+//! codec refuses.
+//!
+//! gRPC clients speak HTTP/2. HTTP/1.1 is served too, for the gateway's unary calls: a call
+//! that asks for trailers (`te: trailers`, as every gRPC request does) gets its answer chunked
+//! with the status as trailers. One request at a time per connection costs both sides less
+//! than HTTP/2's framing, flow control and header compression, and the gateway pools such
+//! connections as it does for the HTTP endpoint.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -67,12 +74,16 @@ async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToke
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let mut builder = Builder::new(RewakeExecutor).http2_only();
-    builder.http2().timer(TokioTimer::new());
+    let mut builder = Builder::new(RewakeExecutor);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(crate::serve::http::HEADER_READ_TIMEOUT);
     crate::serve::net::limits::http2(&mut builder.http2());
     let conn = builder.serve_connection(TokioIo::new(io), service);
     crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown()).await;
 }
+
+/// The trailers a gRPC answer ends with: its status.
+const STATUS_TRAILERS: http::HeaderValue =
+    http::HeaderValue::from_static("grpc-status, grpc-message, grpc-status-details-bin");
 
 /// One connection's calls.
 #[derive(Clone)]
@@ -95,17 +106,29 @@ impl hyper::service::Service<Request<Incoming>> for Calls {
             Ok(timeout) => timeout,
             Err(bad) => return Box::pin(std::future::ready(Ok(Status::invalid_argument(bad).into_http()))),
         };
+        let http1 = req.version() == http::Version::HTTP_11;
         // Routes are always ready (an axum router), so `call` needs no `poll_ready` first.
         let response = tower::Service::call(&mut self.routes.clone(), req);
         Box::pin(async move {
-            let Some(timeout) = timeout else { return response.await.map(with_crate_code) };
-            match tokio::time::timeout(timeout, response).await {
-                Ok(response) => response.map(with_crate_code),
-                Err(_) => {
-                    let message = format!("deadline of {timeout:?} (grpc-timeout) expired before the call completed");
-                    Ok(Status::deadline_exceeded(message).into_http())
+            let answered = match timeout {
+                None => response.await,
+                Some(timeout) => match tokio::time::timeout(timeout, response).await {
+                    Ok(response) => response,
+                    Err(_) => {
+                        let message =
+                            format!("deadline of {timeout:?} (grpc-timeout) expired before the call completed");
+                        Ok(Status::deadline_exceeded(message).into_http())
+                    }
+                },
+            };
+            answered.map(|response| {
+                let mut response = with_crate_code(response);
+                if http1 {
+                    // hyper sends over HTTP/1.1 only the trailers a response declares.
+                    response.headers_mut().insert(http::header::TRAILER, STATUS_TRAILERS);
                 }
-            }
+                response
+            })
         })
     }
 }
@@ -179,6 +202,48 @@ mod tests {
         assert_eq!(code(&with_crate_code(own)), Some("13".parse().expect("a header value")));
         let ok = Response::new(Body::empty());
         assert_eq!(code(&with_crate_code(ok)), None);
+    }
+
+    #[tokio::test]
+    async fn http1_calls_get_their_status_as_trailers_when_they_ask_for_them() {
+        use http_body_util::BodyExt as _;
+        let answer = || async {
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+            let frames = [
+                Ok::<_, Infallible>(hyper::body::Frame::data(bytes::Bytes::from_static(b"\0\0\0\0\x01m"))),
+                Ok(hyper::body::Frame::trailers(trailers)),
+            ];
+            let mut response = Response::new(Body::new(http_body_util::StreamBody::new(futures::stream::iter(frames))));
+            response.headers_mut().insert("content-type", http::HeaderValue::from_static("application/grpc"));
+            response
+        };
+        let routes = Routes::from(axum::Router::new().route("/test.Svc/Call", axum::routing::post(answer)));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(listener, routes, shutdown.clone(), None));
+
+        let tcp = TcpStream::connect(addr).await.expect("connect");
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.expect("HTTP/1.1");
+        tokio::spawn(connection);
+        for i in 0..2 {
+            let request = Request::post("/test.Svc/Call")
+                .header("host", addr.to_string())
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(http_body_util::Full::new(bytes::Bytes::from_static(b"\0\0\0\0\0")))
+                .expect("request");
+            let response = sender.send_request(request).await.expect("answered");
+            assert_eq!(response.status(), http::StatusCode::OK);
+            assert!(response.headers().contains_key(http::header::TRAILER), "the status trailers are declared");
+            let body = response.into_body().collect().await.expect("body");
+            let trailers = body.trailers().cloned().expect("trailers over HTTP/1.1");
+            assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]), "call {i}");
+            assert_eq!(&body.to_bytes()[..], b"\0\0\0\0\x01m");
+        }
+        shutdown.cancel();
     }
 
     #[test]
