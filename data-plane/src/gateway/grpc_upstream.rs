@@ -1,5 +1,6 @@
-//! Unary gRPC calls to workers over HTTP/2 (with `--upstream-http2`; by default they go over
-//! pooled HTTP/1.1, [`super::http_upstream`]), one connection per worker driven with `h2` itself.
+//! Unary gRPC calls to workers over HTTP/2, one connection per worker driven with `h2` itself:
+//! those sent while other requests are in flight to their worker (a call alone goes over pooled
+//! HTTP/1.1, [`super::http_upstream`]), or all of them with `--upstream-http2`.
 //!
 //! hyper's pooled client costs a unary call a pool checkout, a trip through its dispatch
 //! channel and two spawned tasks, and it writes the call's HEADERS and DATA frames in two

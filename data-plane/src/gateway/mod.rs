@@ -81,8 +81,9 @@ pub struct GatewayArgs {
     /// The bearer token `/metrics` requires, given directly.
     #[arg(long, env = "TESSERA_METRICS_TOKEN", hide_env_values = true)]
     pub metrics_token: Option<crate::serve::metrics::MetricsToken>,
-    /// Forward HTTP requests and unary gRPC calls to workers over HTTP/2 (one multiplexed
-    /// connection per worker for each) instead of pooled HTTP/1.1 connections.
+    /// Forward HTTP requests and every unary gRPC call to workers over HTTP/2 (one multiplexed
+    /// connection per worker for each) instead of pooled HTTP/1.1 connections (by default a
+    /// unary call goes over HTTP/1.1 only when no other request is in flight to its worker).
     #[arg(long, env = "TESSERA_GATEWAY_UPSTREAM_HTTP2", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub upstream_http2: bool,
     /// Threads serving requests; 1 runs everything on one thread, which on a few shared cores
