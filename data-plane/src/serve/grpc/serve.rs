@@ -4,11 +4,11 @@
 //! extensions, a client's `grpc-timeout` enforced, and the crate's codes for requests tonic's
 //! codec refuses.
 //!
-//! gRPC clients speak HTTP/2. HTTP/1.1 is served too, for the gateway's unary calls: a call
-//! that asks for trailers (`te: trailers`, as every gRPC request does) gets its answer chunked
-//! with the status as trailers. One request at a time per connection costs both sides less
-//! than HTTP/2's framing, flow control and header compression, and the gateway pools such
-//! connections as it does for the HTTP endpoint.
+//! gRPC clients speak HTTP/2. HTTP/1.1 is served too, for the unary calls a gateway sends alone
+//! to this worker: a call that asks for trailers (`te: trailers`, as every gRPC request does)
+//! gets its answer chunked with the status as trailers. One call on a connection costs both
+//! sides fewer instructions than HTTP/2's framing, flow control and header compression, and the
+//! gateway pools such connections as it does for the HTTP endpoint.
 
 use std::convert::Infallible;
 use std::future::Future;
