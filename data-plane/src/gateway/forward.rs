@@ -137,10 +137,7 @@ impl Clients {
         mut request: http::Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, CallError> {
         let Some(h2) = &self.http2 else { return self.http1.send(upstream, Listener::Http, request).await };
-        let path_and_query = request.uri().path_and_query().map_or("/", |p| p.as_str());
-        *request.uri_mut() = format!("{}{path_and_query}", upstream.http)
-            .parse()
-            .map_err(|e| CallError::Unsent(format!("bad worker address {}: {e}", upstream.http)))?;
+        *request.uri_mut() = worker_uri(&upstream.http, request.uri().path_and_query().map_or("/", |p| p.as_str()))?;
         match h2.request(request).await {
             Ok(response) => Ok(response.map(UpstreamBody::unpooled)),
             Err(e) if e.is_connect() => Err(CallError::Unsent(error_chain(&e))),
@@ -171,12 +168,16 @@ impl Clients {
             let answer = self.http1.send(upstream, Listener::Grpc, request).await?;
             return Ok(answer.map(http_body_util::Either::Left));
         }
-        let uri = format!("{}{path}", upstream.grpc)
-            .parse()
-            .map_err(|e| CallError::Unsent(format!("bad worker address {}: {e}", upstream.grpc)))?;
+        let uri = worker_uri(&upstream.grpc, path.path_and_query().map_or("/", |p| p.as_str()))?;
         let answer = self.grpc_unary.call(uri, headers, body).await?;
         Ok(answer.map(http_body_util::Either::Right))
     }
+}
+
+/// The absolute URI of `path` (with its query) on the worker listener at `base`; a bad address
+/// is a failure before anything was sent.
+pub(super) fn worker_uri(base: &str, path: &str) -> Result<Uri, CallError> {
+    format!("{base}{path}").parse().map_err(|e| CallError::Unsent(format!("bad worker address {base}: {e}")))
 }
 
 /// Why a request to a worker failed, and whether any of it can have reached the worker.

@@ -212,7 +212,7 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
         }
         let mut req = http::Request::new(stream.body());
         *req.method_mut() = http::Method::POST;
-        *req.uri_mut() = upstream_uri(&upstream.grpc, &path)?;
+        *req.uri_mut() = forward::worker_uri(&upstream.grpc, &path).map_err(|e| Error::internal(e.to_string()))?;
         *req.headers_mut() = headers.clone();
         Ok(g.upstream.grpc.request(req))
     };
@@ -318,10 +318,6 @@ fn varint(m: &mut &[u8]) -> Option<u64> {
         }
     }
     None
-}
-
-fn upstream_uri(base: &str, path: &str) -> Result<Uri, Error> {
-    format!("{base}{path}").parse().map_err(|e| Error::internal(format!("bad upstream address {base}: {e}")))
 }
 
 /// The client's headers minus the connection's own and the credential (the HTTP front end's
