@@ -36,22 +36,44 @@ use crate::serve::net::tls::TlsAcceptor;
 /// gets the acceptor's current certificate); then stops accepting, lets every open connection
 /// finish its calls in progress, and returns once all are closed.
 pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken, tls: Option<TlsAcceptor>) {
+    serve_with(listener, routes, shutdown, tls, crate::serve::http::HEADER_READ_TIMEOUT).await;
+}
+
+/// [`serve`] with a given timeout for a client's first bytes and, over HTTP/1.1, each request
+/// head.
+async fn serve_with(
+    listener: TcpListener,
+    routes: Routes,
+    shutdown: CancellationToken,
+    tls: Option<TlsAcceptor>,
+    header_timeout: Duration,
+) {
     let routes = routes.prepare();
     crate::serve::net::accept::serve(listener, "grpc", shutdown, |tcp, shutdown| {
-        connection(tcp, tls.clone(), routes.clone(), shutdown)
+        connection(tcp, tls.clone(), routes.clone(), shutdown, header_timeout)
     })
     .await;
 }
 
 /// Serves one connection, after its TLS handshake when `tls` is given; on shutdown it finishes
 /// the calls in progress and closes.
-async fn connection(tcp: TcpStream, tls: Option<TlsAcceptor>, routes: Routes, shutdown: CancellationToken) {
+async fn connection(
+    tcp: TcpStream,
+    tls: Option<TlsAcceptor>,
+    routes: Routes,
+    shutdown: CancellationToken,
+    header_timeout: Duration,
+) {
+    // The HTTP version is read from the first bytes, which a silent client never sends.
+    if !crate::serve::net::accept::sent_something(&tcp, header_timeout, "grpc", &shutdown).await {
+        return;
+    }
     // TLS runs over the buffered socket, so its records are gathered and read ahead as h2's
     // frames are without it.
     let socket = Socket::new(tcp);
     let service = Calls { routes, peer: socket.connect_info() };
     match tls {
-        None => serve_connection(socket, service, shutdown).await,
+        None => serve_connection(socket, service, shutdown, header_timeout).await,
         Some(tls) => {
             let stream = tokio::select! {
                 accepted = tls.accept(socket) => match accepted {
@@ -63,19 +85,19 @@ async fn connection(tcp: TcpStream, tls: Option<TlsAcceptor>, routes: Routes, sh
                 },
                 () = shutdown.cancelled() => return,
             };
-            serve_connection(stream, service, shutdown).await;
+            serve_connection(stream, service, shutdown, header_timeout).await;
         }
     }
 }
 
-/// Serves HTTP/2 calls on one connection's stream until it closes or, after `shutdown`,
-/// finishes its calls in progress.
-async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToken)
+/// Serves calls (HTTP/2, or HTTP/1.1 from a gateway) on one connection's stream until it closes
+/// or, after `shutdown`, finishes its calls in progress.
+async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToken, header_timeout: Duration)
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let mut builder = Builder::new(RewakeExecutor);
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(crate::serve::http::HEADER_READ_TIMEOUT);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
     crate::serve::net::limits::http2(&mut builder.http2());
     let conn = builder.serve_connection(TokioIo::new(io), service);
     crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown()).await;
@@ -242,6 +264,29 @@ mod tests {
             let trailers = body.trailers().cloned().expect("trailers over HTTP/1.1");
             assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]), "call {i}");
             assert_eq!(&body.to_bytes()[..], b"\0\0\0\0\x01m");
+        }
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_sends_nothing_or_half_a_head_is_disconnected_after_the_header_timeout() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let timeout = Duration::from_millis(300);
+        let routes = Routes::from(axum::Router::new().route("/test.Svc/Call", axum::routing::post(|| async { "" })));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve_with(listener, routes, shutdown.clone(), None, timeout));
+
+        for (what, sent) in [("a silent client", &b""[..]), ("half a head", b"POST /test.Svc/Call HTTP/1.1\r\n")] {
+            let mut tcp = TcpStream::connect(addr).await.expect("connect");
+            tcp.write_all(sent).await.expect("write");
+            let started = std::time::Instant::now();
+            let mut seen = Vec::new();
+            let read = tokio::time::timeout(Duration::from_secs(10), tcp.read_to_end(&mut seen)).await;
+            assert!(read.is_ok(), "the server kept the connection of {what} open for 10 s");
+            let waited = started.elapsed();
+            assert!(waited >= timeout - Duration::from_millis(50), "{what}: closed after {waited:?}");
         }
         shutdown.cancel();
     }

@@ -60,15 +60,8 @@ async fn connection(
     shutdown: CancellationToken,
     header_timeout: Duration,
 ) {
-    // hyper-util reads the first bytes (HTTP/1 or HTTP/2?) with no timeout, and hyper's
-    // header timer starts only after that, so a client that sends nothing needs its own. With
-    // TLS the first bytes are the client's hello.
-    tokio::select! {
-        sent = sent_something(&tcp, header_timeout) => if !sent {
-            tracing::trace!("closing a connection that sent nothing");
-            return;
-        },
-        () = shutdown.cancelled() => return,
+    if !crate::serve::net::accept::sent_something(&tcp, header_timeout, "http", &shutdown).await {
+        return;
     }
     // One branch per connection; each request then runs on a stream type known at compile time.
     match tls {
@@ -100,13 +93,6 @@ where
     crate::serve::net::limits::http2(&mut builder.http2());
     let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(router));
     crate::serve::net::accept::drive(conn, "http", shutdown, |conn| conn.graceful_shutdown()).await;
-}
-
-/// Whether the client sent its first bytes (or closed, which hyper then sees) within `timeout`.
-async fn sent_something(tcp: &TcpStream, timeout: Duration) -> bool {
-    let mut first = [0u8; 1];
-    // `peek`, not `readable`, whose readiness may be a false positive.
-    tokio::time::timeout(timeout, tcp.peek(&mut first)).await.is_ok()
 }
 
 #[cfg(test)]

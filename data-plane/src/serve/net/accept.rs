@@ -82,6 +82,30 @@ where
     }
 }
 
+/// Whether the client on `tcp` sent its first bytes (or closed, which the server then sees)
+/// within `timeout`, and `shutdown` has not come first. hyper-util reads the first bytes (HTTP/1
+/// or HTTP/2?) with no timeout, and hyper's header timer starts only after that, so a client
+/// that connects and sends nothing would otherwise hold its connection. With TLS the first bytes
+/// are the client's hello.
+pub async fn sent_something(
+    tcp: &TcpStream,
+    timeout: Duration,
+    endpoint: &'static str,
+    shutdown: &CancellationToken,
+) -> bool {
+    let mut first = [0u8; 1];
+    // `peek`, not `readable`, whose readiness may be a false positive.
+    tokio::select! {
+        peeked = tokio::time::timeout(timeout, tcp.peek(&mut first)) => {
+            if peeked.is_err() {
+                tracing::trace!(endpoint, "closing a connection that sent nothing");
+            }
+            peeked.is_ok()
+        }
+        () = shutdown.cancelled() => false,
+    }
+}
+
 /// Accept errors that concern only the connection being accepted (the client gave up).
 fn is_per_connection(e: &std::io::Error) -> bool {
     matches!(
