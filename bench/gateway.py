@@ -72,7 +72,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402  (the main benchmark's models, input data and perf_analyzer flags)
@@ -257,6 +257,7 @@ class Cluster:
         ], self.tmp / "worker.log"))
         self.worker.wait_log(lambda t: "registered with the control plane" in t, "registration",
                              self.start_timeout())
+        self.worker.wait_listening(["metrics"], self.start_timeout())
         self.gateway = self._start(Proc("gateway", [
             *self.counted("gateway"), bin_, "gateway", "--control-plane", self.url,
             f"--worker-token={self.worker_token}", "--gateway-id", "bench", "--address", "127.0.0.1",
@@ -353,6 +354,21 @@ class Cluster:
 
         return wait_until(ready, timeout_s, f"deployment {TENANT}/{model} ready")
 
+    def worker_counts(self, model: str) -> Optional[Tuple[float, float]]:
+        """`model`'s inferences and executions on the worker, from its Triton counters (None when
+        unreadable)."""
+        try:
+            with urllib.request.urlopen(f"http://{self.worker.addrs['metrics']}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except (OSError, KeyError):
+            return None
+        totals = {"nv_inference_count": 0.0, "nv_inference_exec_count": 0.0}
+        for line in text.splitlines():
+            name, _, rest = line.partition("{")
+            if name in totals and f'model="{model}"' in rest:
+                totals[name] += float(line.rsplit(" ", 1)[1])
+        return totals["nv_inference_count"], totals["nv_inference_exec_count"]
+
     def gateway_requests(self) -> Optional[float]:
         """tessera_gateway_requests_total over every label (None when unreadable)."""
         try:
@@ -428,6 +444,7 @@ class Run:
     p50_us: Optional[float]
     p99_us: Optional[float]
     gw_cpu_us: Optional[float] = None  # gateway CPU per forwarded request (gateway runs)
+    batch: Optional[float] = None  # the worker's inferences per model execution during the run
     note: str = ""
     command: str = ""
 
@@ -438,6 +455,7 @@ def measure(args, cluster: Cluster, url: str, key: str, proto: str, sc: Scenario
     csv_path = tmp / "pa.csv"
     note = ""
     n0, cpu0 = cluster.gateway_requests(), cluster.gateway.cpu_seconds()
+    counts0 = cluster.worker_counts(sc.model)
     for attempt, (stability, trials) in enumerate(((args.stability, args.max_trials), (1000, 4))):
         csv_path.unlink(missing_ok=True)
         cmd = compare.pa_command(args, url, proto, sc, csv_path, stability, trials)
@@ -464,13 +482,17 @@ def measure(args, cluster: Cluster, url: str, key: str, proto: str, sc: Scenario
         v = rows[0].get(k)
         return float(v) if v not in (None, "") else None
 
+    counts1 = cluster.worker_counts(sc.model)
+    batch = None
+    if counts0 and counts1 and counts1[1] > counts0[1]:
+        batch = (counts1[0] - counts0[0]) / (counts1[1] - counts0[1])
     gw_cpu = None
     if path == "gateway":
         n1, cpu1 = cluster.gateway_requests(), cluster.gateway.cpu_seconds()
         if n0 is not None and n1 is not None and n1 > n0:
             gw_cpu = (cpu1 - cpu0) * 1e6 / (n1 - n0)
     return Run(sc.name, proto, path, rnd, num("Inferences/Second") or 0.0, num("p50 latency"), num("p99 latency"),
-               gw_cpu, note, redact(cmd, key))
+               gw_cpu, batch, note, redact(cmd, key))
 
 
 def callgrind_dumps(proc: Proc) -> set:
@@ -586,7 +608,8 @@ def redact(cmd: List[str], key: str) -> str:
 # ---------------------------------------------------------------------------
 
 COLUMNS = ["Scenario", "Proto", "direct infer/s", "direct p50 µs", "gateway infer/s", "gateway p50 µs",
-           "added p50 µs", "throughput", "relay added p50 µs", "relay throughput", "gw CPU µs", "goal"]
+           "added p50 µs", "throughput", "relay added p50 µs", "relay throughput", "gw CPU µs",
+           "batch d/g/r", "goal"]
 RIGHT = set(COLUMNS) - {"Scenario", "Proto", "goal"}
 
 
@@ -642,7 +665,9 @@ class Summary:
                 fmt(self.added_p50(), sign=True), fmt(self.change_pct(), 1, sign=True) + " %",
                 fmt(self.added_p50("relay"), sign=True),
                 fmt(self.change_pct("relay"), 1, sign=True) + " %" if self.relay else "—",
-                fmt(median(r.gw_cpu_us for r in self.gateway)), self.goal()]
+                fmt(median(r.gw_cpu_us for r in self.gateway)),
+                "/".join(fmt(median(r.batch for r in runs), 1) for runs in (self.direct, self.gateway, self.relay)),
+                self.goal()]
 
 
 def render_text(cells: List[List[str]]) -> str:
@@ -789,8 +814,9 @@ def main(argv=None) -> int:
                         cluster.check_alive(label)
                         runs.append(run)
                         cpu = f", gateway CPU {fmt(run.gw_cpu_us)} µs/request" if run.gw_cpu_us else ""
+                        batch = f", {fmt(run.batch, 1)} inferences per execution" if run.batch else ""
                         progress(f"    {run.infer_per_sec:,.0f} infer/s, p50 {fmt(run.p50_us)} µs, "
-                                 f"p99 {fmt(run.p99_us)} µs{cpu}")
+                                 f"p99 {fmt(run.p99_us)} µs{cpu}{batch}")
     except ServerStartError as e:
         progress("ERROR: " + str(e))
         rc = 2
@@ -849,7 +875,8 @@ def main(argv=None) -> int:
         "(rotating order); added p50 = median of gateway p50 - direct p50 in the same round; throughput = "
         "median of gateway / direct - 1 in the same round; relay = the same for `tessera bench relay`, a plain TCP "
         "relay on the gateway's runtime settings (what one proxy hop costs here); gw CPU = gateway process CPU per "
-        "forwarded request",
+        "forwarded request; batch d/g/r = the worker's inferences per model execution (its dynamic batches) "
+        "direct / through the gateway / through the relay",
         f"goal (issue 20 item 7): ≤ {GOAL_ADDED_P50_US:.0f} µs added at p50 (concurrency 1 rows) and "
         f"≤ {GOAL_LOSS_PCT:.0f} % throughput loss at concurrency {GOAL_LOSS_CONCURRENCY}",
     ]
