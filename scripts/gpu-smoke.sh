@@ -13,14 +13,20 @@
 #                                    and prints, section by section:
 #                                      1. the NVML inventory as `tessera gpus` reads it;
 #                                      2. the CUDA provider against the CPU provider on the same
-#                                         inputs (max relative error);
+#                                         inputs (largest difference over the output's scale);
 #                                      3. throughput of `tessera serve` on the GPU against raw
-#                                         ONNX Runtime CUDA in-process, same model and batch;
+#                                         ONNX Runtime CUDA in-process, same model and batch, with
+#                                         1 and 2 instances ($INSTANCES);
 #                                      4. a runner killed with SIGKILL, restarted by its server,
 #                                         and its GPU memory freed (nvidia-smi's compute apps);
 #                                      5. a CUDA shared memory round trip (gpu_smoke_cuda_shm.py:
 #                                         input and output in cudaMalloc'd memory, registered by
-#                                         IPC handle), models in-process and in a runner.
+#                                         IPC handle), models in-process and in a runner;
+#                                      6. a control plane and a worker that finds the GPU through
+#                                         NVML: a KIND_GPU version refused on the cpu profile,
+#                                         ready on the gpu profile in a runner holding GPU memory,
+#                                         answering the CPU provider's values, GPU metrics
+#                                         (gpu_smoke_worker.py).
 #
 # It never changes MIG mode, clocks or any other GPU setting: it only reads them.
 # Every section prints `ok` or `FAILED: why`; the exit status is the number of failed sections.
@@ -33,6 +39,14 @@ PART_MIB="${PART_MIB:-56}"
 MODEL=mlp
 BATCH="${BATCH:-32}"
 SECONDS_EACH="${SECONDS_EACH:-10}"
+# Instance counts section 3 serves the model with, and its rounds of raw and served runs.
+INSTANCES="${INSTANCES:-1 2}"
+ROUNDS="${ROUNDS:-3}"
+# Extra model parameters for the served GPU model, as key=value words (CUDA provider options
+# Triton reads from `parameters`, such as do_copy_in_default_stream=0).
+CUDA_OPTIONS="${CUDA_OPTIONS:-}"
+# Sections to run, as numbers (default: all).
+ONLY="${ONLY:-}"
 
 say() { printf '[gpu-smoke] %s\n' "$*" >&2; }
 die() { say "ERROR: $*"; exit 100; }
@@ -53,7 +67,7 @@ pack() {
   ort_dir="$(dirname "$("$ROOT/scripts/setup-ort.sh" --gpu --force | tail -1)")" || die "setup-ort.sh --gpu failed"
   mkdir -p "$SMOKE/stage/ort"
   cp -L "$ort_dir"/libonnxruntime*.so* "$SMOKE/stage/ort/" || die "no GPU libraries in $ort_dir"
-  cp "$ROOT/scripts/gpu-smoke.sh" "$ROOT/scripts/gpu_smoke_cuda_shm.py" "$SMOKE/stage/"
+  cp "$ROOT/scripts/gpu-smoke.sh" "$ROOT/scripts/gpu_smoke_cuda_shm.py" "$ROOT/scripts/gpu_smoke_worker.py" "$SMOKE/stage/"
   say "compressing (xz; a few minutes)"
   tar -C "$SMOKE/stage" -cf - . | xz -T0 -6 >"$SMOKE/all.tar.xz" || die "tar/xz failed"
   split -b "${PART_MIB}M" -d -a 1 "$SMOKE/all.tar.xz" "$SMOKE/part-"
@@ -124,55 +138,106 @@ run() {
   # What the CUDA provider still lacks, if anything: the first thing to read when section 2 fails.
   ldd "$work/ort/libonnxruntime_providers_cuda.so" | grep -E 'not found|cublas|cudnn|cudart|cufft|curand' || true
 
-  section "1. NVML inventory (tessera gpus)"
-  if "$bin" gpus | tee "$out/inventory.json"; then pass; else fail "tessera gpus"; fi
-
-  section "2. CUDA provider vs CPU provider ($MODEL, batch $BATCH)"
-  if "$bin" bench ort --model "$repo/$MODEL/1/model.onnx" --batch "$BATCH" --gpu 0 --compare-cpu \
-    --seconds 2 | tee "$out/parity.json"; then
-    pass
-  else
-    fail "bench ort --compare-cpu"
+  if wanted 1; then
+    section "1. NVML inventory (tessera gpus)"
+    if "$bin" gpus; then pass; else fail "tessera gpus"; fi
   fi
 
-  section "3. tessera serve on the GPU vs raw ONNX Runtime CUDA ($MODEL, batch $BATCH)"
-  gpu_repo "$repo" "$work/gpu-repo"
-  local raw served
-  raw="$("$bin" bench ort --model "$repo/$MODEL/1/model.onnx" --batch "$BATCH" --gpu 0 --seconds "$SECONDS_EACH")"
-  echo "raw ORT CUDA: $raw"
-  if start_serve "$bin" "$work/gpu-repo" "$out/serve.log" ""; then
-    served="$("$bin" bench grpc -u "127.0.0.1:$GRPC_PORT" -m "$MODEL" -b "$BATCH" --concurrency 4 \
-      --duration "$SECONDS_EACH" --json 2>>"$out/bench.log" | tail -1)"
-    echo "tessera serve: $served"
-    stop_serve
-    ratio "$raw" "$served"
-  fi
-
-  section "4. runner killed, restarted, GPU memory freed"
-  if start_serve "$bin" "$work/gpu-repo" "$out/serve-runner.log" "--runner"; then
-    kill_runner "$bin"
-    stop_serve
-  fi
-
-  section "5. CUDA shared memory round trip ($MODEL, in-process and in a runner)"
-  local where ok=0
-  for where in "" "--runner"; do
-    start_serve "$bin" "$work/gpu-repo" "$out/serve-cuda-shm${where:+-runner}.log" "$where" || continue
-    if python3 "$(dirname "${BASH_SOURCE[0]}")/gpu_smoke_cuda_shm.py" "http://127.0.0.1:$HTTP_PORT" "$MODEL"; then
-      ok=$((ok + 1))
+  if wanted 2; then
+    section "2. CUDA provider vs CPU provider ($MODEL, batch $BATCH)"
+    # TF32 matrix products (ORT's CUDA default) keep about 3 decimal digits.
+    local parity
+    if parity="$("$bin" bench ort --model "$repo/$MODEL/1/model.onnx" --batch "$BATCH" --gpu 0 --compare-cpu \
+      --seconds 2)"; then
+      echo "$parity"
+      if python3 -c 'import json,sys; e=json.loads(sys.argv[1])["max_error_vs_cpu"]; print(f"largest difference / largest |output|: {e:.2e} (at most 1e-2)"); sys.exit(0 if e <= 1e-2 else 1)' "$parity"; then
+        pass
+      else
+        fail "the CUDA provider's outputs differ from the CPU provider's"
+      fi
+    else
+      fail "bench ort --compare-cpu"
     fi
-    stop_serve
-  done
-  if ((ok == 2)); then pass "in-process and in a runner"; else fail "CUDA shared memory ($ok of 2 passed)"; fi
+  fi
+
+  if wanted 3; then
+    section "3. tessera serve on the GPU vs raw ONNX Runtime CUDA ($MODEL, batch $BATCH)"
+    # Raw: one session, one thread, runs back to back. Served: the same intra-op threads, each
+    # instance count of $INSTANCES on the GPU, gRPC clients at concurrency 4. Raw and served take
+    # turns, $ROUNDS rounds; each served run is compared with its round's raw run (the GPU's
+    # speed drifts by more than the difference measured).
+    local raw served count r share best=0
+    declare -A shares=()
+    for ((r = 1; r <= ROUNDS; r++)); do
+      raw="$("$bin" bench ort --model "$repo/$MODEL/1/model.onnx" --batch "$BATCH" --gpu 0 --seconds "$SECONDS_EACH")"
+      echo "round $r, raw ORT CUDA: $raw"
+      for count in $INSTANCES; do
+        gpu_repo "$repo" "$work/gpu-repo-$count" "$count"
+        start_serve "$bin" "$work/gpu-repo-$count" "$out/serve-$count.log" "" || continue
+        served="$("$bin" bench grpc -u "127.0.0.1:$GRPC_PORT" -m "$MODEL" -b "$BATCH" --concurrency 4 \
+          --duration "$SECONDS_EACH" --json 2>>"$out/bench.log" | tail -1)"
+        stop_serve
+        echo "round $r, tessera serve with $count instance(s): $served"
+        share="$(share "$raw" "$served")" && shares[$count]+=" $share"
+        echo "round $r, $count instance(s): ${share:-?} of raw"
+      done
+    done
+    for count in $INSTANCES; do
+      if python3 -c 'import statistics,sys; s=[float(v) for v in sys.argv[2:]] or sys.exit(f"{sys.argv[1]} instance(s): no result"); m=statistics.median(s); print(f"{sys.argv[1]} instance(s): median {m:.1%} of raw over {len(s)} round(s) (goal >= 95%)"); sys.exit(0 if m >= 0.95 else 1)' "$count" ${shares[$count]:-}; then
+        ((best == 0)) && best=$count
+      fi
+    done
+    if ((best > 0)); then pass "at least 95 % with $best instance(s)"; else fail "below 95 % of raw ONNX Runtime CUDA"; fi
+  fi
+
+  if wanted 4; then
+    section "4. runner killed, restarted, GPU memory freed"
+    gpu_repo "$repo" "$work/gpu-repo" 1
+    if start_serve "$bin" "$work/gpu-repo" "$out/serve-runner.log" "--runner"; then
+      kill_runner "$bin"
+      stop_serve
+    fi
+  fi
+
+  if wanted 5; then
+    section "5. CUDA shared memory round trip ($MODEL, in-process and in a runner)"
+    gpu_repo "$repo" "$work/gpu-repo" 1
+    local where ok=0
+    for where in "" "--runner"; do
+      start_serve "$bin" "$work/gpu-repo" "$out/serve-cuda-shm${where:+-runner}.log" "$where" || continue
+      if python3 "$(dirname "${BASH_SOURCE[0]}")/gpu_smoke_cuda_shm.py" "http://127.0.0.1:$HTTP_PORT" "$MODEL"; then
+        ok=$((ok + 1))
+      fi
+      stop_serve
+    done
+    if ((ok == 2)); then pass "in-process and in a runner"; else fail "CUDA shared memory ($ok of 2 passed)"; fi
+  fi
+
+  if wanted 6; then
+    section "6. a KIND_GPU model deployed on a worker that finds the GPU through NVML"
+    rm -rf "$work/worker-smoke"
+    if python3 "$(dirname "${BASH_SOURCE[0]}")/gpu_smoke_worker.py" "$bin" "$repo/$MODEL" "$work/worker-smoke"; then
+      pass
+    else
+      fail "the GPU worker's deployment (worker log: worker.log)"
+    fi
+    cp "$work/worker-smoke/worker.log" "$out/worker.log" 2>/dev/null
+  fi
 
   printf '\n== %d section(s) failed\n' "$FAILS"
   return "$FAILS"
 }
 
-# gpu_repo SRC DST: SRC's $MODEL with a KIND_GPU instance group.
+# gpu_repo SRC DST COUNT: SRC's $MODEL with COUNT KIND_GPU instances of one intra-op thread,
+# and the parameters of CUDA_OPTIONS.
 gpu_repo() {
   rm -rf "$2" && mkdir -p "$2" && cp -r "$1/$MODEL" "$2/"
-  printf '\ninstance_group [ { kind: KIND_GPU, count: 1, gpus: [ 0 ] } ]\n' >>"$2/$MODEL/config.pbtxt"
+  local config="$2/$MODEL/config.pbtxt" option
+  printf '\ninstance_group [ { kind: KIND_GPU, count: %d, gpus: [ 0 ] } ]\n' "$3" >>"$config"
+  printf 'parameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n' >>"$config"
+  for option in $CUDA_OPTIONS; do
+    printf 'parameters { key: "%s" value: { string_value: "%s" } }\n' "${option%%=*}" "${option#*=}" >>"$config"
+  done
 }
 
 SERVE_PID=""
@@ -204,17 +269,21 @@ stop_serve() {
   SERVE_PID=""
 }
 
-# ratio RAW_JSON SERVED_JSON: served throughput over raw, against the 95 % goal.
-ratio() {
-  if python3 - "$1" "$2" <<'EOF'; then pass; else fail "throughput below 95 % of raw ONNX Runtime CUDA (or unreadable)"; fi
+# share RAW_JSON SERVED_JSON: prints served throughput over raw; fails when either is unreadable.
+share() {
+  python3 -c '
 import json, sys
-raw = json.loads(sys.argv[1])["inferences_per_sec"]
-served = json.loads(sys.argv[2])
-served = served.get("inferences_per_sec") or served.get("throughput")
-share = served / raw
-print(f"raw ORT CUDA {raw:,.0f}/s, tessera serve {served:,.0f}/s: {share:.1%} of raw (goal >= 95%)")
-sys.exit(0 if share >= 0.95 else 1)
-EOF
+try:
+    raw, served = (json.loads(a)["inferences_per_sec"] for a in sys.argv[1:3])
+    print(f"{served / raw:.4f}")
+except (ValueError, KeyError, TypeError, ZeroDivisionError) as e:
+    sys.exit(f"unreadable result: {e}")
+' "$1" "$2"
+}
+
+# wanted N: whether section N runs (all of them unless ONLY lists some).
+wanted() {
+  [[ -z $ONLY || " $ONLY " == *" $1 "* ]]
 }
 
 # GPU memory (MiB) nvidia-smi shows for PID, empty when it shows none.
