@@ -45,6 +45,8 @@ ROUNDS="${ROUNDS:-3}"
 # Extra model parameters for the served GPU model, as key=value words (CUDA provider options
 # Triton reads from `parameters`, such as do_copy_in_default_stream=0).
 CUDA_OPTIONS="${CUDA_OPTIONS:-}"
+# Extra flags of the server section 3 measures (such as --busy-poll-us=0).
+SERVE_ARGS="${SERVE_ARGS:-}"
 # Sections to run, as numbers (default: all).
 ONLY="${ONLY:-}"
 
@@ -173,7 +175,7 @@ run() {
       echo "round $r, raw ORT CUDA: $raw"
       for count in $INSTANCES; do
         gpu_repo "$repo" "$work/gpu-repo-$count" "$count"
-        start_serve "$bin" "$work/gpu-repo-$count" "$out/serve-$count.log" "" || continue
+        start_serve "$bin" "$work/gpu-repo-$count" "$out/serve-$count.log" "$SERVE_ARGS" || continue
         served="$("$bin" bench grpc -u "127.0.0.1:$GRPC_PORT" -m "$MODEL" -b "$BATCH" --concurrency 4 \
           --duration "$SECONDS_EACH" --json 2>>"$out/bench.log" | tail -1)"
         stop_serve
@@ -229,10 +231,12 @@ run() {
 }
 
 # gpu_repo SRC DST COUNT: SRC's $MODEL with COUNT KIND_GPU instances of one intra-op thread,
-# and the parameters of CUDA_OPTIONS.
+# batches up to BATCH, and the parameters of CUDA_OPTIONS.
 gpu_repo() {
   rm -rf "$2" && mkdir -p "$2" && cp -r "$1/$MODEL" "$2/"
   local config="$2/$MODEL/config.pbtxt" option
+  # Room for the measured batch when it is above the generated model's 32.
+  ((BATCH > 32)) && sed -i "s/^max_batch_size: .*/max_batch_size: $BATCH/" "$config"
   printf '\ninstance_group [ { kind: KIND_GPU, count: %d, gpus: [ 0 ] } ]\n' "$3" >>"$config"
   printf 'parameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n' >>"$config"
   for option in $CUDA_OPTIONS; do
