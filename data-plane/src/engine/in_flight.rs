@@ -33,6 +33,34 @@ impl Drop for InFlight {
     }
 }
 
+/// Requests a runner process has read from its front and not yet answered (always 0 elsewhere).
+static RECEIVED: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts a request a runner has read, from the read until its answer is sent. A runner's one
+/// async thread reads every request that has arrived before it runs any of them, so the count
+/// tells the batcher whether a request is alone or has others behind it.
+pub struct Received(());
+
+impl Received {
+    /// Marks one more request received.
+    pub fn start() -> Self {
+        RECEIVED.fetch_add(1, Ordering::Relaxed);
+        Self(())
+    }
+}
+
+impl Drop for Received {
+    fn drop(&mut self) {
+        RECEIVED.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Whether this runner holds other received requests besides the one asking: running it on
+/// the async thread would then keep them (and the socket) waiting until it finishes.
+pub fn others_received() -> bool {
+    RECEIVED.load(Ordering::Relaxed) > 1
+}
+
 /// The counter itself, for a busy-polling thread to watch while it spins.
 pub(crate) fn counter() -> &'static AtomicUsize {
     &IN_FLIGHT

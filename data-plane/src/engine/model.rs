@@ -355,6 +355,7 @@ impl LoadedModel {
 mod tests {
     use super::*;
     use crate::engine::device::Device;
+    use crate::engine::in_flight::Received;
     use crate::engine::load_error::LoadErrorKind;
 
     /// The kind a load of `file` with the JSON `config` on `device` fails with.
@@ -382,5 +383,33 @@ mod tests {
         assert_eq!(load_kind(&good, gpu, cpu_slice), Err(LoadErrorKind::Configuration));
         let warmup = r#"{"model_warmup": [{"name": "w", "batch_size": 1, "inputs": {"NOPE": {"data_type": "TYPE_FP32", "dims": [16], "zero_data": true}}}]}"#;
         assert_eq!(load_kind(&good, warmup, Device::Host), Err(LoadErrorKind::Configuration));
+    }
+
+    #[tokio::test]
+    async fn a_fast_model_runs_a_lone_request_inline_and_hands_it_over_with_others_received() {
+        use futures::FutureExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = dir.path().join("model.onnx");
+        std::fs::write(&file, crate::tools::onnx_builder::add_sub()).expect("write the model");
+        let target = ExecutionTarget { cores: 1, device: Device::Host };
+        let model = LoadedModel::load("add_sub", 1, &file, ModelConfig::default(), &target).expect("loads");
+        let request = || {
+            let input = |name: &str| crate::engine::tensor::InputTensor {
+                name: name.into(),
+                datatype: tessera_protocol::DataType::Fp32,
+                shape: vec![1, 16],
+                data: bytes::Bytes::from(vec![0u8; 64]),
+            };
+            InferRequest { inputs: vec![input("INPUT0"), input("INPUT1")], ..Default::default() }
+        };
+        // Enough executions for the batcher to trust that the model runs fast.
+        for _ in 0..16 {
+            model.infer(request()).await.expect("runs");
+        }
+        // Inline, the answer is ready on the first poll; handed to the instance thread, it is not.
+        assert!(model.infer(request()).now_or_never().is_some(), "a lone request runs on the calling task");
+        let (_this, _behind) = (Received::start(), Received::start());
+        assert!(model.infer(request()).now_or_never().is_none(), "with another received it goes to the instance");
+        model.infer(request()).await.expect("and is answered from there");
     }
 }

@@ -225,8 +225,12 @@ fn infer(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: InferCall) {
         state.send(outbox, id, &answer);
         return;
     };
+    // Counted now, while the frames that arrived together are dispatched, so the first of
+    // them to run already sees the others.
+    let received = crate::engine::in_flight::Received::start();
     let (state2, outbox) = (state.clone(), outbox.clone());
     let task = tokio::spawn(async move {
+        let _received = received;
         let guard = Answered { hosted: hosted.clone(), state: state2.clone(), outbox: outbox.clone(), id, done: false };
         let trace = call.request.trace.clone();
         let result = super::cuda::run_valid(&hosted.model, call.request).await;

@@ -70,7 +70,8 @@ pub struct Batcher {
 
 /// A lone request may run on the calling task itself when the model's executions average less
 /// than this: blocking an async worker for it costs less than two thread hand-offs, and stays
-/// far under the half-millisecond an async task may block.
+/// far under the half-millisecond an async task may block. "Lone": the instance is idle, the
+/// queue empty, and (in a runner) no other request received.
 const INLINE_LIMIT_NS: u64 = 150_000;
 /// Executions to observe before trusting the average.
 const INLINE_WARMUP: u64 = 8;
@@ -152,7 +153,10 @@ impl Batcher {
         if !self.shared.queue.lock().is_empty() {
             return Some(pending);
         }
-        if self.runs_fast() {
+        // In a runner the calling task is on its only async thread: running there while other
+        // requests wait would serialize their reading and answering with this execution, so
+        // with others behind it the request goes to the instance thread and the two overlap.
+        if self.runs_fast() && !crate::engine::in_flight::others_received() {
             // A free permit means some instance is idle; its session is unlocked or about to be.
             if let Some(mut session) = self.sessions.iter().find_map(|s| s.try_lock()) {
                 run_batch(&mut session, &self.shared, vec![pending], None);
