@@ -402,12 +402,18 @@ mod tests {
             };
             InferRequest { inputs: vec![input("INPUT0"), input("INPUT1")], ..Default::default() }
         };
-        // Enough executions for the batcher to trust that the model runs fast.
-        for _ in 0..16 {
+        // Inline, the answer is ready on the first poll; handed to the instance thread, it is
+        // not. The batcher runs inline once its running mean of executions, the cold first ones
+        // included, is under its limit: on a loaded machine that takes more than a few.
+        let mut inline = false;
+        for _ in 0..1000 {
             model.infer(request()).await.expect("runs");
+            if model.infer(request()).now_or_never().is_some() {
+                inline = true;
+                break;
+            }
         }
-        // Inline, the answer is ready on the first poll; handed to the instance thread, it is not.
-        assert!(model.infer(request()).now_or_never().is_some(), "a lone request runs on the calling task");
+        assert!(inline, "a lone request runs on the calling task");
         let (_this, _behind) = (Received::start(), Received::start());
         assert!(model.infer(request()).now_or_never().is_none(), "with another received it goes to the instance");
         model.infer(request()).await.expect("and is answered from there");
