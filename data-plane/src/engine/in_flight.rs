@@ -1,4 +1,5 @@
-//! The process-wide count of requests handed to a model and not yet answered.
+//! The process-wide count of requests handed to a model and not yet answered, and, in a runner
+//! process, of the requests it has read from its front and not yet answered ([`Received`]).
 //!
 //! The engine counts (the batcher per request, the runner client for a request out to a
 //! runner), and so does the gateway (a request forwarded to a worker until its answer's head is
