@@ -49,7 +49,7 @@ async fn serve_with(
     header_timeout: Duration,
 ) {
     let routes = routes.prepare();
-    crate::serve::net::accept::serve(listener, "grpc", shutdown, |tcp, shutdown| {
+    crate::serve::net::accept::serve(listener, "grpc", header_timeout, shutdown, move |tcp, shutdown| {
         connection(tcp, tls.clone(), routes.clone(), shutdown, header_timeout)
     })
     .await;
@@ -64,10 +64,6 @@ async fn connection(
     shutdown: CancellationToken,
     header_timeout: Duration,
 ) {
-    // The HTTP version is read from the first bytes, which a silent client never sends.
-    if !crate::serve::net::accept::sent_something(&tcp, header_timeout, "grpc", &shutdown).await {
-        return;
-    }
     // TLS runs over the buffered socket, so its records are gathered and read ahead as h2's
     // frames are without it.
     let socket = Socket::new(tcp);
@@ -75,17 +71,9 @@ async fn connection(
     match tls {
         None => serve_connection(socket, service, shutdown, header_timeout).await,
         Some(tls) => {
-            let stream = tokio::select! {
-                accepted = tls.accept(socket) => match accepted {
-                    Ok(stream) => stream,
-                    Err(e) => {
-                        tracing::debug!(endpoint = "grpc", error = %e, "tls handshake failed");
-                        return;
-                    }
-                },
-                () = shutdown.cancelled() => return,
-            };
-            serve_connection(stream, service, shutdown, header_timeout).await;
+            if let Some(stream) = crate::serve::net::accept::tls_handshake(&tls, socket, "grpc", &shutdown).await {
+                serve_connection(stream, service, shutdown, header_timeout).await;
+            }
         }
     }
 }

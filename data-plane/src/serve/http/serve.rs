@@ -45,7 +45,7 @@ async fn serve_with(
     body_timeout: Duration,
 ) {
     let router = router.layer(RequestBodyTimeoutLayer::new(body_timeout));
-    crate::serve::net::accept::serve(listener, "http", shutdown, move |tcp, shutdown| {
+    crate::serve::net::accept::serve(listener, "http", header_timeout, shutdown, move |tcp, shutdown| {
         connection(tcp, tls.clone(), router.clone(), shutdown, header_timeout)
     })
     .await;
@@ -60,24 +60,13 @@ async fn connection(
     shutdown: CancellationToken,
     header_timeout: Duration,
 ) {
-    if !crate::serve::net::accept::sent_something(&tcp, header_timeout, "http", &shutdown).await {
-        return;
-    }
     // One branch per connection; each request then runs on a stream type known at compile time.
     match tls {
         None => serve_connection(tcp, router, shutdown, header_timeout).await,
         Some(tls) => {
-            let stream = tokio::select! {
-                accepted = tls.accept(tcp) => match accepted {
-                    Ok(stream) => stream,
-                    Err(e) => {
-                        tracing::debug!(endpoint = "http", error = %e, "tls handshake failed");
-                        return;
-                    }
-                },
-                () = shutdown.cancelled() => return,
-            };
-            serve_connection(stream, router, shutdown, header_timeout).await;
+            if let Some(stream) = crate::serve::net::accept::tls_handshake(&tls, tcp, "http", &shutdown).await {
+                serve_connection(stream, router, shutdown, header_timeout).await;
+            }
         }
     }
 }

@@ -10,21 +10,31 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::serve::net::rewake::Rewake;
+use crate::serve::net::tls::TlsAcceptor;
 
 /// Accepts on `listener` until `shutdown`, running `connection` for each accepted stream (with
-/// TCP_NODELAY set and the stream registered for busy-polling) and a clone of `shutdown`; then
-/// stops accepting and returns once every connection task has ended. `endpoint` names the
-/// listener in logs.
-pub async fn serve<F, Fut>(listener: TcpListener, endpoint: &'static str, shutdown: CancellationToken, connection: F)
-where
-    F: Fn(TcpStream, CancellationToken) -> Fut,
+/// TCP_NODELAY set and the stream registered for busy-polling) and a clone of `shutdown` once
+/// the client has sent something within `first_bytes` (see [`sent_something`]); then stops
+/// accepting and returns once every connection task has ended. `endpoint` names the listener
+/// in logs.
+pub async fn serve<F, Fut>(
+    listener: TcpListener,
+    endpoint: &'static str,
+    first_bytes: Duration,
+    shutdown: CancellationToken,
+    connection: F,
+) where
+    F: Fn(TcpStream, CancellationToken) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    let connection = std::sync::Arc::new(connection);
     let connections = TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -48,7 +58,12 @@ where
             tracing::debug!(endpoint, error = %e, "cannot set TCP_NODELAY");
         }
         crate::serve::net::busy_poll::watch(&tcp);
-        connections.spawn(Rewake::new(connection(tcp, shutdown.clone())));
+        let (connection, shutdown) = (connection.clone(), shutdown.clone());
+        connections.spawn(Rewake::new(async move {
+            if sent_something(&tcp, first_bytes, endpoint, &shutdown).await {
+                connection(tcp, shutdown).await;
+            }
+        }));
     }
     drop(listener);
     connections.close();
@@ -87,7 +102,7 @@ where
 /// or HTTP/2?) with no timeout, and hyper's header timer starts only after that, so a client
 /// that connects and sends nothing would otherwise hold its connection. With TLS the first bytes
 /// are the client's hello.
-pub async fn sent_something(
+async fn sent_something(
     tcp: &TcpStream,
     timeout: Duration,
     endpoint: &'static str,
@@ -103,6 +118,29 @@ pub async fn sent_something(
             peeked.is_ok()
         }
         () = shutdown.cancelled() => false,
+    }
+}
+
+/// `io` after its TLS handshake with the acceptor's current certificate, or `None` when the
+/// handshake failed (logged) or `shutdown` came first.
+pub async fn tls_handshake<IO>(
+    tls: &TlsAcceptor,
+    io: IO,
+    endpoint: &'static str,
+    shutdown: &CancellationToken,
+) -> Option<TlsStream<IO>>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    tokio::select! {
+        accepted = tls.accept(io) => match accepted {
+            Ok(stream) => Some(stream),
+            Err(e) => {
+                tracing::debug!(endpoint, error = %e, "tls handshake failed");
+                None
+            }
+        },
+        () = shutdown.cancelled() => None,
     }
 }
 
