@@ -11,15 +11,34 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Requests handed to a model and not yet answered, process-wide.
 static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Requests a runner process has read from its front and not yet answered (always 0 elsewhere).
+static RECEIVED: AtomicUsize = AtomicUsize::new(0);
+
+/// One count in a process-wide counter while it lives.
+struct Counted(&'static AtomicUsize);
+
+impl Counted {
+    fn start(counter: &'static AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::Relaxed);
+        Self(counter)
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// Counts a request as in flight while it lives.
-pub struct InFlight(());
+pub struct InFlight {
+    _counted: Counted,
+}
 
 impl InFlight {
     /// Marks one more request in flight.
     pub fn start() -> Self {
-        IN_FLIGHT.fetch_add(1, Ordering::Relaxed);
-        Self(())
+        Self { _counted: Counted::start(&IN_FLIGHT) }
     }
 
     /// Whether no request is in flight anywhere in the process.
@@ -28,31 +47,17 @@ impl InFlight {
     }
 }
 
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        IN_FLIGHT.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Requests a runner process has read from its front and not yet answered (always 0 elsewhere).
-static RECEIVED: AtomicUsize = AtomicUsize::new(0);
-
 /// Counts a request a runner has read, from the read until its answer is sent. A runner's one
 /// async thread reads every request that has arrived before it runs any of them, so the count
 /// tells the batcher whether a request is alone or has others behind it.
-pub struct Received(());
+pub struct Received {
+    _counted: Counted,
+}
 
 impl Received {
     /// Marks one more request received.
     pub fn start() -> Self {
-        RECEIVED.fetch_add(1, Ordering::Relaxed);
-        Self(())
-    }
-}
-
-impl Drop for Received {
-    fn drop(&mut self) {
-        RECEIVED.fetch_sub(1, Ordering::Relaxed);
+        Self { _counted: Counted::start(&RECEIVED) }
     }
 }
 
