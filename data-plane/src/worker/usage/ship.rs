@@ -83,8 +83,11 @@ pub enum ShipError {
 /// What one step did.
 #[derive(Debug, PartialEq, Eq)]
 enum Step {
-    /// Shipped a range or moved past a finished file: there may be more.
+    /// Shipped a range or moved past a finished file, and more was waiting behind it.
     Progress,
+    /// Shipped the live file up to its end as read: what was written since waits for the next
+    /// round, so that under steady load a round ends instead of chasing each new record.
+    CaughtUp,
     /// Nothing complete left to ship.
     Idle,
 }
@@ -110,7 +113,8 @@ impl<S: UsageSink> Shipper<S> {
         Self { dir, worker_id, sink, known: None }
     }
 
-    /// Ships everything complete in the spool; `Err(Stopped)` when `stop` interrupts a retry.
+    /// Ships everything complete in the spool when it reaches each file (records written
+    /// while it ships wait for the next call); `Err(Stopped)` when `stop` interrupts a retry.
     pub async fn ship_all(&mut self, stop: &CancellationToken) -> Result<(), ShipError> {
         while self.step(stop).await? == Step::Progress {}
         Ok(())
@@ -151,6 +155,8 @@ impl<S: UsageSink> Shipper<S> {
             None => RANGE_BYTES,
         };
         let bytes = spool::read_at(&file.path, start, want)?;
+        // The live file read short of a fresh range: this step ships all it holds for now.
+        let caught_up = !sealed && cursor.pending_end.is_none() && bytes.len() < want;
         let scanned = spool::scan(&bytes);
         let end = start + scanned.end as u64;
         if let Some(pending) = cursor.pending_end
@@ -177,7 +183,7 @@ impl<S: UsageSink> Shipper<S> {
         }
         self.deliver(usage, stop).await?;
         Cursor { file: file.seq, offset: end, pending_end: None }.save(&self.dir)?;
-        Ok(Step::Progress)
+        Ok(if caught_up { Step::CaughtUp } else { Step::Progress })
     }
 
     /// Moves past a sealed file whose records are all acknowledged and removes it; `left`

@@ -180,6 +180,44 @@ async fn a_truncated_last_record_waits_and_a_sealed_one_is_dropped() {
     assert!(!live.path.exists());
 }
 
+/// A control plane whose every call takes long enough for the worker to serve `per_call` more
+/// requests (steady load), for the first `calls_left` calls.
+struct UnderLoad {
+    fake: Fake,
+    meter: Arc<Meter>,
+    per_call: usize,
+    calls_left: usize,
+}
+
+impl UsageSink for UnderLoad {
+    fn send(&mut self, records: Vec<UsageRecord>) -> BoxFuture<'_, Result<Vec<String>, SendError>> {
+        if self.calls_left > 0 {
+            self.calls_left -= 1;
+            serve(&self.meter, self.per_call);
+        }
+        self.fake.send(records)
+    }
+}
+
+#[tokio::test]
+async fn a_round_ships_what_was_there_and_leaves_what_comes_meanwhile_to_the_next() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let meter = Arc::new(meter(dir.path(), spool::ROTATE_BYTES));
+    serve(&meter, 10);
+    let fake = Fake::default();
+    let sink = UnderLoad { fake: fake.clone(), meter: meter.clone(), per_call: 3, calls_left: 50 };
+    let mut shipper = Shipper::new(dir.path().to_path_buf(), "w".into(), sink);
+    shipper.ship_all(&CancellationToken::new()).await.expect("ship");
+    // One call, not one per handful of records written while the last call was under way.
+    assert_eq!(fake.0.lock().calls, 1);
+    assert_eq!(fake.totals(), expected(10));
+    // The three served meanwhile go in the next round.
+    shipper.ship_all(&CancellationToken::new()).await.expect("ship");
+    assert_eq!(fake.0.lock().calls, 2);
+    let ((r, f, i), (r2, f2, i2)) = (expected(10), expected(3));
+    assert_eq!(fake.totals(), (r + r2, f + f2, i + i2));
+}
+
 #[tokio::test]
 async fn rotated_files_ship_in_order_and_are_removed() {
     let dir = tempfile::tempdir().expect("tempdir");
