@@ -20,7 +20,7 @@ use axum::http::{HeaderMap, HeaderValue, Uri, header};
 use axum::response::Response;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::{BodyExt, Collected, StreamBody};
 use hyper::body::Frame;
 use prost::Message;
 use tessera_protocol::health::health_check_response::ServingStatus;
@@ -153,13 +153,38 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
     let span = crate::spans::forward("grpc", &tenant, &target.name, target.version);
     let sending = forward::send(g, &target.name, model, target.version, sequence, send, stale);
     let answer = sending.instrument(span).await.map_err(failed)?;
-    let code =
-        answer.response.headers().get("grpc-status").and_then(|v| v.to_str().ok()).map_or("0", |c| code_label(c));
-    g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "grpc", code, started.elapsed());
-    let mut response = answer.response;
+    let whole = read_whole(answer.response).await.map_err(failed)?;
+    g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "grpc", whole.code, started.elapsed());
+    Ok(stream_back(whole.response, (answer.in_flight, slot)))
+}
+
+/// A unary call's answer, read to its end.
+struct WholeAnswer {
+    /// The answer with its framing headers dropped and its body in memory, trailers included.
+    response: http::Response<Collected<Bytes>>,
+    /// Its `grpc-status`, from the headers (trailers-only answers) or the trailers.
+    code: &'static str,
+}
+
+/// Reads a worker's unary answer whole. A unary answer is one message; handed on whole, it
+/// goes to the client in one write. Streamed on, the message went out as soon as it came, and
+/// the trailers (read after it from the worker's connection) in a second write that the
+/// client waited for.
+async fn read_whole<B>(response: http::Response<B>) -> Result<WholeAnswer, Error>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (mut head, body) = response.into_parts();
+    let body = body.collect().await.map_err(|e| {
+        let why = forward::error_chain(e.into().as_ref());
+        Error::unavailable(format!("the worker's answer broke off before its end: {why}"))
+    })?;
+    let status = head.headers.get("grpc-status").or_else(|| body.trailers().and_then(|t| t.get("grpc-status")));
+    let code = status.and_then(|v| v.to_str().ok()).map_or("0", code_label);
     // An HTTP/1.1 answer's framing headers (`transfer-encoding`, `trailer`) are not HTTP/2's.
-    response.headers_mut().retain_forwardable();
-    Ok(stream_back(response, (answer.in_flight, slot)))
+    head.headers.retain_forwardable();
+    Ok(WholeAnswer { response: http::Response::from_parts(head, body), code })
 }
 
 async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error> {
@@ -397,11 +422,54 @@ fn message_frames(messages: Vec<Bytes>) -> Response {
 
 #[cfg(test)]
 mod tests {
+    use futures::FutureExt as _;
     use tessera_protocol::inference::ModelInferRequest;
 
     use super::*;
 
     const LIMIT: usize = 1 << 20;
+
+    /// A worker's unary answer over HTTP/1.1: its head, its message, then (`delay` later, as
+    /// read from the connection) its trailers; or a cut-off connection instead of trailers.
+    fn answer(
+        trailers: Option<(&'static str, std::time::Duration)>,
+    ) -> http::Response<impl http_body::Body<Data = Bytes, Error = std::io::Error>> {
+        let frames = futures::stream::iter(0..2).then(move |i| async move {
+            if i == 0 {
+                return Ok(Frame::data(Bytes::from_static(b"\0\0\0\0\x02\x0a\x00")));
+            }
+            let Some((status, delay)) = trailers else { return Err(std::io::Error::other("connection reset")) };
+            tokio::time::sleep(delay).await;
+            let mut trailers = HeaderMap::new();
+            trailers.insert("grpc-status", HeaderValue::from_static(status));
+            Ok(Frame::trailers(trailers))
+        });
+        let mut response = http::Response::new(StreamBody::new(frames));
+        response.headers_mut().insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        response.headers_mut().insert(header::TRAILER, HeaderValue::from_static("grpc-status, grpc-message"));
+        response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        response
+    }
+
+    #[tokio::test]
+    async fn a_unary_answer_is_handed_on_whole_with_its_status_read_from_the_trailers() {
+        let whole = read_whole(answer(Some(("5", std::time::Duration::from_millis(30))))).await.expect("whole");
+        assert_eq!(whole.code, "5");
+        let (head, mut body) = whole.response.into_parts();
+        let mut names: Vec<_> = head.headers.keys().map(|n| n.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["content-type"], "HTTP/1.1 framing headers dropped");
+        // Message and trailers both ready at once: hyper's HTTP/2 server writes them together.
+        let data = body.frame().now_or_never().flatten().expect("the message, ready").expect("data");
+        assert_eq!(data.into_data().expect("a data frame"), Bytes::from_static(b"\0\0\0\0\x02\x0a\x00"));
+        let trailers = body.frame().now_or_never().flatten().expect("the trailers, ready").expect("trailers");
+        assert_eq!(trailers.into_trailers().expect("trailers")["grpc-status"], "5");
+        assert!(body.frame().now_or_never().expect("the end, ready").is_none());
+
+        let e = read_whole(answer(None)).await.err().expect("a cut-off answer");
+        assert_eq!(e.kind, ErrorKind::Unavailable);
+        assert!(e.message.contains("broke off before its end: connection reset"), "{}", e.message);
+    }
 
     fn framed(m: &impl Message) -> Vec<u8> {
         let body = m.encode_to_vec();
