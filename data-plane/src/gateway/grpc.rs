@@ -1,14 +1,15 @@
 //! The gateway's KServe v2 gRPC front end, a proxy at the HTTP/2 level: a call's messages are
 //! forwarded as the client framed them (compressed or not), and the worker's response,
-//! trailers included, streams back unchanged. Only the first message is read, to find the
-//! model (fields 1 and 2 of every model request are its name and version). Server health,
-//! metadata and the repository index are answered here; shared memory and model control are
-//! refused with the reason.
+//! trailers included, goes back unchanged. Only the first message is read, to find the model
+//! (fields 1 and 2 of every model request are its name and version). Server health, metadata
+//! and the repository index are answered here; shared memory and model control are refused
+//! with the reason.
 //!
 //! A unary call is buffered, so it can be sent to another replica under the rule in
-//! [`super::forward`]; a stream (`ModelStreamInfer`) goes to one replica, chosen by its first
-//! message (another one when that replica cannot be connected to, before any of the stream was
-//! sent: [`forward::SharedStream`]), and holds its tenant's concurrency slot for its whole life.
+//! [`super::forward`], and so is its answer, which then reaches the client in one write. A
+//! stream (`ModelStreamInfer`) goes to one replica, chosen by its first message (another one
+//! when that replica cannot be connected to, before any of the stream was sent:
+//! [`forward::SharedStream`]), and holds its tenant's concurrency slot for its whole life.
 
 use std::io::Read as _;
 use std::sync::Arc;
