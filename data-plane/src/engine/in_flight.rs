@@ -67,6 +67,11 @@ pub fn others_received() -> bool {
     RECEIVED.load(Ordering::Relaxed) > 1
 }
 
+/// Whether this runner holds no received request (always true outside runners).
+pub fn none_received() -> bool {
+    RECEIVED.load(Ordering::SeqCst) == 0
+}
+
 /// The counter itself, for a busy-polling thread to watch while it spins.
 pub(crate) fn counter() -> &'static AtomicUsize {
     &IN_FLIGHT

@@ -7,11 +7,13 @@
 use std::collections::HashMap;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use bytes::BytesMut;
 use parking_lot::Mutex;
 use tokio::net::UnixStream;
+use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 
 use super::conn::read_some;
@@ -66,6 +68,11 @@ pub struct RunnerArgs {
 
 /// How often statistics no answer carried are sent to the front.
 const STATS_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
+/// Ticks with nothing to send and no request held after which the statistics task sleeps
+/// until the next request: an idle runner's thread is not woken 40 times a second (each
+/// wake-up followed by a busy-poll window), and tensors dropped just after their answer
+/// still have two ticks to be reported released.
+const IDLE_TICKS: u32 = 2;
 
 /// A loaded version and the statistics already reported to the front.
 struct Hosted {
@@ -94,6 +101,10 @@ struct State {
     shm: Option<RunnerShm>,
     /// The device this runner's slice is, for every load.
     device: Device,
+    /// The statistics task sleeps until [`Self::wake_stats`] (no request held, nothing to send).
+    stats_idle: AtomicBool,
+    /// Wakes the sleeping statistics task when a request is received.
+    wake_stats: Notify,
 }
 
 impl State {
@@ -101,6 +112,15 @@ impl State {
     /// frame order); false when the front is gone.
     fn send(&self, outbox: &Outbox, id: u64, answer: &FromRunner) -> bool {
         outbox.send(|b| answer.encode(id, b, self.shm.as_ref()))
+    }
+
+    /// Counts a request received, waking the statistics task if it sleeps.
+    fn received(&self) -> crate::engine::in_flight::Received {
+        let received = crate::engine::in_flight::Received::start();
+        if self.stats_idle.load(Ordering::SeqCst) {
+            self.wake_stats.notify_one();
+        }
+        received
     }
 }
 
@@ -148,19 +168,40 @@ pub async fn run(args: RunnerArgs) -> anyhow::Result<()> {
 async fn stats_task(state: Arc<State>, outbox: Arc<Outbox>) {
     let mut tick = tokio::time::interval(STATS_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut empty_ticks = 0;
     loop {
         tick.tick().await;
+        let mut sent = false;
         let hosted: Vec<((String, i64), Arc<Hosted>)> =
             state.models.lock().iter().map(|(k, h)| (k.clone(), h.clone())).collect();
         for ((key, version), h) in hosted {
             let stats = h.delta();
-            if !stats.is_empty() && !state.send(&outbox, 0, &FromRunner::Stats { key, version, stats }) {
-                return;
+            if !stats.is_empty() {
+                if !state.send(&outbox, 0, &FromRunner::Stats { key, version, stats }) {
+                    return;
+                }
+                sent = true;
             }
         }
         // Request regions whose tensors were dropped after their answer went out.
-        if state.shm.as_ref().is_some_and(RunnerShm::has_released) && !state.send(&outbox, 0, &FromRunner::Released) {
-            return;
+        if state.shm.as_ref().is_some_and(RunnerShm::has_released) {
+            if !state.send(&outbox, 0, &FromRunner::Released) {
+                return;
+            }
+            sent = true;
+        }
+        let idle = !sent && crate::engine::in_flight::none_received();
+        empty_ticks = if idle { empty_ticks + 1 } else { 0 };
+        if empty_ticks >= IDLE_TICKS {
+            // Set before the count is read again, so a request received in between (were the
+            // runner's tasks not all on one thread) would notify, and `notified` return at once.
+            state.stats_idle.store(true, Ordering::SeqCst);
+            if crate::engine::in_flight::none_received() {
+                state.wake_stats.notified().await;
+            }
+            state.stats_idle.store(false, Ordering::SeqCst);
+            tick.reset();
+            empty_ticks = 0;
         }
     }
 }
@@ -227,7 +268,7 @@ fn infer(state: &Arc<State>, outbox: &Arc<Outbox>, id: u64, call: InferCall) {
     };
     // Counted now, while the frames that arrived together are dispatched, so the first of
     // them to run already sees the others.
-    let received = crate::engine::in_flight::Received::start();
+    let received = state.received();
     let (state2, outbox) = (state.clone(), outbox.clone());
     let task = tokio::spawn(async move {
         let _received = received;
@@ -268,5 +309,40 @@ impl Drop for Answered {
             let answer = FromRunner::Answer { result: Err(e), stats: self.hosted.delta(), steps: Vec::new() };
             self.state.send(&self.outbox, self.id, &answer);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Waits up to 5 s for `check`.
+    async fn until(what: &str, check: impl Fn() -> bool) {
+        for _ in 0..500 {
+            if check() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("not {what} within 5 s");
+    }
+
+    #[tokio::test]
+    async fn an_idle_runner_stops_ticking_and_a_request_wakes_its_statistics_task() {
+        let (ours, _front) = UnixStream::pair().expect("socket pair");
+        let state = Arc::new(State::default());
+        let task = tokio::spawn(stats_task(state.clone(), Outbox::new(Arc::new(ours))));
+        let idle = || state.stats_idle.load(Ordering::SeqCst);
+        until("asleep with no request held", idle).await;
+        let received = state.received();
+        until("awake once a request is received", || !idle()).await;
+        // Ticking on while the request is held.
+        tokio::time::sleep(STATS_EVERY * (IDLE_TICKS + 2)).await;
+        assert!(!idle(), "a held request keeps the statistics task ticking");
+        drop(received);
+        until("asleep again once the request is answered", idle).await;
+        task.abort();
     }
 }
