@@ -71,7 +71,9 @@ async fn connection(
     match tls {
         None => serve_connection(socket, service, shutdown, header_timeout).await,
         Some(tls) => {
-            if let Some(stream) = crate::serve::net::accept::tls_handshake(&tls, socket, "grpc", &shutdown).await {
+            if let Some(stream) =
+                crate::serve::net::accept::tls_handshake(&tls, socket, "grpc", header_timeout, &shutdown).await
+            {
                 serve_connection(stream, service, shutdown, header_timeout).await;
             }
         }

@@ -64,7 +64,9 @@ async fn connection(
     match tls {
         None => serve_connection(tcp, router, shutdown, header_timeout).await,
         Some(tls) => {
-            if let Some(stream) = crate::serve::net::accept::tls_handshake(&tls, tcp, "http", &shutdown).await {
+            if let Some(stream) =
+                crate::serve::net::accept::tls_handshake(&tls, tcp, "http", header_timeout, &shutdown).await
+            {
                 serve_connection(stream, router, shutdown, header_timeout).await;
             }
         }
@@ -183,6 +185,21 @@ mod tests {
         plain.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
         let (_, reply) = closed_after(&mut plain, "a plain client").await;
         assert!(!reply.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&reply));
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_client_that_starts_its_tls_hello_and_stalls_is_disconnected_after_the_header_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (files, _) = tessera_protocol::tls::local::ensure(dir.path(), &["localhost"]).expect("certificate");
+        let tls = TlsAcceptor::load(files.pair.clone()).expect("loads");
+        let timeout = Duration::from_millis(300);
+        let (addr, shutdown) = start_with(timeout, Some(tls)).await;
+        let mut stalled = TcpStream::connect(addr).await.expect("connect");
+        // A handshake record's header announcing 512 bytes, then nothing.
+        stalled.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await.expect("write");
+        let (waited, _) = closed_after(&mut stalled, "a stalled TLS hello").await;
+        assert!(waited >= timeout - Duration::from_millis(50), "closed after {waited:?}");
         shutdown.cancel();
     }
 }
