@@ -6,11 +6,12 @@
 //! with the reason.
 //!
 //! A unary call is buffered, so it can be sent to another replica under the rule in
-//! [`super::forward`], and so is its answer, which then reaches the client in one write. A
-//! stream (`ModelStreamInfer`) goes to one replica, chosen by its first message (another one
-//! when that replica cannot be connected to, before any of the stream was sent:
+//! [`super::forward`], and so is its answer up to 4 MiB, which then reaches the client in one
+//! write. A stream (`ModelStreamInfer`) goes to one replica, chosen by its first message
+//! (another one when that replica cannot be connected to, before any of the stream was sent:
 //! [`forward::SharedStream`]), and holds its tenant's concurrency slot for its whole life.
 
+use std::collections::VecDeque;
 use std::io::Read as _;
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,7 +22,7 @@ use axum::http::{HeaderMap, HeaderValue, Uri, header};
 use axum::response::Response;
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
-use http_body_util::{BodyExt, Collected, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
 use prost::Message;
 use tessera_protocol::health::health_check_response::ServingStatus;
@@ -159,33 +160,85 @@ async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Resul
     Ok(stream_back(whole.response, (answer.in_flight, slot)))
 }
 
-/// A unary call's answer, read to its end.
-struct WholeAnswer {
-    /// The answer with its framing headers dropped and its body in memory, trailers included.
-    response: http::Response<Collected<Bytes>>,
-    /// Its `grpc-status`, from the headers (trailers-only answers) or the trailers.
+/// Largest unary answer read whole before it goes on (gRPC's default largest message); the
+/// rest of a larger one streams on after it, so the gateway never holds more per call.
+const WHOLE_ANSWER_BYTES: usize = 4 << 20;
+
+/// A unary call's answer, read ahead.
+struct WholeAnswer<B> {
+    /// The answer with its framing headers dropped, its body read to its end (trailers
+    /// included) or to [`WHOLE_ANSWER_BYTES`].
+    response: http::Response<ReadAhead<B>>,
+    /// Its `grpc-status`, from the headers (trailers-only answers) or the trailers; "0" when
+    /// the trailers are still to come.
     code: &'static str,
 }
 
-/// Reads a worker's unary answer whole. A unary answer is one message; handed on whole, it
-/// goes to the client in one write. Streamed on, the message went out as soon as it came, and
-/// the trailers (read after it from the worker's connection) in a second write that the
-/// client waited for.
-async fn read_whole<B>(response: http::Response<B>) -> Result<WholeAnswer, Error>
+/// Reads a worker's unary answer ahead, whole when it is not over [`WHOLE_ANSWER_BYTES`]. A
+/// unary answer is one message; handed on whole, it goes to the client in one write.
+/// Streamed on, the message went out as soon as it came, and the trailers (read after it from
+/// the worker's connection) in a second write that the client waited for.
+async fn read_whole<B>(response: http::Response<B>) -> Result<WholeAnswer<B>, Error>
 where
-    B: http_body::Body<Data = Bytes>,
+    B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
-    let (mut head, body) = response.into_parts();
-    let body = body.collect().await.map_err(|e| {
-        let why = forward::error_chain(e.into().as_ref());
-        Error::unavailable(format!("the worker's answer broke off before its end: {why}"))
-    })?;
-    let status = head.headers.get("grpc-status").or_else(|| body.trailers().and_then(|t| t.get("grpc-status")));
-    let code = status.and_then(|v| v.to_str().ok()).map_or("0", code_label);
+    let (mut head, mut body) = response.into_parts();
+    let mut status = head.headers.get("grpc-status").cloned();
+    let (mut frames, mut bytes, mut ended) = (VecDeque::new(), 0, false);
+    while !ended && bytes <= WHOLE_ANSWER_BYTES {
+        match body.frame().await {
+            None => ended = true,
+            Some(Err(e)) => {
+                let why = forward::error_chain(e.into().as_ref());
+                return Err(Error::unavailable(format!("the worker's answer broke off before its end: {why}")));
+            }
+            Some(Ok(frame)) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    status = status.or_else(|| trailers.get("grpc-status").cloned());
+                    ended = true;
+                }
+                bytes += frame.data_ref().map_or(0, Bytes::len);
+                frames.push_back(frame);
+            }
+        }
+    }
+    let code = status.as_ref().and_then(|v| v.to_str().ok()).map_or("0", code_label);
     // An HTTP/1.1 answer's framing headers (`transfer-encoding`, `trailer`) are not HTTP/2's.
     head.headers.retain_forwardable();
+    let body = ReadAhead { frames, rest: (!ended).then_some(body) };
     Ok(WholeAnswer { response: http::Response::from_parts(head, body), code })
+}
+
+/// A body whose first frames were read ahead: those, then what `rest` still has.
+struct ReadAhead<B> {
+    frames: VecDeque<Frame<Bytes>>,
+    rest: Option<B>,
+}
+
+impl<B> http_body::Body for ReadAhead<B>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        if let Some(frame) = self.frames.pop_front() {
+            return std::task::Poll::Ready(Some(Ok(frame)));
+        }
+        match self.rest.as_mut() {
+            Some(rest) => std::pin::Pin::new(rest).poll_frame(cx),
+            None => std::task::Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(http_body::Body::is_end_stream)
+    }
 }
 
 async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error> {
@@ -424,6 +477,7 @@ fn message_frames(messages: Vec<Bytes>) -> Response {
 #[cfg(test)]
 mod tests {
     use futures::FutureExt as _;
+    use http_body_util::combinators::UnsyncBoxBody;
     use tessera_protocol::inference::ModelInferRequest;
 
     use super::*;
@@ -434,7 +488,7 @@ mod tests {
     /// read from the connection) its trailers; or a cut-off connection instead of trailers.
     fn answer(
         trailers: Option<(&'static str, std::time::Duration)>,
-    ) -> http::Response<impl http_body::Body<Data = Bytes, Error = std::io::Error>> {
+    ) -> http::Response<UnsyncBoxBody<Bytes, std::io::Error>> {
         let frames = futures::stream::iter(0..2).then(move |i| async move {
             if i == 0 {
                 return Ok(Frame::data(Bytes::from_static(b"\0\0\0\0\x02\x0a\x00")));
@@ -445,7 +499,7 @@ mod tests {
             trailers.insert("grpc-status", HeaderValue::from_static(status));
             Ok(Frame::trailers(trailers))
         });
-        let mut response = http::Response::new(StreamBody::new(frames));
+        let mut response = http::Response::new(StreamBody::new(frames).boxed_unsync());
         response.headers_mut().insert(header::TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
         response.headers_mut().insert(header::TRAILER, HeaderValue::from_static("grpc-status, grpc-message"));
         response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
@@ -470,6 +524,28 @@ mod tests {
         let e = read_whole(answer(None)).await.err().expect("a cut-off answer");
         assert_eq!(e.kind, ErrorKind::Unavailable);
         assert!(e.message.contains("broke off before its end: connection reset"), "{}", e.message);
+    }
+
+    #[tokio::test]
+    async fn a_unary_answer_over_the_read_ahead_limit_streams_on_after_it() {
+        let chunk = Bytes::from(vec![7u8; WHOLE_ANSWER_BYTES / 2 + 1]);
+        let frames = futures::stream::iter(0..4).then(move |i| {
+            let chunk = chunk.clone();
+            async move {
+                if i < 3 {
+                    return Ok::<_, std::io::Error>(Frame::data(chunk));
+                }
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                Ok(Frame::trailers(trailers))
+            }
+        });
+        let read = read_whole(http::Response::new(StreamBody::new(frames).boxed_unsync())).await.expect("read");
+        let body = read.response.into_body();
+        assert_eq!(body.frames.len(), 2, "read until over the limit, no further");
+        let whole = body.collect().await.expect("the rest streams on");
+        assert_eq!(whole.trailers().expect("trailers")["grpc-status"], "0");
+        assert_eq!(whole.to_bytes().len(), 3 * (WHOLE_ANSWER_BYTES / 2 + 1));
     }
 
     fn framed(m: &impl Message) -> Vec<u8> {
