@@ -91,11 +91,18 @@ async fn connection(
     match tls {
         None => serve_connection(tcp, peer, router, shutdown, limits).await,
         Some(tls) => {
+            // Bounded too: a client that starts its hello and stalls would otherwise hold the
+            // connection, as hyper's header timer starts only after the handshake.
+            let handshake = tokio::time::timeout(limits.header_read_timeout, tls.accept(tcp));
             let stream = tokio::select! {
-                accepted = tls.accept(tcp) => match accepted {
-                    Ok(stream) => stream,
-                    Err(e) => {
+                accepted = handshake => match accepted {
+                    Ok(Ok(stream)) => stream,
+                    Ok(Err(e)) => {
                         tracing::debug!(error = %e, "tls handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(timeout = ?limits.header_read_timeout, "tls handshake not finished in time");
                         return;
                     }
                 },
@@ -154,6 +161,10 @@ mod tests {
     use super::*;
 
     async fn start(limits: ConnLimits) -> (SocketAddr, CancellationToken) {
+        start_with(limits, None).await
+    }
+
+    async fn start_with(limits: ConnLimits, tls: Option<TlsAcceptor>) -> (SocketAddr, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let router = Router::new()
@@ -161,7 +172,7 @@ mod tests {
             .route("/echo", post(|body: String| async move { body }))
             .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(limits.header_read_timeout));
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve(listener, router, shutdown.clone(), limits, None));
+        tokio::spawn(serve(listener, router, shutdown.clone(), limits, tls));
         (addr, shutdown)
     }
 
@@ -199,6 +210,20 @@ mod tests {
         let (_, answer) = closed_after(&mut ok).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(answer.contains(&ok.local_addr().expect("local").to_string()), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_starts_its_tls_hello_and_stalls_is_cut_off_after_the_header_timeout() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (files, _) = tessera_protocol::tls::local::ensure(dir.path(), &["localhost"]).expect("certificate");
+        let tls = TlsAcceptor::load(files.pair).expect("loads");
+        let limits = ConnLimits { header_read_timeout: Duration::from_millis(300), ..ConnLimits::default() };
+        let (addr, _shutdown) = start_with(limits, Some(tls)).await;
+        let mut stalled = TcpStream::connect(addr).await.expect("connect");
+        // A handshake record's header announcing 512 bytes, then nothing.
+        stalled.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01]).await.expect("write");
+        let (waited, _) = closed_after(&mut stalled).await;
+        assert!(waited >= Duration::from_millis(250) && waited < Duration::from_secs(3), "closed after {waited:?}");
     }
 
     #[tokio::test]
