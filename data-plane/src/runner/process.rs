@@ -68,9 +68,9 @@ pub struct RunnerArgs {
 
 /// How often statistics no answer carried are sent to the front.
 const STATS_EVERY: std::time::Duration = std::time::Duration::from_millis(25);
-/// Ticks with nothing to send and no request held after which the statistics task sleeps
-/// until the next request: an idle runner's thread is not woken 40 times a second (each
-/// wake-up followed by a busy-poll window), and tensors dropped just after their answer
+/// Ticks with nothing to send and no request received or held after which the statistics
+/// task sleeps until the next request: an idle runner's thread is not woken 40 times a second
+/// (each wake-up followed by a busy-poll window), and tensors dropped just after their answer
 /// still have two ticks to be reported released.
 const IDLE_TICKS: u32 = 2;
 
@@ -103,6 +103,9 @@ struct State {
     device: Device,
     /// The statistics task sleeps until [`Self::wake_stats`] (no request held, nothing to send).
     stats_idle: AtomicBool,
+    /// A request was received since the statistics task last looked. Requests run inline
+    /// leave no count behind them, so the count alone would call a loaded runner idle.
+    received_since_tick: AtomicBool,
     /// Wakes the sleeping statistics task when a request is received.
     wake_stats: Notify,
 }
@@ -117,6 +120,7 @@ impl State {
     /// Counts a request received, waking the statistics task if it sleeps.
     fn received(&self) -> crate::engine::in_flight::Received {
         let received = crate::engine::in_flight::Received::start();
+        self.received_since_tick.store(true, Ordering::Relaxed);
         if self.stats_idle.load(Ordering::SeqCst) {
             self.wake_stats.notify_one();
         }
@@ -190,13 +194,14 @@ async fn stats_task(state: Arc<State>, outbox: Arc<Outbox>) {
             }
             sent = true;
         }
-        let idle = !sent && crate::engine::in_flight::none_received();
+        let received = state.received_since_tick.swap(false, Ordering::Relaxed);
+        let idle = !sent && !received && crate::engine::in_flight::none_received();
         empty_ticks = if idle { empty_ticks + 1 } else { 0 };
         if empty_ticks >= IDLE_TICKS {
             // Set before the count is read again, so a request received in between (were the
             // runner's tasks not all on one thread) would notify, and `notified` return at once.
             state.stats_idle.store(true, Ordering::SeqCst);
-            if crate::engine::in_flight::none_received() {
+            if crate::engine::in_flight::none_received() && !state.received_since_tick.load(Ordering::Relaxed) {
                 state.wake_stats.notified().await;
             }
             state.stats_idle.store(false, Ordering::SeqCst);
@@ -343,6 +348,24 @@ mod tests {
         assert!(!idle(), "a held request keeps the statistics task ticking");
         drop(received);
         until("asleep again once the request is answered", idle).await;
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_runner_whose_requests_each_end_between_ticks_keeps_ticking() {
+        let (ours, _front) = UnixStream::pair().expect("socket pair");
+        let state = Arc::new(State::default());
+        let task = tokio::spawn(stats_task(state.clone(), Outbox::new(Arc::new(ours))));
+        let idle = || state.stats_idle.load(Ordering::SeqCst);
+        until("asleep with no request received", idle).await;
+        // Requests run inline are received and answered between two ticks: none is held when
+        // the task looks, yet the runner is busy.
+        drop(state.received());
+        for _ in 0..(STATS_EVERY * (IDLE_TICKS + 4)).as_millis() / 5 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            assert!(!idle(), "the statistics task slept while requests kept coming");
+            drop(state.received());
+        }
         task.abort();
     }
 }
