@@ -367,8 +367,21 @@ async fn preserve_ordering_answers_in_batch_order_when_instances_finish_out_of_o
             (long.2, short.2)
         }
     };
-    let (long, short) = race("unordered").await;
-    assert!(short < long, "without ordering the short run answers first ({short:?} vs {long:?})");
+    // Without ordering the short run answers first. That only shows the setup can tell the two
+    // apart, and two busy cores shared with other tests' servers can starve the short run's
+    // thread once, so it has three tries.
+    let mut unordered = Vec::new();
+    for _ in 0..3 {
+        let (long, short) = race("unordered").await;
+        unordered.push((short, long));
+        if short < long {
+            break;
+        }
+    }
+    assert!(
+        unordered.iter().any(|(short, long)| short < long),
+        "without ordering the short run answers first (short, long: {unordered:?})"
+    );
     let (long, short) = race("ordered").await;
     // The server releases the short answer only after the long one; the two connections then
     // write their responses independently, so allow the clients a little skew.
