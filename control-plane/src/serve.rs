@@ -91,18 +91,11 @@ async fn connection(
     match tls {
         None => serve_connection(tcp, peer, router, shutdown, limits).await,
         Some(tls) => {
-            // Bounded too: a client that starts its hello and stalls would otherwise hold the
-            // connection, as hyper's header timer starts only after the handshake.
-            let handshake = tokio::time::timeout(limits.header_read_timeout, tls.accept(tcp));
             let stream = tokio::select! {
-                accepted = handshake => match accepted {
-                    Ok(Ok(stream)) => stream,
-                    Ok(Err(e)) => {
+                accepted = tls.accept(tcp, limits.header_read_timeout) => match accepted {
+                    Ok(stream) => stream,
+                    Err(e) => {
                         tracing::debug!(error = %e, "tls handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!(timeout = ?limits.header_read_timeout, "tls handshake not finished in time");
                         return;
                     }
                 },

@@ -27,8 +27,6 @@ pub mod local;
 
 /// How often [`TlsAcceptor::watch`] looks at the certificate and key files.
 pub const RELOAD_POLL: Duration = Duration::from_secs(2);
-/// How long a client has to finish its TLS handshake after connecting.
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `--tls-cert` and `--tls-key`: both or neither; without them the listeners speak plain HTTP.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -253,15 +251,19 @@ impl TlsAcceptor {
         self.shared.reload_if_changed()
     }
 
-    /// Runs the server side of the handshake on `io` (within [`HANDSHAKE_TIMEOUT`]).
-    pub async fn accept<IO>(&self, io: IO) -> io::Result<TlsStream<IO>>
+    /// Runs the server side of the handshake on `io`, which must end within `timeout`: a
+    /// listener passes the time it gives a client for its request head, since its header timer
+    /// starts only after the handshake.
+    pub async fn accept<IO>(&self, io: IO, timeout: Duration) -> io::Result<TlsStream<IO>>
     where
         IO: AsyncRead + AsyncWrite + Unpin,
     {
         let handshake = tokio_rustls::TlsAcceptor::from(self.config()).accept(io);
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+        match tokio::time::timeout(timeout, handshake).await {
             Ok(done) => done,
-            Err(_) => Err(io::Error::new(io::ErrorKind::TimedOut, "tls handshake timed out")),
+            Err(_) => {
+                Err(io::Error::new(io::ErrorKind::TimedOut, format!("tls handshake not finished in {timeout:?}")))
+            }
         }
     }
 }

@@ -37,7 +37,7 @@ async fn leaf_seen(acceptor: &TlsAcceptor, connector: &tokio_rustls::TlsConnecto
     let (client_io, server_io) = tokio::io::duplex(64 * 1024);
     let server = {
         let acceptor = acceptor.clone();
-        tokio::spawn(async move { acceptor.accept(server_io).await.map(|_| ()) })
+        tokio::spawn(async move { acceptor.accept(server_io, std::time::Duration::from_secs(30)).await.map(|_| ()) })
     };
     let name = ServerName::try_from("localhost").expect("name");
     let stream = connector.connect(name, client_io).await.expect("handshake");

@@ -122,9 +122,7 @@ async fn sent_something(
 }
 
 /// `io` after its TLS handshake with the acceptor's current certificate, or `None` when the
-/// handshake failed (logged), took longer than `timeout` (a client that starts its hello and
-/// stalls would otherwise hold the connection: hyper's header timer starts only after it) or
-/// `shutdown` came first.
+/// handshake failed or outlasted `timeout` (logged), or `shutdown` came first.
 pub async fn tls_handshake<IO>(
     tls: &TlsAcceptor,
     io: IO,
@@ -136,14 +134,10 @@ where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     tokio::select! {
-        accepted = tokio::time::timeout(timeout, tls.accept(io)) => match accepted {
-            Ok(Ok(stream)) => Some(stream),
-            Ok(Err(e)) => {
+        accepted = tls.accept(io, timeout) => match accepted {
+            Ok(stream) => Some(stream),
+            Err(e) => {
                 tracing::debug!(endpoint, error = %e, "tls handshake failed");
-                None
-            }
-            Err(_) => {
-                tracing::debug!(endpoint, ?timeout, "tls handshake not finished in time");
                 None
             }
         },
