@@ -334,11 +334,17 @@ mod tests {
         panic!("not {what} within 5 s");
     }
 
-    #[tokio::test]
-    async fn an_idle_runner_stops_ticking_and_a_request_wakes_its_statistics_task() {
-        let (ours, _front) = UnixStream::pair().expect("socket pair");
+    /// A runner's statistics task on its own, with the front's end of its socket.
+    fn stats_task_alone() -> (Arc<State>, tokio::task::JoinHandle<()>, UnixStream) {
+        let (ours, front) = UnixStream::pair().expect("socket pair");
         let state = Arc::new(State::default());
         let task = tokio::spawn(stats_task(state.clone(), Outbox::new(Arc::new(ours))));
+        (state, task, front)
+    }
+
+    #[tokio::test]
+    async fn an_idle_runner_stops_ticking_and_a_request_wakes_its_statistics_task() {
+        let (state, task, _front) = stats_task_alone();
         let idle = || state.stats_idle.load(Ordering::SeqCst);
         until("asleep with no request held", idle).await;
         let received = state.received();
@@ -353,9 +359,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_runner_whose_requests_each_end_between_ticks_keeps_ticking() {
-        let (ours, _front) = UnixStream::pair().expect("socket pair");
-        let state = Arc::new(State::default());
-        let task = tokio::spawn(stats_task(state.clone(), Outbox::new(Arc::new(ours))));
+        let (state, task, _front) = stats_task_alone();
         let idle = || state.stats_idle.load(Ordering::SeqCst);
         until("asleep with no request received", idle).await;
         // Requests run inline are received and answered between two ticks: none is held when
