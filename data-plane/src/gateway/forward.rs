@@ -89,6 +89,8 @@ pub struct Clients {
     unary_over_h2: bool,
     /// HTTP/2 only, one connection per worker, for gRPC streams.
     pub grpc: Client<Connector, GrpcBody>,
+    /// The lean HTTP path's connections (see [`super::h1`]).
+    pub h1: super::h1::upstream::Upstreams,
 }
 
 impl Clients {
@@ -127,7 +129,14 @@ impl Clients {
             .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_adaptive_window(true)
             .build(h2_connector);
-        Self { http1, http2, grpc_unary, unary_over_h2: over_h2, grpc }
+        let h1 = super::h1::upstream::Upstreams::new(http1.tls.clone());
+        Self { http1, http2, grpc_unary, unary_over_h2: over_h2, grpc, h1 }
+    }
+
+    /// Whether HTTP requests may take the lean path ([`super::h1`]), which speaks HTTP/1.1 to
+    /// workers: not with `--upstream-http2`.
+    pub fn lean_http(&self) -> bool {
+        self.http2.is_none()
     }
 
     /// Sends an HTTP request (its URI the path and query) to `upstream`.
@@ -273,9 +282,9 @@ impl Failure for CallError {
 }
 
 /// An upstream's answer, with what must live as long as its body.
-pub struct Answer<B = Incoming> {
+pub struct Answer<R = Response<Incoming>> {
     /// The response head and streaming body.
-    pub response: Response<B>,
+    pub response: R,
     /// The version of the replica that answered.
     pub version: i64,
     /// Counts the request against the upstream until the body is done.
@@ -287,18 +296,18 @@ pub struct Answer<B = Incoming> {
 /// does not hold the model. A request of a sequence (`sequence`: its routing key) goes to the
 /// sequence's replica.
 #[allow(clippy::too_many_arguments)]
-pub async fn send<F, Fut, B, E>(
+pub async fn send<F, Fut, R, E>(
     gateway: &Gateway,
     model_name: &str,
     model: &ModelRoutes,
     version: Option<i64>,
     sequence: Option<u64>,
     mut send: F,
-    stale: fn(&Response<B>) -> bool,
-) -> Result<Answer<B>, Error>
+    stale: fn(&R) -> bool,
+) -> Result<Answer<R>, Error>
 where
     F: FnMut(&Arc<Upstream>) -> Result<Fut, Error>,
-    Fut: Future<Output = Result<Response<B>, E>>,
+    Fut: Future<Output = Result<R, E>>,
     E: Failure,
 {
     if let Some(v) = version

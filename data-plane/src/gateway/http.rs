@@ -1,7 +1,9 @@
-//! The gateway's KServe v2 HTTP front end. Health and server metadata are answered here; the
-//! repository index from the route table; every `/v2/models/{name}[/versions/{v}]/...` request
-//! is forwarded whole to a replica of that model (the path, query, headers and body as the
-//! client sent them, the credential replaced by the signed identity).
+//! The gateway's KServe v2 HTTP front end through hyper. Health and server metadata are answered
+//! here; the repository index from the route table; every `/v2/models/{name}[/versions/{v}]/...`
+//! request is forwarded whole to a replica of that model (the path, query, headers and body as
+//! the client sent them, the credential replaced by the signed identity). Most model requests
+//! never reach it: [`super::h1`] serves them first and hands the connection here from the first
+//! request it does not serve.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -102,23 +104,30 @@ pub fn model_path(path: &str) -> Result<Option<ModelPath>, Error> {
 /// Headers that belong to one connection (RFC 9110, 7.6.1) or that the gateway replaces; gRPC
 /// keeps `te` (see [`super::grpc`]).
 pub(super) fn forwardable(name: &HeaderName) -> bool {
-    !matches!(
-        name.as_str(),
-        "connection"
-            | "keep-alive"
-            | "proxy-connection"
-            | "proxy-authenticate"
-            | "proxy-authorization"
-            | "te"
-            | "trailer"
-            | "transfer-encoding"
-            | "upgrade"
-            | "host"
-            | "content-length"
-            | "authorization"
-            | forwarded::HEADER
-    )
+    !UNFORWARDED.contains(&name.as_str())
 }
+
+/// [`forwardable`] for a name as a client sent it (any case).
+pub(super) fn forwardable_name(name: &[u8]) -> bool {
+    !UNFORWARDED.iter().any(|u| name.eq_ignore_ascii_case(u.as_bytes()))
+}
+
+/// The headers [`forwardable`] drops.
+const UNFORWARDED: [&str; 13] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "authorization",
+    forwarded::HEADER,
+];
 
 /// Takes out of `headers` what is not forwarded (see [`forwardable`]), in place: a client's
 /// request usually has only a few such headers, and removing them costs less than copying the

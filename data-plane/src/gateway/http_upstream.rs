@@ -46,10 +46,22 @@ pub enum Listener {
     Grpc,
 }
 
+/// A connection a [`Pool`] keeps while idle.
+pub trait Reusable {
+    /// Whether the worker closed it (it cannot take another request).
+    fn is_closed(&self) -> bool;
+}
+
+impl Reusable for Sender {
+    fn is_closed(&self) -> bool {
+        SendRequest::is_closed(self)
+    }
+}
+
 /// The idle HTTP/1.1 connections to one worker's listener.
 #[derive(Debug)]
-pub struct Pool {
-    idle: Mutex<VecDeque<Idle>>,
+pub struct Pool<C = Sender> {
+    idle: Mutex<VecDeque<Idle<C>>>,
     /// Where the worker is, read once from its address, or why the address names no host.
     target: Result<Target, String>,
 }
@@ -62,12 +74,12 @@ struct Target {
 }
 
 #[derive(Debug)]
-struct Idle {
-    sender: Sender,
+struct Idle<C> {
+    sender: C,
     since: Instant,
 }
 
-impl Pool {
+impl<C: Reusable> Pool<C> {
     /// An empty pool for the listener at `base` (`http://host:port`).
     pub fn new(base: &str) -> Self {
         let target = base
@@ -81,8 +93,14 @@ impl Pool {
         Self { idle: Mutex::default(), target }
     }
 
+    /// The worker's address and the `Host` value its requests carry; a failure before anything
+    /// was sent when the address names no host.
+    pub(super) fn target(&self) -> Result<(&Uri, &HeaderValue), CallError> {
+        self.target.as_ref().map(|t| (&t.uri, &t.host)).map_err(|why| CallError::Unsent(why.clone()))
+    }
+
     /// The connection given back last that is still open.
-    fn take(&self) -> Option<Sender> {
+    pub(super) fn take(&self) -> Option<C> {
         let mut idle = self.idle.lock();
         expire(&mut idle, Instant::now());
         while let Some(i) = idle.pop_back() {
@@ -94,7 +112,7 @@ impl Pool {
     }
 
     /// Keeps `sender` for the next request.
-    fn give_back(&self, sender: Sender) {
+    pub(super) fn give_back(&self, sender: C) {
         if sender.is_closed() {
             return;
         }
@@ -114,7 +132,7 @@ impl Pool {
 }
 
 /// Closes the connections idle longer than [`IDLE_TIMEOUT`] (the oldest are at the front).
-fn expire(idle: &mut VecDeque<Idle>, now: Instant) {
+fn expire<C>(idle: &mut VecDeque<Idle<C>>, now: Instant) {
     while idle.front().is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT) {
         idle.pop_front();
     }
@@ -122,7 +140,7 @@ fn expire(idle: &mut VecDeque<Idle>, now: Instant) {
 
 /// Makes HTTP/1.1 connections to workers (TLS for `https://` ones) and sends requests on them.
 pub struct HttpUpstreams {
-    tls: tokio_rustls::TlsConnector,
+    pub(super) tls: tokio_rustls::TlsConnector,
 }
 
 impl HttpUpstreams {
@@ -142,14 +160,14 @@ impl HttpUpstreams {
         mut request: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, CallError> {
         let pool = upstream.pool(listener);
-        let target = pool.target.as_ref().map_err(|why| CallError::Unsent(why.clone()))?;
-        request.headers_mut().insert(header::HOST, target.host.clone());
+        let (uri, host) = pool.target()?;
+        request.headers_mut().insert(header::HOST, host.clone());
         loop {
             let (mut sender, fresh) = match pool.take() {
                 Some(sender) => (sender, false),
                 // Boxed: connecting (TLS state, the handshake) would make every request's
                 // future larger, and futures are moved by value on their way to the executor.
-                None => (Box::pin(self.connect(&target.uri)).await?, true),
+                None => (Box::pin(self.connect(uri)).await?, true),
             };
             // Bounded, so a connection stuck on its previous exchange cannot hold the request.
             let not_ready = match tokio::time::timeout(CONNECT_TIMEOUT, sender.ready()).await {
@@ -159,7 +177,7 @@ impl HttpUpstreams {
             };
             if let Some(why) = not_ready {
                 if fresh {
-                    return Err(CallError::Unsent(format!("the new connection to {} {why}", target.uri)));
+                    return Err(CallError::Unsent(format!("the new connection to {uri} {why}")));
                 }
                 continue;
             }
@@ -171,7 +189,7 @@ impl HttpUpstreams {
                 Err(mut e) => match e.take_message() {
                     // Not written: the connection closed under it. Try the next one.
                     Some(back) if !fresh => request = back,
-                    Some(_) => return Err(CallError::Unsent(format!("the connection to {} closed", target.uri))),
+                    Some(_) => return Err(CallError::Unsent(format!("the connection to {uri} closed"))),
                     None => return Err(CallError::Broken(Box::new(e.into_error()))),
                 },
             }

@@ -7,13 +7,15 @@
 //! In modules: [`routes`] (the table, balancing and outlier state), [`limits`] (token buckets),
 //! [`watch`] (the route stream), [`forward`] (upstream clients and retries; unary gRPC calls
 //! through [`grpc_upstream`]), [`http`] and
-//! [`grpc`] (the two front ends), [`metrics`] and [`usage`] (throttled requests, shipped to the
+//! [`grpc`] (the two front ends; model requests over HTTP/1.1 take the lean path of [`h1`]),
+//! [`metrics`] and [`usage`] (throttled requests, shipped to the
 //! control plane as usage).
 
 pub mod dial;
 pub mod forward;
 pub mod grpc;
 pub mod grpc_upstream;
+pub mod h1;
 pub mod http;
 pub mod http_upstream;
 pub mod limits;
@@ -399,7 +401,7 @@ pub async fn run(
         usage_stop.clone(),
     ));
     let tasks = tokio_util::task::TaskTracker::new();
-    tasks.spawn(crate::serve::http::serve(http, http::router(gateway.clone()), shutdown.clone(), tls.clone()));
+    tasks.spawn(h1::serve(http, gateway.clone(), http::router(gateway.clone()), shutdown.clone(), tls.clone()));
     tasks.spawn(crate::serve::grpc::serve::serve(grpc, grpc::routes(gateway.clone()), shutdown.clone(), tls.clone()));
     let metrics_token = match &args.metrics_token_file {
         Some(path) => Some(

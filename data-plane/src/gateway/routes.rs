@@ -31,6 +31,8 @@ pub struct Upstream {
     http1: super::http_upstream::Pool,
     /// ...and to its gRPC listener (unary calls).
     grpc1: super::http_upstream::Pool,
+    /// Idle connections of the lean HTTP path to its HTTP listener.
+    h1: super::http_upstream::Pool<super::h1::upstream::Conn>,
     outstanding: AtomicU32,
     health: Mutex<Health>,
 }
@@ -64,6 +66,7 @@ impl Upstream {
             worker_id: worker_id.to_string(),
             http1: super::http_upstream::Pool::new(http),
             grpc1: super::http_upstream::Pool::new(grpc),
+            h1: super::http_upstream::Pool::new(http),
             http: http.to_string(),
             grpc: grpc.to_string(),
             outstanding: AtomicU32::new(0),
@@ -77,6 +80,11 @@ impl Upstream {
             super::http_upstream::Listener::Http => &self.http1,
             super::http_upstream::Listener::Grpc => &self.grpc1,
         }
+    }
+
+    /// The idle connections of the lean HTTP path to its HTTP listener.
+    pub(super) fn h1_pool(&self) -> &super::http_upstream::Pool<super::h1::upstream::Conn> {
+        &self.h1
     }
 
     /// Identifies it among the upstreams of one table (its address).

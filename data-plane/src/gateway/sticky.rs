@@ -90,11 +90,13 @@ impl Fnv {
 /// `Inference-Header-Content-Length` gives); `None` when it has none or the body is not JSON
 /// (the worker then answers the client's mistake).
 pub fn http_sequence_id(headers: &HeaderMap, body: &[u8]) -> Option<SequenceId> {
-    let json_len = headers
-        .get("inference-header-content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(body.len());
+    let json_length = headers.get("inference-header-content-length").and_then(|v| v.to_str().ok());
+    http_sequence_id_from(json_length, body)
+}
+
+/// [`http_sequence_id`] given the `Inference-Header-Content-Length` value, when there is one.
+pub fn http_sequence_id_from(json_length: Option<&str>, body: &[u8]) -> Option<SequenceId> {
+    let json_len = json_length.and_then(|v| v.parse::<usize>().ok()).unwrap_or(body.len());
     let json = body.get(..json_len)?;
     if !contains(json, KEY) {
         return None;

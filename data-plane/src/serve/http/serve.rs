@@ -26,7 +26,7 @@ pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a request body may go without sending more of itself: a body shorter than its
 /// `Content-Length` (or an HTTP/2 stream that stops sending data) then fails its request
 /// instead of holding it, and its connection, forever.
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Serves `router` on `listener` until `shutdown`, over TLS when `tls` is given (each
 /// connection gets the acceptor's current certificate); then stops accepting, lets every open
@@ -44,11 +44,16 @@ async fn serve_with(
     header_timeout: Duration,
     body_timeout: Duration,
 ) {
-    let router = router.layer(RequestBodyTimeoutLayer::new(body_timeout));
+    let router = with_body_timeout(router, body_timeout);
     crate::serve::net::accept::serve(listener, "http", header_timeout, shutdown, move |tcp, shutdown| {
         connection(tcp, tls.clone(), router.clone(), shutdown, header_timeout)
     })
     .await;
+}
+
+/// `router` with requests whose bodies stall for `body_timeout` failed (408).
+pub(crate) fn with_body_timeout(router: Router, body_timeout: Duration) -> Router {
+    router.layer(RequestBodyTimeoutLayer::new(body_timeout))
 }
 
 /// Serves one connection, after its TLS handshake when `tls` is given; on shutdown it
@@ -75,7 +80,7 @@ async fn connection(
 
 /// Serves HTTP on one connection's stream until it closes or, after `shutdown`, finishes its
 /// request in progress.
-async fn serve_connection<IO>(io: IO, router: Router, shutdown: CancellationToken, header_timeout: Duration)
+pub(crate) async fn serve_connection<IO>(io: IO, router: Router, shutdown: CancellationToken, header_timeout: Duration)
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {

@@ -1,0 +1,294 @@
+//! The lean path's side towards workers: a request is written on a pooled HTTP/1.1 connection
+//! by the task serving the client, and the answer read back on the same task. There is no
+//! connection task to hand the request to and no body channel: each exchange costs the two
+//! writes and reads it needs and no wake-up between tasks.
+//!
+//! The rule of [`crate::gateway::forward`] holds: a request is [`CallError::Unsent`] (another
+//! replica may be tried) only when no byte of it reached the worker, and a connection the
+//! worker closed while idle is passed over before anything is written on it.
+
+use std::io::{self, IoSlice};
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio_util::either::Either;
+
+use super::head::{self, ChunkedEnd, Framing, ResponseHead};
+use crate::gateway::dial::{self, Io};
+use crate::gateway::forward::CallError;
+use crate::gateway::http_upstream::Reusable;
+use crate::gateway::routes::Upstream;
+
+/// Read buffer of a connection to a worker; an answer's head must fit in what is read first
+/// or the buffer grows.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// A connection to a worker's HTTP listener, idle between exchanges.
+#[derive(Debug)]
+pub struct Conn {
+    io: Io,
+    buf: BytesMut,
+}
+
+impl Reusable for Conn {
+    fn is_closed(&self) -> bool {
+        let (tcp, tls) = match &self.io {
+            Either::Left(tcp) => (tcp, false),
+            Either::Right(stream) => (stream.get_ref().0, true),
+        };
+        // A peek that does not wait: tokio answers from the readiness it holds, so this costs
+        // a system call only when the socket may have something to read.
+        let mut byte = [0u8; 1];
+        let mut peeked = ReadBuf::new(&mut byte);
+        match tcp.poll_peek(&mut Context::from_waker(Waker::noop()), &mut peeked) {
+            Poll::Pending => false,
+            // End of stream: the worker closed it.
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => true,
+            // Bytes no request asked for: plain HTTP cannot make sense of them; on TLS they may
+            // be the server's session tickets, which the next read handles.
+            Poll::Ready(Ok(_)) => !tls,
+        }
+    }
+}
+
+/// Sends lean-path requests to workers.
+pub struct Upstreams {
+    tls: tokio_rustls::TlsConnector,
+}
+
+/// A worker's answer whose head has been read; the body follows on its connection.
+#[derive(Debug)]
+pub struct Answer {
+    /// The answer's head (offsets into `conn.buf`).
+    pub head: ResponseHead,
+    conn: Conn,
+    upstream: Arc<Upstream>,
+}
+
+/// How relaying an answer to the client ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Relayed {
+    /// The whole answer reached the client, which may send its next request.
+    Whole,
+    /// The answer was delimited by the worker closing the connection: so is the client's.
+    ClientMustClose,
+    /// The client or the worker broke off: the client's connection is closed.
+    Broken,
+}
+
+impl Upstreams {
+    /// Connections trusting `tls` for `https://` workers.
+    pub fn new(tls: tokio_rustls::TlsConnector) -> Self {
+        Self { tls }
+    }
+
+    /// Writes a request to `upstream`'s HTTP listener and reads its answer's head: `line` is
+    /// the request line without its CRLF (`POST /v2/... HTTP/1.1`), `headers` every header
+    /// but `Host` (each line ending in CRLF, then the blank line), `body` the body.
+    pub async fn exchange(
+        &self,
+        upstream: &Arc<Upstream>,
+        line: &[u8],
+        headers: &[u8],
+        body: &[u8],
+    ) -> Result<Answer, CallError> {
+        let pool = upstream.h1_pool();
+        let (uri, host) = pool.target()?;
+        let mut start = Vec::with_capacity(line.len() + host.len() + 10);
+        start.extend_from_slice(line);
+        start.extend_from_slice(b"\r\nhost: ");
+        start.extend_from_slice(host.as_bytes());
+        start.extend_from_slice(b"\r\n");
+        loop {
+            let (mut conn, fresh) = match pool.take() {
+                Some(conn) => (conn, false),
+                // Boxed: connecting (TLS state, the handshake) would make every exchange's
+                // future larger.
+                None => (Box::pin(self.connect(uri)).await?, true),
+            };
+            let written = match write_all(&mut conn.io, &mut [&start, headers, body]).await {
+                // TLS may hold the last record until flushed; plain TCP flushes at once.
+                Ok(()) => conn.io.flush().await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                // Not all of the request reached the worker, which cannot have run it: a kept
+                // connection that broke is passed over, a new one that breaks ends the tries.
+                if fresh {
+                    return Err(CallError::Unsent(format!("writing to {uri}: {e}")));
+                }
+                continue;
+            }
+            conn.buf.clear();
+            let head = loop {
+                match head::response(&conn.buf) {
+                    Ok(Some(head)) => break head,
+                    Ok(None) => {}
+                    Err(e) => return Err(CallError::Broken(Box::new(e))),
+                }
+                conn.buf.reserve(READ_CHUNK);
+                match conn.io.read_buf(&mut conn.buf).await {
+                    Ok(0) => {
+                        let e = io::Error::new(io::ErrorKind::UnexpectedEof, "the worker closed before answering");
+                        return Err(CallError::Broken(Box::new(e)));
+                    }
+                    Ok(_) => {}
+                    Err(e) => return Err(CallError::Broken(Box::new(e))),
+                }
+            };
+            return Ok(Answer { head, conn, upstream: upstream.clone() });
+        }
+    }
+
+    async fn connect(&self, uri: &http::Uri) -> Result<Conn, CallError> {
+        let (io, _) = dial::dial(uri, &self.tls).await?;
+        Ok(Conn { io, buf: BytesMut::with_capacity(READ_CHUNK) })
+    }
+}
+
+impl Answer {
+    /// Sends the answer to the client on `client`: its head (without the worker's connection
+    /// headers, with `Connection: close` when `close`) and its body as the worker frames it.
+    /// A connection whose answer was read to its end goes back to the worker's pool.
+    pub async fn relay<W>(mut self, client: &mut W, close: bool) -> Relayed
+    where
+        W: AsyncWrite + Unpin,
+    {
+        let head_len = self.head.len;
+        let close = close || self.head.framing == Framing::UntilClose;
+        let mut out = Vec::with_capacity(256);
+        let status = self.head.status;
+        out.extend_from_slice(b"HTTP/1.1 ");
+        out.extend_from_slice(status.as_str().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(status.canonical_reason().unwrap_or("").as_bytes());
+        out.extend_from_slice(b"\r\n");
+        for h in &self.head.headers {
+            let name = &self.conn.buf[h.name.clone()];
+            if !head::hop_by_hop(name) {
+                out.extend_from_slice(name);
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(&self.conn.buf[h.value.clone()]);
+                out.extend_from_slice(b"\r\n");
+            }
+        }
+        if close {
+            out.extend_from_slice(b"connection: close\r\n");
+        }
+        out.extend_from_slice(b"\r\n");
+
+        let mut body = Body::new(self.head.framing);
+        let (taken, mut done) = match body.take(&self.conn.buf[head_len..]) {
+            Ok(step) => step,
+            Err(e) => {
+                tracing::debug!(worker_id = %self.upstream.worker_id, error = %e, "bad answer body");
+                return Relayed::Broken;
+            }
+        };
+        let first = &self.conn.buf[head_len..head_len + taken];
+        if write_all(client, &mut [&out, first]).await.is_err() {
+            return Relayed::Broken;
+        }
+        // Anything read past the body's end would be a second answer no request asked for.
+        let mut clean = head_len + taken == self.conn.buf.len();
+        while !done {
+            self.conn.buf.clear();
+            self.conn.buf.reserve(READ_CHUNK);
+            match self.conn.io.read_buf(&mut self.conn.buf).await {
+                Ok(0) if body.framing == Framing::UntilClose => {
+                    let _ = client.flush().await;
+                    return Relayed::ClientMustClose;
+                }
+                Ok(0) | Err(_) => return Relayed::Broken,
+                Ok(_) => {}
+            }
+            let (taken, end) = match body.take(&self.conn.buf) {
+                Ok(step) => step,
+                Err(_) => return Relayed::Broken,
+            };
+            done = end;
+            clean = taken == self.conn.buf.len();
+            if write_all(client, &mut [&self.conn.buf[..taken]]).await.is_err() {
+                return Relayed::Broken;
+            }
+        }
+        if client.flush().await.is_err() {
+            return Relayed::Broken;
+        }
+        // Whether or not the client's connection closes, the worker's can take the next request.
+        if self.head.keep_alive && clean {
+            self.conn.buf.clear();
+            self.upstream.h1_pool().give_back(self.conn);
+        }
+        if close { Relayed::ClientMustClose } else { Relayed::Whole }
+    }
+}
+
+/// Where an answer body ends, as its pieces arrive.
+struct Body {
+    framing: Framing,
+    /// Bytes left of a `Content-Length` body.
+    left: u64,
+    chunked: ChunkedEnd,
+}
+
+impl Body {
+    fn new(framing: Framing) -> Self {
+        let left = if let Framing::Length(n) = framing { n } else { 0 };
+        Self { framing, left, chunked: ChunkedEnd::default() }
+    }
+
+    /// How much of `piece` belongs to the body, and whether the body ends with it.
+    fn take(&mut self, piece: &[u8]) -> Result<(usize, bool), head::BadChunk> {
+        Ok(match self.framing {
+            Framing::Empty => (0, true),
+            Framing::Length(_) => {
+                let taken = usize::try_from(self.left).unwrap_or(usize::MAX).min(piece.len());
+                self.left -= taken as u64;
+                (taken, self.left == 0)
+            }
+            Framing::Chunked => match self.chunked.advance(piece)? {
+                Some(end) => (end, true),
+                None => (piece.len(), false),
+            },
+            Framing::UntilClose => (piece.len(), false),
+        })
+    }
+}
+
+/// Writes every part, in as few system calls as the connection takes them.
+pub async fn write_all<W>(io: &mut W, parts: &mut [&[u8]]) -> io::Result<()>
+where
+    W: AsyncWrite + Unpin,
+{
+    const MAX_PARTS: usize = 4;
+    let mut first = 0;
+    loop {
+        while first < parts.len() && parts[first].is_empty() {
+            first += 1;
+        }
+        if first == parts.len() {
+            return Ok(());
+        }
+        let count = (parts.len() - first).min(MAX_PARTS);
+        let mut slices = [IoSlice::new(&[]); MAX_PARTS];
+        for (slice, part) in slices.iter_mut().zip(&parts[first..first + count]) {
+            *slice = IoSlice::new(part);
+        }
+        let mut written = io.write_vectored(&slices[..count]).await?;
+        if written == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let part = &mut parts[first];
+            let n = written.min(part.len());
+            *part = &part[n..];
+            written -= n;
+            if part.is_empty() {
+                first += 1;
+            }
+        }
+    }
+}
