@@ -54,10 +54,22 @@ pub fn all() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ("onnx", "identity.onnx", onnx_model()),
         ("runner_wire", "from_runner.bin", [&[0][..], &from_runner_frames()].concat()),
         ("runner_wire", "to_runner.bin", [&[1][..], &to_runner_frames()].concat()),
+        ("gateway_http1", "request.bin", [&[0][..], GATEWAY_REQUEST.as_bytes()].concat()),
+        ("gateway_http1", "answer.bin", [&[1][..], GATEWAY_ANSWER.as_bytes()].concat()),
+        ("gateway_http1", "chunked.bin", [&[2][..], GATEWAY_CHUNKED.as_bytes()].concat()),
     ];
     seeds.extend(token_seeds());
     seeds
 }
+
+/// A model request head as the gateway's lean path reads it, its body after.
+const GATEWAY_REQUEST: &str = "POST /v2/models/simple/infer HTTP/1.1\r\nHost: gw\r\n\
+Authorization: Bearer k\r\nInference-Header-Content-Length: 2\r\nContent-Length: 6\r\n\r\n{}abcd";
+/// A worker's answer head.
+const GATEWAY_ANSWER: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: keep-alive\r\n\r\n{}";
+/// A chunked answer body with trailers.
+const GATEWAY_CHUNKED: &str = "5\r\nhello\r\n3;x=y\r\nabc\r\n0\r\ngrpc-status: 0\r\n\r\n";
 
 const SIMPLE_PBTXT: &str = r#"name: "simple"
 platform: "onnxruntime_onnx"
