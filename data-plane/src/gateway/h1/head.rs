@@ -3,6 +3,7 @@
 //! head, how each body is framed, and a scanner that finds where a chunked body ends without
 //! decoding it.
 
+use std::mem::MaybeUninit;
 use std::ops::Range;
 
 use http::StatusCode;
@@ -69,9 +70,13 @@ fn has_token(value: &[u8], token: &str) -> bool {
 /// Reads a request head from the start of `bytes`. Heads this path does not serve come back
 /// as [`Parsed::Other`]: the connection then goes to hyper, which serves or refuses them.
 pub fn request(bytes: &[u8]) -> Parsed<RequestHead> {
-    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut raw);
-    let len = match parsed.parse(bytes) {
+    if bytes.is_empty() {
+        return Parsed::Partial;
+    }
+    // Left uninitialized: setting every slot would cost more than reading a small head.
+    let mut raw = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let len = match parsed.parse_with_uninit_headers(bytes, &mut raw) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if bytes.len() < MAX_HEAD_BYTES => return Parsed::Partial,
         Ok(httparse::Status::Partial) | Err(_) => return Parsed::Other,
@@ -166,9 +171,13 @@ pub struct BadHead(pub &'static str);
 
 /// Reads a worker's response head from the start of `bytes`.
 pub fn response(bytes: &[u8]) -> Result<Option<ResponseHead>, BadHead> {
-    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut raw);
-    let len = match parsed.parse(bytes) {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    let mut raw = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let config = httparse::ParserConfig::default();
+    let len = match config.parse_response_with_uninit_headers(&mut parsed, bytes, &mut raw) {
         Ok(httparse::Status::Complete(len)) => len,
         Ok(httparse::Status::Partial) if bytes.len() < MAX_HEAD_BYTES => return Ok(None),
         Ok(httparse::Status::Partial) => return Err(BadHead("is over 64 KiB")),

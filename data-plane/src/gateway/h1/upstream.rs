@@ -28,13 +28,15 @@ const READ_CHUNK: usize = 16 * 1024;
 /// A connection to a worker's HTTP listener, idle between exchanges.
 #[derive(Debug)]
 pub struct Conn {
-    io: Io,
+    /// Boxed: a TLS stream is large, and a connection moves in and out of its pool and
+    /// through every exchange's future.
+    io: Box<Io>,
     buf: BytesMut,
 }
 
 impl Reusable for Conn {
     fn is_closed(&self) -> bool {
-        let (tcp, tls) = match &self.io {
+        let (tcp, tls) = match &*self.io {
             Either::Left(tcp) => (tcp, false),
             Either::Right(stream) => (stream.get_ref().0, true),
         };
@@ -144,7 +146,7 @@ impl Upstreams {
 
     async fn connect(&self, uri: &http::Uri) -> Result<Conn, CallError> {
         let (io, _) = dial::dial(uri, &self.tls).await?;
-        Ok(Conn { io, buf: BytesMut::with_capacity(READ_CHUNK) })
+        Ok(Conn { io: Box::new(io), buf: BytesMut::with_capacity(READ_CHUNK) })
     }
 }
 
