@@ -67,6 +67,14 @@ fn has_token(value: &[u8], token: &str) -> bool {
     value.split(|b| *b == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
 }
 
+/// A `Content-Length` value: digits only (no sign, no spaces), within a `u64`.
+fn length_of(value: &[u8]) -> Option<u64> {
+    if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(value).ok()?.parse().ok()
+}
+
 /// Reads a request head from the start of `bytes`. Heads this path does not serve come back
 /// as [`Parsed::Other`]: the connection then goes to hyper, which serves or refuses them.
 pub fn request(bytes: &[u8]) -> Parsed<RequestHead> {
@@ -104,13 +112,7 @@ pub fn request(bytes: &[u8]) -> Parsed<RequestHead> {
     for header in parsed.headers.iter() {
         let (name, value) = (header.name, header.value);
         if name.eq_ignore_ascii_case("content-length") {
-            let Some(n) = std::str::from_utf8(value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<usize>().ok())
-            else {
-                return Parsed::Other;
-            };
+            let Some(n) = length_of(value).and_then(|n| usize::try_from(n).ok()) else { return Parsed::Other };
             if content_length.is_some_and(|seen| seen != n) {
                 return Parsed::Other;
             }
@@ -193,11 +195,7 @@ pub fn response(bytes: &[u8]) -> Result<Option<ResponseHead>, BadHead> {
     for header in parsed.headers.iter() {
         let (name, value) = (header.name, header.value);
         if name.eq_ignore_ascii_case("content-length") {
-            let n = std::str::from_utf8(value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<u64>().ok())
-                .ok_or(BadHead("has an invalid Content-Length"))?;
+            let n = length_of(value).ok_or(BadHead("has an invalid Content-Length"))?;
             if length.is_some_and(|seen| seen != n) {
                 return Err(BadHead("has two different Content-Lengths"));
             }

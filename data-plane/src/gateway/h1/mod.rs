@@ -34,10 +34,11 @@ use crate::auth::forwarded;
 use crate::error::{Error, ErrorKind};
 use crate::serve::net::tls::TlsAcceptor;
 use head::{Parsed, RequestHead};
-use upstream::Relayed;
 
 /// Room kept free in a client connection's read buffer before each read.
 const READ_ROOM: usize = 8 * 1024;
+/// Most room made for a request body at a time (the buffer grows as the body arrives).
+const MAX_BODY_READ: usize = 1024 * 1024;
 
 /// Serves the gateway's HTTP listener until `shutdown`: the lean path for model requests,
 /// `router` (through hyper) for the rest; over TLS when `tls` is given.
@@ -145,7 +146,8 @@ where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
     let started = Instant::now();
-    if head.content_length > g.max_request_bytes {
+    let whole = head.len.checked_add(head.content_length).filter(|_| head.content_length <= g.max_request_bytes);
+    let Some(whole) = whole else {
         let e = Error::new(
             ErrorKind::TooLarge,
             format!("request body over the gateway's limit of {} bytes", g.max_request_bytes),
@@ -153,12 +155,11 @@ where
         // The body is not read: the connection cannot carry another request.
         write_error(client, e, true).await;
         return false;
-    }
-    let whole = head.len + head.content_length;
-    if client.read.len() < whole {
-        client.read.reserve(whole - client.read.len());
-    }
+    };
     while client.read.len() < whole {
+        // Room for what arrives, not for what the head announced: a client that announces a
+        // large body and sends none of it holds no memory for it.
+        client.read.reserve((whole - client.read.len()).min(MAX_BODY_READ));
         let read = tokio::time::timeout(crate::serve::http::BODY_READ_TIMEOUT, client.io.read_buf(&mut client.read));
         match read.await {
             Ok(Ok(n)) if n > 0 => {}
@@ -177,9 +178,9 @@ where
         Ok((answer, tenant, version, guards)) => {
             let status = answer.head.status;
             g.metrics.observe(&tenant, &target.name, &version.to_string(), "http", status.as_str(), started.elapsed());
-            let relayed = answer.relay(&mut client.io, close).await;
+            let goes_on = answer.relay(&mut client.io, close).await;
             drop(guards);
-            relayed == Relayed::Whole
+            goes_on
         }
         Err((e, tenant)) => {
             if let Some(tenant) = tenant {

@@ -298,3 +298,19 @@ async fn a_stalled_head_is_closed_after_the_header_timeout() {
     near.write_all(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: g").await.expect("write");
     tokio::time::timeout(Duration::from_secs(5), served).await.expect("closed").expect("task");
 }
+
+#[tokio::test]
+async fn a_body_arriving_in_pieces_is_read_whole_before_it_is_forwarded() {
+    let (g, _) = gateway(Worker::Echo, 4 << 20).await;
+    let (mut io, _) = client(&g);
+    // Over the most room made at a time, so the buffer grows as the body arrives.
+    let body = "x".repeat(MAX_BODY_READ + 5);
+    let request = infer(&body, "");
+    let (head, rest) = request.split_at(request.len() - body.len() + 3);
+    io.write_all(head.as_bytes()).await.expect("write the head and 3 bytes");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    io.write_all(rest.as_bytes()).await.expect("write the rest");
+    let answer = read_answer(&mut io, &mut BytesMut::new()).await;
+    assert_eq!(answer.status, 200);
+    assert!(answer.text().ends_with(&format!("|{body}")), "the whole body reached the worker");
+}

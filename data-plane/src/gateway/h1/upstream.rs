@@ -69,17 +69,6 @@ pub struct Answer {
     upstream: Arc<Upstream>,
 }
 
-/// How relaying an answer to the client ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Relayed {
-    /// The whole answer reached the client, which may send its next request.
-    Whole,
-    /// The answer was delimited by the worker closing the connection: so is the client's.
-    ClientMustClose,
-    /// The client or the worker broke off: the client's connection is closed.
-    Broken,
-}
-
 impl Upstreams {
     /// Connections trusting `tls` for `https://` workers.
     pub fn new(tls: tokio_rustls::TlsConnector) -> Self {
@@ -153,8 +142,10 @@ impl Upstreams {
 impl Answer {
     /// Sends the answer to the client on `client`: its head (without the worker's connection
     /// headers, with `Connection: close` when `close`) and its body as the worker frames it.
-    /// A connection whose answer was read to its end goes back to the worker's pool.
-    pub async fn relay<W>(mut self, client: &mut W, close: bool) -> Relayed
+    /// A connection whose answer was read to its end goes back to the worker's pool. Whether
+    /// the client's connection may carry another request: not when `close`, when the answer
+    /// ended with the worker's connection, or when the client or the worker broke off.
+    pub async fn relay<W>(mut self, client: &mut W, close: bool) -> bool
     where
         W: AsyncWrite + Unpin,
     {
@@ -186,12 +177,12 @@ impl Answer {
             Ok(step) => step,
             Err(e) => {
                 tracing::debug!(worker_id = %self.upstream.worker_id, error = %e, "bad answer body");
-                return Relayed::Broken;
+                return false;
             }
         };
         let first = &self.conn.buf[head_len..head_len + taken];
         if write_all(client, &mut [&out, first]).await.is_err() {
-            return Relayed::Broken;
+            return false;
         }
         // Anything read past the body's end would be a second answer no request asked for.
         let mut clean = head_len + taken == self.conn.buf.len();
@@ -199,63 +190,69 @@ impl Answer {
             self.conn.buf.clear();
             self.conn.buf.reserve(READ_CHUNK);
             match self.conn.io.read_buf(&mut self.conn.buf).await {
-                Ok(0) if body.framing == Framing::UntilClose => {
+                // The worker's close ends such a body; the client's connection closes after it.
+                Ok(0) if matches!(body, Body::UntilClose) => {
                     let _ = client.flush().await;
-                    return Relayed::ClientMustClose;
+                    return false;
                 }
-                Ok(0) | Err(_) => return Relayed::Broken,
+                Ok(0) | Err(_) => return false,
                 Ok(_) => {}
             }
-            let (taken, end) = match body.take(&self.conn.buf) {
-                Ok(step) => step,
-                Err(_) => return Relayed::Broken,
-            };
+            let Ok((taken, end)) = body.take(&self.conn.buf) else { return false };
             done = end;
             clean = taken == self.conn.buf.len();
             if write_all(client, &mut [&self.conn.buf[..taken]]).await.is_err() {
-                return Relayed::Broken;
+                return false;
             }
         }
         if client.flush().await.is_err() {
-            return Relayed::Broken;
+            return false;
         }
         // Whether or not the client's connection closes, the worker's can take the next request.
         if self.head.keep_alive && clean {
             self.conn.buf.clear();
             self.upstream.h1_pool().give_back(self.conn);
         }
-        if close { Relayed::ClientMustClose } else { Relayed::Whole }
+        !close
     }
 }
 
 /// Where an answer body ends, as its pieces arrive.
-struct Body {
-    framing: Framing,
-    /// Bytes left of a `Content-Length` body.
-    left: u64,
-    chunked: ChunkedEnd,
+enum Body {
+    /// No body.
+    Empty,
+    /// This many bytes left.
+    Length(u64),
+    /// Chunked, its end found by the scanner.
+    Chunked(ChunkedEnd),
+    /// Until the worker closes the connection.
+    UntilClose,
 }
 
 impl Body {
     fn new(framing: Framing) -> Self {
-        let left = if let Framing::Length(n) = framing { n } else { 0 };
-        Self { framing, left, chunked: ChunkedEnd::default() }
+        match framing {
+            Framing::Empty => Self::Empty,
+            Framing::Length(n) => Self::Length(n),
+            Framing::Chunked => Self::Chunked(ChunkedEnd::default()),
+            Framing::UntilClose => Self::UntilClose,
+        }
     }
 
     /// How much of `piece` belongs to the body, and whether the body ends with it.
     fn take(&mut self, piece: &[u8]) -> Result<(usize, bool), head::BadChunk> {
-        Ok(match self.framing {
-            Framing::Empty => (0, true),
-            Framing::Length(_) => {
-                let taken = usize::try_from(self.left).unwrap_or(usize::MAX).min(piece.len());
-                self.left -= taken as u64;
-                (taken, self.left == 0)
+        Ok(match self {
+            Self::Empty => (0, true),
+            Self::Length(left) => {
+                let taken = usize::try_from(*left).unwrap_or(usize::MAX).min(piece.len());
+                *left -= taken as u64;
+                (taken, *left == 0)
             }
-            Framing::Chunked => match self.chunked.advance(piece)? {
+            Self::Chunked(scanner) => match scanner.advance(piece)? {
                 Some(end) => (end, true),
                 None => (piece.len(), false),
             },
-            Framing::UntilClose => (piece.len(), false),
+            Self::UntilClose => (piece.len(), false),
         })
     }
 }
