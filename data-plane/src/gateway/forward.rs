@@ -1,7 +1,8 @@
-//! Sending a request to a replica: pooled HTTP/1.1 connections for HTTP requests
-//! ([`super::http_upstream`]; HTTP/2 with `--upstream-http2`), unary gRPC calls over HTTP/1.1
-//! too when alone in flight to their worker and over HTTP/2 ([`super::grpc_upstream`])
-//! otherwise, gRPC streams over HTTP/2 through hyper's client, and the retry rule shared by all.
+//! Sending a request to a replica: pooled HTTP/1.1 connections for HTTP requests (the lean
+//! path's, [`super::h1::upstream`], or hyper's, [`super::http_upstream`]; HTTP/2 with
+//! `--upstream-http2`), unary gRPC calls over the lean path's HTTP/1.1 too when alone in flight
+//! to their worker ([`super::h1::unary`]) and over HTTP/2 ([`super::grpc_upstream`]) otherwise,
+//! gRPC streams over HTTP/2 through hyper's client, and the retry rule shared by all.
 //!
 //! A request is sent again, to another replica, only when none of it can have run there: the
 //! worker could not be connected to, it refused a gRPC call unread (HTTP/2 `REFUSED_STREAM`),
@@ -25,7 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpStream;
 
 use super::Gateway;
-use super::http_upstream::{Listener, UpstreamBody};
+use super::http_upstream::UpstreamBody;
 use super::routes::{InFlight, ModelRoutes, Outcome, Upstream, random};
 use crate::error::Error;
 
@@ -72,12 +73,12 @@ impl tower::Service<http::Uri> for WatchedConnector {
 }
 
 /// A unary gRPC call's answer body, from either kind of connection.
-pub type UnaryBody = http_body_util::Either<UpstreamBody, super::grpc_upstream::AnswerBody>;
+pub type UnaryBody = http_body_util::Either<super::h1::unary::UnaryAnswer, super::grpc_upstream::AnswerBody>;
 
 /// The upstream clients.
 pub struct Clients {
-    /// HTTP/1.1 keep-alive connections, pooled per worker and listener: for HTTP requests, and
-    /// for unary gRPC calls sent while no other request is in flight to their worker.
+    /// hyper's HTTP/1.1 keep-alive connections, pooled per worker, for the HTTP requests that
+    /// hyper serves on the gateway.
     http1: super::http_upstream::HttpUpstreams,
     /// With `--upstream-http2`, HTTP requests go over HTTP/2 instead (boxed: rarely there, and
     /// large).
@@ -89,7 +90,8 @@ pub struct Clients {
     unary_over_h2: bool,
     /// HTTP/2 only, one connection per worker, for gRPC streams.
     pub grpc: Client<Connector, GrpcBody>,
-    /// The lean HTTP path's connections (see [`super::h1`]).
+    /// The lean path's connections (see [`super::h1`]): for HTTP requests, and for unary gRPC
+    /// calls sent while no other request is in flight to their worker.
     pub h1: super::h1::upstream::Upstreams,
 }
 
@@ -145,7 +147,7 @@ impl Clients {
         upstream: &Arc<Upstream>,
         mut request: http::Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, CallError> {
-        let Some(h2) = &self.http2 else { return self.http1.send(upstream, Listener::Http, request).await };
+        let Some(h2) = &self.http2 else { return self.http1.send(upstream, request).await };
         *request.uri_mut() = worker_uri(&upstream.http, request.uri().path_and_query().map_or("/", |p| p.as_str()))?;
         match h2.request(request).await {
             Ok(response) => Ok(response.map(UpstreamBody::unpooled)),
@@ -170,11 +172,7 @@ impl Clients {
         body: Bytes,
     ) -> Result<Response<UnaryBody>, CallError> {
         if !self.unary_over_h2 && upstream.outstanding() <= 1 {
-            let mut request = http::Request::new(Full::new(body));
-            *request.method_mut() = http::Method::POST;
-            *request.uri_mut() = path.clone();
-            *request.headers_mut() = headers.clone();
-            let answer = self.http1.send(upstream, Listener::Grpc, request).await?;
+            let answer = self.h1.call(upstream, path, headers, &body).await?;
             return Ok(answer.map(http_body_util::Either::Left));
         }
         let uri = worker_uri(&upstream.grpc, path.path_and_query().map_or("/", |p| p.as_str()))?;

@@ -1,7 +1,7 @@
-//! HTTP/1.1 requests to workers, over connections pooled per worker and listener and driven
-//! with hyper's connection API directly: HTTP requests to a worker's HTTP listener, and unary
-//! gRPC calls to its gRPC listener, whose answers end with the call's status as chunked
-//! trailers (see `serve::grpc::serve`).
+//! HTTP/1.1 requests to workers' HTTP listeners, over connections pooled per worker and driven
+//! with hyper's connection API directly, for the requests hyper serves on the gateway (those
+//! the lean path of [`super::h1`] hands over). The [`Pool`] is shared with the lean path's
+//! connections.
 //!
 //! hyper-util's pooled client costs each request a pool lookup by address, a checkout guard,
 //! and a spawned task that waits for the connection to be ready again before pooling it. Here a
@@ -37,7 +37,7 @@ const MAX_IDLE: usize = 1024;
 
 type Sender = SendRequest<Full<Bytes>>;
 
-/// Which of a worker's listeners a connection goes to.
+/// Which of a worker's listeners a lean connection ([`super::h1::upstream`]) goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Listener {
     /// KServe v2 over HTTP.
@@ -126,7 +126,7 @@ impl<C: Reusable> Pool<C> {
 
     /// Idle connections held (for tests).
     #[cfg(test)]
-    fn idle(&self) -> usize {
+    pub(super) fn idle(&self) -> usize {
         self.idle.lock().len()
     }
 }
@@ -150,16 +150,15 @@ impl HttpUpstreams {
         Self { tls: tokio_rustls::TlsConnector::from(Arc::new(tls)) }
     }
 
-    /// Sends `request` (its URI the path and query) to `upstream`'s `listener` on an idle
+    /// Sends `request` (its URI the path and query) to `upstream`'s HTTP listener on an idle
     /// connection or a new one. A kept connection found closed before the request went out is
     /// passed over.
     pub async fn send(
         &self,
         upstream: &Arc<Upstream>,
-        listener: Listener,
         mut request: Request<Full<Bytes>>,
     ) -> Result<Response<UpstreamBody>, CallError> {
-        let pool = upstream.pool(listener);
+        let pool = upstream.pool();
         let (uri, host) = pool.target()?;
         request.headers_mut().insert(header::HOST, host.clone());
         loop {
@@ -183,7 +182,7 @@ impl HttpUpstreams {
             }
             match sender.try_send_request(request).await {
                 Ok(response) => {
-                    let pooled = Some((sender, upstream.clone(), listener));
+                    let pooled = Some((sender, upstream.clone()));
                     return Ok(response.map(|inner| UpstreamBody { inner, pooled, ended: false }));
                 }
                 Err(mut e) => match e.take_message() {
@@ -221,7 +220,7 @@ async fn handshake(io: super::dial::Io, address: String) -> Result<Sender, CallE
 #[derive(Debug)]
 pub struct UpstreamBody {
     inner: Incoming,
-    pooled: Option<(Sender, Arc<Upstream>, Listener)>,
+    pooled: Option<(Sender, Arc<Upstream>)>,
     ended: bool,
 }
 
@@ -256,10 +255,10 @@ impl Body for UpstreamBody {
 
 impl Drop for UpstreamBody {
     fn drop(&mut self) {
-        if let Some((sender, upstream, listener)) = self.pooled.take()
+        if let Some((sender, upstream)) = self.pooled.take()
             && self.is_end_stream()
         {
-            upstream.pool(listener).give_back(sender);
+            upstream.pool().give_back(sender);
         }
     }
 }

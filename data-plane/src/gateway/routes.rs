@@ -27,12 +27,12 @@ pub struct Upstream {
     pub http: String,
     /// gRPC base URI, e.g. `http://10.0.0.5:8001`.
     pub grpc: String,
-    /// Idle HTTP/1.1 connections to its HTTP listener...
+    /// Idle hyper HTTP/1.1 connections to its HTTP listener (requests hyper serves).
     http1: super::http_upstream::Pool,
-    /// ...and to its gRPC listener (unary calls).
-    grpc1: super::http_upstream::Pool,
-    /// Idle connections of the lean HTTP path to its HTTP listener.
+    /// Idle lean connections ([`super::h1::upstream`]) to its HTTP listener...
     h1: super::http_upstream::Pool<super::h1::upstream::Conn>,
+    /// ...and to its gRPC listener (unary calls alone in flight).
+    h1_grpc: super::http_upstream::Pool<super::h1::upstream::Conn>,
     outstanding: AtomicU32,
     health: Mutex<Health>,
 }
@@ -65,8 +65,8 @@ impl Upstream {
         Self {
             worker_id: worker_id.to_string(),
             http1: super::http_upstream::Pool::new(http),
-            grpc1: super::http_upstream::Pool::new(grpc),
             h1: super::http_upstream::Pool::new(http),
+            h1_grpc: super::http_upstream::Pool::new(grpc),
             http: http.to_string(),
             grpc: grpc.to_string(),
             outstanding: AtomicU32::new(0),
@@ -74,17 +74,20 @@ impl Upstream {
         }
     }
 
-    /// The idle HTTP/1.1 connections to one of its listeners.
-    pub(super) fn pool(&self, listener: super::http_upstream::Listener) -> &super::http_upstream::Pool {
-        match listener {
-            super::http_upstream::Listener::Http => &self.http1,
-            super::http_upstream::Listener::Grpc => &self.grpc1,
-        }
+    /// The idle hyper HTTP/1.1 connections to its HTTP listener.
+    pub(super) fn pool(&self) -> &super::http_upstream::Pool {
+        &self.http1
     }
 
-    /// The idle connections of the lean HTTP path to its HTTP listener.
-    pub(super) fn h1_pool(&self) -> &super::http_upstream::Pool<super::h1::upstream::Conn> {
-        &self.h1
+    /// The idle lean connections to one of its listeners.
+    pub(super) fn lean_pool(
+        &self,
+        listener: super::http_upstream::Listener,
+    ) -> &super::http_upstream::Pool<super::h1::upstream::Conn> {
+        match listener {
+            super::http_upstream::Listener::Http => &self.h1,
+            super::http_upstream::Listener::Grpc => &self.h1_grpc,
+        }
     }
 
     /// Identifies it among the upstreams of one table (its address).

@@ -10,10 +10,13 @@
 //! chunked bodies, `Expect`, upgrades, HTTP/2 and malformed heads. Those bytes are handed over
 //! unread ([`rewind::Rewind`]), so hyper serves or refuses them as it would have.
 //!
-//! In modules: [`head`] (reading heads, framing), [`upstream`] (the workers' side).
+//! In modules: [`head`] (reading heads, framing), [`upstream`] (the workers' side), [`unary`]
+//! (unary gRPC calls alone in flight to their worker, sent by the gRPC front end over the same
+//! kind of connection).
 
 pub mod head;
 pub mod rewind;
+pub mod unary;
 pub mod upstream;
 
 use std::io::Write as _;
@@ -30,6 +33,7 @@ use tracing::Instrument as _;
 
 use super::Gateway;
 use super::http::ModelPath;
+use super::http_upstream::Listener;
 use crate::auth::forwarded;
 use crate::error::{Error, ErrorKind};
 use crate::serve::net::tls::TlsAcceptor;
@@ -219,7 +223,7 @@ async fn forward(
         .map(|id| super::sticky::sequence_key(&tenant, &target.name, &id));
     let send = |upstream: &Arc<super::routes::Upstream>| {
         let (upstream, line, headers) = (upstream.clone(), &line, &headers);
-        Ok(async move { g.upstream.h1.exchange(&upstream, line, headers, body).await })
+        Ok(async move { g.upstream.h1.exchange(&upstream, Listener::Http, line, headers, body).await })
     };
     let not_held = |a: &upstream::Answer| a.head.status == http::StatusCode::NOT_FOUND;
     let span = crate::spans::forward("http", &tenant, &target.name, target.version);

@@ -18,7 +18,7 @@ use tokio_util::either::Either;
 use super::head::{self, ChunkedEnd, Framing, ResponseHead};
 use crate::gateway::dial::{self, Io};
 use crate::gateway::forward::CallError;
-use crate::gateway::http_upstream::Reusable;
+use crate::gateway::http_upstream::{Listener, Reusable};
 use crate::gateway::routes::Upstream;
 
 /// Read buffer of a connection to a worker; an answer's head must fit in what is read first
@@ -30,8 +30,8 @@ const READ_CHUNK: usize = 16 * 1024;
 pub struct Conn {
     /// Boxed: a TLS stream is large, and a connection moves in and out of its pool and
     /// through every exchange's future.
-    io: Box<Io>,
-    buf: BytesMut,
+    pub(super) io: Box<Io>,
+    pub(super) buf: BytesMut,
 }
 
 impl Reusable for Conn {
@@ -65,8 +65,10 @@ pub struct Upstreams {
 pub struct Answer {
     /// The answer's head (offsets into `conn.buf`).
     pub head: ResponseHead,
-    conn: Conn,
-    upstream: Arc<Upstream>,
+    pub(super) conn: Conn,
+    pub(super) upstream: Arc<Upstream>,
+    /// The listener `conn` goes to, whose pool takes it back.
+    pub(super) listener: Listener,
 }
 
 impl Upstreams {
@@ -75,17 +77,18 @@ impl Upstreams {
         Self { tls }
     }
 
-    /// Writes a request to `upstream`'s HTTP listener and reads its answer's head: `line` is
-    /// the request line without its CRLF (`POST /v2/... HTTP/1.1`), `headers` every header
-    /// but `Host` (each line ending in CRLF, then the blank line), `body` the body.
+    /// Writes a request to `upstream`'s `listener` and reads its answer's head: `line` is the
+    /// request line without its CRLF (`POST /v2/... HTTP/1.1`), `headers` every header but
+    /// `Host` (each line ending in CRLF, then the blank line), `body` the body.
     pub async fn exchange(
         &self,
         upstream: &Arc<Upstream>,
+        listener: Listener,
         line: &[u8],
         headers: &[u8],
         body: &[u8],
     ) -> Result<Answer, CallError> {
-        let pool = upstream.h1_pool();
+        let pool = upstream.lean_pool(listener);
         let (uri, host) = pool.target()?;
         let mut start = Vec::with_capacity(line.len() + host.len() + 10);
         start.extend_from_slice(line);
@@ -129,7 +132,7 @@ impl Upstreams {
                     Err(e) => return Err(CallError::Broken(Box::new(e))),
                 }
             };
-            return Ok(Answer { head, conn, upstream: upstream.clone() });
+            return Ok(Answer { head, conn, upstream: upstream.clone(), listener });
         }
     }
 
@@ -211,7 +214,7 @@ impl Answer {
         // Whether or not the client's connection closes, the worker's can take the next request.
         if self.head.keep_alive && clean {
             self.conn.buf.clear();
-            self.upstream.h1_pool().give_back(self.conn);
+            self.upstream.lean_pool(self.listener).give_back(self.conn);
         }
         !close
     }

@@ -16,9 +16,6 @@ enum Behaviour {
     EchoThenClose,
     /// Reads the request, then hangs up without answering.
     HangUp,
-    /// Answers as a gRPC call does over HTTP/1.1: its message chunked, then its status as
-    /// trailers (declared in `trailer`), when the request asked for them (`te: trailers`).
-    Trailers,
 }
 
 /// A worker speaking HTTP/1.1 on loopback; counts its connections.
@@ -46,27 +43,16 @@ async fn serve<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 
     }
     let service = service_fn(move |request: Request<Incoming>| async move {
         let host = request.headers().get(header::HOST).cloned();
-        if let Behaviour::Trailers = behaviour {
-            let body = request.into_body().collect().await?.to_bytes();
-            let mut trailers = http::HeaderMap::new();
-            trailers.insert("grpc-status", HeaderValue::from_static("0"));
-            let frames = [Ok::<_, std::convert::Infallible>(Frame::data(body)), Ok(Frame::trailers(trailers))];
-            let mut response = Response::new(http_body_util::Either::Right(http_body_util::StreamBody::new(
-                futures::stream::iter(frames),
-            )));
-            response.headers_mut().insert(header::TRAILER, HeaderValue::from_static("grpc-status, grpc-message"));
-            return Ok::<_, hyper::Error>(response);
-        }
         let body = request.into_body().collect().await?.to_bytes();
         let times = if let Behaviour::Echo { times } = behaviour { times } else { 1 };
-        let mut response = Response::new(http_body_util::Either::Left(Full::new(Bytes::from(body.repeat(times)))));
+        let mut response = Response::new(Full::new(Bytes::from(body.repeat(times))));
         if let Some(host) = host {
             response.headers_mut().insert("x-host", host);
         }
         if let Behaviour::EchoThenClose = behaviour {
             response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        Ok(response)
+        Ok::<_, hyper::Error>(response)
     });
     let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(io), service).await;
 }
@@ -91,12 +77,12 @@ async fn a_connection_is_reused_once_its_answer_is_read_to_the_end() {
     let w = worker(Behaviour::Echo { times: 1 }, None, "127.0.0.1").await;
     let upstreams = plain();
     for i in 0..3 {
-        let answer = upstreams.send(&w.upstream, Listener::Http, request(b"ping")).await.expect("answered");
+        let answer = upstreams.send(&w.upstream, request(b"ping")).await.expect("answered");
         let host = answer.headers().get("x-host").cloned();
         assert_eq!(read(answer).await, b"ping", "answer {i}");
         let expected = w.upstream.http.trim_start_matches("http://");
         assert_eq!(host.as_ref().and_then(|h| h.to_str().ok()), Some(expected), "the Host header is sent");
-        assert_eq!(w.upstream.pool(Listener::Http).idle(), 1, "given back after answer {i}");
+        assert_eq!(w.upstream.pool().idle(), 1, "given back after answer {i}");
     }
     assert_eq!(w.connections.load(Ordering::SeqCst), 1, "one connection for all three");
 }
@@ -106,14 +92,13 @@ async fn an_answer_dropped_half_read_closes_its_connection() {
     // 4 MiB: more than arrives in the first frame.
     let w = worker(Behaviour::Echo { times: 1 << 20 }, None, "127.0.0.1").await;
     let upstreams = plain();
-    let answer = upstreams.send(&w.upstream, Listener::Http, request(b"abcd")).await.expect("answered");
+    let answer = upstreams.send(&w.upstream, request(b"abcd")).await.expect("answered");
     let mut body = answer.into_body();
     let first = body.frame().await.expect("a frame").expect("data");
     assert!(first.data_ref().is_some_and(|d| d.len() < 4 << 20));
     drop(body);
-    assert_eq!(w.upstream.pool(Listener::Http).idle(), 0, "a half-read connection is not kept");
-    let answer =
-        upstreams.send(&w.upstream, Listener::Http, request(b"abcd")).await.expect("answered on a new connection");
+    assert_eq!(w.upstream.pool().idle(), 0, "a half-read connection is not kept");
+    let answer = upstreams.send(&w.upstream, request(b"abcd")).await.expect("answered on a new connection");
     assert_eq!(read(answer).await.len(), 4 << 20);
     assert_eq!(w.connections.load(Ordering::SeqCst), 2);
 }
@@ -123,7 +108,7 @@ async fn connections_the_worker_closes_are_passed_over() {
     let w = worker(Behaviour::EchoThenClose, None, "127.0.0.1").await;
     let upstreams = plain();
     for i in 0..3 {
-        let answer = upstreams.send(&w.upstream, Listener::Http, request(b"again")).await.expect("answered");
+        let answer = upstreams.send(&w.upstream, request(b"again")).await.expect("answered");
         assert_eq!(read(answer).await, b"again", "answer {i}");
         // No pause: the next request may find the connection not yet seen closed, and waits
         // for it to be either ready or closed before passing it over.
@@ -136,14 +121,14 @@ async fn failures_say_whether_the_request_can_have_run() {
     let upstreams = plain();
     let closed = TcpListener::bind("127.0.0.1:0").await.expect("bind").local_addr().expect("address");
     let nowhere = Arc::new(Upstream::new("w", &format!("http://{closed}"), "unused:1"));
-    let e = upstreams.send(&nowhere, Listener::Http, request(b"x")).await.expect_err("refused");
+    let e = upstreams.send(&nowhere, request(b"x")).await.expect_err("refused");
     assert!(matches!(e, CallError::Unsent(_)), "{e}");
     // The request was written, then the worker hung up: it may have run.
     let w = worker(Behaviour::HangUp, None, "127.0.0.1").await;
-    let e = upstreams.send(&w.upstream, Listener::Http, request(b"x")).await.expect_err("hung up");
+    let e = upstreams.send(&w.upstream, request(b"x")).await.expect_err("hung up");
     assert!(matches!(e, CallError::Broken(_)), "{e}");
     let bad = Arc::new(Upstream::new("w", "not a uri", "unused:1"));
-    let e = upstreams.send(&bad, Listener::Http, request(b"x")).await.expect_err("bad address");
+    let e = upstreams.send(&bad, request(b"x")).await.expect_err("bad address");
     assert!(matches!(e, CallError::Unsent(_)) && e.to_string().contains("names no host"), "{e}");
 }
 
@@ -153,11 +138,11 @@ async fn workers_serving_tls_are_reached_over_https_trusting_the_given_ca() {
     let w = worker(Behaviour::Echo { times: 1 }, Some(tls.acceptor), "localhost").await;
 
     let trusting = HttpUpstreams::new(tls.trusting);
-    let answer = trusting.send(&w.upstream, Listener::Http, request(b"sealed")).await.expect("answered");
+    let answer = trusting.send(&w.upstream, request(b"sealed")).await.expect("answered");
     assert_eq!(read(answer).await, b"sealed");
 
     let fresh = Arc::new(Upstream::new("w", &w.upstream.http, &w.upstream.grpc));
-    let e = plain().send(&fresh, Listener::Http, request(b"x")).await.expect_err("untrusted");
+    let e = plain().send(&fresh, request(b"x")).await.expect_err("untrusted");
     assert!(matches!(e, CallError::Unsent(_)) && e.to_string().contains("TLS"), "{e}");
 }
 
@@ -165,36 +150,15 @@ async fn workers_serving_tls_are_reached_over_https_trusting_the_given_ca() {
 async fn connections_idle_too_long_are_closed_instead_of_used() {
     let w = worker(Behaviour::Echo { times: 1 }, None, "127.0.0.1").await;
     let upstreams = plain();
-    let answer = upstreams.send(&w.upstream, Listener::Http, request(b"one")).await.expect("answered");
+    let answer = upstreams.send(&w.upstream, request(b"one")).await.expect("answered");
     assert_eq!(read(answer).await, b"one");
     {
-        let mut idle = w.upstream.pool(Listener::Http).idle.lock();
+        let mut idle = w.upstream.pool().idle.lock();
         let long_ago = Instant::now().checked_sub(IDLE_TIMEOUT + Duration::from_secs(1)).expect("a past instant");
         idle.front_mut().expect("one idle connection").since = long_ago;
     }
-    let answer = upstreams.send(&w.upstream, Listener::Http, request(b"two")).await.expect("answered");
+    let answer = upstreams.send(&w.upstream, request(b"two")).await.expect("answered");
     assert_eq!(read(answer).await, b"two");
     assert_eq!(w.connections.load(Ordering::SeqCst), 2, "the stale connection was not used");
-    assert_eq!(w.upstream.pool(Listener::Http).idle(), 1, "only the new one is kept");
-}
-
-#[tokio::test]
-async fn trailers_come_through_and_the_connection_is_kept_after_them() {
-    let w = worker(Behaviour::Trailers, None, "127.0.0.1").await;
-    let upstreams = plain();
-    for i in 0..2 {
-        let mut call = request(b"\0\0\0\0\x01m");
-        call.headers_mut().insert(header::TE, HeaderValue::from_static("trailers"));
-        let answer = upstreams.send(&w.upstream, Listener::Grpc, call).await.expect("answered");
-        // Read as hyper's HTTP/2 server sends an answer on: up to its trailers, no further.
-        let mut body = answer.into_body();
-        let data = body.frame().await.expect("a frame").expect("data").into_data().expect("data first");
-        assert_eq!(&data[..], b"\0\0\0\0\x01m");
-        let trailers = body.frame().await.expect("a frame").expect("trailers").into_trailers().expect("trailers");
-        assert_eq!(trailers.get("grpc-status"), Some(&HeaderValue::from_static("0")), "call {i}");
-        drop(body);
-        assert_eq!(w.upstream.pool(Listener::Grpc).idle(), 1, "given back after call {i}");
-        assert_eq!(w.upstream.pool(Listener::Http).idle(), 0, "the HTTP listener's pool is apart");
-    }
-    assert_eq!(w.connections.load(Ordering::SeqCst), 1);
+    assert_eq!(w.upstream.pool().idle(), 1, "only the new one is kept");
 }
