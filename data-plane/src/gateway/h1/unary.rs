@@ -87,7 +87,12 @@ impl Answer {
             Framing::Chunked => State::Size,
             Framing::UntilClose => State::UntilClose,
         };
-        let body = UnaryAnswer { conn: Some(conn), upstream, listener, keep_alive: head.keep_alive, buf, state };
+        let mut body = UnaryAnswer { conn: Some(conn), upstream, listener, keep_alive: head.keep_alive, buf, state };
+        if state == State::Length(0) {
+            // Nothing follows (a trailers-only answer): the connection is free now, even if the
+            // answer is dropped unread, as one naming a stale route is before a retry.
+            body.finish();
+        }
         let mut response = Response::new(body);
         *response.status_mut() = head.status;
         *response.headers_mut() = headers;
@@ -145,7 +150,7 @@ impl UnaryAnswer {
     fn broken(&mut self, why: &str) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         self.state = State::Done;
         self.conn = None;
-        Poll::Ready(Some(Err(io::Error::new(io::ErrorKind::InvalidData, format!("the worker's answer {why}")))))
+        Poll::Ready(Some(Err(io::Error::new(io::ErrorKind::InvalidData, why))))
     }
 
     /// Up to `left` of the bytes read, as a data frame.
@@ -158,12 +163,12 @@ impl UnaryAnswer {
     /// not all there yet, or why it is malformed.
     fn size_line(&mut self) -> Result<Option<u64>, &'static str> {
         let Some(end) = memchr::memchr(b'\n', &self.buf) else {
-            return if self.buf.len() > MAX_SIZE_LINE { Err("has a chunk-size line too long") } else { Ok(None) };
+            return if self.buf.len() > MAX_SIZE_LINE { Err("a chunk-size line is over 1 KiB") } else { Ok(None) };
         };
         let line = &self.buf[..end];
         let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
         if digits == 0 || digits > 15 {
-            return Err("has a malformed chunk size");
+            return Err("a chunk size is malformed");
         }
         // Hex digits only, at most 15: the parse cannot fail.
         let size = std::str::from_utf8(&line[..digits]).ok().and_then(|d| u64::from_str_radix(d, 16).ok()).unwrap_or(0);
@@ -188,8 +193,8 @@ impl UnaryAnswer {
                 (len, trailers)
             }
             Ok(httparse::Status::Partial) if self.buf.len() <= MAX_TRAILERS => return Ok(None),
-            Ok(httparse::Status::Partial) => return Err("has trailers over 16 KiB"),
-            Err(_) => return Err("has malformed trailers"),
+            Ok(httparse::Status::Partial) => return Err("its trailers are over 16 KiB"),
+            Err(_) => return Err("its trailers are malformed"),
         };
         self.buf.advance(len);
         Ok(Some(trailers))
@@ -237,7 +242,7 @@ impl http_body::Body for UnaryAnswer {
                 },
                 State::DataEnd if this.buf.len() >= 2 => {
                     if &this.buf[..2] != b"\r\n" {
-                        return this.broken("has a chunk that does not end in CRLF");
+                        return this.broken("a chunk does not end in CRLF");
                     }
                     this.buf.advance(2);
                     this.state = State::Size;
@@ -254,7 +259,7 @@ impl http_body::Body for UnaryAnswer {
                 State::Length(_) | State::Data(_) | State::DataEnd | State::UntilClose => {}
             }
             // More bytes are needed.
-            let Some(conn) = this.conn.as_mut() else { return this.broken("was cut off") };
+            let Some(conn) = this.conn.as_mut() else { return this.broken("its connection is gone") };
             this.buf.reserve(READ_CHUNK);
             match ready!(tokio_util::io::poll_read_buf(Pin::new(conn.io.as_mut()), cx, &mut this.buf)) {
                 Ok(0) if this.state == State::UntilClose => {
@@ -263,7 +268,7 @@ impl http_body::Body for UnaryAnswer {
                     this.conn = None;
                     return Poll::Ready(None);
                 }
-                Ok(0) => return this.broken("broke off before its end"),
+                Ok(0) => return this.broken("the connection closed inside the body"),
                 Ok(_) => {}
                 Err(e) => {
                     this.state = State::Done;

@@ -130,6 +130,7 @@ async fn trailers_only_and_length_framed_answers_end_without_trailers() {
     let (upstream, _worker) = raw_worker(refused, refused.len()).await;
     let answer = upstreams().call(&upstream, &Uri::from_static(PATH), &headers(), b"").await.expect("answered");
     assert_eq!(answer.headers()["grpc-status"], "5");
+    assert_eq!(upstream.lean_pool(Listener::Grpc).idle(), 1, "free before the empty body is read");
     let whole = answer.into_body().collect().await.expect("an empty body");
     assert!(whole.trailers().is_none());
     assert!(whole.to_bytes().is_empty());
@@ -147,10 +148,10 @@ async fn trailers_only_and_length_framed_answers_end_without_trailers() {
 #[tokio::test]
 async fn malformed_or_cut_off_answers_fail_and_their_connection_is_closed() {
     let cases: [(&[u8], &str); 4] = [
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", "malformed chunk size"),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n", "does not end in CRLF"),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n", "malformed trailers"),
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\nconnection: close\r\n\r\nabc", "broke off before its end"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", "a chunk size is malformed"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n", "a chunk does not end in CRLF"),
+        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n", "its trailers are malformed"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\nconnection: close\r\n\r\nabc", "the connection closed inside the body"),
     ];
     for (answer, why) in cases {
         let worker = listen(None, move |mut io: ServerIo| async move {
