@@ -149,9 +149,18 @@ async fn trailers_only_and_length_framed_answers_end_without_trailers() {
 async fn malformed_or_cut_off_answers_fail_and_their_connection_is_closed() {
     let cases: [(&[u8], &str); 4] = [
         (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n", "a chunk size is malformed"),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n", "a chunk does not end in CRLF"),
-        (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n", "its trailers are malformed"),
-        (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\nconnection: close\r\n\r\nabc", "the connection closed inside the body"),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabcX\r\n0\r\n\r\n",
+            "a chunk does not end in CRLF",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n0\r\nbad trailer\r\n\r\n",
+            "its trailers are malformed",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\nconnection: close\r\n\r\nabc",
+            "the connection closed inside the body",
+        ),
     ];
     for (answer, why) in cases {
         let worker = listen(None, move |mut io: ServerIo| async move {
