@@ -37,15 +37,6 @@ const MAX_IDLE: usize = 1024;
 
 type Sender = SendRequest<Full<Bytes>>;
 
-/// Which of a worker's listeners a lean connection ([`super::h1::upstream`]) goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Listener {
-    /// KServe v2 over HTTP.
-    Http,
-    /// KServe v2 over gRPC (unary calls).
-    Grpc,
-}
-
 /// A connection a [`Pool`] keeps while idle.
 pub trait Reusable {
     /// Whether the worker closed it (it cannot take another request).

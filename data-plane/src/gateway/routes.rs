@@ -82,11 +82,11 @@ impl Upstream {
     /// The idle lean connections to one of its listeners.
     pub(super) fn lean_pool(
         &self,
-        listener: super::http_upstream::Listener,
+        listener: super::h1::upstream::Listener,
     ) -> &super::http_upstream::Pool<super::h1::upstream::Conn> {
         match listener {
-            super::http_upstream::Listener::Http => &self.h1,
-            super::http_upstream::Listener::Grpc => &self.h1_grpc,
+            super::h1::upstream::Listener::Http => &self.h1,
+            super::h1::upstream::Listener::Grpc => &self.h1_grpc,
         }
     }
 

@@ -33,11 +33,11 @@ use tracing::Instrument as _;
 
 use super::Gateway;
 use super::http::ModelPath;
-use super::http_upstream::Listener;
 use crate::auth::forwarded;
 use crate::error::{Error, ErrorKind};
 use crate::serve::net::tls::TlsAcceptor;
 use head::{Parsed, RequestHead};
+use upstream::Listener;
 
 /// Room kept free in a client connection's read buffer before each read.
 const READ_ROOM: usize = 8 * 1024;

@@ -18,9 +18,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, Uri, header};
 use http_body::Frame;
 
 use super::head::Framing;
-use super::upstream::{Answer, Conn, Upstreams};
+use super::upstream::{Answer, Conn, Listener, Upstreams};
 use crate::gateway::forward::CallError;
-use crate::gateway::http_upstream::Listener;
 use crate::gateway::routes::Upstream;
 
 /// Room kept free in the answer's buffer before each read.
@@ -72,10 +71,15 @@ impl Answer {
         let Answer { head, mut conn, upstream, listener } = self;
         let mut headers = HeaderMap::with_capacity(head.headers.len());
         for h in &head.headers {
-            let name = HeaderName::from_bytes(&conn.buf[h.name.clone()]);
+            let name = &conn.buf[h.name.clone()];
+            // The answer's HTTP/1.1 framing and connection headers are not the client's: they
+            // are dropped here rather than made into header names the front end drops again.
+            if !crate::gateway::http::forwardable_name(name) {
+                continue;
+            }
             let value = HeaderValue::from_bytes(&conn.buf[h.value.clone()]);
             // httparse checked both; a name `http` refuses is dropped rather than failing.
-            if let (Ok(name), Ok(value)) = (name, value) {
+            if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name), value) {
                 headers.append(name, value);
             }
         }

@@ -18,7 +18,7 @@ use tokio_util::either::Either;
 use super::head::{self, ChunkedEnd, Framing, ResponseHead};
 use crate::gateway::dial::{self, Io};
 use crate::gateway::forward::CallError;
-use crate::gateway::http_upstream::{Listener, Reusable};
+use crate::gateway::http_upstream::Reusable;
 use crate::gateway::routes::Upstream;
 
 /// Read buffer of a connection to a worker; an answer's head must fit in what is read first
@@ -53,6 +53,15 @@ impl Reusable for Conn {
             Poll::Ready(Ok(_)) => !tls,
         }
     }
+}
+
+/// Which of a worker's listeners a lean connection goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// KServe v2 over HTTP.
+    Http,
+    /// KServe v2 over gRPC (unary calls, [`super::unary`]).
+    Grpc,
 }
 
 /// Sends lean-path requests to workers.

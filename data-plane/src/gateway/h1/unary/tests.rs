@@ -68,6 +68,9 @@ async fn calls_alone_get_their_message_and_status_trailers_on_one_kept_connectio
         let answer = upstreams.call(&upstream, &uri, &headers(), message.as_bytes()).await.expect("answered");
         assert_eq!(answer.status(), http::StatusCode::OK);
         assert_eq!(answer.headers()[header::CONTENT_TYPE], "application/grpc");
+        for framing in [header::TRANSFER_ENCODING, header::TRAILER] {
+            assert!(!answer.headers().contains_key(&framing), "the worker's {framing} is not passed on");
+        }
         let whole = answer.into_body().collect().await.expect("the whole answer");
         let trailers = whole.trailers().cloned().expect("trailers");
         assert_eq!(&whole.to_bytes()[..], message.as_bytes(), "call {i}");
