@@ -64,12 +64,11 @@ async fn inference(State(g): S, Path(method): Path<String>, request: Request) ->
         "RepositoryIndex" => repository_index(&g, request.headers()).await,
         "ModelInfer" | "ModelMetadata" | "ModelReady" | "ModelConfig" | "ModelStatistics" => {
             let started = Instant::now();
-            forward_unary(&g, request, started).await.unwrap_or_else(|(e, metric)| {
-                if let Some((tenant, model)) = metric {
-                    g.metrics.observe(&tenant, &model, "", "grpc", grpc_code(&e), started.elapsed());
-                }
-                error_response(e)
-            })
+            let (parts, body) = request.into_parts();
+            match axum::body::to_bytes(body, g.max_request_bytes).await {
+                Ok(body) => unary(&g, parts, body, started).await,
+                Err(e) => error_response(over_limit(&g, e)),
+            }
         }
         "ModelStreamInfer" => forward_stream(&g, request).await.unwrap_or_else(error_response),
         "RepositoryModelLoad" | "RepositoryModelUnload" => {
@@ -126,18 +125,43 @@ fn authorization(headers: &HeaderMap) -> Option<&str> {
     headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
 }
 
+/// Whether `path` names a unary method the gateway forwards to a model's replica (the rest
+/// are answered here, refused, or streams).
+pub(super) fn forwards_unary(path: &str) -> bool {
+    matches!(
+        path.strip_prefix("/inference.GRPCInferenceService/"),
+        Some("ModelInfer" | "ModelMetadata" | "ModelReady" | "ModelConfig" | "ModelStatistics")
+    )
+}
+
+/// The refusal of a request body over the gateway's limit, or one that broke off.
+pub(super) fn over_limit(g: &Gateway, e: impl std::fmt::Display) -> Error {
+    Error::new(
+        ErrorKind::TooLarge,
+        format!("request over the gateway's limit of {} bytes or unreadable: {e}", g.max_request_bytes),
+    )
+}
+
+/// Forwards a unary model call (a method [`forwards_unary`] names) whose body is read, begun at
+/// `started`: the worker's answer, or the refusal, counted in the metrics once the model is known.
+pub(super) async fn unary(g: &Gateway, parts: http::request::Parts, body: Bytes, started: Instant) -> Response {
+    forward_unary(g, parts, body, started).await.unwrap_or_else(|(e, metric)| {
+        if let Some((tenant, model)) = metric {
+            g.metrics.observe(&tenant, &model, "", "grpc", grpc_code(&e), started.elapsed());
+        }
+        error_response(e)
+    })
+}
+
 type Failed = (Error, Option<(String, String)>);
 
-async fn forward_unary(g: &Gateway, request: Request, started: Instant) -> Result<Response, Failed> {
-    let caller = g.authenticate(authorization(request.headers())).await.map_err(|e| (e, None))?;
-    let (mut parts, body) = request.into_parts();
-    let body = axum::body::to_bytes(body, g.max_request_bytes).await.map_err(|e| {
-        let e = Error::new(
-            ErrorKind::TooLarge,
-            format!("request over the gateway's limit of {} bytes or unreadable: {e}", g.max_request_bytes),
-        );
-        (e, None)
-    })?;
+async fn forward_unary(
+    g: &Gateway,
+    mut parts: http::request::Parts,
+    body: Bytes,
+    started: Instant,
+) -> Result<Response, Failed> {
+    let caller = g.authenticate(authorization(&parts.headers)).await.map_err(|e| (e, None))?;
     let target = target_of(&body, &parts.headers, g.max_request_bytes).map_err(|e| (e, None))?;
     let tenant = caller.tenant.clone();
     let failed = |e: Error| (e, Some((tenant.clone(), target.name.clone())));
@@ -438,7 +462,7 @@ fn grpc_code(e: &Error) -> &'static str {
 }
 
 /// A trailers-only response for `e`; 429s carry `retry-after` (seconds) as metadata.
-fn error_response(e: Error) -> Response {
+pub(super) fn error_response(e: Error) -> Response {
     let retry = e.retry_after_s;
     let mut status = Status::from(e);
     if let Some(seconds) = retry {

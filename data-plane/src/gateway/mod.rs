@@ -7,7 +7,8 @@
 //! In modules: [`routes`] (the table, balancing and outlier state), [`limits`] (token buckets),
 //! [`watch`] (the route stream), [`forward`] (upstream clients and retries; unary gRPC calls
 //! through [`grpc_upstream`]), [`http`] and
-//! [`grpc`] (the two front ends; model requests over HTTP/1.1 take the lean path of [`h1`]),
+//! [`grpc`] (the two front ends; model requests over HTTP/1.1 take the lean path of [`h1`], and
+//! gRPC connections are served on h2 directly by [`h2_front`]),
 //! [`metrics`] and [`usage`] (throttled requests, shipped to the
 //! control plane as usage).
 
@@ -16,6 +17,7 @@ pub mod forward;
 pub mod grpc;
 pub mod grpc_upstream;
 pub mod h1;
+pub mod h2_front;
 pub mod http;
 pub mod http_upstream;
 pub mod limits;
@@ -402,7 +404,7 @@ pub async fn run(
     ));
     let tasks = tokio_util::task::TaskTracker::new();
     tasks.spawn(h1::serve(http, gateway.clone(), http::router(gateway.clone()), shutdown.clone(), tls.clone()));
-    tasks.spawn(crate::serve::grpc::serve::serve(grpc, grpc::routes(gateway.clone()), shutdown.clone(), tls.clone()));
+    tasks.spawn(h2_front::serve(grpc, gateway.clone(), grpc::routes(gateway.clone()), shutdown.clone(), tls.clone()));
     let metrics_token = match &args.metrics_token_file {
         Some(path) => Some(
             crate::serve::metrics::MetricsToken::from_file(path)

@@ -1,6 +1,7 @@
 //! Loopback stand-ins for workers, shared by the upstream clients' tests: a listener that
 //! counts its connections and serves each with the test's own function (under TLS when given
-//! an acceptor), and a test certificate with a client config that trusts it.
+//! an acceptor), a test certificate with a client config that trusts it, and a gateway with one
+//! model on such a stand-in.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -73,4 +74,45 @@ pub fn tls() -> TestTls {
     let server = tessera_protocol::tls::server_config(&files.pair).expect("server config");
     let trusting = tessera_protocol::tls::client_config(Some(&files.ca)).expect("client config");
     TestTls { acceptor: TlsAcceptor::from(Arc::new(server)), trusting }
+}
+
+/// A gateway whose tenant A (`auth::test_support`) has model `m`, version 1, on one stand-in
+/// worker listening on `port` (its HTTP and gRPC endpoint both), requests up to
+/// `max_request_bytes`.
+pub fn one_model_gateway(port: u16, max_request_bytes: usize) -> Arc<crate::gateway::Gateway> {
+    use tessera_protocol::agent::{ModelRoute, RouteReplica, RouteTable, TenantRoutes, VersionWeight};
+    let base = format!("http://127.0.0.1:{port}");
+    let table = RouteTable {
+        tenants: vec![TenantRoutes {
+            tenant_id: crate::auth::test_support::TENANT_A.into(),
+            tenant_name: "a".into(),
+            requests_per_second: 0,
+            concurrent_requests: 0,
+            models: vec![ModelRoute {
+                model_name: "m".into(),
+                deployment_id: "d".into(),
+                weights: vec![VersionWeight { version: 1, weight: 100 }],
+                replicas: vec![RouteReplica {
+                    replica_id: "r".into(),
+                    version: 1,
+                    worker_id: "w".into(),
+                    http_endpoint: base.clone(),
+                    grpc_endpoint: base,
+                    serving: true,
+                }],
+            }],
+            keys: vec![],
+        }],
+        gateways: 1,
+        revocations: None,
+    };
+    let tls = tessera_protocol::tls::client_config(None).expect("client TLS config");
+    let g = crate::gateway::Gateway::new(
+        Some(crate::auth::test_support::authenticator()),
+        crate::auth::IdentityKey::from_token("test"),
+        max_request_bytes,
+        crate::gateway::forward::Clients::new(tls, false),
+    );
+    g.set_routes(crate::gateway::routes::Routes::from_table(&table, &crate::gateway::routes::Routes::default()));
+    Arc::new(g)
 }

@@ -6,14 +6,12 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use tessera_protocol::agent::{self, ModelRoute, RouteReplica, RouteTable, VersionWeight};
 use tokio::io::DuplexStream;
 
 use super::*;
-use crate::auth::test_support::{A_INFERENCE, TENANT_A, authenticator};
-use crate::auth::{IdentityKey, forwarded};
-use crate::gateway::routes::Routes;
-use crate::gateway::test_workers::{ServerIo, listen};
+use crate::auth::forwarded;
+use crate::auth::test_support::{A_INFERENCE, TENANT_A};
+use crate::gateway::test_workers::{ServerIo, listen, one_model_gateway};
 
 /// What a stand-in worker does with each request.
 #[derive(Clone, Copy)]
@@ -69,40 +67,7 @@ async fn serve_worker(io: ServerIo, worker: Worker) {
 /// connection count.
 async fn gateway(worker: Worker, max_request_bytes: usize) -> (Arc<Gateway>, Arc<std::sync::atomic::AtomicUsize>) {
     let listening = listen(None, move |io| serve_worker(io, worker)).await;
-    let base = format!("http://127.0.0.1:{}", listening.port);
-    let table = RouteTable {
-        tenants: vec![agent::TenantRoutes {
-            tenant_id: TENANT_A.into(),
-            tenant_name: "a".into(),
-            requests_per_second: 0,
-            concurrent_requests: 0,
-            models: vec![ModelRoute {
-                model_name: "m".into(),
-                deployment_id: "d".into(),
-                weights: vec![VersionWeight { version: 1, weight: 100 }],
-                replicas: vec![RouteReplica {
-                    replica_id: "r".into(),
-                    version: 1,
-                    worker_id: "w".into(),
-                    http_endpoint: base.clone(),
-                    grpc_endpoint: base,
-                    serving: true,
-                }],
-            }],
-            keys: vec![],
-        }],
-        gateways: 1,
-        revocations: None,
-    };
-    let tls = tessera_protocol::tls::client_config(None).expect("client TLS config");
-    let g = Gateway::new(
-        Some(authenticator()),
-        IdentityKey::from_token("test"),
-        max_request_bytes,
-        crate::gateway::forward::Clients::new(tls, false),
-    );
-    g.set_routes(Routes::from_table(&table, &Routes::default()));
-    (Arc::new(g), listening.connections)
+    (one_model_gateway(listening.port, max_request_bytes), listening.connections)
 }
 
 /// A client connection served by [`connection`], and the task serving it.

@@ -4,7 +4,7 @@
 pub(crate) mod convert;
 mod logging;
 pub mod serve;
-mod socket;
+pub(crate) mod socket;
 mod trace;
 
 use std::pin::Pin;

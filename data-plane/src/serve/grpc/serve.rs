@@ -82,7 +82,7 @@ async fn connection(
 
 /// Serves calls (HTTP/2, or HTTP/1.1 from a gateway) on one connection's stream until it closes
 /// or, after `shutdown`, finishes its calls in progress.
-async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToken, header_timeout: Duration)
+pub(crate) async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToken, header_timeout: Duration)
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
@@ -97,21 +97,27 @@ where
 const STATUS_TRAILERS: http::HeaderValue =
     http::HeaderValue::from_static("grpc-status, grpc-message, grpc-status-details-bin");
 
-/// One connection's calls.
+/// One connection's calls: tonic's routes, with the caller's address and deadline.
 #[derive(Clone)]
-struct Calls {
+pub(crate) struct Calls {
     routes: Routes,
     peer: TcpConnectInfo,
 }
 
 type CallFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
-impl hyper::service::Service<Request<Incoming>> for Calls {
-    type Response = Response<Body>;
-    type Error = Infallible;
-    type Future = CallFuture;
+impl Calls {
+    /// The calls of a connection from `peer`, served by `routes` (already prepared).
+    pub(crate) fn new(routes: Routes, peer: TcpConnectInfo) -> Self {
+        Self { routes, peer }
+    }
 
-    fn call(&self, mut req: Request<Incoming>) -> CallFuture {
+    /// Serves one call, over whichever HTTP version it came.
+    pub(crate) fn call<B>(&self, mut req: Request<B>) -> CallFuture
+    where
+        B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+        B::Error: Into<tonic::codegen::StdError>,
+    {
         // Where `tonic::Request::remote_addr` looks.
         req.extensions_mut().insert(self.peer.clone());
         let timeout = match grpc_timeout(req.headers()) {
@@ -122,26 +128,41 @@ impl hyper::service::Service<Request<Incoming>> for Calls {
         // Routes are always ready (an axum router), so `call` needs no `poll_ready` first.
         let response = tower::Service::call(&mut self.routes.clone(), req);
         Box::pin(async move {
-            let answered = match timeout {
-                None => response.await,
-                Some(timeout) => match tokio::time::timeout(timeout, response).await {
-                    Ok(response) => response,
-                    Err(_) => {
-                        let message =
-                            format!("deadline of {timeout:?} (grpc-timeout) expired before the call completed");
-                        Ok(Status::deadline_exceeded(message).into_http())
-                    }
-                },
-            };
-            answered.map(|response| {
-                let mut response = with_crate_code(response);
-                if http1 {
-                    // hyper sends over HTTP/1.1 only the trailers a response declares.
-                    response.headers_mut().insert(http::header::TRAILER, STATUS_TRAILERS);
-                }
-                response
-            })
+            let answered = within_deadline(timeout, async { response.await.unwrap_or_else(|e| match e {}) }).await;
+            let mut response = with_crate_code(answered);
+            if http1 {
+                // hyper sends over HTTP/1.1 only the trailers a response declares.
+                response.headers_mut().insert(http::header::TRAILER, STATUS_TRAILERS);
+            }
+            Ok(response)
         })
+    }
+}
+
+impl hyper::service::Service<Request<Incoming>> for Calls {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = CallFuture;
+
+    fn call(&self, req: Request<Incoming>) -> CallFuture {
+        Calls::call(self, req)
+    }
+}
+
+/// `call`'s answer, or DEADLINE_EXCEEDED once the client's `timeout` (its `grpc-timeout`) has
+/// passed.
+pub(crate) async fn within_deadline<B, F>(timeout: Option<Duration>, call: F) -> Response<B>
+where
+    F: Future<Output = Response<B>>,
+    B: Default,
+{
+    let Some(timeout) = timeout else { return call.await };
+    match tokio::time::timeout(timeout, call).await {
+        Ok(response) => response,
+        Err(_) => {
+            let message = format!("deadline of {timeout:?} (grpc-timeout) expired before the call completed");
+            Status::deadline_exceeded(message).into_http()
+        }
     }
 }
 
@@ -157,7 +178,7 @@ fn with_crate_code(response: Response<Body>) -> Response<Body> {
 
 /// The client's deadline from the `grpc-timeout` header (gRPC over HTTP/2: up to 8 digits and
 /// a unit: H, M, S, m, u or n), or why the header is malformed.
-fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
+pub(crate) fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, String> {
     let Some(value) = headers.get("grpc-timeout") else { return Ok(None) };
     let bad =
         || format!("malformed grpc-timeout header {value:?}: expected up to 8 digits and a unit H, M, S, m, u or n");
