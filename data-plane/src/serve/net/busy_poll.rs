@@ -60,9 +60,12 @@ impl BusyPoll {
         Ok(Self { epoll, window, allowed_in_flight, spinning: AtomicBool::new(false) })
     }
 
-    /// Adds an accepted connection to the set watched.
+    /// Adds an accepted connection to the set watched, edge-triggered: a spin ends when bytes
+    /// (or the peer's close) arrive, once. Level-triggered, a connection its peer closed while it
+    /// sat unread (a gateway's idle pooled connection the worker timed out) stayed readable and
+    /// ended every spin at once, which left a proxy sleeping through every answer.
     pub fn watch(&self, connection: impl AsFd) -> nix::Result<()> {
-        self.epoll.add(connection, EpollEvent::new(EpollFlags::EPOLLIN, 0))
+        self.epoll.add(connection, EpollEvent::new(EpollFlags::EPOLLIN | EpollFlags::EPOLLET, 0))
     }
 
     /// Polls the watched connections until one is readable, more requests than allowed go in
@@ -210,6 +213,22 @@ mod tests {
         let poll = BusyPoll::new(Duration::from_secs(30), 0).expect("epoll");
         poll.spinning.store(true, Ordering::Relaxed);
         assert_eq!(poll.spin(&AtomicUsize::new(0)), Spin::Skipped);
+    }
+
+    #[test]
+    fn a_connection_its_peer_closed_ends_one_spin_not_every_one() {
+        let poll = BusyPoll::new(Duration::from_millis(5), 0).expect("epoll");
+        let (client, server) = pair();
+        let (mut other_client, other_server) = pair();
+        poll.watch(&server).expect("watch");
+        poll.watch(&other_server).expect("watch");
+        // An idle connection its peer closed, left unread (a pooled one a worker timed out).
+        drop(client);
+        assert_eq!(poll.spin(&AtomicUsize::new(0)), Spin::Readable);
+        assert_eq!(poll.spin(&AtomicUsize::new(0)), Spin::TimedOut, "the close was news once");
+        other_client.write_all(b"x").expect("write");
+        assert_eq!(poll.spin(&AtomicUsize::new(0)), Spin::Readable, "bytes on another connection still end a spin");
+        drop(server);
     }
 
     #[test]
