@@ -34,7 +34,6 @@ use super::Gateway;
 use super::forward::BoxError;
 use super::grpc;
 use super::h1::rewind::Rewind;
-use crate::error::Error;
 use crate::serve::grpc::serve::{Calls, grpc_timeout, within_deadline};
 use crate::serve::grpc::socket::Socket;
 use crate::serve::net::limits;
@@ -52,30 +51,18 @@ pub async fn serve(
     shutdown: CancellationToken,
     tls: Option<TlsAcceptor>,
 ) {
-    let timeouts =
-        Timeouts { header: crate::serve::http::HEADER_READ_TIMEOUT, body: crate::serve::http::BODY_READ_TIMEOUT };
-    serve_with(listener, gateway, routes, shutdown, tls, timeouts).await;
+    serve_with(listener, gateway, routes, shutdown, tls, crate::serve::http::HEADER_READ_TIMEOUT).await;
 }
 
-/// How long a client may keep the gateway waiting.
-#[derive(Clone, Copy)]
-struct Timeouts {
-    /// For its first bytes, the preface, and (over HTTP/1.1) each request head.
-    header: Duration,
-    /// For each piece of a unary call's body (a body that stalls fails its call).
-    body: Duration,
-}
-
-/// [`serve`] with the given timeouts.
+/// [`serve`] with a given timeout for a client's preface and settings.
 async fn serve_with(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     routes: Routes,
     shutdown: CancellationToken,
     tls: Option<TlsAcceptor>,
-    timeouts: Timeouts,
+    header_timeout: Duration,
 ) {
-    let header_timeout = timeouts.header;
     let routes = routes.prepare();
     crate::serve::net::accept::serve(listener, "grpc", header_timeout, shutdown, move |tcp, shutdown| {
         let (gateway, routes, tls) = (gateway.clone(), routes.clone(), tls.clone());
@@ -84,12 +71,12 @@ async fn serve_with(
             let socket = Socket::new(tcp);
             let calls = Calls::new(routes, socket.connect_info());
             match tls {
-                None => connection(socket, gateway, calls, shutdown, timeouts).await,
+                None => connection(socket, gateway, calls, shutdown, header_timeout).await,
                 Some(tls) => {
                     if let Some(stream) =
                         crate::serve::net::accept::tls_handshake(&tls, socket, "grpc", header_timeout, &shutdown).await
                     {
-                        connection(stream, gateway, calls, shutdown, timeouts).await;
+                        connection(stream, gateway, calls, shutdown, header_timeout).await;
                     }
                 }
             }
@@ -104,11 +91,10 @@ async fn connection<IO>(
     gateway: Arc<Gateway>,
     calls: Calls,
     shutdown: CancellationToken,
-    timeouts: Timeouts,
+    header_timeout: Duration,
 ) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let header_timeout = timeouts.header;
     let mut read = BytesMut::with_capacity(1024);
     let opening = async {
         while read.len() < PREFACE.len() && PREFACE.starts_with(&read) {
@@ -134,7 +120,7 @@ async fn connection<IO>(
         Ok(Err(e)) => return tracing::debug!(endpoint = "grpc", error = %e, "HTTP/2 handshake failed"),
         Err(_) => return tracing::trace!(endpoint = "grpc", "no HTTP/2 settings in time"),
     };
-    serve_calls(conn, &gateway, &calls, shutdown, timeouts.body).await;
+    serve_calls(conn, &gateway, &calls, shutdown).await;
 }
 
 /// Drives an HTTP/2 connection and its calls until it closes or, after `shutdown`, its calls in
@@ -145,7 +131,6 @@ async fn serve_calls<IO>(
     gateway: &Gateway,
     calls: &Calls,
     shutdown: CancellationToken,
-    body_timeout: Duration,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
@@ -160,7 +145,7 @@ async fn serve_calls<IO>(
             biased;
             Some(()) = running.next(), if !running.is_empty() => {}
             accepted = conn.accept() => match accepted {
-                Some(Ok((request, respond))) => running.push(call(gateway, calls, request, respond, body_timeout)),
+                Some(Ok((request, respond))) => running.push(call(gateway, calls, request, respond)),
                 Some(Err(e)) => return tracing::trace!(endpoint = "grpc", error = %e, "connection ended with an error"),
                 None => return,
             },
@@ -189,15 +174,8 @@ fn pong(ping: Option<&mut h2::PingPong>, cx: &mut Context<'_>) -> Poll<Option<()
     }
 }
 
-/// Serves one call and writes its answer back; a unary call whose body sends nothing for
-/// `body_timeout` is refused.
-async fn call(
-    gateway: &Gateway,
-    calls: &Calls,
-    request: Request<RecvStream>,
-    respond: SendResponse<Bytes>,
-    body_timeout: Duration,
-) {
+/// Serves one call and writes its answer back.
+async fn call(gateway: &Gateway, calls: &Calls, request: Request<RecvStream>, respond: SendResponse<Bytes>) {
     if !grpc::forwards_unary(request.uri().path()) {
         let answer = calls.call(request.map(|body| RequestBody { body, trailers: false }));
         let Ok(response) = answer.await;
@@ -212,35 +190,25 @@ async fn call(
     };
     let (parts, mut body) = request.into_parts();
     let answered = within_deadline(timeout, async {
-        match read_body(&mut body, gateway, body_timeout).await {
+        match read_body(&mut body, gateway.max_request_bytes).await {
             Ok(bytes) => grpc::unary(gateway, parts, bytes, started).await,
-            Err(e) => grpc::error_response(e),
+            Err(e) => grpc::error_response(grpc::over_limit(gateway, e)),
         }
     });
     self::respond(answered.await, respond).await;
 }
 
-/// A call's body, whole, if it is not over the gateway's limit and no piece of it takes longer
-/// than `idle` to come; the stream's window is given back as it is read, so a client can send
-/// up to its end.
-async fn read_body(body: &mut RecvStream, gateway: &Gateway, idle: Duration) -> Result<Bytes, Error> {
+/// A call's body, whole, if it is not over `limit` bytes; the stream's window is given back as
+/// it is read, so a client can send up to its end.
+async fn read_body(body: &mut RecvStream, limit: usize) -> Result<Bytes, BoxError> {
     let mut first: Option<Bytes> = None;
     let mut rest = BytesMut::new();
-    loop {
-        // The timer is armed only when the next piece is not there already (the usual case is
-        // a body that came with its headers).
-        let next = match futures::FutureExt::now_or_never(body.data()) {
-            Some(next) => next,
-            None => tokio::time::timeout(idle, body.data())
-                .await
-                .map_err(|_| Error::invalid(format!("the request's body sent nothing for {} s", idle.as_secs_f64())))?,
-        };
-        let Some(chunk) = next else { break };
-        let chunk = chunk.map_err(|e| grpc::over_limit(gateway, e))?;
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk?;
         let _ = body.flow_control().release_capacity(chunk.len());
         let len = first.as_ref().map_or(0, Bytes::len) + rest.len() + chunk.len();
-        if len > gateway.max_request_bytes {
-            return Err(grpc::over_limit(gateway, format!("{len} bytes read and more to come")));
+        if len > limit {
+            return Err(format!("{len} bytes read and more to come").into());
         }
         match &first {
             // A body that came in one frame, the common case, is not copied.
