@@ -13,6 +13,7 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -26,6 +27,7 @@ use http_body_util::BodyExt as _;
 use hyper::body::Frame;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::TcpListener;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 use tonic::transport::server::Connected as _;
@@ -34,6 +36,7 @@ use super::Gateway;
 use super::forward::BoxError;
 use super::grpc;
 use super::h1::rewind::Rewind;
+use crate::error::Error;
 use crate::serve::grpc::serve::{Calls, grpc_timeout, within_deadline};
 use crate::serve::grpc::socket::Socket;
 use crate::serve::net::limits;
@@ -51,18 +54,30 @@ pub async fn serve(
     shutdown: CancellationToken,
     tls: Option<TlsAcceptor>,
 ) {
-    serve_with(listener, gateway, routes, shutdown, tls, crate::serve::http::HEADER_READ_TIMEOUT).await;
+    let timeouts = Timeouts { header: crate::serve::http::HEADER_READ_TIMEOUT, keep_alive: limits::KEEP_ALIVE };
+    serve_with(listener, gateway, routes, shutdown, tls, timeouts).await;
 }
 
-/// [`serve`] with a given timeout for a client's preface and settings.
+/// How long a client may keep the gateway waiting.
+#[derive(Clone, Copy)]
+struct Timeouts {
+    /// For its first bytes, the preface, and (over HTTP/1.1) each request head.
+    header: Duration,
+    /// Between pings, and for a ping's answer; a unary call's body that sends nothing through
+    /// a whole interval fails its call (see [`BodyClock`]).
+    keep_alive: Duration,
+}
+
+/// [`serve`] with the given timeouts.
 async fn serve_with(
     listener: TcpListener,
     gateway: Arc<Gateway>,
     routes: Routes,
     shutdown: CancellationToken,
     tls: Option<TlsAcceptor>,
-    header_timeout: Duration,
+    timeouts: Timeouts,
 ) {
+    let header_timeout = timeouts.header;
     let routes = routes.prepare();
     crate::serve::net::accept::serve(listener, "grpc", header_timeout, shutdown, move |tcp, shutdown| {
         let (gateway, routes, tls) = (gateway.clone(), routes.clone(), tls.clone());
@@ -71,12 +86,12 @@ async fn serve_with(
             let socket = Socket::new(tcp);
             let calls = Calls::new(routes, socket.connect_info());
             match tls {
-                None => connection(socket, gateway, calls, shutdown, header_timeout).await,
+                None => connection(socket, gateway, calls, shutdown, timeouts).await,
                 Some(tls) => {
                     if let Some(stream) =
                         crate::serve::net::accept::tls_handshake(&tls, socket, "grpc", header_timeout, &shutdown).await
                     {
-                        connection(stream, gateway, calls, shutdown, header_timeout).await;
+                        connection(stream, gateway, calls, shutdown, timeouts).await;
                     }
                 }
             }
@@ -91,10 +106,11 @@ async fn connection<IO>(
     gateway: Arc<Gateway>,
     calls: Calls,
     shutdown: CancellationToken,
-    header_timeout: Duration,
+    timeouts: Timeouts,
 ) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    let header_timeout = timeouts.header;
     let mut read = BytesMut::with_capacity(1024);
     let opening = async {
         while read.len() < PREFACE.len() && PREFACE.starts_with(&read) {
@@ -120,23 +136,26 @@ async fn connection<IO>(
         Ok(Err(e)) => return tracing::debug!(endpoint = "grpc", error = %e, "HTTP/2 handshake failed"),
         Err(_) => return tracing::trace!(endpoint = "grpc", "no HTTP/2 settings in time"),
     };
-    serve_calls(conn, &gateway, &calls, shutdown).await;
+    serve_calls(conn, &gateway, &calls, shutdown, timeouts.keep_alive).await;
 }
 
 /// Drives an HTTP/2 connection and its calls until it closes or, after `shutdown`, its calls in
-/// progress are answered. A connection that does not answer a ping within [`limits::KEEP_ALIVE`]
-/// is closed.
+/// progress are answered. A connection that does not answer a ping within `keep_alive` is
+/// closed.
 async fn serve_calls<IO>(
     mut conn: h2::server::Connection<IO, Bytes>,
     gateway: &Gateway,
     calls: &Calls,
     shutdown: CancellationToken,
+    keep_alive_every: Duration,
 ) where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
+    // Before `running`, whose calls borrow it.
+    let clock = BodyClock::new(keep_alive_every);
     let mut running = FuturesUnordered::new();
     let mut ping = conn.ping_pong();
-    let keep_alive = tokio::time::sleep(limits::KEEP_ALIVE);
+    let keep_alive = tokio::time::sleep(keep_alive_every);
     let mut keep_alive = std::pin::pin!(keep_alive);
     let mut awaiting_pong = false;
     let mut draining = false;
@@ -145,7 +164,7 @@ async fn serve_calls<IO>(
             biased;
             Some(()) = running.next(), if !running.is_empty() => {}
             accepted = conn.accept() => match accepted {
-                Some(Ok((request, respond))) => running.push(call(gateway, calls, request, respond)),
+                Some(Ok((request, respond))) => running.push(call(gateway, calls, &clock, request, respond)),
                 Some(Err(e)) => return tracing::trace!(endpoint = "grpc", error = %e, "connection ended with an error"),
                 None => return,
             },
@@ -155,7 +174,8 @@ async fn serve_calls<IO>(
                     return tracing::debug!(endpoint = "grpc", "closing a connection that did not answer a ping");
                 }
                 awaiting_pong = ping.as_mut().is_some_and(|p| p.send_ping(h2::Ping::opaque()).is_ok());
-                keep_alive.as_mut().reset(tokio::time::Instant::now() + limits::KEEP_ALIVE);
+                keep_alive.as_mut().reset(tokio::time::Instant::now() + keep_alive_every);
+                clock.tick();
             }
             () = shutdown.cancelled(), if !draining => {
                 // Tells the client to open no more calls; `accept` ends once those in progress are done.
@@ -174,8 +194,56 @@ fn pong(ping: Option<&mut h2::PingPong>, cx: &mut Context<'_>) -> Poll<Option<()
     }
 }
 
+/// A connection's clock for unary calls whose bodies are slow to come, ticked by the keep-alive
+/// timer the connection has anyway: a call that waits for the next piece of its body through
+/// two ticks (at least one interval, at most two) is refused. A timer per call would cost every
+/// call, since a call is first polled when its HEADERS arrive, before its DATA frame is read.
+struct BodyClock {
+    /// The interval between ticks.
+    every: Duration,
+    ticks: AtomicU64,
+    tick: Notify,
+}
+
+impl BodyClock {
+    fn new(every: Duration) -> Self {
+        Self { every, ticks: AtomicU64::new(0), tick: Notify::new() }
+    }
+
+    /// One interval has passed: wakes the calls waiting for their bodies to look at the clock.
+    fn tick(&self) {
+        self.ticks.fetch_add(1, Ordering::Relaxed);
+        self.tick.notify_waiters();
+    }
+
+    /// The next piece of `body` (None at its end), or a refusal once it has waited through two ticks.
+    async fn next(&self, body: &mut RecvStream) -> Result<Option<Result<Bytes, h2::Error>>, Error> {
+        let began = self.ticks.load(Ordering::Relaxed);
+        loop {
+            // Registered only if the piece is not there yet (polled after `data` in this order).
+            let tick = self.tick.notified();
+            tokio::select! {
+                biased;
+                next = body.data() => return Ok(next),
+                () = tick => {
+                    if self.ticks.load(Ordering::Relaxed) >= began + 2 {
+                        let secs = self.every.as_secs_f64();
+                        return Err(Error::invalid(format!("the request's body sent nothing for {secs} s or more")));
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Serves one call and writes its answer back.
-async fn call(gateway: &Gateway, calls: &Calls, request: Request<RecvStream>, respond: SendResponse<Bytes>) {
+async fn call(
+    gateway: &Gateway,
+    calls: &Calls,
+    clock: &BodyClock,
+    request: Request<RecvStream>,
+    respond: SendResponse<Bytes>,
+) {
     if !grpc::forwards_unary(request.uri().path()) {
         let answer = calls.call(request.map(|body| RequestBody { body, trailers: false }));
         let Ok(response) = answer.await;
@@ -190,25 +258,25 @@ async fn call(gateway: &Gateway, calls: &Calls, request: Request<RecvStream>, re
     };
     let (parts, mut body) = request.into_parts();
     let answered = within_deadline(timeout, async {
-        match read_body(&mut body, gateway.max_request_bytes).await {
+        match read_body(&mut body, gateway, clock).await {
             Ok(bytes) => grpc::unary(gateway, parts, bytes, started).await,
-            Err(e) => grpc::error_response(grpc::over_limit(gateway, e)),
+            Err(e) => grpc::error_response(e),
         }
     });
     self::respond(answered.await, respond).await;
 }
 
-/// A call's body, whole, if it is not over `limit` bytes; the stream's window is given back as
-/// it is read, so a client can send up to its end.
-async fn read_body(body: &mut RecvStream, limit: usize) -> Result<Bytes, BoxError> {
+/// A call's body, whole, if it is not over the gateway's limit and does not stall (`clock`);
+/// the stream's window is given back as it is read, so a client can send up to its end.
+async fn read_body(body: &mut RecvStream, gateway: &Gateway, clock: &BodyClock) -> Result<Bytes, Error> {
     let mut first: Option<Bytes> = None;
     let mut rest = BytesMut::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk?;
+    while let Some(chunk) = clock.next(body).await? {
+        let chunk = chunk.map_err(|e| grpc::over_limit(gateway, e))?;
         let _ = body.flow_control().release_capacity(chunk.len());
         let len = first.as_ref().map_or(0, Bytes::len) + rest.len() + chunk.len();
-        if len > limit {
-            return Err(format!("{len} bytes read and more to come").into());
+        if len > gateway.max_request_bytes {
+            return Err(grpc::over_limit(gateway, format!("{len} bytes read and more to come")));
         }
         match &first {
             // A body that came in one frame, the common case, is not copied.

@@ -65,13 +65,17 @@ struct Listening {
 }
 
 async fn gateway(max_request_bytes: usize, header_timeout: Duration) -> Listening {
+    gateway_with(max_request_bytes, Timeouts { header: header_timeout, keep_alive: limits::KEEP_ALIVE }).await
+}
+
+async fn gateway_with(max_request_bytes: usize, timeouts: Timeouts) -> Listening {
     let worker = listen(None, grpc_worker).await;
     let g = one_model_gateway(worker.port, max_request_bytes);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
     let shutdown = CancellationToken::new();
     let routes = grpc::routes(g.clone());
-    let served = tokio::spawn(serve_with(listener, g, routes, shutdown.clone(), None, header_timeout));
+    let served = tokio::spawn(serve_with(listener, g, routes, shutdown.clone(), None, timeouts));
     Listening { addr, shutdown, served }
 }
 
@@ -314,4 +318,74 @@ fn the_headers_http2_forbids_are_dropped_from_answers_and_the_rest_kept() {
     let mut left: Vec<_> = headers.keys().map(|n| n.as_str()).collect();
     left.sort_unstable();
     assert_eq!(left, ["content-type", "grpc-status"]);
+}
+
+/// Opens a ModelInfer call and sends `pieces` of its body `apart`, the last ending it unless
+/// `end` is false; gives back the answer's head.
+async fn call_in_pieces(
+    send: &h2::client::SendRequest<Bytes>,
+    pieces: Vec<Bytes>,
+    apart: Duration,
+    end: bool,
+) -> http::Response<RecvStream> {
+    let request = Request::post(INFER)
+        .header(header::CONTENT_TYPE, "application/grpc")
+        .header(header::TE, "trailers")
+        .header(header::AUTHORIZATION, format!("Bearer {A_INFERENCE}"))
+        .body(())
+        .expect("request");
+    let mut ready = send.clone().ready().await.expect("ready");
+    let (response, mut stream) = ready.send_request(request, false).expect("sent");
+    let last = pieces.len().saturating_sub(1);
+    for (i, piece) in pieces.into_iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(apart).await;
+        }
+        stream.send_data(piece, end && i == last).expect("a piece of the body");
+    }
+    let answered = tokio::time::timeout(Duration::from_secs(10), response).await.expect("answered in time");
+    // The stream stays open until the answer (dropping it would reset the call).
+    drop(stream);
+    answered.expect("a head")
+}
+
+#[tokio::test]
+async fn a_unary_call_whose_body_stalls_is_refused_after_a_keep_alive_interval_or_two() {
+    let every = Duration::from_millis(200);
+    let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), keep_alive: every }).await;
+    let mut send = client(gateway.addr, 65_535).await;
+    // Half a message, then nothing.
+    let started = Instant::now();
+    let response = call_in_pieces(&send, vec![infer_request("stalled").slice(..6)], every, false).await;
+    let waited = started.elapsed();
+    assert!(waited >= every && waited < 4 * every, "answered after {waited:?}");
+    let status = tonic::Status::from_header_map(response.headers()).expect("a trailers-only answer");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().contains("sent nothing for 0.2 s"), "{}", status.message());
+    assert_eq!(call(&mut send, INFER, infer_request("next"), &[]).await.code(), "0", "the connection serves on");
+    gateway.shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), gateway.served).await.expect("shut down").expect("join");
+}
+
+#[tokio::test]
+async fn a_unary_call_whose_body_keeps_coming_slowly_is_forwarded() {
+    let every = Duration::from_millis(200);
+    let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), keep_alive: every }).await;
+    let send = client(gateway.addr, 65_535).await;
+    let whole = infer_request("slow but steady");
+    let step = whole.len().div_ceil(5);
+    let pieces = (0..whole.len()).step_by(step).map(|i| whole.slice(i..(i + step).min(whole.len()))).collect();
+    // Five pieces 150 ms apart: 600 ms in all, three intervals, but never one without a piece.
+    let response = call_in_pieces(&send, pieces, Duration::from_millis(150), true).await;
+    assert_eq!(response.status(), http::StatusCode::OK);
+    let (head, mut body) = response.into_parts();
+    assert!(head.headers.get("grpc-status").is_none(), "not refused: {:?}", head.headers);
+    let mut answer = BytesMut::new();
+    while let Some(data) = body.data().await {
+        answer.extend_from_slice(&data.expect("answer data"));
+    }
+    let trailers = body.trailers().await.expect("trailers").expect("some");
+    assert_eq!(trailers.get("grpc-status").map(|v| v.as_bytes()), Some(&b"0"[..]));
+    assert_eq!(answer.freeze(), whole, "the stand-in worker echoes the whole body");
+    gateway.shutdown.cancel();
 }

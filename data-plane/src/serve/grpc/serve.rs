@@ -151,19 +151,28 @@ impl hyper::service::Service<Request<Incoming>> for Calls {
 
 /// `call`'s answer, or DEADLINE_EXCEEDED once the client's `timeout` (its `grpc-timeout`) has
 /// passed.
-pub(crate) async fn within_deadline<B, F>(timeout: Option<Duration>, call: F) -> Response<B>
+///
+/// Not an `async fn`: one that awaited `call` in one branch and a `Timeout` holding it in the
+/// other laid out room for both, twice the call's size, and a caller's future moved that
+/// much on its way to the executor.
+pub(crate) fn within_deadline<B, F>(timeout: Option<Duration>, call: F) -> impl Future<Output = Response<B>>
 where
     F: Future<Output = Response<B>>,
     B: Default,
 {
-    let Some(timeout) = timeout else { return call.await };
-    match tokio::time::timeout(timeout, call).await {
-        Ok(response) => response,
-        Err(_) => {
+    use futures::FutureExt as _;
+    use futures::future::Either;
+    let call = match timeout {
+        None => Either::Left(call.map(Ok)),
+        Some(timeout) => Either::Right(tokio::time::timeout(timeout, call)),
+    };
+    call.map(move |answered| {
+        answered.unwrap_or_else(|_| {
+            let timeout = timeout.unwrap_or_default();
             let message = format!("deadline of {timeout:?} (grpc-timeout) expired before the call completed");
             Status::deadline_exceeded(message).into_http()
-        }
-    }
+        })
+    })
 }
 
 /// `response`, or the crate's code in its place when tonic's codec refused the request with
