@@ -284,6 +284,7 @@ fn gateway_args(args: &DevArgs, control_plane: SocketAddr, secrets: &Secrets, tl
         metrics_token_file: None,
         metrics_token: None,
         max_request_bytes: tessera_data_plane::gateway::DEFAULT_MAX_REQUEST_BYTES,
+        upstream_timeout_secs: tessera_data_plane::gateway::DEFAULT_UPSTREAM_TIMEOUT_SECS,
         usage_ship_interval_ms: tessera_data_plane::worker::config::DEFAULT_USAGE_SHIP_INTERVAL_MS,
     }
 }

@@ -28,6 +28,8 @@ pub enum ErrorKind {
     /// The thing to create exists already, e.g. a shared memory region's name (400 /
     /// ALREADY_EXISTS, Triton's mapping: HTTP has no closer status it uses).
     AlreadyExists,
+    /// A gateway's worker did not begin its answer in time (504 / DEADLINE_EXCEEDED).
+    UpstreamTimeout,
 }
 
 /// A data-plane error: a kind plus a message meant for the client.
@@ -112,6 +114,7 @@ pub fn codes_for(kind: ErrorKind) -> (StatusCode, tonic::Code) {
         ErrorKind::PermissionDenied => (StatusCode::FORBIDDEN, tonic::Code::PermissionDenied),
         ErrorKind::TooManyRequests => (StatusCode::TOO_MANY_REQUESTS, tonic::Code::ResourceExhausted),
         ErrorKind::AlreadyExists => (StatusCode::BAD_REQUEST, tonic::Code::AlreadyExists),
+        ErrorKind::UpstreamTimeout => (StatusCode::GATEWAY_TIMEOUT, tonic::Code::DeadlineExceeded),
     }
 }
 
@@ -154,6 +157,7 @@ mod tests {
             (ErrorKind::PermissionDenied, 403, tonic::Code::PermissionDenied),
             (ErrorKind::TooManyRequests, 429, tonic::Code::ResourceExhausted),
             (ErrorKind::AlreadyExists, 400, tonic::Code::AlreadyExists),
+            (ErrorKind::UpstreamTimeout, 504, tonic::Code::DeadlineExceeded),
         ];
         for (kind, http, grpc) in cases {
             let (status, code) = codes_for(kind);

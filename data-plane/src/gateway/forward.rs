@@ -28,7 +28,7 @@ use tokio::net::TcpStream;
 use super::Gateway;
 use super::http_upstream::UpstreamBody;
 use super::routes::{InFlight, ModelRoutes, Outcome, Upstream, random};
-use crate::error::Error;
+use crate::error::{Error, ErrorKind};
 
 /// Replicas tried for one request at most.
 const MAX_ATTEMPTS: usize = 3;
@@ -289,6 +289,14 @@ pub struct Answer<R = Response<Incoming>> {
     pub in_flight: InFlight,
 }
 
+/// Records a failed attempt on `upstream`, noting its ejection when this failure ejects it.
+fn record_failure(gateway: &Gateway, upstream: &Upstream, outcome: Outcome, error: &dyn std::fmt::Display) {
+    if upstream.record(outcome, Instant::now()) {
+        gateway.metrics.ejected(&upstream.worker_id);
+        tracing::warn!(worker_id = %upstream.worker_id, error = %error, "worker ejected");
+    }
+}
+
 /// Sends a request with `send` to a replica of `model` (of `version` when given), trying
 /// another replica when the rule above allows; `stale` tells an answer that says the worker
 /// does not hold the model. A request of a sequence (`sequence`: its routing key) goes to the
@@ -323,7 +331,18 @@ where
         let upstream = &replica.upstream;
         tried.push(upstream.key());
         let in_flight = upstream.start();
-        match send(upstream)?.await {
+        // One timer per forward, armed once the worker is waited on.
+        let Ok(sent) = tokio::time::timeout(gateway.upstream_timeout, send(upstream)?).await else {
+            let secs = gateway.upstream_timeout.as_secs_f64();
+            let message = format!("did not begin its answer within {secs} s");
+            record_failure(gateway, upstream, Outcome::Failed, &message);
+            tracing::info!(worker_id = %upstream.worker_id, "worker {message}");
+            return Err(Error::new(
+                ErrorKind::UpstreamTimeout,
+                format!("the worker serving '{model_name}' {message}; the request may have run"),
+            ));
+        };
+        match sent {
             Ok(response) => {
                 upstream.record(Outcome::Answered, Instant::now());
                 let answer = Answer { response, version: replica.version, in_flight };
@@ -337,10 +356,7 @@ where
             Err(e) => {
                 let unreachable = e.nothing_sent();
                 let outcome = if unreachable { Outcome::Unreachable } else { Outcome::Failed };
-                if upstream.record(outcome, Instant::now()) {
-                    gateway.metrics.ejected(&upstream.worker_id);
-                    tracing::warn!(worker_id = %upstream.worker_id, error = %e, "worker ejected");
-                }
+                record_failure(gateway, upstream, outcome, &e);
                 if !unreachable {
                     tracing::info!(worker_id = %upstream.worker_id, error = %e, "worker failed a request");
                     return Err(Error::unavailable(format!(

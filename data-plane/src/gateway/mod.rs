@@ -52,6 +52,10 @@ use routes::{ModelRoutes, Routes};
 /// JSON around it).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 128 * 1024 * 1024;
 
+/// Seconds a worker has to begin answering a forwarded request (Knative's, and so KServe's,
+/// default request timeout).
+pub const DEFAULT_UPSTREAM_TIMEOUT_SECS: u64 = 300;
+
 /// `tessera gateway` flags.
 #[derive(Debug, Clone, clap::Args)]
 pub struct GatewayArgs {
@@ -108,6 +112,11 @@ pub struct GatewayArgs {
     /// Largest request body accepted, bytes.
     #[arg(long, env = "TESSERA_GATEWAY_MAX_REQUEST_BYTES", default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
     pub max_request_bytes: usize,
+    /// Seconds a worker has to begin answering a forwarded request (for a stream, its first
+    /// answer's head); a request it leaves waiting longer fails with 504 / DEADLINE_EXCEEDED and
+    /// counts against the worker like a failure. It may have run, so it is not retried.
+    #[arg(long, env = "TESSERA_GATEWAY_UPSTREAM_TIMEOUT_SECS", default_value_t = DEFAULT_UPSTREAM_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub upstream_timeout_secs: u64,
     /// Milliseconds between shipments of throttled-request counts to the control plane.
     #[arg(long, env = "TESSERA_USAGE_SHIP_INTERVAL_MS", default_value_t = crate::worker::config::DEFAULT_USAGE_SHIP_INTERVAL_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub usage_ship_interval_ms: u64,
@@ -145,6 +154,8 @@ pub struct Gateway {
     pub upstream: forward::Clients,
     /// Largest request body accepted.
     pub max_request_bytes: usize,
+    /// How long a worker has to begin answering a forwarded request.
+    pub upstream_timeout: Duration,
     /// Requests refused under a tenant's limits, until they are shipped as usage.
     pub throttled_usage: Arc<usage::ThrottledUsage>,
     live: AtomicBool,
@@ -192,6 +203,7 @@ impl Gateway {
             metrics: metrics::GatewayMetrics::default(),
             upstream,
             max_request_bytes,
+            upstream_timeout: Duration::from_secs(DEFAULT_UPSTREAM_TIMEOUT_SECS),
             throttled_usage: Arc::default(),
             live: AtomicBool::new(true),
         }
@@ -378,7 +390,9 @@ pub async fn run(
     // Workers serving TLS are reached over https, trusting the same CA as the control plane.
     let upstream =
         forward::Clients::new(tessera_protocol::tls::client_config(args.ca.ca_cert.as_deref())?, args.upstream_http2);
-    let gateway = Arc::new(Gateway::new(Some(auth), identity, args.max_request_bytes, upstream));
+    let mut gateway = Gateway::new(Some(auth), identity, args.max_request_bytes, upstream);
+    gateway.upstream_timeout = Duration::from_secs(args.upstream_timeout_secs);
+    let gateway = Arc::new(gateway);
 
     let [http_addr, grpc_addr, metrics_addr] = args.ports.on(args.address);
     let bind = async |addr: SocketAddr, what: &str| {

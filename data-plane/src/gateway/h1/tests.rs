@@ -25,13 +25,18 @@ enum Worker {
     EchoThenClose,
     /// Reads the request, then hangs up without answering.
     HangUp,
+    /// Reads the request, then keeps the connection open without answering (a frozen worker).
+    Silent,
 }
 
 async fn serve_worker(io: ServerIo, worker: Worker) {
-    if let Worker::HangUp = worker {
+    if let Worker::HangUp | Worker::Silent = worker {
         let mut io = io;
         let mut buffer = [0u8; 4096];
         let _ = io.read(&mut buffer).await;
+        if let Worker::Silent = worker {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
         return;
     }
     let service = service_fn(move |request: Request<Incoming>| async move {
@@ -252,6 +257,21 @@ async fn a_worker_closing_its_idle_connection_costs_no_request_and_one_hanging_u
     let answer = read_answer(&mut io, &mut BytesMut::new()).await;
     assert_eq!(answer.status, 503);
     assert!(answer.text().contains("may have run"), "{}", answer.text());
+}
+
+#[tokio::test]
+async fn a_worker_that_does_not_begin_its_answer_in_time_fails_the_request_with_504() {
+    let (mut g, _) = gateway(Worker::Silent, 1 << 20).await;
+    Arc::get_mut(&mut g).expect("not shared yet").upstream_timeout = Duration::from_millis(300);
+    let (mut io, _) = client(&g);
+    let started = std::time::Instant::now();
+    io.write_all(infer("frozen", "").as_bytes()).await.expect("write");
+    let answer = read_answer(&mut io, &mut BytesMut::new()).await;
+    let waited = started.elapsed();
+    assert_eq!(answer.status, 504, "{}", answer.text());
+    assert!(answer.text().contains("did not begin its answer within 0.3 s"), "{}", answer.text());
+    assert!(answer.text().contains("may have run"), "{}", answer.text());
+    assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3), "answered after {waited:?}");
 }
 
 #[tokio::test]

@@ -389,3 +389,23 @@ async fn a_unary_call_whose_body_keeps_coming_slowly_is_forwarded() {
     assert_eq!(answer.freeze(), whole, "the stand-in worker echoes the whole body");
     gateway.shutdown.cancel();
 }
+
+#[tokio::test]
+async fn a_call_its_worker_does_not_begin_to_answer_in_time_is_deadline_exceeded() {
+    let worker = listen(None, grpc_worker).await;
+    let mut g = one_model_gateway(worker.port, 1 << 20);
+    Arc::get_mut(&mut g).expect("not shared yet").upstream_timeout = Duration::from_millis(300);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("address");
+    let routes = grpc::routes(g.clone());
+    let timeouts = Timeouts { header: Duration::from_secs(5), keep_alive: limits::KEEP_ALIVE };
+    tokio::spawn(serve_with(listener, g, routes, CancellationToken::new(), None, timeouts));
+    let mut send = client(addr, 65_535).await;
+    // The stand-in worker takes 2 s over a call named "slow".
+    let started = Instant::now();
+    let answer = call(&mut send, INFER, infer_request("slow"), &[]).await;
+    assert_eq!(answer.code(), "4", "DEADLINE_EXCEEDED: {}", answer.message());
+    assert!(answer.message().contains("did not begin its answer within 0.3 s"), "{}", answer.message());
+    assert!(started.elapsed() < Duration::from_millis(1500), "answered after {:?}", started.elapsed());
+    assert_eq!(call(&mut send, INFER, infer_request("next"), &[]).await.code(), "0", "the connection serves on");
+}
