@@ -336,7 +336,7 @@ where
             let secs = gateway.upstream_timeout.as_secs_f64();
             let message = format!("did not begin its answer within {secs} s");
             record_failure(gateway, upstream, Outcome::Failed, &message);
-            tracing::info!(worker_id = %upstream.worker_id, "worker {message}");
+            tracing::info!(worker_id = %upstream.worker_id, error = %message, "worker failed a request");
             return Err(Error::new(
                 ErrorKind::UpstreamTimeout,
                 format!("the worker serving '{model_name}' {message}; the request may have run"),

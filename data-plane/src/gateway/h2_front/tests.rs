@@ -120,9 +120,8 @@ fn infer_request(id: &str) -> Bytes {
     framed(&ModelInferRequest { model_name: "m".into(), id: id.into(), ..Default::default() })
 }
 
-/// Sends `body` to `path` with the test tenant's key and `extra` headers, and reads the answer
-/// whole, giving the window back as it reads.
-async fn call(send: &mut h2::client::SendRequest<Bytes>, path: &str, body: Bytes, extra: &[(&str, &str)]) -> Answer {
+/// A gRPC call's head for `path`, with the test tenant's key and `extra` headers.
+fn head(path: &str, extra: &[(&str, &str)]) -> Request<()> {
     let mut request = Request::post(path)
         .header(header::CONTENT_TYPE, "application/grpc")
         .header(header::TE, "trailers")
@@ -130,7 +129,13 @@ async fn call(send: &mut h2::client::SendRequest<Bytes>, path: &str, body: Bytes
     for (name, value) in extra {
         request = request.header(*name, *value);
     }
-    let request = request.body(()).expect("request");
+    request.body(()).expect("request")
+}
+
+/// Sends `body` to `path` with the test tenant's key and `extra` headers, and reads the answer
+/// whole, giving the window back as it reads.
+async fn call(send: &mut h2::client::SendRequest<Bytes>, path: &str, body: Bytes, extra: &[(&str, &str)]) -> Answer {
+    let request = head(path, extra);
     let mut ready = send.clone().ready().await.expect("a stream to open");
     let (response, mut stream) = ready.send_request(request, false).expect("sent");
     stream.send_data(body, true).expect("body sent");
@@ -227,13 +232,8 @@ async fn calls_past_their_deadline_or_over_the_limit_or_malformed_are_refused_wi
 async fn a_call_the_client_resets_ends_and_the_connection_serves_on() {
     let gateway = gateway(1 << 20, Duration::from_secs(5)).await;
     let mut send = client(gateway.addr, 65_535).await;
-    let request = Request::post(INFER)
-        .header(header::CONTENT_TYPE, "application/grpc")
-        .header(header::AUTHORIZATION, format!("Bearer {A_INFERENCE}"))
-        .body(())
-        .expect("request");
     let mut ready = send.clone().ready().await.expect("ready");
-    let (response, mut stream) = ready.send_request(request, false).expect("sent");
+    let (response, mut stream) = ready.send_request(head(INFER, &[]), false).expect("sent");
     stream.send_data(infer_request("slow"), true).expect("body");
     tokio::time::sleep(Duration::from_millis(100)).await;
     stream.send_reset(Reason::CANCEL);
@@ -328,14 +328,8 @@ async fn call_in_pieces(
     apart: Duration,
     end: bool,
 ) -> http::Response<RecvStream> {
-    let request = Request::post(INFER)
-        .header(header::CONTENT_TYPE, "application/grpc")
-        .header(header::TE, "trailers")
-        .header(header::AUTHORIZATION, format!("Bearer {A_INFERENCE}"))
-        .body(())
-        .expect("request");
     let mut ready = send.clone().ready().await.expect("ready");
-    let (response, mut stream) = ready.send_request(request, false).expect("sent");
+    let (response, mut stream) = ready.send_request(head(INFER, &[]), false).expect("sent");
     let last = pieces.len().saturating_sub(1);
     for (i, piece) in pieces.into_iter().enumerate() {
         if i > 0 {

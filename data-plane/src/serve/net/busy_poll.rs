@@ -29,7 +29,7 @@ static ACTIVE: OnceLock<BusyPoll> = OnceLock::new();
 
 /// Watches connections so an idle worker can see a request arrive without sleeping.
 pub struct BusyPoll {
-    /// Level-triggered readability of every accepted connection (closed ones leave it).
+    /// Edge-triggered readability of every accepted connection (closed ones leave it).
     epoll: Epoll,
     window: Duration,
     /// Requests in flight up to which a thread still spins: 0 on a server (any request in flight
