@@ -86,8 +86,9 @@ async fn inference(State(g): S, Path(method): Path<String>, request: Request) ->
 }
 
 async fn health_check(State(g): S, request: Request) -> Response {
-    let Ok(body) = axum::body::to_bytes(request.into_body(), 64 * 1024).await else {
-        return status_response(Status::invalid_argument("unreadable health check request"));
+    let body = match axum::body::to_bytes(request.into_body(), 64 * 1024).await {
+        Ok(body) => body,
+        Err(e) => return status_response(Status::invalid_argument(format!("unreadable health check request: {e}"))),
     };
     let service = first_message(&body).and_then(|m| HealthCheckRequest::decode(m).ok()).map(|r| r.service);
     let status = match service.as_deref() {

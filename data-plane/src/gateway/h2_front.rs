@@ -13,7 +13,6 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -27,7 +26,6 @@ use http_body_util::BodyExt as _;
 use hyper::body::Frame;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite};
 use tokio::net::TcpListener;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 use tonic::transport::server::Connected as _;
@@ -39,6 +37,7 @@ use super::h1::rewind::Rewind;
 use crate::error::Error;
 use crate::serve::grpc::serve::{Calls, grpc_timeout, within_deadline};
 use crate::serve::grpc::socket::Socket;
+use crate::serve::net::body_clock::{BodyClock, Stalled};
 use crate::serve::net::limits;
 use crate::serve::net::tls::TlsAcceptor;
 
@@ -84,7 +83,7 @@ async fn serve_with(
         async move {
             // TLS runs over the buffered socket, as on workers.
             let socket = Socket::new(tcp);
-            let calls = Calls::new(routes, socket.connect_info());
+            let calls = Calls::new(routes, socket.connect_info(), BodyClock::new(timeouts.keep_alive));
             match tls {
                 None => connection(socket, gateway, calls, shutdown, timeouts).await,
                 Some(tls) => {
@@ -141,7 +140,7 @@ async fn connection<IO>(
 
 /// Drives an HTTP/2 connection and its calls until it closes or, after `shutdown`, its calls in
 /// progress are answered. A connection that does not answer a ping within `keep_alive` is
-/// closed.
+/// closed; the same timer ticks the clock watching the calls' bodies.
 async fn serve_calls<IO>(
     mut conn: h2::server::Connection<IO, Bytes>,
     gateway: &Gateway,
@@ -151,8 +150,7 @@ async fn serve_calls<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Unpin,
 {
-    // Before `running`, whose calls borrow it.
-    let clock = BodyClock::new(keep_alive_every);
+    let clock = calls.clock();
     let mut running = FuturesUnordered::new();
     let mut ping = conn.ping_pong();
     let keep_alive = tokio::time::sleep(keep_alive_every);
@@ -164,7 +162,7 @@ async fn serve_calls<IO>(
             biased;
             Some(()) = running.next(), if !running.is_empty() => {}
             accepted = conn.accept() => match accepted {
-                Some(Ok((request, respond))) => running.push(call(gateway, calls, &clock, request, respond)),
+                Some(Ok((request, respond))) => running.push(call(gateway, calls, clock, request, respond)),
                 Some(Err(e)) => return tracing::trace!(endpoint = "grpc", error = %e, "connection ended with an error"),
                 None => return,
             },
@@ -191,48 +189,6 @@ fn pong(ping: Option<&mut h2::PingPong>, cx: &mut Context<'_>) -> Poll<Option<()
     match ping {
         Some(ping) => ping.poll_pong(cx).map(|pong| pong.ok().map(drop)),
         None => Poll::Ready(None),
-    }
-}
-
-/// A connection's clock for unary calls whose bodies are slow to come, ticked by the keep-alive
-/// timer the connection has anyway: a call that waits for the next piece of its body through
-/// two ticks (at least one interval, at most two) is refused. A timer per call would cost every
-/// call, since a call is first polled when its HEADERS arrive, before its DATA frame is read.
-struct BodyClock {
-    /// The interval between ticks.
-    every: Duration,
-    ticks: AtomicU64,
-    tick: Notify,
-}
-
-impl BodyClock {
-    fn new(every: Duration) -> Self {
-        Self { every, ticks: AtomicU64::new(0), tick: Notify::new() }
-    }
-
-    /// One interval has passed: wakes the calls waiting for their bodies to look at the clock.
-    fn tick(&self) {
-        self.ticks.fetch_add(1, Ordering::Relaxed);
-        self.tick.notify_waiters();
-    }
-
-    /// The next piece of `body` (None at its end), or a refusal once it has waited through two ticks.
-    async fn next(&self, body: &mut RecvStream) -> Result<Option<Result<Bytes, h2::Error>>, Error> {
-        let began = self.ticks.load(Ordering::Relaxed);
-        loop {
-            // Registered only if the piece is not there yet (polled after `data` in this order).
-            let tick = self.tick.notified();
-            tokio::select! {
-                biased;
-                next = body.data() => return Ok(next),
-                () = tick => {
-                    if self.ticks.load(Ordering::Relaxed) >= began + 2 {
-                        let secs = self.every.as_secs_f64();
-                        return Err(Error::invalid(format!("the request's body sent nothing for {secs} s or more")));
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -271,7 +227,8 @@ async fn call(
 async fn read_body(body: &mut RecvStream, gateway: &Gateway, clock: &BodyClock) -> Result<Bytes, Error> {
     let mut first: Option<Bytes> = None;
     let mut rest = BytesMut::new();
-    while let Some(chunk) = clock.next(body).await? {
+    let stalled = |e: Stalled| Error::invalid(e.to_string());
+    while let Some(chunk) = clock.next(body.data()).await.map_err(stalled)? {
         let chunk = chunk.map_err(|e| grpc::over_limit(gateway, e))?;
         let _ = body.flow_control().release_capacity(chunk.len());
         let len = first.as_ref().map_or(0, Bytes::len) + rest.len() + chunk.len();

@@ -357,6 +357,18 @@ async fn a_unary_call_whose_body_stalls_is_refused_after_a_keep_alive_interval_o
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{}", status.message());
     assert!(status.message().contains("sent nothing for 0.2 s"), "{}", status.message());
     assert_eq!(call(&mut send, INFER, infer_request("next"), &[]).await.code(), "0", "the connection serves on");
+
+    // A method the routes serve is watched by the same clock.
+    let mut ready = send.clone().ready().await.expect("ready");
+    let (response, mut stream) = ready.send_request(head("/grpc.health.v1.Health/Check", &[]), false).expect("sent");
+    stream.send_data(Bytes::from_static(b"\0\0\0"), false).expect("part of a message");
+    let answered = tokio::time::timeout(Duration::from_secs(10), response).await.expect("answered in time");
+    let (head, mut answer) = answered.expect("a head").into_parts();
+    let trailers = answer.trailers().await.expect("trailers read").unwrap_or(head.headers);
+    let status = tonic::Status::from_header_map(&trailers).expect("a status");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{}", status.message());
+    assert!(status.message().contains("sent nothing for 0.2 s"), "{}", status.message());
+    drop(stream);
     gateway.shutdown.cancel();
     tokio::time::timeout(Duration::from_secs(5), gateway.served).await.expect("shut down").expect("join");
 }

@@ -47,6 +47,11 @@ pub async fn serve(
     shutdown: CancellationToken,
     tls: Option<TlsAcceptor>,
 ) {
+    serve::serve(listener, routes(state), shutdown, tls).await;
+}
+
+/// The endpoint's services: inference and health.
+fn routes(state: Arc<ServerState>) -> Routes {
     let limit = state.max_input_size;
     // Compressed requests are accepted as Triton accepts them. Responses stay uncompressed:
     // tonic compresses one only when `send_compressed` is set, and like Triton's default we do not.
@@ -58,7 +63,7 @@ pub async fn serve(
     let health = HealthServer::new(HealthService { state })
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Deflate);
-    serve::serve(listener, Routes::new(inference).add_service(health), shutdown, tls).await;
+    Routes::new(inference).add_service(health)
 }
 
 /// Parses a gRPC version string ("" means the policy's latest).

@@ -13,6 +13,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, Request, Response};
@@ -29,6 +30,7 @@ use tonic::transport::server::{Connected, TcpConnectInfo};
 
 use super::convert;
 use super::socket::Socket;
+use crate::serve::net::body_clock::{BodyClock, Watched};
 use crate::serve::net::rewake::RewakeExecutor;
 use crate::serve::net::tls::TlsAcceptor;
 
@@ -36,21 +38,32 @@ use crate::serve::net::tls::TlsAcceptor;
 /// gets the acceptor's current certificate); then stops accepting, lets every open connection
 /// finish its calls in progress, and returns once all are closed.
 pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken, tls: Option<TlsAcceptor>) {
-    serve_with(listener, routes, shutdown, tls, crate::serve::http::HEADER_READ_TIMEOUT).await;
+    let timeouts =
+        Timeouts { header: crate::serve::http::HEADER_READ_TIMEOUT, body: crate::serve::net::limits::KEEP_ALIVE };
+    serve_with(listener, routes, shutdown, tls, timeouts).await;
 }
 
-/// [`serve`] with a given timeout for a client's first bytes and, over HTTP/1.1, each request
-/// head.
-async fn serve_with(
+/// How long a client may keep a connection waiting.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    /// For its first bytes and, over HTTP/1.1, each request head.
+    pub header: Duration,
+    /// The interval of each connection's [`BodyClock`]: a unary call whose body sends nothing
+    /// through two of them fails.
+    pub body: Duration,
+}
+
+/// [`serve`] with the given timeouts.
+pub(crate) async fn serve_with(
     listener: TcpListener,
     routes: Routes,
     shutdown: CancellationToken,
     tls: Option<TlsAcceptor>,
-    header_timeout: Duration,
+    timeouts: Timeouts,
 ) {
     let routes = routes.prepare();
-    crate::serve::net::accept::serve(listener, "grpc", header_timeout, shutdown, move |tcp, shutdown| {
-        connection(tcp, tls.clone(), routes.clone(), shutdown, header_timeout)
+    crate::serve::net::accept::serve(listener, "grpc", timeouts.header, shutdown, move |tcp, shutdown| {
+        connection(tcp, tls.clone(), routes.clone(), shutdown, timeouts)
     })
     .await;
 }
@@ -62,12 +75,13 @@ async fn connection(
     tls: Option<TlsAcceptor>,
     routes: Routes,
     shutdown: CancellationToken,
-    header_timeout: Duration,
+    timeouts: Timeouts,
 ) {
+    let header_timeout = timeouts.header;
     // TLS runs over the buffered socket, so its records are gathered and read ahead as h2's
     // frames are without it.
     let socket = Socket::new(tcp);
-    let service = Calls { routes, peer: socket.connect_info() };
+    let service = Calls::new(routes, socket.connect_info(), BodyClock::new(timeouts.body));
     match tls {
         None => serve_connection(socket, service, shutdown, header_timeout).await,
         Some(tls) => {
@@ -81,35 +95,49 @@ async fn connection(
 }
 
 /// Serves calls (HTTP/2, or HTTP/1.1 from a gateway) on one connection's stream until it closes
-/// or, after `shutdown`, finishes its calls in progress.
+/// or, after `shutdown`, finishes its calls in progress; the calls' clock ticks meanwhile.
 pub(crate) async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToken, header_timeout: Duration)
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    let clock = service.clock.clone();
     let mut builder = Builder::new(RewakeExecutor);
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
     crate::serve::net::limits::http2(&mut builder.http2());
     let conn = builder.serve_connection(TokioIo::new(io), service);
-    crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown()).await;
+    let served = crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown());
+    tokio::select! {
+        biased;
+        () = served => {}
+        never = clock.run() => match never {},
+    }
 }
 
 /// The trailers a gRPC answer ends with: its status.
 const STATUS_TRAILERS: http::HeaderValue =
     http::HeaderValue::from_static("grpc-status, grpc-message, grpc-status-details-bin");
 
-/// One connection's calls: tonic's routes, with the caller's address and deadline.
+/// One connection's calls: tonic's routes, with the caller's address and deadline, and unary
+/// calls' bodies watched by the connection's clock.
 #[derive(Clone)]
 pub(crate) struct Calls {
     routes: Routes,
     peer: TcpConnectInfo,
+    clock: Arc<BodyClock>,
 }
 
 type CallFuture = Pin<Box<dyn Future<Output = Result<Response<Body>, Infallible>> + Send>>;
 
 impl Calls {
-    /// The calls of a connection from `peer`, served by `routes` (already prepared).
-    pub(crate) fn new(routes: Routes, peer: TcpConnectInfo) -> Self {
-        Self { routes, peer }
+    /// The calls of a connection from `peer`, served by `routes` (already prepared), with their
+    /// bodies watched by `clock`.
+    pub(crate) fn new(routes: Routes, peer: TcpConnectInfo, clock: Arc<BodyClock>) -> Self {
+        Self { routes, peer, clock }
+    }
+
+    /// The clock watching the calls' bodies, for the connection to tick.
+    pub(crate) fn clock(&self) -> &Arc<BodyClock> {
+        &self.clock
     }
 
     /// Serves one call, over whichever HTTP version it came.
@@ -125,6 +153,12 @@ impl Calls {
             Err(bad) => return Box::pin(std::future::ready(Ok(Status::invalid_argument(bad).into_http()))),
         };
         let http1 = req.version() == http::Version::HTTP_11;
+        // A stream may rightly idle between messages; a unary call's one message must keep coming.
+        let req = if req.uri().path().ends_with("/ModelStreamInfer") {
+            req.map(Watched::unwatched)
+        } else {
+            req.map(|body| self.clock.watch(body))
+        };
         // Routes are always ready (an axum router), so `call` needs no `poll_ready` first.
         let response = tower::Service::call(&mut self.routes.clone(), req);
         Box::pin(async move {
@@ -296,7 +330,8 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve_with(listener, routes, shutdown.clone(), None, timeout));
+        let timeouts = Timeouts { header: timeout, body: crate::serve::net::limits::KEEP_ALIVE };
+        tokio::spawn(serve_with(listener, routes, shutdown.clone(), None, timeouts));
 
         for (what, sent) in [("a silent client", &b""[..]), ("half a head", b"POST /test.Svc/Call HTTP/1.1\r\n")] {
             let mut tcp = TcpStream::connect(addr).await.expect("connect");

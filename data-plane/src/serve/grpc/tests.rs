@@ -321,3 +321,111 @@ async fn trace_settings_are_a_platform_admins() {
     let status = unknown.expect_err("no such key");
     assert_eq!((status.code(), status.message()), (Code::InvalidArgument, "Request for unknown model : add_sub"));
 }
+
+/// A server on port 0 over the two-tenant state whose connections' body clocks tick every
+/// `tick`: its address, an HTTP/2 connection to it, its shutdown, and the task serving it.
+async fn start_ticking(
+    tick: std::time::Duration,
+) -> (std::net::SocketAddr, h2::client::SendRequest<bytes::Bytes>, CancellationToken, tokio::task::JoinHandle<()>) {
+    let (state, dir) = tenant_state().await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("an address");
+    let shutdown = CancellationToken::new();
+    let timeouts = serve::Timeouts { header: std::time::Duration::from_secs(10), body: tick };
+    let served = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            serve::serve_with(listener, routes(state), shutdown, None, timeouts).await;
+            drop(dir);
+        }
+    });
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (send, connection) = h2::client::handshake(tcp).await.expect("HTTP/2");
+    tokio::spawn(connection);
+    (addr, send, shutdown, served)
+}
+
+/// Opens a call to `method` as tenant A over `send`; its body is sent by the caller.
+fn open_call(
+    send: &mut h2::client::SendRequest<bytes::Bytes>,
+    addr: std::net::SocketAddr,
+    method: &str,
+) -> (h2::client::ResponseFuture, h2::SendStream<bytes::Bytes>) {
+    let request = http::Request::post(format!("http://{addr}/inference.GRPCInferenceService/{method}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .header("authorization", format!("Bearer {A_INFERENCE}"))
+        .body(())
+        .expect("a request");
+    send.send_request(request, false).expect("the call opens")
+}
+
+/// A call's `grpc-status` and `grpc-message` (from its trailers, or a trailers-only head), and
+/// its messages' bytes.
+async fn finish(answer: h2::client::ResponseFuture) -> (String, String, bytes::Bytes) {
+    let (head, mut body) = answer.await.expect("an answer").into_parts();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("the answer's data");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.expect("the trailers").unwrap_or(head.headers);
+    let status = Status::from_header_map(&trailers).expect("a grpc-status");
+    (format!("{:?}", status.code()), status.message().to_string(), data.into())
+}
+
+#[tokio::test]
+async fn a_unary_call_whose_body_stalls_is_refused_and_cannot_hold_shutdown() {
+    let tick = std::time::Duration::from_millis(200);
+    let (addr, mut send, shutdown, served) = start_ticking(tick).await;
+
+    // Half a message, then nothing.
+    let whole = request_frame("stalled");
+    let (answer, mut body) = open_call(&mut send, addr, "ModelInfer");
+    body.send_data(bytes::Bytes::copy_from_slice(&whole[..whole.len() / 2]), false).expect("half sent");
+    let started = std::time::Instant::now();
+    let finished = tokio::time::timeout(std::time::Duration::from_secs(5), finish(answer)).await;
+    let (code, message, _) = finished.expect("the stalled call was answered within 5 s");
+    let waited = started.elapsed();
+    assert_eq!(code, "InvalidArgument", "{message}");
+    assert!(message.contains("the request's body sent nothing for 0.2 s or more"), "{message}");
+    assert!(waited >= tick && waited < tick * 4, "refused after {waited:?}");
+
+    // The connection serves on: a whole call sent slowly, a piece every half interval, is answered.
+    let (answer, mut body) = open_call(&mut send, addr, "ModelInfer");
+    let mut pieces = whole.chunks(whole.len() / 4 + 1).peekable();
+    while let Some(piece) = pieces.next() {
+        tokio::time::sleep(tick / 2).await;
+        body.send_data(bytes::Bytes::copy_from_slice(piece), pieces.peek().is_none()).expect("a piece sent");
+    }
+    let (code, message, data) = finish(answer).await;
+    assert_eq!(code, "Ok", "{message}");
+    let answered = ModelInferResponse::decode(&data[5..]).expect("an answer");
+    assert_eq!(answered.id, "stalled");
+
+    // A stalled call in progress does not hold a graceful shutdown.
+    let (answer, mut body) = open_call(&mut send, addr, "ModelInfer");
+    body.send_data(bytes::Bytes::copy_from_slice(&whole[..3]), false).expect("a piece sent");
+    tokio::time::sleep(tick / 2).await;
+    shutdown.cancel();
+    let (code, _, _) = finish(answer).await;
+    assert_eq!(code, "InvalidArgument");
+    tokio::time::timeout(std::time::Duration::from_secs(5), served).await.expect("shut down").expect("served");
+}
+
+#[tokio::test]
+async fn a_stream_may_idle_between_its_messages() {
+    let tick = std::time::Duration::from_millis(100);
+    let (addr, mut send, shutdown, _served) = start_ticking(tick).await;
+    let (answer, mut body) = open_call(&mut send, addr, "ModelStreamInfer");
+    // Five intervals without a message, then one.
+    tokio::time::sleep(tick * 5).await;
+    body.send_data(request_frame("late").into(), true).expect("sent");
+    let (code, message, data) = finish(answer).await;
+    assert_eq!(code, "Ok", "{message}");
+    let answered = ModelStreamInferResponse::decode(&data[5..]).expect("an answer");
+    assert!(answered.error_message.is_empty(), "{}", answered.error_message);
+    assert_eq!(answered.infer_response.map(|r| r.id).as_deref(), Some("late"));
+    shutdown.cancel();
+}
