@@ -115,6 +115,16 @@ impl<C: Reusable> Pool<C> {
         }
     }
 
+    /// Lets go of the connections idle too long or closed by the worker, which would otherwise
+    /// wait for the next request to this worker: one the worker closed holds its socket in
+    /// CLOSE_WAIT, and a descriptor, until then (the lean path's connections are driven by no
+    /// task while idle).
+    pub(super) fn sweep(&self) {
+        let mut idle = self.idle.lock();
+        expire(&mut idle, Instant::now());
+        idle.retain(|i| !i.sender.is_closed());
+    }
+
     /// Idle connections held (for tests).
     #[cfg(test)]
     pub(super) fn idle(&self) -> usize {
@@ -126,6 +136,27 @@ impl<C: Reusable> Pool<C> {
 fn expire<C>(idle: &mut VecDeque<Idle<C>>, now: Instant) {
     while idle.front().is_some_and(|i| now.duration_since(i.since) > IDLE_TIMEOUT) {
         idle.pop_front();
+    }
+}
+
+/// How often the idle connections to every worker are looked over ([`Pool::sweep`]): within
+/// [`IDLE_TIMEOUT`] and the worker's own wait for a next request, so they go before the worker
+/// closes them.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Sweeps the idle connections to the workers of `gateway`'s current routes every
+/// [`SWEEP_EVERY`], until `shutdown`.
+pub async fn sweep(gateway: Arc<super::Gateway>, shutdown: tokio_util::sync::CancellationToken) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            () = shutdown.cancelled() => return,
+        }
+        for upstream in gateway.routes().upstreams() {
+            upstream.sweep_idle();
+        }
     }
 }
 

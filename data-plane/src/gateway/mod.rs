@@ -417,6 +417,7 @@ pub async fn run(
         usage_stop.clone(),
     ));
     let tasks = tokio_util::task::TaskTracker::new();
+    tasks.spawn(http_upstream::sweep(gateway.clone(), shutdown.clone()));
     tasks.spawn(h1::serve(http, gateway.clone(), http::router(gateway.clone()), shutdown.clone(), tls.clone()));
     tasks.spawn(h2_front::serve(grpc, gateway.clone(), grpc::routes(gateway.clone()), shutdown.clone(), tls.clone()));
     let metrics_token = match &args.metrics_token_file {

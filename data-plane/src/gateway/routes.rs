@@ -90,6 +90,13 @@ impl Upstream {
         }
     }
 
+    /// Lets go of its idle connections that expired or that the worker closed.
+    pub(super) fn sweep_idle(&self) {
+        self.http1.sweep();
+        self.h1.sweep();
+        self.h1_grpc.sweep();
+    }
+
     /// Identifies it among the upstreams of one table (its address).
     pub fn key(&self) -> usize {
         std::ptr::from_ref(self) as usize
@@ -240,7 +247,7 @@ impl Routes {
         Routes { tenants, gateways }
     }
 
-    /// Every distinct upstream (for metrics).
+    /// Every distinct upstream (for metrics, and sweeping their idle connections).
     pub fn upstreams(&self) -> Vec<Arc<Upstream>> {
         let mut seen: HashMap<usize, Arc<Upstream>> = HashMap::new();
         for t in self.tenants.values() {

@@ -85,6 +85,25 @@ async fn calls_alone_get_their_message_and_status_trailers_on_one_kept_connectio
     assert_eq!(worker.connections.load(Ordering::SeqCst), 1, "one connection carried every call");
 }
 
+#[tokio::test]
+async fn an_idle_connection_the_worker_closed_is_let_go_by_the_sweep() {
+    // A worker that closes each connection 300 ms after it opened, as a worker closes one idle
+    // past its header timeout.
+    let worker = listen(None, |io: ServerIo| async move {
+        let _ = tokio::time::timeout(Duration::from_millis(300), grpc_worker(io)).await;
+    })
+    .await;
+    let upstream = upstream(worker.port);
+    let answer = upstreams().call(&upstream, &Uri::from_static(PATH), &headers(), b"").await.expect("answered");
+    answer.into_body().collect().await.expect("the whole answer");
+    assert_eq!(upstream.lean_pool(Listener::Grpc).idle(), 1, "kept for the next call");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Nothing touched the pool since: the closed connection is still held.
+    assert_eq!(upstream.lean_pool(Listener::Grpc).idle(), 1);
+    upstream.sweep_idle();
+    assert_eq!(upstream.lean_pool(Listener::Grpc).idle(), 0, "closed by the worker: let go");
+}
+
 /// A stand-in that reads a request, then writes `answer` in pieces of `piece` bytes, each
 /// flushed on its own.
 async fn raw_worker(answer: &'static [u8], piece: usize) -> (Arc<Upstream>, crate::gateway::test_workers::Listening) {
