@@ -203,13 +203,14 @@ async fn call(
     if !grpc::forwards_unary(request.uri().path()) {
         let answer = calls.call(request.map(|body| RequestBody { body, trailers: false }));
         let Ok(response) = answer.await;
-        return self::respond(response, respond).await;
+        return self::respond(response, respond, clock).await;
     }
     let started = Instant::now();
     let timeout = match grpc_timeout(request.headers()) {
         Ok(timeout) => timeout,
         Err(bad) => {
-            return self::respond(tonic::Status::invalid_argument(bad).into_http::<axum::body::Body>(), respond).await;
+            let refused = tonic::Status::invalid_argument(bad).into_http::<axum::body::Body>();
+            return self::respond(refused, respond, clock).await;
         }
     };
     let (parts, mut body) = request.into_parts();
@@ -219,7 +220,7 @@ async fn call(
             Err(e) => grpc::error_response(e),
         }
     });
-    self::respond(answered.await, respond).await;
+    self::respond(answered.await, respond, clock).await;
 }
 
 /// A call's body, whole, if it is not over the gateway's limit and does not stall (`clock`);
@@ -287,8 +288,9 @@ impl http_body::Body for RequestBody {
 }
 
 /// Writes `response` to the call's stream: its head, its data within the client's windows, and
-/// its trailers. A client that resets the call ends it.
-async fn respond<B>(response: Response<B>, mut respond: SendResponse<Bytes>)
+/// its trailers. A client that resets the call ends it, and so does one that gives no window
+/// back through two ticks of `clock` (the call is reset).
+async fn respond<B>(response: Response<B>, mut respond: SendResponse<Bytes>, clock: &BodyClock)
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -320,7 +322,7 @@ where
             Some(Ok(frame)) => match frame.into_data() {
                 Ok(data) => {
                     let ended = body.is_end_stream();
-                    match send_data(&mut stream, data, ended).await {
+                    match send_data(&mut stream, data, ended, clock).await {
                         Ok(()) if !ended => continue,
                         sent => sent,
                     }
@@ -339,7 +341,14 @@ where
 }
 
 /// Sends `data` as the client's windows allow, the last piece ending the stream when `ended`.
-async fn send_data(stream: &mut SendStream<Bytes>, mut data: Bytes, ended: bool) -> Result<(), h2::Error> {
+/// A client that takes none of it through two ticks of `clock` has the call reset: it would
+/// hold the answer, and its tenant's concurrency slot, for as long as its connection lives.
+async fn send_data(
+    stream: &mut SendStream<Bytes>,
+    mut data: Bytes,
+    ended: bool,
+    clock: &BodyClock,
+) -> Result<(), h2::Error> {
     if data.is_empty() {
         return if ended { stream.send_data(data, true) } else { Ok(()) };
     }
@@ -347,11 +356,19 @@ async fn send_data(stream: &mut SendStream<Bytes>, mut data: Bytes, ended: bool)
         stream.reserve_capacity(data.len());
         let capacity = loop {
             match stream.capacity() {
-                0 => match poll_fn(|cx| stream.poll_capacity(cx)).await {
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => return Err(e),
+                0 => match clock.next(poll_fn(|cx| stream.poll_capacity(cx))).await {
+                    Ok(Some(Ok(_))) => {}
+                    Ok(Some(Err(e))) => return Err(e),
                     // The stream closed under us (the client reset it).
-                    None => return Err(h2::Error::from(Reason::CANCEL)),
+                    Ok(None) => return Err(h2::Error::from(Reason::CANCEL)),
+                    Err(_) => {
+                        tracing::debug!(
+                            endpoint = "grpc",
+                            "a client took none of its answer through two ticks; call reset"
+                        );
+                        stream.send_reset(Reason::CANCEL);
+                        return Err(h2::Error::from(Reason::CANCEL));
+                    }
                 },
                 capacity => break capacity,
             }

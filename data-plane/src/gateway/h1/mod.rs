@@ -182,7 +182,7 @@ where
         Ok((answer, tenant, version, guards)) => {
             let status = answer.head.status;
             g.metrics.observe(&tenant, &target.name, &version.to_string(), "http", status.as_str(), started.elapsed());
-            let goes_on = answer.relay(&mut client.io, close).await;
+            let goes_on = answer.relay(&mut client.io, close, g.answer_stall).await;
             drop(guards);
             goes_on
         }

@@ -77,7 +77,12 @@ async fn gateway(worker: Worker, max_request_bytes: usize) -> (Arc<Gateway>, Arc
 
 /// A client connection served by [`connection`], and the task serving it.
 fn client(g: &Arc<Gateway>) -> (DuplexStream, tokio::task::JoinHandle<()>) {
-    let (near, far) = tokio::io::duplex(1 << 20);
+    client_buffering(g, 1 << 20)
+}
+
+/// [`client`] over a connection that holds `capacity` bytes on their way.
+fn client_buffering(g: &Arc<Gateway>, capacity: usize) -> (DuplexStream, tokio::task::JoinHandle<()>) {
+    let (near, far) = tokio::io::duplex(capacity);
     let router = crate::gateway::http::router(g.clone());
     let served = tokio::spawn(connection(far, g.clone(), router, CancellationToken::new(), Duration::from_secs(5)));
     (near, served)
@@ -272,6 +277,27 @@ async fn a_worker_that_does_not_begin_its_answer_in_time_fails_the_request_with_
     assert!(answer.text().contains("did not begin its answer within 0.3 s"), "{}", answer.text());
     assert!(answer.text().contains("may have run"), "{}", answer.text());
     assert!(waited >= Duration::from_millis(300) && waited < Duration::from_secs(3), "answered after {waited:?}");
+}
+
+#[tokio::test]
+async fn a_client_that_stops_taking_its_answer_is_disconnected_after_the_stall_timeout() {
+    let (mut g, connections) = gateway(Worker::Echo, 4 << 20).await;
+    let stall = Duration::from_millis(300);
+    Arc::get_mut(&mut g).expect("not shared yet").answer_stall = stall;
+    // The worker echoes the body: an answer of 256 KiB, into a connection holding 4 KiB.
+    let (mut io, served) = client_buffering(&g, 4 << 10);
+    let body = "x".repeat(256 << 10);
+    io.write_all(infer(&body, "").as_bytes()).await.expect("write");
+    let started = std::time::Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), served).await.expect("disconnected in time").expect("task");
+    let waited = started.elapsed();
+    assert!(waited >= stall, "disconnected after {waited:?}");
+    // The worker's connection, its answer half relayed, is not kept: the next request opens another.
+    let (mut io, _) = client(&g);
+    io.write_all(infer("after", "").as_bytes()).await.expect("write");
+    let answer = read_answer(&mut io, &mut BytesMut::new()).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 
 #[tokio::test]

@@ -10,6 +10,7 @@
 use std::io::{self, IoSlice};
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
@@ -156,8 +157,10 @@ impl Answer {
     /// headers, with `Connection: close` when `close`) and its body as the worker frames it.
     /// A connection whose answer was read to its end goes back to the worker's pool. Whether
     /// the client's connection may carry another request: not when `close`, when the answer
-    /// ended with the worker's connection, or when the client or the worker broke off.
-    pub async fn relay<W>(mut self, client: &mut W, close: bool) -> bool
+    /// ended with the worker's connection, or when the client or the worker broke off, or when
+    /// the client took none of a piece of the answer for `stall` (it would hold the worker's
+    /// connection, and its tenant's concurrency slot, for as long as it liked).
+    pub async fn relay<W>(mut self, client: &mut W, close: bool, stall: Duration) -> bool
     where
         W: AsyncWrite + Unpin,
     {
@@ -193,7 +196,7 @@ impl Answer {
             }
         };
         let first = &self.conn.buf[head_len..head_len + taken];
-        if write_all(client, &mut [&out, first]).await.is_err() {
+        if within(stall, write_all(client, &mut [&out, first])).await.is_err() {
             return false;
         }
         // Anything read past the body's end would be a second answer no request asked for.
@@ -204,7 +207,7 @@ impl Answer {
             match self.conn.io.read_buf(&mut self.conn.buf).await {
                 // The worker's close ends such a body; the client's connection closes after it.
                 Ok(0) if matches!(body, Body::UntilClose) => {
-                    let _ = client.flush().await;
+                    let _ = within(stall, client.flush()).await;
                     return false;
                 }
                 Ok(0) | Err(_) => return false,
@@ -213,11 +216,11 @@ impl Answer {
             let Ok((taken, end)) = body.take(&self.conn.buf) else { return false };
             done = end;
             clean = taken == self.conn.buf.len();
-            if write_all(client, &mut [&self.conn.buf[..taken]]).await.is_err() {
+            if within(stall, write_all(client, &mut [&self.conn.buf[..taken]])).await.is_err() {
                 return false;
             }
         }
-        if client.flush().await.is_err() {
+        if within(stall, client.flush()).await.is_err() {
             return false;
         }
         // Whether or not the client's connection closes, the worker's can take the next request.
@@ -267,6 +270,21 @@ impl Body {
             Self::UntilClose => (piece.len(), false),
         })
     }
+}
+
+/// `write` (to a client), or `TimedOut` when it has not completed within `stall`. A write the
+/// client's socket takes at once, the common case, is not given a timer: only a client that
+/// stops reading costs one.
+async fn within(stall: Duration, write: impl Future<Output = io::Result<()>>) -> io::Result<()> {
+    use futures::FutureExt as _;
+    let mut write = std::pin::pin!(write);
+    if let Some(done) = write.as_mut().now_or_never() {
+        return done;
+    }
+    tokio::time::timeout(stall, write).await.unwrap_or_else(|_| {
+        tracing::debug!(stall_s = stall.as_secs_f64(), "a client took none of its answer; connection closed");
+        Err(io::ErrorKind::TimedOut.into())
+    })
 }
 
 /// Writes every part, in as few system calls as the connection takes them.

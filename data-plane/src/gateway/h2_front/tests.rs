@@ -374,6 +374,37 @@ async fn a_unary_call_whose_body_stalls_is_refused_after_a_keep_alive_interval_o
 }
 
 #[tokio::test]
+async fn a_call_whose_client_takes_none_of_its_answer_is_reset_after_a_keep_alive_interval_or_two() {
+    let every = Duration::from_millis(200);
+    let gateway = gateway_with(8 << 20, Timeouts { header: Duration::from_secs(5), keep_alive: every }).await;
+    let send = client(gateway.addr, 65_535).await;
+    let mut ready = send.clone().ready().await.expect("ready");
+    let (response, mut stream) = ready.send_request(head(INFER, &[]), false).expect("sent");
+    stream.send_data(infer_request("big"), true).expect("body sent");
+    let (head, mut answer) = response.await.expect("a head").into_parts();
+    assert_eq!(head.status, http::StatusCode::OK);
+    // Read what the window lets through, never giving it back.
+    let started = Instant::now();
+    let mut read = 0;
+    let reset = loop {
+        match tokio::time::timeout(Duration::from_secs(10), answer.data()).await.expect("reset in time") {
+            Some(Ok(data)) => read += data.len(),
+            Some(Err(e)) => break e,
+            None => panic!("the whole answer arrived with no window given back"),
+        }
+    };
+    let waited = started.elapsed();
+    assert_eq!(reset.reason(), Some(Reason::CANCEL), "{reset}");
+    assert!(read <= 65_535, "{read} bytes through a window of 65,535");
+    assert!(waited >= every && waited < 4 * every, "reset after {waited:?}");
+    // (This client's connection window stays spent: it gave none of it back.)
+    let mut other = client(gateway.addr, 65_535).await;
+    assert_eq!(call(&mut other, INFER, infer_request("next"), &[]).await.code(), "0", "the gateway serves on");
+    drop(send);
+    gateway.shutdown.cancel();
+}
+
+#[tokio::test]
 async fn a_unary_call_whose_body_keeps_coming_slowly_is_forwarded() {
     let every = Duration::from_millis(200);
     let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), keep_alive: every }).await;

@@ -1,6 +1,7 @@
 //! A connection's clock for request bodies that stop coming: ticked once an interval (by a
 //! timer the connection has anyway, or one per connection), it fails a unary call whose body
-//! sends nothing through two ticks, at least one interval and at most two.
+//! sends nothing through two ticks, at least one interval and at most two. The gateway's gRPC
+//! listener also ends a call whose client takes none of its answer for as long.
 //!
 //! A timer per call would cost every call, since a call is first polled when its HEADERS
 //! arrive, before its DATA frame is read; here a call waiting for its body only registers with
