@@ -35,7 +35,7 @@ use super::forward::BoxError;
 use super::grpc;
 use super::h1::rewind::Rewind;
 use crate::error::Error;
-use crate::serve::grpc::serve::{Calls, grpc_timeout, within_deadline};
+use crate::serve::grpc::serve::{Calls, Timeouts, grpc_timeout, within_deadline};
 use crate::serve::grpc::socket::Socket;
 use crate::serve::net::body_clock::{BodyClock, Stalled};
 use crate::serve::net::limits;
@@ -53,18 +53,7 @@ pub async fn serve(
     shutdown: CancellationToken,
     tls: Option<TlsAcceptor>,
 ) {
-    let timeouts = Timeouts { header: crate::serve::http::HEADER_READ_TIMEOUT, keep_alive: limits::KEEP_ALIVE };
-    serve_with(listener, gateway, routes, shutdown, tls, timeouts).await;
-}
-
-/// How long a client may keep the gateway waiting.
-#[derive(Clone, Copy)]
-struct Timeouts {
-    /// For its first bytes, the preface, and (over HTTP/1.1) each request head.
-    header: Duration,
-    /// Between pings, and for a ping's answer; a unary call's body that sends nothing through
-    /// a whole interval fails its call (see [`BodyClock`]).
-    keep_alive: Duration,
+    serve_with(listener, gateway, routes, shutdown, tls, Timeouts::DEFAULT).await;
 }
 
 /// [`serve`] with the given timeouts.
@@ -83,7 +72,7 @@ async fn serve_with(
         async move {
             // TLS runs over the buffered socket, as on workers.
             let socket = Socket::new(tcp);
-            let calls = Calls::new(routes, socket.connect_info(), BodyClock::new(timeouts.keep_alive));
+            let calls = Calls::new(routes, socket.connect_info(), BodyClock::new(timeouts.tick));
             match tls {
                 None => connection(socket, gateway, calls, shutdown, timeouts).await,
                 Some(tls) => {
@@ -135,7 +124,7 @@ async fn connection<IO>(
         Ok(Err(e)) => return tracing::debug!(endpoint = "grpc", error = %e, "HTTP/2 handshake failed"),
         Err(_) => return tracing::trace!(endpoint = "grpc", "no HTTP/2 settings in time"),
     };
-    serve_calls(conn, &gateway, &calls, shutdown, timeouts.keep_alive).await;
+    serve_calls(conn, &gateway, &calls, shutdown, timeouts.tick).await;
 }
 
 /// Drives an HTTP/2 connection and its calls until it closes or, after `shutdown`, its calls in

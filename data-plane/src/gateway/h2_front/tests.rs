@@ -65,7 +65,7 @@ struct Listening {
 }
 
 async fn gateway(max_request_bytes: usize, header_timeout: Duration) -> Listening {
-    gateway_with(max_request_bytes, Timeouts { header: header_timeout, keep_alive: limits::KEEP_ALIVE }).await
+    gateway_with(max_request_bytes, Timeouts { header: header_timeout, ..Timeouts::DEFAULT }).await
 }
 
 async fn gateway_with(max_request_bytes: usize, timeouts: Timeouts) -> Listening {
@@ -346,7 +346,7 @@ async fn call_in_pieces(
 #[tokio::test]
 async fn a_unary_call_whose_body_stalls_is_refused_after_a_keep_alive_interval_or_two() {
     let every = Duration::from_millis(200);
-    let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), keep_alive: every }).await;
+    let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), tick: every }).await;
     let mut send = client(gateway.addr, 65_535).await;
     // Half a message, then nothing.
     let started = Instant::now();
@@ -376,7 +376,7 @@ async fn a_unary_call_whose_body_stalls_is_refused_after_a_keep_alive_interval_o
 #[tokio::test]
 async fn a_call_whose_client_takes_none_of_its_answer_is_reset_after_a_keep_alive_interval_or_two() {
     let every = Duration::from_millis(200);
-    let gateway = gateway_with(8 << 20, Timeouts { header: Duration::from_secs(5), keep_alive: every }).await;
+    let gateway = gateway_with(8 << 20, Timeouts { header: Duration::from_secs(5), tick: every }).await;
     let send = client(gateway.addr, 65_535).await;
     let mut ready = send.clone().ready().await.expect("ready");
     let (response, mut stream) = ready.send_request(head(INFER, &[]), false).expect("sent");
@@ -407,7 +407,7 @@ async fn a_call_whose_client_takes_none_of_its_answer_is_reset_after_a_keep_aliv
 #[tokio::test]
 async fn a_unary_call_whose_body_keeps_coming_slowly_is_forwarded() {
     let every = Duration::from_millis(200);
-    let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), keep_alive: every }).await;
+    let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), tick: every }).await;
     let send = client(gateway.addr, 65_535).await;
     let whole = infer_request("slow but steady");
     let step = whole.len().div_ceil(5);
@@ -435,7 +435,7 @@ async fn a_call_its_worker_does_not_begin_to_answer_in_time_is_deadline_exceeded
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("address");
     let routes = grpc::routes(g.clone());
-    let timeouts = Timeouts { header: Duration::from_secs(5), keep_alive: limits::KEEP_ALIVE };
+    let timeouts = Timeouts { header: Duration::from_secs(5), ..Timeouts::DEFAULT };
     tokio::spawn(serve_with(listener, g, routes, CancellationToken::new(), None, timeouts));
     let mut send = client(addr, 65_535).await;
     // The stand-in worker takes 2 s over a call named "slow".

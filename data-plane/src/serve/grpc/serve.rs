@@ -38,19 +38,23 @@ use crate::serve::net::tls::TlsAcceptor;
 /// gets the acceptor's current certificate); then stops accepting, lets every open connection
 /// finish its calls in progress, and returns once all are closed.
 pub async fn serve(listener: TcpListener, routes: Routes, shutdown: CancellationToken, tls: Option<TlsAcceptor>) {
-    let timeouts =
-        Timeouts { header: crate::serve::http::HEADER_READ_TIMEOUT, body: crate::serve::net::limits::KEEP_ALIVE };
-    serve_with(listener, routes, shutdown, tls, timeouts).await;
+    serve_with(listener, routes, shutdown, tls, Timeouts::DEFAULT).await;
 }
 
-/// How long a client may keep a connection waiting.
+/// How long a client may keep a gRPC connection (a worker's or the gateway's) waiting.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {
     /// For its first bytes and, over HTTP/1.1, each request head.
     pub header: Duration,
     /// The interval of each connection's [`BodyClock`]: a unary call whose body sends nothing
-    /// through two of them fails.
-    pub body: Duration,
+    /// through two of them fails (the gateway also pings its clients at this interval).
+    pub tick: Duration,
+}
+
+impl Timeouts {
+    /// Every listener's: 30 s for a head, a clock ticking every 30 s.
+    pub(crate) const DEFAULT: Self =
+        Self { header: crate::serve::http::HEADER_READ_TIMEOUT, tick: crate::serve::net::limits::KEEP_ALIVE };
 }
 
 /// [`serve`] with the given timeouts.
@@ -81,7 +85,7 @@ async fn connection(
     // TLS runs over the buffered socket, so its records are gathered and read ahead as h2's
     // frames are without it.
     let socket = Socket::new(tcp);
-    let service = Calls::new(routes, socket.connect_info(), BodyClock::new(timeouts.body));
+    let service = Calls::new(routes, socket.connect_info(), BodyClock::new(timeouts.tick));
     match tls {
         None => serve_connection(socket, service, shutdown, header_timeout).await,
         Some(tls) => {
@@ -330,7 +334,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("address");
         let shutdown = CancellationToken::new();
-        let timeouts = Timeouts { header: timeout, body: crate::serve::net::limits::KEEP_ALIVE };
+        let timeouts = Timeouts { header: timeout, ..Timeouts::DEFAULT };
         tokio::spawn(serve_with(listener, routes, shutdown.clone(), None, timeouts));
 
         for (what, sent) in [("a silent client", &b""[..]), ("half a head", b"POST /test.Svc/Call HTTP/1.1\r\n")] {

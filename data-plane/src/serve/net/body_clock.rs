@@ -79,24 +79,10 @@ impl BodyClock {
     }
 }
 
-impl<B> Watched<B> {
-    /// `body` as it comes, unwatched (a stream's, which may rightly idle between messages).
-    pub fn unwatched(body: B) -> Self {
-        Self { inner: body, clock: None, began: None, waiting: None }
-    }
-}
-
 /// A body that sent nothing through two ticks of its connection's clock.
 #[derive(Debug, Clone, Copy)]
 pub struct Stalled {
     every: Duration,
-}
-
-impl Stalled {
-    /// The refusal a gRPC call gets: `INVALID_ARGUMENT`, as for any malformed request.
-    pub fn status(self) -> tonic::Status {
-        tonic::Status::invalid_argument(self.to_string())
-    }
 }
 
 impl std::fmt::Display for Stalled {
@@ -108,9 +94,16 @@ impl std::fmt::Display for Stalled {
 impl std::error::Error for Stalled {}
 
 /// The error a [`Watched`] body ends with when it stalls: its message is [`Stalled`]'s, and its
-/// source the `tonic::Status` that gRPC's codec finds and answers with.
+/// source the `tonic::Status` that gRPC's codec finds and answers with (`INVALID_ARGUMENT`, as
+/// for any malformed request).
 #[derive(Debug)]
 pub struct StalledBody(tonic::Status);
+
+impl From<Stalled> for StalledBody {
+    fn from(stalled: Stalled) -> Self {
+        Self(tonic::Status::invalid_argument(stalled.to_string()))
+    }
+}
 
 impl std::fmt::Display for StalledBody {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -134,6 +127,13 @@ pin_project_lite::pin_project! {
         began: Option<u64>,
         #[pin]
         waiting: Option<OwnedNotified>,
+    }
+}
+
+impl<B> Watched<B> {
+    /// `body` as it comes, unwatched (a stream's, which may rightly idle between messages).
+    pub fn unwatched(body: B) -> Self {
+        Self { inner: body, clock: None, began: None, waiting: None }
     }
 }
 
@@ -165,8 +165,8 @@ where
             }
             this.waiting.set(None);
             if clock.now() >= began + 2 {
-                let stalled = Stalled { every: clock.every };
-                return Poll::Ready(Some(Err(Box::new(StalledBody(stalled.status())))));
+                let stalled = StalledBody::from(Stalled { every: clock.every });
+                return Poll::Ready(Some(Err(Box::new(stalled))));
             }
         }
     }
