@@ -70,8 +70,8 @@ pub struct ControlPlaneArgs {
     /// Largest model artifact accepted, in bytes.
     #[arg(long, env = "TESSERA_MAX_UPLOAD_BYTES", default_value_t = DEFAULT_MAX_UPLOAD_BYTES)]
     pub max_upload_bytes: u64,
-    /// Seconds a client has to send a request's head, and a request body may send nothing,
-    /// before the connection or the request is given up.
+    /// Seconds a client has to send a request's head, a request body may send nothing, and a
+    /// client may take none of its answer, before the connection or the request is given up.
     #[arg(long, env = "TESSERA_CLIENT_TIMEOUT_SECS", default_value_t = 30)]
     pub client_timeout_secs: u64,
     /// Uploads one tenant may stream through the control plane at once; one more gets 429.
@@ -233,7 +233,7 @@ pub struct Config {
     pub max_upload_bytes: u64,
     /// Uploads per tenant at once.
     pub max_concurrent_uploads: usize,
-    /// How long a request head may take, and a request body may stall.
+    /// How long a request head may take, and a request body or an answer's reader may stall.
     pub client_timeout: Duration,
     /// What an archive upload may expand to.
     pub archive_limits: ArchiveLimits,

@@ -103,7 +103,11 @@ pub async fn run_with(
     let scheduler = tokio::spawn(scheduler::run::run_scheduler(app.clone(), stop.clone()));
     let retention = tokio::spawn(usage::run_retention(app.clone(), stop.clone()));
     let webhooks = tokio::spawn(webhooks::dispatch::run_dispatcher(app.clone(), stop.clone()));
-    let limits = serve::ConnLimits { header_read_timeout: app.config.client_timeout, ..serve::ConnLimits::default() };
+    let limits = serve::ConnLimits {
+        header_read_timeout: app.config.client_timeout,
+        answer_stall: app.config.client_timeout,
+        ..serve::ConnLimits::default()
+    };
     let checkpoints = tokio::spawn(audit_checkpoints::run_checkpoints(
         app.registry.clone(),
         app.store.clone(),

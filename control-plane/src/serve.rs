@@ -10,6 +10,7 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+use tessera_protocol::stall::{ANSWER_STALL, WriteStall};
 use tessera_protocol::tls::TlsAcceptor;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
@@ -27,11 +28,18 @@ pub struct ConnLimits {
     /// How often an idle HTTP/2 connection is pinged; a peer that does not answer within the
     /// same time is dropped.
     pub keep_alive: Duration,
+    /// How long a client may take none of its answer before its connection is closed.
+    pub answer_stall: Duration,
 }
 
 impl Default for ConnLimits {
     fn default() -> Self {
-        Self { header_read_timeout: Duration::from_secs(30), max_streams: 128, keep_alive: Duration::from_secs(30) }
+        Self {
+            header_read_timeout: Duration::from_secs(30),
+            max_streams: 128,
+            keep_alive: Duration::from_secs(30),
+            answer_stall: ANSWER_STALL,
+        }
     }
 }
 
@@ -125,7 +133,9 @@ where
         .max_header_list_size(16 << 10)
         .keep_alive_interval(limits.keep_alive)
         .keep_alive_timeout(limits.keep_alive);
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    // hyper has no bound on a client that stops reading its answer.
+    let io = TokioIo::new(WriteStall::new(io, limits.answer_stall));
+    let conn = builder.serve_connection_with_upgrades(io, service);
     let mut conn = std::pin::pin!(conn);
     let mut draining = false;
     loop {
@@ -163,6 +173,7 @@ mod tests {
         let router = Router::new()
             .route("/peer", get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.to_string() }))
             .route("/echo", post(|body: String| async move { body }))
+            .route("/big", get(|| async { vec![7u8; 32 << 20] }))
             .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(limits.header_read_timeout));
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(listener, router, shutdown.clone(), limits, tls));
@@ -203,6 +214,20 @@ mod tests {
         let (_, answer) = closed_after(&mut ok).await;
         assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
         assert!(answer.contains(&ok.local_addr().expect("local").to_string()), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn a_client_that_takes_none_of_its_answer_is_cut_off_after_the_stall() {
+        let limits = ConnLimits { answer_stall: Duration::from_millis(300), ..ConnLimits::default() };
+        let (addr, _shutdown) = start(limits).await;
+        let mut reader = TcpStream::connect(addr).await.expect("connect");
+        reader.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let mut seen = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut seen)).await;
+        assert!(read.is_ok(), "the connection stayed open for 10 s");
+        // 32 MiB is more than loopback's socket buffers hold: had the server waited, all of it.
+        assert!(seen.len() < 32 << 20, "the whole answer came: the connection was kept");
     }
 
     #[tokio::test]

@@ -2,7 +2,8 @@
 //! configuration protobufs (generated with prost + tonic), the gRPC health
 //! service, tensor datatypes, and conversions between Triton's config formats
 //! (`config.pbtxt` text format and JSON) and [`inference::ModelConfig`].
-//! It also holds what both planes need on the wire below gRPC and HTTP: [`tls`], and the
+//! It also holds what both planes need on the wire below gRPC and HTTP: [`tls`] and the bounds
+//! on stalled peers ([`stall`]), and the
 //! contracts both planes read: credentials ([`auth`]) and their revocation ([`revocation`]), the model-archive layout
 //! ([`archive`]) and the replica, deployment and version states ([`states`]).
 
@@ -11,6 +12,7 @@ pub mod auth;
 pub mod datatype;
 pub mod model_config;
 pub mod revocation;
+pub mod stall;
 pub mod states;
 pub mod tls;
 pub mod usage;

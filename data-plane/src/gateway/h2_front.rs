@@ -116,7 +116,7 @@ async fn connection<IO>(
     let http2 = read.starts_with(PREFACE);
     let io = Rewind::new(io, read);
     if !http2 {
-        return crate::serve::grpc::serve::serve_connection(io, calls, shutdown, header_timeout).await;
+        return crate::serve::grpc::serve::serve_connection(io, calls, shutdown, timeouts).await;
     }
     let handshake = limits::h2_server().handshake::<_, Bytes>(io);
     let conn = match tokio::time::timeout(header_timeout, handshake).await {

@@ -92,7 +92,7 @@ pub async fn connection<IO>(
 {
     let mut client = Client { io, read: BytesMut::with_capacity(READ_ROOM) };
     if !gateway.upstream.lean_http() {
-        return hand_over(client, router, shutdown, header_timeout).await;
+        return hand_over(client, router, shutdown, header_timeout, gateway.answer_stall).await;
     }
     let mut stopping = std::pin::pin!(shutdown.clone().cancelled_owned());
     loop {
@@ -100,7 +100,9 @@ pub async fn connection<IO>(
         let head = loop {
             match head::request(&client.read) {
                 Parsed::Complete(head) => break head,
-                Parsed::Other => return hand_over(client, router, shutdown, header_timeout).await,
+                Parsed::Other => {
+                    return hand_over(client, router, shutdown, header_timeout, gateway.answer_stall).await;
+                }
                 Parsed::Partial => {}
             }
             client.read.reserve(READ_ROOM);
@@ -123,7 +125,7 @@ pub async fn connection<IO>(
             match std::str::from_utf8(path).ok().map(|p| (p.ends_with("/trace/setting"), super::http::model_path(p))) {
                 Some((false, Ok(Some(target)))) => target,
                 // Not a model request, or one the router words the refusal of.
-                _ => return hand_over(client, router, shutdown, header_timeout).await,
+                _ => return hand_over(client, router, shutdown, header_timeout, gateway.answer_stall).await,
             }
         };
         let keep = serve_request(&gateway, &mut client, head, &target).await;
@@ -135,12 +137,17 @@ pub async fn connection<IO>(
 }
 
 /// Gives the connection, with what was read of it and not served, to hyper and the router.
-async fn hand_over<IO>(client: Client<IO>, router: Router, shutdown: CancellationToken, header_timeout: Duration)
-where
+async fn hand_over<IO>(
+    client: Client<IO>,
+    router: Router,
+    shutdown: CancellationToken,
+    header_timeout: Duration,
+    answer_stall: Duration,
+) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let io = rewind::Rewind::new(client.io, client.read);
-    crate::serve::http::serve_connection(io, router, shutdown, header_timeout).await;
+    crate::serve::http::serve_connection(io, router, shutdown, header_timeout, answer_stall).await;
 }
 
 /// Reads the body of the request whose head is `head`, forwards it and answers the client;

@@ -346,7 +346,8 @@ async fn call_in_pieces(
 #[tokio::test]
 async fn a_unary_call_whose_body_stalls_is_refused_after_a_keep_alive_interval_or_two() {
     let every = Duration::from_millis(200);
-    let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), tick: every }).await;
+    let gateway =
+        gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), tick: every, ..Timeouts::DEFAULT }).await;
     let mut send = client(gateway.addr, 65_535).await;
     // Half a message, then nothing.
     let started = Instant::now();
@@ -376,7 +377,8 @@ async fn a_unary_call_whose_body_stalls_is_refused_after_a_keep_alive_interval_o
 #[tokio::test]
 async fn a_call_whose_client_takes_none_of_its_answer_is_reset_after_a_keep_alive_interval_or_two() {
     let every = Duration::from_millis(200);
-    let gateway = gateway_with(8 << 20, Timeouts { header: Duration::from_secs(5), tick: every }).await;
+    let gateway =
+        gateway_with(8 << 20, Timeouts { header: Duration::from_secs(5), tick: every, ..Timeouts::DEFAULT }).await;
     let send = client(gateway.addr, 65_535).await;
     let mut ready = send.clone().ready().await.expect("ready");
     let (response, mut stream) = ready.send_request(head(INFER, &[]), false).expect("sent");
@@ -407,7 +409,8 @@ async fn a_call_whose_client_takes_none_of_its_answer_is_reset_after_a_keep_aliv
 #[tokio::test]
 async fn a_unary_call_whose_body_keeps_coming_slowly_is_forwarded() {
     let every = Duration::from_millis(200);
-    let gateway = gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), tick: every }).await;
+    let gateway =
+        gateway_with(1 << 20, Timeouts { header: Duration::from_secs(5), tick: every, ..Timeouts::DEFAULT }).await;
     let send = client(gateway.addr, 65_535).await;
     let whole = infer_request("slow but steady");
     let step = whole.len().div_ceil(5);

@@ -20,6 +20,7 @@ use http::{HeaderMap, Request, Response};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
+use tessera_protocol::stall::{ANSWER_STALL, WriteStall};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -49,12 +50,18 @@ pub(crate) struct Timeouts {
     /// The interval of each connection's [`BodyClock`]: a unary call whose body sends nothing
     /// through two of them fails (the gateway also pings its clients at this interval).
     pub tick: Duration,
+    /// For it to take some of what is written to it (hyper's connections; the gateway's own
+    /// HTTP/2 connections end through the clock and their pings).
+    pub answer: Duration,
 }
 
 impl Timeouts {
-    /// Every listener's: 30 s for a head, a clock ticking every 30 s.
-    pub(crate) const DEFAULT: Self =
-        Self { header: crate::serve::http::HEADER_READ_TIMEOUT, tick: crate::serve::net::limits::KEEP_ALIVE };
+    /// Every listener's: 30 s for a head, a clock ticking every 30 s, 30 s for a write.
+    pub(crate) const DEFAULT: Self = Self {
+        header: crate::serve::http::HEADER_READ_TIMEOUT,
+        tick: crate::serve::net::limits::KEEP_ALIVE,
+        answer: ANSWER_STALL,
+    };
 }
 
 /// [`serve`] with the given timeouts.
@@ -87,28 +94,29 @@ async fn connection(
     let socket = Socket::new(tcp);
     let service = Calls::new(routes, socket.connect_info(), BodyClock::new(timeouts.tick));
     match tls {
-        None => serve_connection(socket, service, shutdown, header_timeout).await,
+        None => serve_connection(socket, service, shutdown, timeouts).await,
         Some(tls) => {
             if let Some(stream) =
                 crate::serve::net::accept::tls_handshake(&tls, socket, "grpc", header_timeout, &shutdown).await
             {
-                serve_connection(stream, service, shutdown, header_timeout).await;
+                serve_connection(stream, service, shutdown, timeouts).await;
             }
         }
     }
 }
 
 /// Serves calls (HTTP/2, or HTTP/1.1 from a gateway) on one connection's stream until it closes
-/// or, after `shutdown`, finishes its calls in progress; the calls' clock ticks meanwhile.
-pub(crate) async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToken, header_timeout: Duration)
+/// or, after `shutdown`, finishes its calls in progress; the calls' clock ticks meanwhile. A
+/// client that takes none of what is written to it for `timeouts.answer` is disconnected.
+pub(crate) async fn serve_connection<IO>(io: IO, service: Calls, shutdown: CancellationToken, timeouts: Timeouts)
 where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let clock = service.clock.clone();
     let mut builder = Builder::new(RewakeExecutor);
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(timeouts.header);
     crate::serve::net::limits::http2(&mut builder.http2());
-    let conn = builder.serve_connection(TokioIo::new(io), service);
+    let conn = builder.serve_connection(TokioIo::new(WriteStall::new(io, timeouts.answer)), service);
     let served = crate::serve::net::accept::drive(conn, "grpc", shutdown, |conn| conn.graceful_shutdown());
     tokio::select! {
         biased;

@@ -331,7 +331,7 @@ async fn start_ticking(
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("an address");
     let shutdown = CancellationToken::new();
-    let timeouts = serve::Timeouts { header: std::time::Duration::from_secs(10), tick };
+    let timeouts = serve::Timeouts { header: std::time::Duration::from_secs(10), tick, ..serve::Timeouts::DEFAULT };
     let served = tokio::spawn({
         let shutdown = shutdown.clone();
         async move {

@@ -8,6 +8,7 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::service::TowerToHyperService;
+use tessera_protocol::stall::{ANSWER_STALL, WriteStall};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -32,10 +33,10 @@ pub(crate) const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// connection gets the acceptor's current certificate); then stops accepting, lets every open
 /// connection finish its request in progress, and returns once all are closed.
 pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken, tls: Option<TlsAcceptor>) {
-    serve_with(listener, router, shutdown, tls, HEADER_READ_TIMEOUT, BODY_READ_TIMEOUT).await;
+    serve_with(listener, router, shutdown, tls, HEADER_READ_TIMEOUT, BODY_READ_TIMEOUT, ANSWER_STALL).await;
 }
 
-/// [`serve`] with given header and body read timeouts.
+/// [`serve`] with given header and body read timeouts and answer stall.
 async fn serve_with(
     listener: TcpListener,
     router: Router,
@@ -43,10 +44,11 @@ async fn serve_with(
     tls: Option<TlsAcceptor>,
     header_timeout: Duration,
     body_timeout: Duration,
+    answer_stall: Duration,
 ) {
     let router = with_body_timeout(router, body_timeout);
     crate::serve::net::accept::serve(listener, "http", header_timeout, shutdown, move |tcp, shutdown| {
-        connection(tcp, tls.clone(), router.clone(), shutdown, header_timeout)
+        connection(tcp, tls.clone(), router.clone(), shutdown, header_timeout, answer_stall)
     })
     .await;
 }
@@ -64,30 +66,39 @@ async fn connection(
     router: Router,
     shutdown: CancellationToken,
     header_timeout: Duration,
+    answer_stall: Duration,
 ) {
     // One branch per connection; each request then runs on a stream type known at compile time.
     match tls {
-        None => serve_connection(tcp, router, shutdown, header_timeout).await,
+        None => serve_connection(tcp, router, shutdown, header_timeout, answer_stall).await,
         Some(tls) => {
             if let Some(stream) =
                 crate::serve::net::accept::tls_handshake(&tls, tcp, "http", header_timeout, &shutdown).await
             {
-                serve_connection(stream, router, shutdown, header_timeout).await;
+                serve_connection(stream, router, shutdown, header_timeout, answer_stall).await;
             }
         }
     }
 }
 
 /// Serves HTTP on one connection's stream until it closes or, after `shutdown`, finishes its
-/// request in progress.
-pub(crate) async fn serve_connection<IO>(io: IO, router: Router, shutdown: CancellationToken, header_timeout: Duration)
-where
+/// request in progress; a client that takes none of its answer for `answer_stall` is
+/// disconnected.
+pub(crate) async fn serve_connection<IO>(
+    io: IO,
+    router: Router,
+    shutdown: CancellationToken,
+    header_timeout: Duration,
+    answer_stall: Duration,
+) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let mut builder = Builder::new(RewakeExecutor);
     builder.http1().timer(TokioTimer::new()).header_read_timeout(header_timeout);
     crate::serve::net::limits::http2(&mut builder.http2());
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), TowerToHyperService::new(router));
+    // hyper has no bound on a client that stops reading its answer.
+    let io = TokioIo::new(WriteStall::new(io, answer_stall));
+    let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(router));
     crate::serve::net::accept::drive(conn, "http", shutdown, |conn| conn.graceful_shutdown()).await;
 }
 
@@ -110,7 +121,10 @@ mod tests {
         (started.elapsed(), seen)
     }
 
-    /// A server whose header and body timeouts are both `header_timeout`.
+    /// Bytes of `GET /big`'s answer: more than loopback's socket buffers hold.
+    const BIG_ANSWER: usize = 32 << 20;
+
+    /// A server whose header and body timeouts and answer stall are all `header_timeout`.
     async fn start(header_timeout: Duration) -> (SocketAddr, CancellationToken) {
         start_with(header_timeout, None).await
     }
@@ -125,10 +139,35 @@ mod tests {
                 Err(e) => (e.status(), e.body_text()),
             }
         };
-        let router = Router::new().route("/", get(|| async { "ok" }).post(read_body));
+        let big = || async { vec![7u8; BIG_ANSWER] };
+        let router = Router::new().route("/", get(|| async { "ok" }).post(read_body)).route("/big", get(big));
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve_with(listener, router, shutdown.clone(), tls, header_timeout, header_timeout));
+        let (body_timeout, answer_stall) = (header_timeout, header_timeout);
+        tokio::spawn(serve_with(listener, router, shutdown.clone(), tls, header_timeout, body_timeout, answer_stall));
         (addr, shutdown)
+    }
+
+    #[tokio::test]
+    async fn a_client_that_takes_none_of_its_answer_is_disconnected_after_the_stall() {
+        let stall = Duration::from_millis(300);
+        let (addr, shutdown) = start(stall).await;
+        let mut reader = TcpStream::connect(addr).await.expect("connect");
+        reader.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
+        // Reads nothing for several stalls: the server gives up on the connection meanwhile.
+        tokio::time::sleep(stall * 5).await;
+        let mut seen = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut seen)).await;
+        assert!(read.is_ok(), "the connection stayed open for 10 s");
+        assert!(seen.starts_with(b"HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&seen[..seen.len().min(64)]));
+        assert!(seen.len() < BIG_ANSWER, "the whole answer came: the connection was kept");
+
+        // A client that reads serves itself the whole answer, however long it takes.
+        let mut prompt = TcpStream::connect(addr).await.expect("connect");
+        prompt.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.expect("write");
+        let mut whole = Vec::new();
+        prompt.read_to_end(&mut whole).await.expect("read");
+        assert!(whole.len() > BIG_ANSWER, "{} bytes", whole.len());
+        shutdown.cancel();
     }
 
     #[tokio::test]
