@@ -28,7 +28,8 @@ pub enum ErrorKind {
     /// The thing to create exists already, e.g. a shared memory region's name (400 /
     /// ALREADY_EXISTS, Triton's mapping: HTTP has no closer status it uses).
     AlreadyExists,
-    /// A gateway's worker did not begin its answer in time (504 / DEADLINE_EXCEEDED).
+    /// A gateway's worker did not begin its answer in time, or stopped sending it (504 /
+    /// DEADLINE_EXCEEDED).
     UpstreamTimeout,
 }
 

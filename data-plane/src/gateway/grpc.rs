@@ -12,9 +12,11 @@
 //! [`forward::SharedStream`]), and holds its tenant's concurrency slot for its whole life.
 
 use std::collections::VecDeque;
+use std::future::poll_fn;
 use std::io::Read as _;
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -31,6 +33,7 @@ use tessera_protocol::inference::repository_index_response::ModelIndex;
 use tessera_protocol::inference::{
     RepositoryIndexResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse,
 };
+use tessera_protocol::stall::Stall;
 use tonic::Status;
 use tracing::Instrument as _;
 
@@ -180,7 +183,7 @@ async fn forward_unary(
     let span = crate::spans::forward("grpc", &tenant, &target.name, target.version);
     let sending = forward::send(g, &target.name, model, target.version, sequence, send, stale);
     let answer = sending.instrument(span).await.map_err(failed)?;
-    let whole = read_whole(answer.response).await.map_err(failed)?;
+    let whole = read_whole(answer.response, g.answer_stall).await.map_err(failed)?;
     g.metrics.observe(&tenant, &target.name, &answer.version.to_string(), "grpc", whole.code, started.elapsed());
     Ok(stream_back(whole.response, (answer.in_flight, slot)))
 }
@@ -202,8 +205,10 @@ struct WholeAnswer<B> {
 /// Reads a worker's unary answer ahead, whole when it is not over [`WHOLE_ANSWER_BYTES`]. A
 /// unary answer is one message; handed on whole, it goes to the client in one write.
 /// Streamed on, the message went out as soon as it came, and the trailers (read after it from
-/// the worker's connection) in a second write that the client waited for.
-async fn read_whole<B>(response: http::Response<B>) -> Result<WholeAnswer<B>, Error>
+/// the worker's connection) in a second write that the client waited for. A worker that sends
+/// none of the rest of its answer for `stall`, here or as the rest streams on, fails the call:
+/// the worker answers its connection's pings all the same, and nothing else would end the wait.
+async fn read_whole<B>(response: http::Response<B>, stall: Duration) -> Result<WholeAnswer<B>, Error>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
@@ -211,12 +216,18 @@ where
     let (mut head, mut body) = response.into_parts();
     let mut status = head.headers.get("grpc-status").cloned();
     let (mut frames, mut bytes, mut ended) = (VecDeque::new(), 0, false);
+    let mut stall = Stall::new(stall);
     while !ended && bytes <= WHOLE_ANSWER_BYTES {
-        match body.frame().await {
+        match poll_fn(|cx| next_frame(&mut body, &mut stall, cx)).await {
             None => ended = true,
             Some(Err(e)) => {
-                let why = forward::error_chain(e.into().as_ref());
-                return Err(Error::unavailable(format!("the worker's answer broke off before its end: {why}")));
+                return Err(match e.downcast::<Error>() {
+                    Ok(stalled) => *stalled,
+                    Err(e) => {
+                        let why = forward::error_chain(e.as_ref());
+                        Error::unavailable(format!("the worker's answer broke off before its end: {why}"))
+                    }
+                });
             }
             Some(Ok(frame)) => {
                 if let Some(trailers) = frame.trailers_ref() {
@@ -231,38 +242,57 @@ where
     let code = status.as_ref().and_then(|v| v.to_str().ok()).map_or("0", code_label);
     // An HTTP/1.1 answer's framing headers (`transfer-encoding`, `trailer`) are not HTTP/2's.
     head.headers.retain_forwardable();
-    let body = ReadAhead { frames, rest: (!ended).then_some(body) };
+    let body = ReadAhead { frames, rest: (!ended).then_some((body, stall)) };
     Ok(WholeAnswer { response: http::Response::from_parts(head, body), code })
 }
 
-/// A body whose first frames were read ahead: those, then what `rest` still has.
+/// `body`'s next frame, or an error once it has sent none for its `stall`'s limit.
+fn next_frame<B>(body: &mut B, stall: &mut Stall, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let polled = std::pin::Pin::new(body).poll_frame(cx);
+    stall.poll(cx, polled).map(|frame| match frame {
+        Some(frame) => frame.map(|frame| frame.map_err(Into::into)),
+        None => Some(Err(Error::new(
+            ErrorKind::UpstreamTimeout,
+            format!("the worker sent none of the rest of its answer for {} s", stall.limit().as_secs()),
+        )
+        .into())),
+    })
+}
+
+/// A body whose first frames were read ahead: those, then what `rest` still has, each frame
+/// within its stall's limit.
 struct ReadAhead<B> {
     frames: VecDeque<Frame<Bytes>>,
-    rest: Option<B>,
+    rest: Option<(B, Stall)>,
 }
 
 impl<B> http_body::Body for ReadAhead<B>
 where
     B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         if let Some(frame) = self.frames.pop_front() {
-            return std::task::Poll::Ready(Some(Ok(frame)));
+            return Poll::Ready(Some(Ok(frame)));
         }
         match self.rest.as_mut() {
-            Some(rest) => std::pin::Pin::new(rest).poll_frame(cx),
-            None => std::task::Poll::Ready(None),
+            Some((rest, stall)) => next_frame(rest, stall, cx),
+            None => Poll::Ready(None),
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.frames.is_empty() && self.rest.as_ref().is_none_or(http_body::Body::is_end_stream)
+        self.frames.is_empty() && self.rest.as_ref().is_none_or(|(rest, _)| rest.is_end_stream())
     }
 }
 
@@ -508,12 +538,12 @@ mod tests {
     use super::*;
 
     const LIMIT: usize = 1 << 20;
+    /// How long a worker's answer may stall.
+    const STALL: Duration = Duration::from_secs(30);
 
     /// A worker's unary answer over HTTP/1.1: its head, its message, then (`delay` later, as
     /// read from the connection) its trailers; or a cut-off connection instead of trailers.
-    fn answer(
-        trailers: Option<(&'static str, std::time::Duration)>,
-    ) -> http::Response<UnsyncBoxBody<Bytes, std::io::Error>> {
+    fn answer(trailers: Option<(&'static str, Duration)>) -> http::Response<UnsyncBoxBody<Bytes, std::io::Error>> {
         let frames = futures::stream::iter(0..2).then(move |i| async move {
             if i == 0 {
                 return Ok(Frame::data(Bytes::from_static(b"\0\0\0\0\x02\x0a\x00")));
@@ -533,7 +563,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_unary_answer_is_handed_on_whole_with_its_status_read_from_the_trailers() {
-        let whole = read_whole(answer(Some(("5", std::time::Duration::from_millis(30))))).await.expect("whole");
+        let whole = read_whole(answer(Some(("5", Duration::from_millis(30)))), STALL).await.expect("whole");
         assert_eq!(whole.code, "5");
         let (head, mut body) = whole.response.into_parts();
         let mut names: Vec<_> = head.headers.keys().map(|n| n.as_str()).collect();
@@ -546,9 +576,41 @@ mod tests {
         assert_eq!(trailers.into_trailers().expect("trailers")["grpc-status"], "5");
         assert!(body.frame().now_or_never().expect("the end, ready").is_none());
 
-        let e = read_whole(answer(None)).await.err().expect("a cut-off answer");
+        let e = read_whole(answer(None), STALL).await.err().expect("a cut-off answer");
         assert_eq!(e.kind, ErrorKind::Unavailable);
         assert!(e.message.contains("broke off before its end: connection reset"), "{}", e.message);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_stops_sending_its_answer_fails_the_call_after_the_stall_limit() {
+        // The trailers 29 s after the message: read.
+        let whole = read_whole(answer(Some(("0", Duration::from_secs(29)))), STALL).await.expect("whole");
+        assert_eq!(whole.code, "0");
+        // 31 s after it: given up on, at 30 s.
+        let started = tokio::time::Instant::now();
+        let e = read_whole(answer(Some(("0", Duration::from_secs(31)))), STALL).await.err().expect("a stalled answer");
+        let waited = started.elapsed();
+        assert!(waited >= STALL && waited < STALL + Duration::from_secs(1), "given up after {waited:?}");
+        assert_eq!(e.kind, ErrorKind::UpstreamTimeout);
+        assert_eq!(e.message, "the worker sent none of the rest of its answer for 30 s");
+
+        // The same past the read-ahead limit, as the rest streams on.
+        let chunk = Bytes::from(vec![7u8; WHOLE_ANSWER_BYTES + 1]);
+        let frames = futures::stream::iter(0..2).then(move |i| {
+            let chunk = chunk.clone();
+            async move {
+                if i == 0 {
+                    return Ok::<_, std::io::Error>(Frame::data(chunk));
+                }
+                tokio::time::sleep(Duration::from_secs(31)).await;
+                Ok(Frame::trailers(HeaderMap::new()))
+            }
+        });
+        let read = read_whole(http::Response::new(StreamBody::new(frames).boxed_unsync()), STALL).await;
+        let mut body = read.expect("the first frame read ahead").response.into_body();
+        assert!(body.frame().await.expect("the message").is_ok());
+        let e = body.frame().await.expect("an end").expect_err("the stall, as an error");
+        assert_eq!(e.to_string(), "the worker sent none of the rest of its answer for 30 s");
     }
 
     #[tokio::test]
@@ -565,7 +627,7 @@ mod tests {
                 Ok(Frame::trailers(trailers))
             }
         });
-        let read = read_whole(http::Response::new(StreamBody::new(frames).boxed_unsync())).await.expect("read");
+        let read = read_whole(http::Response::new(StreamBody::new(frames).boxed_unsync()), STALL).await.expect("read");
         let body = read.response.into_body();
         assert_eq!(body.frames.len(), 2, "read until over the limit, no further");
         let whole = body.collect().await.expect("the rest streams on");

@@ -156,9 +156,9 @@ pub struct Gateway {
     pub max_request_bytes: usize,
     /// How long a worker has to begin answering a forwarded request.
     pub upstream_timeout: Duration,
-    /// How long a client of the lean HTTP path may take none of a piece of its answer before
-    /// its connection is closed (a gRPC call's answer is bounded by its connection's clock:
-    /// [`h2_front`]).
+    /// How long an answer may stall once begun: a client of the lean HTTP path taking none of a
+    /// piece of it (a gRPC call's client is bounded by its connection's clock: [`h2_front`]), or
+    /// a worker sending none of the rest of it.
     pub answer_stall: Duration,
     /// Requests refused under a tenant's limits, until they are shipped as usage.
     pub throttled_usage: Arc<usage::ThrottledUsage>,
@@ -208,7 +208,7 @@ impl Gateway {
             upstream,
             max_request_bytes,
             upstream_timeout: Duration::from_secs(DEFAULT_UPSTREAM_TIMEOUT_SECS),
-            answer_stall: crate::serve::http::BODY_READ_TIMEOUT,
+            answer_stall: tessera_protocol::stall::ANSWER_STALL,
             throttled_usage: Arc::default(),
             live: AtomicBool::new(true),
         }

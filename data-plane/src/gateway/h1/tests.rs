@@ -27,14 +27,20 @@ enum Worker {
     HangUp,
     /// Reads the request, then keeps the connection open without answering (a frozen worker).
     Silent,
+    /// Reads the request, sends the head and 4 of the 100 bytes its answer announces, then
+    /// keeps the connection open sending nothing more.
+    HalfAnswer,
 }
 
 async fn serve_worker(io: ServerIo, worker: Worker) {
-    if let Worker::HangUp | Worker::Silent = worker {
+    if let Worker::HangUp | Worker::Silent | Worker::HalfAnswer = worker {
         let mut io = io;
         let mut buffer = [0u8; 4096];
         let _ = io.read(&mut buffer).await;
-        if let Worker::Silent = worker {
+        if let Worker::HalfAnswer = worker {
+            let _ = io.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf").await;
+        }
+        if let Worker::Silent | Worker::HalfAnswer = worker {
             tokio::time::sleep(Duration::from_secs(60)).await;
         }
         return;
@@ -297,6 +303,31 @@ async fn a_client_that_stops_taking_its_answer_is_disconnected_after_the_stall_t
     io.write_all(infer("after", "").as_bytes()).await.expect("write");
     let answer = read_answer(&mut io, &mut BytesMut::new()).await;
     assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_worker_that_stops_mid_answer_has_the_client_disconnected_after_the_stall_timeout() {
+    let (mut g, connections) = gateway(Worker::HalfAnswer, 1 << 20).await;
+    let stall = Duration::from_millis(300);
+    Arc::get_mut(&mut g).expect("not shared yet").answer_stall = stall;
+    let (mut io, served) = client(&g);
+    io.write_all(infer("half", "").as_bytes()).await.expect("write");
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), io.read_to_end(&mut seen))
+        .await
+        .expect("closed in time")
+        .expect("read");
+    let waited = started.elapsed();
+    assert!(waited >= stall, "disconnected after {waited:?}");
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(seen.starts_with("HTTP/1.1 200") && seen.ends_with("\r\n\r\nhalf"), "{seen}");
+    served.await.expect("task");
+    // The worker's connection, its answer cut off, is not kept: the next request opens another.
+    let (mut io, _) = client(&g);
+    io.write_all(infer("again", "").as_bytes()).await.expect("write");
+    let _ = tokio::time::timeout(Duration::from_secs(5), io.read_to_end(&mut Vec::new())).await;
     assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 2);
 }
 

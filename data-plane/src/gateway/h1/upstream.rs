@@ -13,6 +13,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use tessera_protocol::stall;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio_util::either::Either;
 
@@ -159,7 +160,8 @@ impl Answer {
     /// the client's connection may carry another request: not when `close`, when the answer
     /// ended with the worker's connection, or when the client or the worker broke off, or when
     /// the client took none of a piece of the answer for `stall` (it would hold the worker's
-    /// connection, and its tenant's concurrency slot, for as long as it liked).
+    /// connection, and its tenant's concurrency slot, for as long as it liked), or the worker
+    /// sent none of the rest of it for as long.
     pub async fn relay<W>(mut self, client: &mut W, close: bool, stall: Duration) -> bool
     where
         W: AsyncWrite + Unpin,
@@ -201,17 +203,29 @@ impl Answer {
         }
         // Anything read past the body's end would be a second answer no request asked for.
         let mut clean = head_len + taken == self.conn.buf.len();
+        let mut worker_stall = stall::Stall::new(stall);
         while !done {
             self.conn.buf.clear();
             self.conn.buf.reserve(READ_CHUNK);
-            match self.conn.io.read_buf(&mut self.conn.buf).await {
+            let conn = &mut self.conn;
+            let read = std::future::poll_fn(|cx| {
+                let polled = tokio_util::io::poll_read_buf(std::pin::Pin::new(&mut conn.io), cx, &mut conn.buf);
+                worker_stall.poll(cx, polled)
+            });
+            match read.await {
                 // The worker's close ends such a body; the client's connection closes after it.
-                Ok(0) if matches!(body, Body::UntilClose) => {
+                Some(Ok(0)) if matches!(body, Body::UntilClose) => {
                     let _ = within(stall, client.flush()).await;
                     return false;
                 }
-                Ok(0) | Err(_) => return false,
-                Ok(_) => {}
+                Some(Ok(0) | Err(_)) => return false,
+                Some(Ok(_)) => {}
+                // A worker that stops mid-answer: the client's connection closes on what it has.
+                None => {
+                    let (worker_id, stall_s) = (&self.upstream.worker_id, stall.as_secs_f64());
+                    tracing::debug!(%worker_id, stall_s, "a worker sent no more of its answer; connection closed");
+                    return false;
+                }
             }
             let Ok((taken, end)) = body.take(&self.conn.buf) else { return false };
             done = end;
@@ -272,16 +286,9 @@ impl Body {
     }
 }
 
-/// `write` (to a client), or `TimedOut` when it has not completed within `stall`. A write the
-/// client's socket takes at once, the common case, is not given a timer: only a client that
-/// stops reading costs one.
+/// `write` (to a client), or `TimedOut` when it has not completed within `stall` (logged).
 async fn within(stall: Duration, write: impl Future<Output = io::Result<()>>) -> io::Result<()> {
-    use futures::FutureExt as _;
-    let mut write = std::pin::pin!(write);
-    if let Some(done) = write.as_mut().now_or_never() {
-        return done;
-    }
-    tokio::time::timeout(stall, write).await.unwrap_or_else(|_| {
+    stall::within(stall, write).await.unwrap_or_else(|| {
         tracing::debug!(stall_s = stall.as_secs_f64(), "a client took none of its answer; connection closed");
         Err(io::ErrorKind::TimedOut.into())
     })
