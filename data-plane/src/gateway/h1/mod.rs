@@ -159,10 +159,8 @@ where
     let started = Instant::now();
     let whole = head.len.checked_add(head.content_length).filter(|_| head.content_length <= g.max_request_bytes);
     let Some(whole) = whole else {
-        let e = Error::new(
-            ErrorKind::TooLarge,
-            format!("request body over the gateway's limit of {} bytes", g.max_request_bytes),
-        );
+        // Boxed: rare, and its authentication would otherwise widen every request's future.
+        let e = Box::pin(refusal_of_too_large(g, &client.read, &head, target, started)).await;
         // The body is not read: the connection cannot carry another request.
         write_error(client, e, true).await;
         return false;
@@ -201,6 +199,33 @@ where
             write_error(client, e, close).await && !close
         }
     }
+}
+
+/// The refusal of a request whose body is over the gateway's limit, after the checks
+/// [`forward`] makes before it reads a body (so a caller without a valid credential hears that
+/// instead, as through hyper's path), counted in the tenant's metrics once it is known.
+async fn refusal_of_too_large(
+    g: &Gateway,
+    read: &[u8],
+    head: &RequestHead,
+    target: &ModelPath,
+    started: Instant,
+) -> Error {
+    let authorization = head.authorization.clone().and_then(|r| std::str::from_utf8(&read[r]).ok());
+    let caller = match g.authenticate(authorization).await {
+        Ok(caller) => caller,
+        Err(e) => return e,
+    };
+    let e = match caller.model(&target.name) {
+        Ok(_) => Error::new(
+            ErrorKind::TooLarge,
+            format!("request body over the gateway's limit of {} bytes", g.max_request_bytes),
+        ),
+        Err(e) => e,
+    };
+    let version = target.version.map_or_else(String::new, |v| v.to_string());
+    g.metrics.observe(&caller.tenant, &target.name, &version, "http", e.codes().0.as_str(), started.elapsed());
+    e
 }
 
 /// What must live until the answer has been relayed: the least-outstanding count of the

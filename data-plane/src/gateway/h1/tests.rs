@@ -245,6 +245,19 @@ async fn a_body_over_the_limit_is_refused_unread_and_the_connection_closed() {
     let answer = read_answer(&mut io, &mut BytesMut::new()).await;
     assert_eq!((answer.status, answer.header("connection")), (413, Some("close")));
     tokio::time::timeout(Duration::from_secs(5), served).await.expect("closed").expect("task");
+    // Counted for its tenant, as through hyper's path.
+    let text = String::from_utf8(g.metrics.render(&g)).expect("utf-8");
+    let line = format!(
+        "tessera_gateway_requests_total{{code=\"413\",model=\"m\",protocol=\"http\",tenant=\"{TENANT_A}\",version=\"\"}} 1"
+    );
+    assert!(text.contains(&line), "{line} in {text}");
+
+    // A caller without a valid credential hears that first.
+    let (mut io, _) = client(&g);
+    let forged = infer("123456789", "").replace(A_INFERENCE, "tsk_forged");
+    io.write_all(forged.as_bytes()).await.expect("write");
+    let answer = read_answer(&mut io, &mut BytesMut::new()).await;
+    assert_eq!((answer.status, answer.header("connection")), (401, Some("close")), "{}", answer.text());
 }
 
 #[tokio::test]
