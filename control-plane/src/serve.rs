@@ -220,13 +220,16 @@ mod tests {
     async fn a_client_that_takes_none_of_its_answer_is_cut_off_after_the_stall() {
         let limits = ConnLimits { answer_stall: Duration::from_millis(300), ..ConnLimits::default() };
         let (addr, _shutdown) = start(limits).await;
-        let mut reader = TcpStream::connect(addr).await.expect("connect");
+        // A small receive buffer, so the answer cannot all fit in the sockets' buffers.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(64 << 10).expect("receive buffer");
+        let mut reader = socket.connect(addr).await.expect("connect");
         reader.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let mut seen = Vec::new();
         let read = tokio::time::timeout(Duration::from_secs(10), reader.read_to_end(&mut seen)).await;
         assert!(read.is_ok(), "the connection stayed open for 10 s");
-        // 32 MiB is more than loopback's socket buffers hold: had the server waited, all of it.
+        // 32 MiB is more than the sockets' buffers hold: had the server waited, all of it.
         assert!(seen.len() < 32 << 20, "the whole answer came: the connection was kept");
     }
 

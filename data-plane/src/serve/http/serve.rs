@@ -121,7 +121,8 @@ mod tests {
         (started.elapsed(), seen)
     }
 
-    /// Bytes of `GET /big`'s answer: more than loopback's socket buffers hold.
+    /// Bytes of `GET /big`'s answer: more than loopback's socket buffers hold for a client
+    /// with a small receive buffer.
     const BIG_ANSWER: usize = 32 << 20;
 
     /// A server whose header and body timeouts and answer stall are all `header_timeout`.
@@ -151,7 +152,10 @@ mod tests {
     async fn a_client_that_takes_none_of_its_answer_is_disconnected_after_the_stall() {
         let stall = Duration::from_millis(300);
         let (addr, shutdown) = start(stall).await;
-        let mut reader = TcpStream::connect(addr).await.expect("connect");
+        // A small receive buffer, so the answer cannot all fit in the sockets' buffers.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.set_recv_buffer_size(64 << 10).expect("receive buffer");
+        let mut reader = socket.connect(addr).await.expect("connect");
         reader.write_all(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
         // Reads nothing for several stalls: the server gives up on the connection meanwhile.
         tokio::time::sleep(stall * 5).await;
