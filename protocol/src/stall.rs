@@ -3,7 +3,7 @@
 //! and the gateway use them.
 //!
 //! A wait that ends at once, the common case, arms no timer: only a peer that makes the wait
-//! go on costs one, allocated then and kept for the next wait on the same connection or body.
+//! go on costs one (a [`Stall`] keeps the one it made for its next wait).
 
 use std::future::Future;
 use std::io;
