@@ -5,7 +5,8 @@
 //! what each means here.
 //!
 //! A deployment's and a version's state are derived from the replicas, never stored a second
-//! time: [`DeploymentState::of`] and [`VersionState::of`] say how.
+//! time: [`VersionState::of`] says how for a version, and the control plane's
+//! `deployments::state::deployment_state` for a deployment (it needs the deployment's rows).
 
 use std::fmt;
 use std::str::FromStr;
