@@ -2,8 +2,11 @@
 //! (reliability.md F10, slow read), or a worker that stops sending one. Both planes' listeners
 //! and the gateway use them.
 //!
-//! A wait that ends at once, the common case, arms no timer: only a peer that makes the wait
-//! go on costs one (a [`Stall`] keeps the one it made for its next wait).
+//! They suit waits that usually end at once (a write the socket takes, the rest of an answer
+//! already read): such a wait arms no timer, and only a peer that makes one go on costs one,
+//! which its [`Stall`] keeps for its next wait. A request body, whose first frame a call
+//! usually does wait for, is watched by its connection's coarser clock instead (the data
+//! plane's `serve::net::body_clock`), which costs a waiting call no timer at all.
 
 use std::future::Future;
 use std::io;
@@ -42,7 +45,7 @@ impl Stall {
 
     /// Called when the thing waited for is not ready: `Ready` once it has not been through
     /// `limit`, else `Pending` with `cx` woken when it will have been.
-    pub fn poll_elapsed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_elapsed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         let limit = self.limit;
         if !std::mem::replace(&mut self.waiting, true) {
             let deadline = Instant::now() + limit;
@@ -58,7 +61,7 @@ impl Stall {
     }
 
     /// Called when the thing waited for made progress: the next wait starts afresh.
-    pub fn progressed(&mut self) {
+    fn progressed(&mut self) {
         self.waiting = false;
     }
 
@@ -72,18 +75,6 @@ impl Stall {
             Poll::Pending => self.poll_elapsed(cx).map(|()| None),
         }
     }
-}
-
-/// `future`'s output, or `None` when it has not completed within `limit`. A future ready when
-/// first polled arms no timer.
-pub async fn within<F: Future>(limit: Duration, future: F) -> Option<F::Output> {
-    let mut future = std::pin::pin!(future);
-    // Polled once as it stands; if it must wait, the timeout polls it again with this task's
-    // waker.
-    if let Poll::Ready(done) = future.as_mut().poll(&mut Context::from_waker(std::task::Waker::noop())) {
-        return Some(done);
-    }
-    tokio::time::timeout(limit, future).await.ok()
 }
 
 /// A connection whose writes fail with `TimedOut` once one has waited its [`Stall`]'s limit
@@ -102,9 +93,14 @@ impl<IO> WriteStall<IO> {
         Self { io, stall: Stall::new(limit) }
     }
 
+    /// The longest a write may wait.
+    pub fn limit(&self) -> Duration {
+        self.stall.limit()
+    }
+
     /// The connection inside.
-    pub fn get_ref(&self) -> &IO {
-        &self.io
+    pub fn into_inner(self) -> IO {
+        self.io
     }
 
     /// `polled`, or `TimedOut` once its wait went on too long.
@@ -188,15 +184,6 @@ mod tests {
         assert_eq!(stall.poll(&mut cx, Poll::<()>::Pending), Poll::Pending);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(stall.poll(&mut cx, Poll::<()>::Pending), Poll::Ready(None));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn within_gives_the_output_or_none_after_the_limit() {
-        assert_eq!(within(Duration::from_secs(1), async { 7 }).await, Some(7));
-        let late = within(Duration::from_secs(1), tokio::time::sleep(Duration::from_secs(2)));
-        assert_eq!(late.await, None);
-        let slow = within(Duration::from_secs(3), tokio::time::sleep(Duration::from_secs(2)));
-        assert_eq!(slow.await, Some(()));
     }
 
     #[tokio::test]

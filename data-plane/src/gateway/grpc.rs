@@ -218,18 +218,18 @@ where
     let (mut frames, mut bytes, mut ended) = (VecDeque::new(), 0, false);
     let mut stall = Stall::new(stall);
     while !ended && bytes <= WHOLE_ANSWER_BYTES {
-        match poll_fn(|cx| next_frame(&mut body, &mut stall, cx)).await {
-            None => ended = true,
-            Some(Err(e)) => {
-                return Err(match e.downcast::<Error>() {
-                    Ok(stalled) => *stalled,
-                    Err(e) => {
-                        let why = forward::error_chain(e.as_ref());
-                        Error::unavailable(format!("the worker's answer broke off before its end: {why}"))
-                    }
-                });
+        let next = poll_fn(|cx| {
+            let polled = std::pin::Pin::new(&mut body).poll_frame(cx);
+            stall.poll(cx, polled)
+        });
+        match next.await {
+            None => return Err(stalled(&stall)),
+            Some(None) => ended = true,
+            Some(Some(Err(e))) => {
+                let why = forward::error_chain(e.into().as_ref());
+                return Err(Error::unavailable(format!("the worker's answer broke off before its end: {why}")));
             }
-            Some(Ok(frame)) => {
+            Some(Some(Ok(frame))) => {
                 if let Some(trailers) = frame.trailers_ref() {
                     status = status.or_else(|| trailers.get("grpc-status").cloned());
                     ended = true;
@@ -246,21 +246,10 @@ where
     Ok(WholeAnswer { response: http::Response::from_parts(head, body), code })
 }
 
-/// `body`'s next frame, or an error once it has sent none for its `stall`'s limit.
-fn next_frame<B>(body: &mut B, stall: &mut Stall, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>>
-where
-    B: http_body::Body<Data = Bytes> + Unpin,
-    B::Error: Into<BoxError>,
-{
-    let polled = std::pin::Pin::new(body).poll_frame(cx);
-    stall.poll(cx, polled).map(|frame| match frame {
-        Some(frame) => frame.map(|frame| frame.map_err(Into::into)),
-        None => Some(Err(Error::new(
-            ErrorKind::UpstreamTimeout,
-            format!("the worker sent none of the rest of its answer for {} s", stall.limit().as_secs()),
-        )
-        .into())),
-    })
+/// A worker's answer that sent nothing more for `stall`'s limit.
+fn stalled(stall: &Stall) -> Error {
+    let secs = stall.limit().as_secs();
+    Error::new(ErrorKind::UpstreamTimeout, format!("the worker sent none of the rest of its answer for {secs} s"))
 }
 
 /// A body whose first frames were read ahead: those, then what `rest` still has, each frame
@@ -285,10 +274,12 @@ where
         if let Some(frame) = self.frames.pop_front() {
             return Poll::Ready(Some(Ok(frame)));
         }
-        match self.rest.as_mut() {
-            Some((rest, stall)) => next_frame(rest, stall, cx),
-            None => Poll::Ready(None),
-        }
+        let Some((rest, stall)) = self.rest.as_mut() else { return Poll::Ready(None) };
+        let polled = std::pin::Pin::new(rest).poll_frame(cx);
+        stall.poll(cx, polled).map(|frame| match frame {
+            Some(frame) => frame.map(|frame| frame.map_err(Into::into)),
+            None => Some(Err(stalled(stall).into())),
+        })
     }
 
     fn is_end_stream(&self) -> bool {

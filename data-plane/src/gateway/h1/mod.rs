@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::response::IntoResponse as _;
 use bytes::{Bytes, BytesMut};
+use tessera_protocol::stall::WriteStall;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -90,9 +91,11 @@ pub async fn connection<IO>(
 ) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let mut client = Client { io, read: BytesMut::with_capacity(READ_ROOM) };
+    // Every write to the client (an answer relayed, a refusal, TLS's close) is bounded: one
+    // that does not read would hold the worker's connection and its tenant's slot.
+    let mut client = Client { io: WriteStall::new(io, gateway.answer_stall), read: BytesMut::with_capacity(READ_ROOM) };
     if !gateway.upstream.lean_http() {
-        return hand_over(client, router, shutdown, header_timeout, gateway.answer_stall).await;
+        return hand_over(client, router, shutdown, header_timeout).await;
     }
     let mut stopping = std::pin::pin!(shutdown.clone().cancelled_owned());
     loop {
@@ -101,7 +104,7 @@ pub async fn connection<IO>(
             match head::request(&client.read) {
                 Parsed::Complete(head) => break head,
                 Parsed::Other => {
-                    return hand_over(client, router, shutdown, header_timeout, gateway.answer_stall).await;
+                    return hand_over(client, router, shutdown, header_timeout).await;
                 }
                 Parsed::Partial => {}
             }
@@ -125,7 +128,7 @@ pub async fn connection<IO>(
             match std::str::from_utf8(path).ok().map(|p| (p.ends_with("/trace/setting"), super::http::model_path(p))) {
                 Some((false, Ok(Some(target)))) => target,
                 // Not a model request, or one the router words the refusal of.
-                _ => return hand_over(client, router, shutdown, header_timeout, gateway.answer_stall).await,
+                _ => return hand_over(client, router, shutdown, header_timeout).await,
             }
         };
         let keep = serve_request(&gateway, &mut client, head, &target).await;
@@ -136,17 +139,18 @@ pub async fn connection<IO>(
     }
 }
 
-/// Gives the connection, with what was read of it and not served, to hyper and the router.
+/// Gives the connection, with what was read of it and not served, to hyper and the router
+/// (which bound its writes as before).
 async fn hand_over<IO>(
-    client: Client<IO>,
+    client: Client<WriteStall<IO>>,
     router: Router,
     shutdown: CancellationToken,
     header_timeout: Duration,
-    answer_stall: Duration,
 ) where
     IO: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let io = rewind::Rewind::new(client.io, client.read);
+    let answer_stall = client.io.limit();
+    let io = rewind::Rewind::new(client.io.into_inner(), client.read);
     crate::serve::http::serve_connection(io, router, shutdown, header_timeout, answer_stall).await;
 }
 

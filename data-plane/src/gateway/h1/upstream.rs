@@ -158,10 +158,10 @@ impl Answer {
     /// headers, with `Connection: close` when `close`) and its body as the worker frames it.
     /// A connection whose answer was read to its end goes back to the worker's pool. Whether
     /// the client's connection may carry another request: not when `close`, when the answer
-    /// ended with the worker's connection, or when the client or the worker broke off, or when
-    /// the client took none of a piece of the answer for `stall` (it would hold the worker's
-    /// connection, and its tenant's concurrency slot, for as long as it liked), or the worker
-    /// sent none of the rest of it for as long.
+    /// ended with the worker's connection, or when the client or the worker broke off (a write
+    /// to a client that reads none of it fails as its connection says), or when the worker sent
+    /// none of the rest of it for `stall` (it would hold the client, and its tenant's
+    /// concurrency slot, for as long as it liked).
     pub async fn relay<W>(mut self, client: &mut W, close: bool, stall: Duration) -> bool
     where
         W: AsyncWrite + Unpin,
@@ -198,7 +198,7 @@ impl Answer {
             }
         };
         let first = &self.conn.buf[head_len..head_len + taken];
-        if within(stall, write_all(client, &mut [&out, first])).await.is_err() {
+        if write_all(client, &mut [&out, first]).await.is_err() {
             return false;
         }
         // Anything read past the body's end would be a second answer no request asked for.
@@ -215,7 +215,7 @@ impl Answer {
             match read.await {
                 // The worker's close ends such a body; the client's connection closes after it.
                 Some(Ok(0)) if matches!(body, Body::UntilClose) => {
-                    let _ = within(stall, client.flush()).await;
+                    let _ = client.flush().await;
                     return false;
                 }
                 Some(Ok(0) | Err(_)) => return false,
@@ -230,11 +230,11 @@ impl Answer {
             let Ok((taken, end)) = body.take(&self.conn.buf) else { return false };
             done = end;
             clean = taken == self.conn.buf.len();
-            if within(stall, write_all(client, &mut [&self.conn.buf[..taken]])).await.is_err() {
+            if write_all(client, &mut [&self.conn.buf[..taken]]).await.is_err() {
                 return false;
             }
         }
-        if within(stall, client.flush()).await.is_err() {
+        if client.flush().await.is_err() {
             return false;
         }
         // Whether or not the client's connection closes, the worker's can take the next request.
@@ -284,14 +284,6 @@ impl Body {
             Self::UntilClose => (piece.len(), false),
         })
     }
-}
-
-/// `write` (to a client), or `TimedOut` when it has not completed within `stall` (logged).
-async fn within(stall: Duration, write: impl Future<Output = io::Result<()>>) -> io::Result<()> {
-    stall::within(stall, write).await.unwrap_or_else(|| {
-        tracing::debug!(stall_s = stall.as_secs_f64(), "a client took none of its answer; connection closed");
-        Err(io::ErrorKind::TimedOut.into())
-    })
 }
 
 /// Writes every part, in as few system calls as the connection takes them.

@@ -54,6 +54,12 @@ impl BodyClock {
         self.ticks.load(Ordering::Relaxed)
     }
 
+    /// Whether a wait that began at tick `began` has gone through two ticks: at least one whole
+    /// interval, at most two.
+    fn stalled_since(&self, began: u64) -> bool {
+        self.now() >= began + 2
+    }
+
     /// `piece` (the next piece of a body), or [`Stalled`] once it has waited through two ticks.
     pub async fn next<F: Future>(&self, piece: F) -> Result<F::Output, Stalled> {
         let began = self.now();
@@ -65,7 +71,7 @@ impl BodyClock {
                 biased;
                 next = piece.as_mut() => return Ok(next),
                 () = tick => {
-                    if self.now() >= began + 2 {
+                    if self.stalled_since(began) {
                         return Err(Stalled { every: self.every });
                     }
                 }
@@ -164,7 +170,7 @@ where
                 return Poll::Pending;
             }
             this.waiting.set(None);
-            if clock.now() >= began + 2 {
+            if clock.stalled_since(began) {
                 let stalled = StalledBody::from(Stalled { every: clock.every });
                 return Poll::Ready(Some(Err(Box::new(stalled))));
             }
