@@ -40,6 +40,7 @@ use tracing::Instrument as _;
 use super::Gateway;
 use super::forward::{self, BoxError};
 use super::http::RetainForwardable as _;
+use super::proto_fields::{self, Field};
 use crate::auth::forwarded;
 use crate::error::{Error, ErrorKind};
 
@@ -348,16 +349,16 @@ async fn forward_stream(g: &Gateway, request: Request) -> Result<Response, Error
 
 /// The model a request names.
 #[derive(Debug)]
-struct Target {
-    name: String,
-    version: Option<i64>,
+pub(crate) struct Target {
+    pub(crate) name: String,
+    pub(crate) version: Option<i64>,
     /// The request's sequence id, which picks its replica.
-    sequence: Option<super::sticky::SequenceId>,
+    pub(crate) sequence: Option<super::sticky::SequenceId>,
 }
 
 /// Reads the model name and version from a call's first message (decompressed as the
 /// `grpc-encoding` header says when its frame is flagged compressed).
-fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Result<Target, Error> {
+pub(crate) fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Result<Target, Error> {
     let Some(message) = first_message(framed) else {
         return Err(Error::invalid("the request holds no complete gRPC message"));
     };
@@ -405,44 +406,16 @@ fn first_message(framed: &[u8]) -> Option<&[u8]> {
 }
 
 /// Fields 1 and 2 (strings) of a protobuf message, skipping every other field.
-fn name_and_version(mut m: &[u8]) -> Option<(String, String)> {
+fn name_and_version(m: &[u8]) -> Option<(String, String)> {
     let (mut name, mut version) = (String::new(), String::new());
-    while !m.is_empty() {
-        let key = varint(&mut m)?;
-        let (field, wire) = (key >> 3, key & 7);
-        match wire {
-            0 => {
-                varint(&mut m)?;
-            }
-            1 => m = m.get(8..)?,
-            5 => m = m.get(4..)?,
-            2 => {
-                let len = usize::try_from(varint(&mut m)?).ok()?;
-                let bytes = m.get(..len)?;
-                m = &m[len..];
-                match field {
-                    1 => name = String::from_utf8(bytes.to_vec()).ok()?,
-                    2 => version = String::from_utf8(bytes.to_vec()).ok()?,
-                    _ => {}
-                }
-            }
-            _ => return None,
+    for field in proto_fields::fields(m) {
+        match field.ok()? {
+            Field { number: 1, delimited: Some(bytes), .. } => name = String::from_utf8(bytes.to_vec()).ok()?,
+            Field { number: 2, delimited: Some(bytes), .. } => version = String::from_utf8(bytes.to_vec()).ok()?,
+            _ => {}
         }
     }
     Some((name, version))
-}
-
-fn varint(m: &mut &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = m.split_first()?;
-        *m = rest;
-        value |= u64::from(byte & 0x7f) << shift;
-        if byte & 0x80 == 0 {
-            return Some(value);
-        }
-    }
-    None
 }
 
 /// The client's headers minus the connection's own and the credential (the HTTP front end's
@@ -665,6 +638,21 @@ mod tests {
         assert_eq!((t.name.as_str(), t.version), ("mlp", Some(3)));
         let unversioned = ModelInferRequest { model_name: "mlp".into(), ..Default::default() };
         assert_eq!(target_of(&framed(&unversioned), &HeaderMap::new(), LIMIT).expect("read").version, None);
+    }
+
+    #[test]
+    fn a_first_message_with_an_unknown_group_is_read_as_the_worker_reads_it() {
+        // Field 99 as a group holding a string, before the model's name: prost (the worker's
+        // decoder) skips it, so the gateway must too rather than refuse the call as malformed.
+        let request = ModelInferRequest { model_name: "mlp".into(), ..Default::default() };
+        let mut message = vec![0x9b, 0x06, 0x0a, 0x01, b'x', 0x9c, 0x06];
+        message.extend(request.encode_to_vec());
+        let decoded = ModelInferRequest::decode(message.as_slice()).expect("prost skips the group");
+        assert_eq!(decoded.model_name, "mlp");
+        let mut framed = vec![0u8];
+        framed.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        framed.extend_from_slice(&message);
+        assert_eq!(target_of(&framed, &HeaderMap::new(), LIMIT).expect("read").name, "mlp");
     }
 
     #[test]

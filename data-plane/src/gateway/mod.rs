@@ -22,6 +22,7 @@ pub mod http;
 pub mod http_upstream;
 pub mod limits;
 pub mod metrics;
+pub mod proto_fields;
 pub mod routes;
 pub mod sticky;
 #[cfg(test)]

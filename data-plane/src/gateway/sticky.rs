@@ -9,6 +9,8 @@ use prost::Message;
 use serde::Deserialize;
 use tessera_protocol::inference::{ModelInferRequest, infer_parameter::ParameterChoice};
 
+use super::proto_fields;
+
 /// The marker looked for before parsing anything: most requests carry no sequence id.
 const KEY: &[u8] = b"sequence_id";
 
@@ -133,41 +135,15 @@ const PARAMETERS_FIELD: u64 = 4;
 /// The encoded `parameters` entries of a `ModelInferRequest` (tags included, so the bytes decode
 /// as a request holding only them) that mention `sequence_id`; `None` when the message is
 /// malformed (the worker then answers the client's mistake).
-fn parameter_entries(mut message: &[u8]) -> Option<Vec<u8>> {
+fn parameter_entries(message: &[u8]) -> Option<Vec<u8>> {
     let mut entries = Vec::new();
-    while !message.is_empty() {
-        let start = message;
-        let key = read_varint(&mut message)?;
-        let skip = match key & 7 {
-            0 => {
-                read_varint(&mut message)?;
-                0
-            }
-            1 => 8,
-            2 => usize::try_from(read_varint(&mut message)?).ok()?,
-            5 => 4,
-            _ => return None, // groups: not in this message
-        };
-        let field = message.get(..skip)?;
-        message = &message[skip..];
-        if key >> 3 == PARAMETERS_FIELD && key & 7 == 2 && contains(field, KEY) {
-            entries.extend_from_slice(&start[..start.len() - message.len()]);
+    for field in proto_fields::fields(message) {
+        let field = field.ok()?;
+        if field.number == PARAMETERS_FIELD && field.delimited.is_some_and(|entry| contains(entry, KEY)) {
+            entries.extend_from_slice(field.encoded);
         }
     }
     Some(entries)
-}
-
-/// A protobuf base-128 varint, advancing `buf` past it.
-fn read_varint(buf: &mut &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for (i, byte) in buf.iter().take(10).enumerate() {
-        value |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            *buf = &buf[i + 1..];
-            return Some(value);
-        }
-    }
-    None
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
@@ -225,7 +201,7 @@ mod tests {
             assert_eq!(grpc_sequence_id(&encoded[..cut]), None, "cut at {cut}");
         }
         assert_eq!(grpc_sequence_id(&[0xff; 11]), None);
-        assert_eq!(grpc_sequence_id(&[0x0b]), None, "a group's wire type");
+        assert_eq!(grpc_sequence_id(&[0x0b]), None, "a group left open");
     }
 
     #[test]

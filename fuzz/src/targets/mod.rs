@@ -10,6 +10,7 @@
 
 pub mod archive;
 pub mod bytes_tensor;
+pub mod gateway_grpc;
 pub mod gateway_http1;
 pub mod grpc_infer;
 pub mod http_infer;
@@ -36,4 +37,5 @@ pub const TARGETS: &[(&str, Run)] = &[
     ("tokens", tokens::run),
     ("runner_wire", runner_wire::run),
     ("gateway_http1", gateway_http1::run),
+    ("gateway_grpc", gateway_grpc::run),
 ];

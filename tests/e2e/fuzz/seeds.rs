@@ -57,6 +57,17 @@ pub fn all() -> Vec<(&'static str, &'static str, Vec<u8>)> {
         ("gateway_http1", "request.bin", [&[0][..], GATEWAY_REQUEST.as_bytes()].concat()),
         ("gateway_http1", "answer.bin", [&[1][..], GATEWAY_ANSWER.as_bytes()].concat()),
         ("gateway_http1", "chunked.bin", [&[2][..], GATEWAY_CHUNKED.as_bytes()].concat()),
+        (
+            "gateway_grpc",
+            "versioned.bin",
+            [&[0][..], &grpc_framed(0, &gateway_grpc_request().encode_to_vec())].concat(),
+        ),
+        ("gateway_grpc", "group.bin", [&[0][..], &grpc_framed(0, &with_unknown_group(&grpc_raw()))].concat()),
+        (
+            "gateway_grpc",
+            "gzip.bin",
+            [&[1][..], &grpc_framed(1, &gzip(&gateway_grpc_request().encode_to_vec()))].concat(),
+        ),
     ];
     seeds.extend(token_seeds());
     seeds
@@ -201,6 +212,30 @@ fn grpc_raw() -> ModelInferRequest {
         raw_input_contents: rows.into_iter().map(|(.., data)| Bytes::from(data)).collect(),
         ..Default::default()
     }
+}
+
+/// A unary call's message as the gateway reads it: a version and a sequence id among tensors.
+fn gateway_grpc_request() -> ModelInferRequest {
+    let mut request = grpc_raw();
+    request.model_version = "2".into();
+    // One parameter: a map of several would encode in a different order on each run.
+    request.parameters = [(
+        "sequence_id".to_string(),
+        InferParameter { parameter_choice: Some(infer_parameter::ParameterChoice::StringParam("s1".into())) },
+    )]
+    .into();
+    request
+}
+
+/// `request` encoded after an unknown group (field 99, holding a string), which prost skips.
+fn with_unknown_group(request: &ModelInferRequest) -> Vec<u8> {
+    [&[0x9b, 0x06, 0x0a, 0x01, b'x', 0x9c, 0x06][..], &request.encode_to_vec()].concat()
+}
+
+/// A gRPC message frame: the compressed flag, the length, the message.
+fn grpc_framed(compressed: u8, message: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(message.len()).expect("a seed is small");
+    [&[compressed][..], &len.to_be_bytes(), message].concat()
 }
 
 fn grpc_typed() -> ModelInferRequest {
