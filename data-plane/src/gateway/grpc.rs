@@ -41,6 +41,7 @@ use super::Gateway;
 use super::forward::{self, BoxError};
 use super::http::RetainForwardable as _;
 use super::proto_fields::{self, Field};
+use super::sticky::{SequenceId, SequenceParameters};
 use crate::auth::forwarded;
 use crate::error::{Error, ErrorKind};
 
@@ -353,7 +354,7 @@ pub(crate) struct Target {
     pub(crate) name: String,
     pub(crate) version: Option<i64>,
     /// The request's sequence id, which picks its replica.
-    pub(crate) sequence: Option<super::sticky::SequenceId>,
+    pub(crate) sequence: Option<SequenceId>,
 }
 
 /// Reads the model name and version from a call's first message (decompressed as the
@@ -383,8 +384,8 @@ pub(crate) fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Res
     } else {
         message
     };
-    let (name, version) =
-        name_and_version(message).ok_or_else(|| Error::invalid("the request message is malformed"))?;
+    let (name, version, sequence) =
+        read_first_message(message).ok_or_else(|| Error::invalid("the request message is malformed"))?;
     if name.is_empty() {
         return Err(Error::invalid("the request names no model"));
     }
@@ -395,7 +396,7 @@ pub(crate) fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Res
                 Error::invalid(format!("version '{}' is not a positive integer", v.escape_default()))
             })?),
         };
-    Ok(Target { name, version, sequence: super::sticky::grpc_sequence_id(message) })
+    Ok(Target { name, version, sequence })
 }
 
 /// The first message of a gRPC body (after its 5-byte frame header), if whole.
@@ -405,17 +406,19 @@ fn first_message(framed: &[u8]) -> Option<&[u8]> {
     framed.get(5..5 + len)
 }
 
-/// Fields 1 and 2 (strings) of a protobuf message, skipping every other field.
-fn name_and_version(m: &[u8]) -> Option<(String, String)> {
+/// A `ModelInferRequest`'s model name and version (fields 1 and 2) and its sequence id, read in
+/// one walk of its top-level fields; `None` when it is not protobuf.
+fn read_first_message(m: &[u8]) -> Option<(String, String, Option<SequenceId>)> {
     let (mut name, mut version) = (String::new(), String::new());
+    let mut sequence = SequenceParameters::default();
     for field in proto_fields::fields(m) {
         match field.ok()? {
             Field { number: 1, delimited: Some(bytes), .. } => name = String::from_utf8(bytes.to_vec()).ok()?,
             Field { number: 2, delimited: Some(bytes), .. } => version = String::from_utf8(bytes.to_vec()).ok()?,
-            _ => {}
+            field => sequence.add(field),
         }
     }
-    Some((name, version))
+    Some((name, version, sequence.id()))
 }
 
 /// The client's headers minus the connection's own and the credential (the HTTP front end's
@@ -497,7 +500,8 @@ fn message_frames(messages: Vec<Bytes>) -> Response {
 mod tests {
     use futures::FutureExt as _;
     use http_body_util::combinators::UnsyncBoxBody;
-    use tessera_protocol::inference::ModelInferRequest;
+    use tessera_protocol::inference::infer_parameter::ParameterChoice;
+    use tessera_protocol::inference::{InferParameter, ModelInferRequest};
 
     use super::*;
 
@@ -635,7 +639,13 @@ mod tests {
             ..Default::default()
         };
         let t = target_of(&framed(&request), &HeaderMap::new(), LIMIT).expect("read");
-        assert_eq!((t.name.as_str(), t.version), ("mlp", Some(3)));
+        assert_eq!((t.name.as_str(), t.version, t.sequence), ("mlp", Some(3), None));
+        // The sequence id is read in the same walk.
+        let mut sequenced = request.clone();
+        let id = InferParameter { parameter_choice: Some(ParameterChoice::Uint64Param(12)) };
+        sequenced.parameters.insert("sequence_id".into(), id);
+        let t = target_of(&framed(&sequenced), &HeaderMap::new(), LIMIT).expect("read");
+        assert_eq!((t.name.as_str(), t.sequence), ("mlp", Some(SequenceId::Num(12))));
         let unversioned = ModelInferRequest { model_name: "mlp".into(), ..Default::default() };
         assert_eq!(target_of(&framed(&unversioned), &HeaderMap::new(), LIMIT).expect("read").version, None);
     }

@@ -28,6 +28,7 @@ pub struct Field<'a> {
 pub struct Malformed;
 
 /// The top-level fields of `message`, in order; after an `Err` the walk ends.
+#[inline]
 pub fn fields(message: &[u8]) -> Fields<'_> {
     Fields { rest: message }
 }
@@ -41,13 +42,13 @@ pub struct Fields<'a> {
 impl<'a> Iterator for Fields<'a> {
     type Item = Result<Field<'a>, Malformed>;
 
+    #[inline]
     fn next(&mut self) -> Option<Self::Item> {
         if self.rest.is_empty() {
             return None;
         }
         let start = self.rest;
-        let read = varint(&mut self.rest).and_then(|key| Some((key >> 3, value(&mut self.rest, key, 0)?)));
-        Some(match read {
+        Some(match field(&mut self.rest) {
             Some((number, delimited)) => {
                 let encoded = &start[..start.len() - self.rest.len()];
                 Ok(Field { number, delimited, encoded })
@@ -60,10 +61,26 @@ impl<'a> Iterator for Fields<'a> {
     }
 }
 
-/// Reads past the value of a field whose key was `key`: a length-delimited value's contents,
-/// `None` for the other wire types. `depth`: the groups open around it.
-fn value<'a>(m: &mut &'a [u8], key: u64, depth: usize) -> Option<Option<&'a [u8]>> {
-    match key & 7 {
+/// Reads one field off `m`: its number, and its contents when length-delimited.
+#[inline]
+fn field<'a>(m: &mut &'a [u8]) -> Option<(u64, Option<&'a [u8]>)> {
+    let key = varint(m)?;
+    let delimited = match key & 7 {
+        3 => {
+            skip_group(m, key >> 3, 1)?;
+            None
+        }
+        wire => value(m, wire)?,
+    };
+    Some((key >> 3, delimited))
+}
+
+/// Reads past a value of wire type `wire` other than a group's: a length-delimited value's
+/// contents, `None` for the others; `None` outside for a wire type that has no value here (4
+/// closes a group none opened; 6 and 7 do not exist) or a value cut short.
+#[inline]
+fn value<'a>(m: &mut &'a [u8], wire: u64) -> Option<Option<&'a [u8]>> {
+    match wire {
         0 => {
             varint(m)?;
         }
@@ -74,29 +91,33 @@ fn value<'a>(m: &mut &'a [u8], key: u64, depth: usize) -> Option<Option<&'a [u8]
             *m = rest;
             return Some(Some(contents));
         }
-        3 => skip_group(m, key >> 3, depth + 1)?,
         5 => *m = m.get(4..)?,
-        // 4 closes a group none opened here; 6 and 7 are no wire type.
         _ => return None,
     }
     Some(None)
 }
 
-/// Reads past a group's fields and the end tag that closes group `number`.
+/// Reads past a group's fields and the end tag that closes group `number`, `depth` groups
+/// deep. Rare (no field of the inference messages is a group), so kept out of line.
+#[cold]
 fn skip_group(m: &mut &[u8], number: u64, depth: usize) -> Option<()> {
     if depth > MAX_GROUP_DEPTH {
         return None;
     }
     loop {
         let key = varint(m)?;
-        if key & 7 == 4 {
-            return (key >> 3 == number).then_some(());
+        match key & 7 {
+            4 => return (key >> 3 == number).then_some(()),
+            3 => skip_group(m, key >> 3, depth + 1)?,
+            wire => {
+                value(m, wire)?;
+            }
         }
-        value(m, key, depth)?;
     }
 }
 
 /// A base-128 varint, advancing `m` past it; at most ten bytes (bits past 64 are dropped).
+#[inline]
 fn varint(m: &mut &[u8]) -> Option<u64> {
     let mut value = 0u64;
     for (i, byte) in m.iter().take(10).enumerate() {

@@ -9,7 +9,7 @@ use prost::Message;
 use serde::Deserialize;
 use tessera_protocol::inference::{ModelInferRequest, infer_parameter::ParameterChoice};
 
-use super::proto_fields;
+use super::proto_fields::{self, Field};
 
 /// The marker looked for before parsing anything: most requests carry no sequence id.
 const KEY: &[u8] = b"sequence_id";
@@ -115,35 +115,47 @@ pub fn http_sequence_id_from(json_length: Option<&str>, body: &[u8]) -> Option<S
 /// The sequence id of a gRPC `ModelInferRequest` message (already decompressed). Only the
 /// message's top-level fields are walked and only its `parameters` entries are decoded: the
 /// tensors (`raw_input_contents`, often megabytes) are skipped by their length, never read.
+/// `None` when the message is malformed (the worker then answers the client's mistake).
 pub fn grpc_sequence_id(message: &[u8]) -> Option<SequenceId> {
-    let parameters = parameter_entries(message)?;
-    if parameters.is_empty() {
-        return None;
+    let mut parameters = SequenceParameters::default();
+    for field in proto_fields::fields(message) {
+        parameters.add(field.ok()?);
     }
-    let request = ModelInferRequest::decode(parameters.as_slice()).ok()?;
-    match request.parameters.get("sequence_id")?.parameter_choice.as_ref()? {
-        ParameterChoice::Int64Param(n) => u64::try_from(*n).ok().filter(|n| *n != 0).map(SequenceId::Num),
-        ParameterChoice::Uint64Param(n) => Some(*n).filter(|n| *n != 0).map(SequenceId::Num),
-        ParameterChoice::StringParam(s) if !s.is_empty() => Some(SequenceId::Str(s.clone())),
-        _ => None,
-    }
+    parameters.id()
 }
 
 /// `ModelInferRequest.parameters`' field number.
 const PARAMETERS_FIELD: u64 = 4;
 
-/// The encoded `parameters` entries of a `ModelInferRequest` (tags included, so the bytes decode
-/// as a request holding only them) that mention `sequence_id`; `None` when the message is
-/// malformed (the worker then answers the client's mistake).
-fn parameter_entries(message: &[u8]) -> Option<Vec<u8>> {
-    let mut entries = Vec::new();
-    for field in proto_fields::fields(message) {
-        let field = field.ok()?;
+/// The `parameters` entries of a `ModelInferRequest` that mention `sequence_id`, gathered from
+/// a walk of its top-level fields (encoded with their tags, so they decode as a request holding
+/// only them): a caller walking the message for other fields too reads the id in the same walk.
+#[derive(Debug, Default)]
+pub struct SequenceParameters {
+    entries: Vec<u8>,
+}
+
+impl SequenceParameters {
+    /// Keeps `field` if it is a `parameters` entry that mentions `sequence_id`.
+    pub fn add(&mut self, field: Field<'_>) {
         if field.number == PARAMETERS_FIELD && field.delimited.is_some_and(|entry| contains(entry, KEY)) {
-            entries.extend_from_slice(field.encoded);
+            self.entries.extend_from_slice(field.encoded);
         }
     }
-    Some(entries)
+
+    /// The sequence id the kept entries give, if any.
+    pub fn id(self) -> Option<SequenceId> {
+        if self.entries.is_empty() {
+            return None;
+        }
+        let request = ModelInferRequest::decode(self.entries.as_slice()).ok()?;
+        match request.parameters.get("sequence_id")?.parameter_choice.as_ref()? {
+            ParameterChoice::Int64Param(n) => u64::try_from(*n).ok().filter(|n| *n != 0).map(SequenceId::Num),
+            ParameterChoice::Uint64Param(n) => Some(*n).filter(|n| *n != 0).map(SequenceId::Num),
+            ParameterChoice::StringParam(s) if !s.is_empty() => Some(SequenceId::Str(s.clone())),
+            _ => None,
+        }
+    }
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
