@@ -357,8 +357,8 @@ pub(crate) struct Target {
     pub(crate) sequence: Option<SequenceId>,
 }
 
-/// Reads the model name and version from a call's first message (decompressed as the
-/// `grpc-encoding` header says when its frame is flagged compressed).
+/// Reads the model's name and version and the sequence id from a call's first message
+/// (decompressed as the `grpc-encoding` header says when its frame is flagged compressed).
 pub(crate) fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Result<Target, Error> {
     let Some(message) = first_message(framed) else {
         return Err(Error::invalid("the request holds no complete gRPC message"));
