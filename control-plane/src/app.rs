@@ -179,7 +179,7 @@ impl App {
 
     /// Passes `result` on; when a quota refused it, first queues a `quota.exceeded` webhook
     /// event for the tenant, in a transaction of its own (the refused change rolled back with
-    /// its transaction). At most one per tenant and quota per [`QUOTA_EVENT_WINDOW`].
+    /// its transaction). At most one per tenant and quota per `QUOTA_EVENT_WINDOW`.
     pub async fn noting_quota<T>(&self, tenant_id: Uuid, result: Result<T>) -> Result<T> {
         let Err(Error::QuotaExceeded { quota, limit, requested }) = &result else { return result };
         let due = {

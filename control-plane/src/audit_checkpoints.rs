@@ -200,7 +200,7 @@ pub struct LatestCheckpoint {
 }
 
 /// Finds a tenant's newest checkpoint that verifies with `key`, reading at most
-/// [`MAX_EXAMINED`] files newest first.
+/// `MAX_EXAMINED` files newest first.
 pub async fn latest(store: &ArtifactStore, key: &VerifyingKey, tenant_id: Uuid) -> Result<LatestCheckpoint> {
     let mut objects = store.list_keys(&format!("{PREFIX}/{tenant_id}/")).await?;
     objects.sort_unstable_by(|a, b| b.cmp(a));

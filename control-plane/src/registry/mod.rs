@@ -2,7 +2,7 @@
 //!
 //! [`Registry`] runs on Postgres (production) or on an SQLite file (single box, `dev`). Both
 //! take the same SQL text (`$1` placeholders work in both) and decode into the same `*Row`
-//! structs; the [`on_conn!`] macro instantiates a query once per driver. Every query that
+//! structs; the `on_conn!` macro instantiates a query once per driver. Every query that
 //! touches tenant data takes the tenant id and filters by it *inside this module*, so a caller
 //! cannot forget to scope one. Each query is timed under a label (see [`crate::metrics`]).
 //!

@@ -18,7 +18,7 @@
 //! # Canary model
 //! A deployment with a canary also wants `canary_replicas` replicas of `(canary_version,
 //! spec_generation)`, marked `canary` and indexed `0..canary_replicas` on their own; the rollout
-//! above only ever looks at the other (stable) replicas. See [`canary`] for how they serve,
+//! above only ever looks at the other (stable) replicas. See `canary` for how they serve,
 //! drain and how a promotion ends.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};

@@ -67,7 +67,7 @@ pub fn is_batch_output(config: &ModelConfig, output: &str) -> bool {
 }
 
 /// Triton core's checks of `batch_input` and `batch_output` (`ValidateBatchIO`), with its
-/// messages (the core appends " for <model>").
+/// messages (the core appends " for `<model>`").
 pub fn validate_batch_io(config: &ModelConfig) -> Result<(), String> {
     validate_batch_io_inner(config).map_err(|e| format!("{e} for {}", config.name))
 }

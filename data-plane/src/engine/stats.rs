@@ -258,7 +258,7 @@ impl ModelStats {
 /// the worker's statistics stay exact across runners and their restarts.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tally {
-    /// Every atomic counter, in [`ModelStats::atomics`] order.
+    /// Every atomic counter, in `ModelStats::atomics` order.
     pub counters: Vec<u64>,
     /// Per batch size: executions, input ns, infer ns, output ns.
     pub batches: Vec<(u64, [u64; 4])>,

@@ -4,10 +4,10 @@
 //! hyper's server gave every call a task of its own and a channel for its body, and a unary
 //! model call went on through axum's router and tonic's routes: per call the connection's
 //! task woke the call's, and the call's woke the connection's again to send its answer. Here a
-//! unary model call ([`grpc::forwards_unary`]) is read from its stream and handed to
-//! [`grpc::unary`] in place; every other method goes through the same routes as before
-//! ([`Calls`]), its body read from the stream as it comes. Answers are written back with
-//! h2's flow control ([`respond`]).
+//! unary model call (`grpc::forwards_unary`) is read from its stream and handed to
+//! `grpc::unary` in place; every other method goes through the same routes as before
+//! (`Calls`), its body read from the stream as it comes. Answers are written back with
+//! h2's flow control (`respond`).
 //!
 //! A client that does not open with HTTP/2's preface (HTTP/1.1) is served by hyper as before.
 

@@ -145,7 +145,7 @@ fn expire<C>(idle: &mut VecDeque<Idle<C>>, now: Instant) {
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Sweeps the idle connections to the workers of `gateway`'s current routes every
-/// [`SWEEP_EVERY`], until `shutdown`.
+/// `SWEEP_EVERY`, until `shutdown`.
 pub async fn sweep(gateway: Arc<super::Gateway>, shutdown: tokio_util::sync::CancellationToken) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1,4 +1,4 @@
-//! The gRPC endpoint's connections, each over a buffered [`Socket`] (under TLS when the listener
+//! The gRPC endpoint's connections, each over a buffered `Socket` (under TLS when the listener
 //! has a certificate), serving tonic's routes as tonic's own server would (see
 //! [`crate::serve::net::accept`] for why it is our own): the caller's address in each request's
 //! extensions, a client's `grpc-timeout` enforced, and the crate's codes for requests tonic's

@@ -21,7 +21,7 @@ use crate::serve::net::tls::TlsAcceptor;
 
 /// Accepts on `listener` until `shutdown`, running `connection` for each accepted stream (with
 /// TCP_NODELAY set and the stream registered for busy-polling) and a clone of `shutdown` once
-/// the client has sent something within `first_bytes` (see [`sent_something`]); then stops
+/// the client has sent something within `first_bytes` (see `sent_something`); then stops
 /// accepting and returns once every connection task has ended. `endpoint` names the listener
 /// in logs.
 pub async fn serve<F, Fut>(
