@@ -364,25 +364,14 @@ pub(crate) fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Res
         return Err(Error::invalid("the request holds no complete gRPC message"));
     };
     let decompressed;
-    let message = if framed[0] == 1 {
-        let mut out = Vec::new();
-        let encoding = headers.get("grpc-encoding").and_then(|v| v.to_str().ok()).unwrap_or("identity");
-        let read = match encoding {
-            // Read at most one byte past the limit: a small bomb must not expand in memory.
-            "gzip" => flate2::read::GzDecoder::new(message).take(limit as u64 + 1).read_to_end(&mut out),
-            "deflate" => flate2::read::ZlibDecoder::new(message).take(limit as u64 + 1).read_to_end(&mut out),
-            other => {
-                return Err(Error::new(ErrorKind::Unsupported, format!("grpc-encoding '{other}' is not supported")));
-            }
-        };
-        read.map_err(|e| Error::invalid(format!("the compressed message could not be read: {e}")))?;
-        if out.len() > limit {
-            return Err(Error::new(ErrorKind::TooLarge, format!("the decompressed message is over {limit} bytes")));
+    let message = match framed[0] {
+        0 => message,
+        1 => {
+            decompressed = decompress(message, headers, limit)?;
+            &decompressed[..]
         }
-        decompressed = out;
-        &decompressed[..]
-    } else {
-        message
+        // The worker's decoder (tonic) refuses any other flag; the client hears it from here.
+        flag => return Err(Error::invalid(format!("compression flag {flag} is neither 0 nor 1"))),
     };
     let (name, version, sequence) =
         read_first_message(message).ok_or_else(|| Error::invalid("the request message is malformed"))?;
@@ -397,6 +386,26 @@ pub(crate) fn target_of(framed: &[u8], headers: &HeaderMap, limit: usize) -> Res
             })?),
         };
     Ok(Target { name, version, sequence })
+}
+
+/// A compressed message, decompressed as the `grpc-encoding` header says, if it is not over
+/// `limit` bytes.
+fn decompress(message: &[u8], headers: &HeaderMap, limit: usize) -> Result<Vec<u8>, Error> {
+    let mut out = Vec::new();
+    let encoding = headers.get("grpc-encoding").and_then(|v| v.to_str().ok()).unwrap_or("identity");
+    let read = match encoding {
+        // Read at most one byte past the limit: a small bomb must not expand in memory.
+        "gzip" => flate2::read::GzDecoder::new(message).take(limit as u64 + 1).read_to_end(&mut out),
+        "deflate" => flate2::read::ZlibDecoder::new(message).take(limit as u64 + 1).read_to_end(&mut out),
+        other => {
+            return Err(Error::new(ErrorKind::Unsupported, format!("grpc-encoding '{other}' is not supported")));
+        }
+    };
+    read.map_err(|e| Error::invalid(format!("the compressed message could not be read: {e}")))?;
+    if out.len() > limit {
+        return Err(Error::new(ErrorKind::TooLarge, format!("the decompressed message is over {limit} bytes")));
+    }
+    Ok(out)
 }
 
 /// The first message of a gRPC body (after its 5-byte frame header), if whole.
@@ -700,5 +709,9 @@ mod tests {
         assert!(e.message.contains("'x'"), "{}", e.message);
         assert!(target_of(&[0, 0, 0, 0, 9, 1], &HeaderMap::new(), LIMIT).is_err(), "truncated");
         assert!(target_of(&[0, 0, 0, 0, 2, 0x0a, 0x05], &HeaderMap::new(), LIMIT).is_err(), "field runs past the end");
+        let mut bad_flag = framed(&ModelInferRequest { model_name: "m".into(), ..Default::default() });
+        bad_flag[0] = 2;
+        let e = target_of(&bad_flag, &HeaderMap::new(), LIMIT).expect_err("refused");
+        assert_eq!((e.kind, e.message.as_str()), (ErrorKind::InvalidArg, "compression flag 2 is neither 0 nor 1"));
     }
 }

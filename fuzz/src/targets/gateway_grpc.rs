@@ -4,7 +4,8 @@
 //!
 //! Input: a selector byte (its low two bits pick the `grpc-encoding` header: none, gzip,
 //! deflate, or one not supported), then the framed body. Whatever the bytes, the read ends in
-//! a target or an error. A target names a model and, if any, a positive version. And where
+//! a target or an error. A target names a model and, if any, a positive version; a frame
+//! flagged neither uncompressed (0) nor compressed (1) is refused, as the worker would. And where
 //! the message is uncompressed and prost (the workers' decoder) decodes it, the gateway must
 //! read what prost reads: the same name and version, or the refusal a client's missing name or
 //! bad version earns, and the sequence id the worker will see. A call the gateway refuses as
@@ -27,6 +28,9 @@ pub fn run(data: &[u8]) {
     if let Ok((name, version, _)) = &read {
         assert!(!name.is_empty(), "a target names a model");
         assert!(version.is_none_or(|v| v > 0), "a version is positive");
+    }
+    if framed.first().is_some_and(|flag| *flag > 1) {
+        assert!(read.is_err(), "a compression flag other than 0 or 1 is refused, as the worker would");
     }
     let Some(message) = uncompressed_message(framed) else {
         if framed.first() == Some(&0) {
