@@ -112,18 +112,6 @@ pub fn http_sequence_id_from(json_length: Option<&str>, body: &[u8]) -> Option<S
     header.parameters.get("sequence_id").and_then(SequenceId::from_json)
 }
 
-/// The sequence id of a gRPC `ModelInferRequest` message (already decompressed). Only the
-/// message's top-level fields are walked and only its `parameters` entries are decoded: the
-/// tensors (`raw_input_contents`, often megabytes) are skipped by their length, never read.
-/// `None` when the message is malformed (the worker then answers the client's mistake).
-pub fn grpc_sequence_id(message: &[u8]) -> Option<SequenceId> {
-    let mut parameters = SequenceParameters::default();
-    for field in proto_fields::fields(message) {
-        parameters.add(field.ok()?);
-    }
-    parameters.id()
-}
-
 /// `ModelInferRequest.parameters`' field number.
 const PARAMETERS_FIELD: u64 = 4;
 
@@ -166,6 +154,16 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 mod tests {
     use super::*;
     use tessera_protocol::inference::InferParameter;
+
+    /// The sequence id of a gRPC `ModelInferRequest` message, read as the gateway reads it in its
+    /// walk of a call's first message (`grpc::target_of`); `None` when it is malformed.
+    fn grpc_sequence_id(message: &[u8]) -> Option<SequenceId> {
+        let mut parameters = SequenceParameters::default();
+        for field in proto_fields::fields(message) {
+            parameters.add(field.ok()?);
+        }
+        parameters.id()
+    }
 
     #[test]
     fn ids_are_read_from_http_json_and_grpc_messages() {
