@@ -9,7 +9,7 @@ use prost::Message;
 use serde::Deserialize;
 use tessera_protocol::inference::{ModelInferRequest, infer_parameter::ParameterChoice};
 
-use super::proto_fields::{self, Field};
+use super::proto_fields::Field;
 
 /// The marker looked for before parsing anything: most requests carry no sequence id.
 const KEY: &[u8] = b"sequence_id";
@@ -154,6 +154,8 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 mod tests {
     use super::*;
     use tessera_protocol::inference::InferParameter;
+
+    use crate::gateway::proto_fields;
 
     /// The sequence id of a gRPC `ModelInferRequest` message, read as the gateway reads it in its
     /// walk of a call's first message (`grpc::target_of`); `None` when it is malformed.
